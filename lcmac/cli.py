@@ -1,16 +1,201 @@
-"""The ``lcmac`` command. Thin: it parses arguments and calls the library."""
+"""lcmac: compile fast matrix-multiplication algorithms (LCMAs) into native kernels.
+
+Commands print tables for people; ``--json`` prints a stable schema for tools
+(see README.md, "JSON output").
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
 import sys
+
+from .errors import LcmacError
+
+JSON_SCHEMAS = {"list": "lcmac-list/1", "show": "lcmac-show/1", "verify": "lcmac-verify/1",
+                "select": "lcmac-select/1"}
+
+
+def _dump(kind: str, payload: dict) -> None:
+    print(json.dumps({"schema": JSON_SCHEMAS[kind], **payload}, indent=2, default=str))
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """'MxNxK' → (M, N, K)."""
+    mt = re.fullmatch(r"\s*(\d+)\s*[xX×,]\s*(\d+)\s*[xX×,]\s*(\d+)\s*", text)
+    if not mt or min(int(g) for g in mt.groups()) < 1:
+        raise argparse.ArgumentTypeError(
+            f"shape {text!r} must be MxNxK with positive integers, e.g. 4096x4096x4096")
+    return tuple(int(g) for g in mt.groups())
+
+
+def _table(rows: list[list], header: list[str]) -> str:
+    cols = [header] + [[str(c) for c in r] for r in rows]
+    w = [max(len(r[i]) for r in cols) for i in range(len(header))]
+    line = lambda r: "  ".join(c.rjust(w[i]) if i else c.ljust(w[i]) for i, c in enumerate(r))  # noqa: E731
+    return "\n".join([line(header), "  ".join("-" * x for x in w)] + [line(r) for r in cols[1:]])
+
+
+# ---- list / show / verify ---------------------------------------------------------------
+def cmd_list(args) -> int:
+    from .ir import catalogue
+    from .ir.summary import summarize
+    algs = catalogue.all_algorithms(include_naive=args.naive)
+    if args.grid:
+        want = sorted(parse_shape(args.grid))
+        algs = [a for a in algs if sorted(a.grid) == want]
+    rows = [summarize(a) for a in algs]
+    if args.json:
+        _dump("list", {"algorithms": rows})
+        return 0
+    print(_table([[r["name"], "x".join(map(str, r["grid"])), r["rank"],
+                   f"{100 * r['saving']:.1f}%",
+                   f"{r['nnz']['U']}/{r['nnz']['V']}/{r['nnz']['W']}",
+                   r["additions"]["naive"]["total"], r["additions"]["reduced"]["total"],
+                   r["source"][:48]] for r in rows],
+                 ["name", "grid", "R", "saved", "nnz U/V/W", "adds", "adds(CSE)", "source"]))
+    print(f"\n{len(rows)} algorithms; composed ones are written a*b, a^L, a@MxKxN (see `lcmac show`).")
+    return 0
+
+
+def cmd_show(args) -> int:
+    from .ir import catalogue
+    from .ir.cse import optimized_programs
+    from .ir.program import stage_names
+    from .ir.summary import summarize
+    alg = catalogue.get(args.name)
+    s = summarize(alg)
+    progs = optimized_programs(alg)
+    names = stage_names(alg)
+    if args.json:
+        _dump("show", {"algorithm": {**s, **{k: v for k, v in alg.to_dict().items()
+                                               if k in ("U", "V", "W")}},
+                       "programs": {st: p.to_dict() for st, p in progs.items()}})
+        return 0
+    print(f"{alg.name}  <{alg.m},{alg.k},{alg.n};{alg.R}>  (naive {alg.naive_rank}, "
+          f"{100 * alg.saving:.1f}% fewer block products)")
+    print(f"source: {alg.source}\nhash:   {alg.hash}\nnnz:    U {s['nnz']['U']}, V {s['nnz']['V']}, W {s['nnz']['W']}")
+    a = s["additions"]
+    print(f"additions: naive {a['naive']['total']} (A {a['naive']['A']}, B {a['naive']['B']}, H {a['naive']['H']}), "
+          f"after CSE {a['reduced']['total']} (A {a['reduced']['A']}, B {a['reduced']['B']}, H {a['reduced']['H']})")
+    if alg.R > args.max_rank and not args.full:
+        print(f"\n(R = {alg.R}: combine programs omitted; pass --full to print them)")
+        return 0
+    for st, title in (("A", "Combine A"), ("B", "Combine B"), ("H", "Combine H")):
+        print(f"\n# {title}: {progs[st].additions} additions")
+        print(progs[st].pretty(*names[st]))
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from .ir import catalogue
+    from .ir.verify import brent_failures
+    if os.path.exists(args.target):
+        from .ir.importers import load_file
+        algs = load_file(args.target)
+        algs = algs if isinstance(algs, list) else [algs]
+    else:
+        algs = [catalogue.get(args.target)]
+    results = []
+    for a in algs:
+        fails = brent_failures(a)
+        results.append({"name": a.name, "grid": [a.m, a.k, a.n], "rank": a.R, "exact": not fails,
+                        "failures": [str(f) for f in fails[:10]], "n_failures": len(fails)})
+    ok = all(r["exact"] for r in results)
+    if args.json:
+        _dump("verify", {"ok": ok, "results": results})
+    else:
+        for r in results:
+            g = "x".join(map(str, r["grid"]))
+            if r["exact"]:
+                print(f"OK    {r['name']} <{g};{r['rank']}>: all {r['grid'][0]*r['grid'][1]}·"
+                      f"{r['grid'][1]*r['grid'][2]}·{r['grid'][0]*r['grid'][2]} Brent equations hold exactly")
+            else:
+                print(f"FAIL  {r['name']} <{g};{r['rank']}>: {r['n_failures']} Brent equation(s) fail")
+                for f in r["failures"][:3]:
+                    print(f"      {f}")
+    return 0 if ok else 1
+
+
+# ---- select -----------------------------------------------------------------------------
+def cmd_select(args) -> int:
+    from .costmodel import select
+    M, N, K = args.shape
+    cands = select(M, N, K, args.dtype, args.target, static_b=args.static_b)
+    shown = cands[: args.top]
+    best = cands[0]
+    if args.json:
+        _dump("select", {"shape": {"M": M, "N": N, "K": K}, "dtype": args.dtype,
+                         "target": args.target, "static_b": args.static_b,
+                         "decision": best.to_dict(), "candidates": [c.to_dict() for c in shown]})
+        return 0
+    rows = []
+    for c in shown:
+        d = c.to_dict()
+        rows.append([d["algorithm"], "x".join(map(str, d["grid"])), d["rank"],
+                     f"{d['predicted_time_s'] * 1e3:.3f}", f"{d['effective_tflops']:.2f}",
+                     f"{d['speedup_vs_gemm']:.3f}"])
+    print(f"{M}x{N}x{K} {args.dtype} on {args.target} (predicted by the analytic model)\n")
+    print(_table(rows, ["algorithm", "grid", "R", "time ms", "eff TFLOP/s", "vs GEMM"]))
+    bd = best.to_dict()
+    print(f"\ndecision: {bd['algorithm']}" + (f" ({bd['reason']})" if bd.get("reason") else ""))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+    p = argparse.ArgumentParser(prog="lcmac", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"lcmac {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    s = sub.add_parser("list", help="list the algorithm catalogue")
+    s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-list/1)")
+    s.add_argument("--naive", action="store_true", help="include the naive <m,k,n;mkn> schemes")
+    s.add_argument("--grid", metavar="MxKxN", help="only algorithms for this grid (any order)")
+    s.set_defaults(func=cmd_list)
+
+    s = sub.add_parser("show", help="one algorithm in full, with its combine programs")
+    s.add_argument("name", help="catalogue name or expression: strassen, strassen^2, a*b, a@MxKxN")
+    s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-show/1)")
+    s.add_argument("--full", action="store_true", help="print combine programs even for large R")
+    s.add_argument("--max-rank", type=int, default=64, help=argparse.SUPPRESS)
+    s.set_defaults(func=cmd_show)
+
+    s = sub.add_parser("verify", help="check an algorithm exactly against the Brent equations")
+    s.add_argument("target", metavar="FILE_OR_NAME",
+                   help="a catalogue name, or a file: AlphaTensor .npz, FastMatrixMultiplication "
+                        "JSON, lcmac JSON")
+    s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-verify/1)")
+    s.set_defaults(func=cmd_verify)
+
+    s = sub.add_parser("select", help="rank GEMM and every applicable LCMA for a shape")
+    s.add_argument("--shape", required=True, type=parse_shape, metavar="MxNxK",
+                   help="C is MxN, the inner dimension K")
+    s.add_argument("--target", required=True, help="e.g. cuda-sm90a, x86_64-avx512, aarch64-sve")
+    s.add_argument("--dtype", default="float32", help="float32, float64, bf16, fp16, fp8")
+    s.add_argument("--top", type=int, default=10, help="rows to print (default 10)")
+    s.add_argument("--static-b", action="store_true",
+                   help="B is a static weight: Combine B is done once, offline")
+    s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-select/1)")
+    s.set_defaults(func=cmd_select)
+    return p
 
 
 def main(argv=None) -> int:
-    from . import __version__
-    p = argparse.ArgumentParser(prog="lcmac", description=__doc__)
-    p.add_argument("--version", action="version", version=f"lcmac {__version__}")
-    p.parse_args(argv)
-    return 0
+    p = build_parser()
+    args = p.parse_args(argv)
+    if not getattr(args, "func", None):
+        p.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except LcmacError as e:
+        print(f"lcmac {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `lcmac list | head`
+        return 0
 
 
 if __name__ == "__main__":

@@ -194,8 +194,11 @@ class Algorithm:
         g = d["grid"]
         if not (isinstance(g, list) and len(g) == 3 and all(isinstance(x, int) for x in g)):
             raise AlgorithmError(f"'grid' must be three integers [m, k, n], got {g!r}")
+        programs = d.get("programs")
+        if "published_additions" in d:  # a catalogue's own claim, shown beside our count
+            programs = {**(programs or {}), "published_additions": d["published_additions"]}
         alg = cls(g[0], g[1], g[2], d["U"], d["V"], d["W"], name=d.get("name", ""),
-                  source=d.get("source", ""), programs=d.get("programs"))
+                  source=d.get("source", ""), programs=programs)
         if "rank" in d and d["rank"] != alg.R:
             raise AlgorithmError(f"'rank' says {d['rank']} but U has {alg.R} rows")
         return alg

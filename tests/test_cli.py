@@ -1,0 +1,95 @@
+"""The lcmac command end to end: people's tables, tools' JSON, errors that say what to fix."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from lcmac.cli import main
+from lcmac.ir import get
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_list_table_and_json(capsys):
+    code, out, _ = run(capsys, "list")
+    assert code == 0 and "strassen" in out and "winograd" in out
+    code, out, _ = run(capsys, "list", "--json")
+    doc = json.loads(out)
+    assert doc["schema"] == "lcmac-list/1"
+    rows = {r["name"]: r for r in doc["algorithms"]}
+    w = rows["winograd"]
+    assert w["grid"] == [2, 2, 2] and w["rank"] == 7
+    assert w["additions"]["naive"]["total"] == 24
+    assert w["additions"]["reduced"]["total"] == 15
+    assert set(w) >= {"name", "grid", "rank", "naive_rank", "saving", "nnz", "additions",
+                      "hash", "source"}
+
+
+def test_list_grid_filter(capsys):
+    code, out, _ = run(capsys, "list", "--json", "--grid", "2x2x3")
+    names = [r["name"] for r in json.loads(out)["algorithms"]]
+    assert "hopcroft-kerr" in names and "strassen" not in names
+
+
+def test_show_prints_programs(capsys):
+    code, out, _ = run(capsys, "show", "winograd")
+    assert code == 0 and "# Combine H: 7 additions" in out and "C22 =" in out
+    code, out, _ = run(capsys, "show", "strassen^2", "--json")
+    doc = json.loads(out)
+    assert doc["algorithm"]["rank"] == 49 and set(doc["programs"]) == {"A", "B", "H"}
+
+
+def test_verify_name_and_files(capsys, tmp_path):
+    code, out, _ = run(capsys, "verify", "strassen")
+    assert code == 0 and out.startswith("OK")
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(get("winograd").to_dict()))
+    code, out, _ = run(capsys, "verify", str(good))
+    assert code == 0 and "OK" in out
+    d = get("strassen").to_dict()
+    d["W"][3][1][0] = 0                 # M4 no longer feeds C21
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    code, out, _ = run(capsys, "verify", str(bad), "--json")
+    doc = json.loads(out)
+    assert code == 1 and not doc["ok"]
+    assert "in C[1][0]" in doc["results"][0]["failures"][0]
+
+
+def test_errors_are_one_clear_line(capsys, tmp_path):
+    code, _, err = run(capsys, "show", "nope")
+    assert code == 2 and "unknown algorithm 'nope'" in err
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("{not json")
+    code, _, err = run(capsys, "verify", str(garbage))
+    assert code == 2 and "garbage.json" in err
+    with pytest.raises(SystemExit):
+        main(["select", "--shape", "12x0x3", "--target", "x86_64-avx512"])
+    assert "MxNxK" in capsys.readouterr().err
+
+
+def test_select_table_and_json(capsys):
+    code, out, _ = run(capsys, "select", "--shape", "16384x16384x16384", "--target",
+                       "cuda-sm90a", "--dtype", "bf16", "--json", "--top", "5")
+    doc = json.loads(out)
+    assert code == 0 and doc["schema"] == "lcmac-select/1"
+    assert len(doc["candidates"]) == 5
+    times = [c["predicted_time_s"] for c in doc["candidates"]]
+    assert times == sorted(times)
+    assert doc["decision"] == doc["candidates"][0]
+    code, out, _ = run(capsys, "select", "--shape", "64x64x64", "--target", "x86_64-avx512")
+    assert code == 0 and "decision: gemm" in out
+    code, _, err = run(capsys, "select", "--shape", "64x64x64", "--target", "tpu")
+    assert code == 2 and "unknown target 'tpu'" in err
+
+
+def test_console_script_runs():
+    out = subprocess.run([sys.executable, "-m", "lcmac.cli", "--version"], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.startswith("lcmac ")
