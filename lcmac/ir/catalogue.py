@@ -7,7 +7,7 @@ Expressions compose them:
 
     strassen^2            strassen applied at two recursion levels  (<4,4,4;49>)
     strassen*laderman     tensor product, outer * inner             (<6,6,6;161>)
-    at-3x4x5-r47@5x3x4    the symmetric image of a scheme on another grid order
+    fg-3x4x5-r47@5x3x4    the symmetric image of a scheme on another grid order
 
 Every algorithm is verified exactly (Brent equations) the first time it is looked up.
 """
