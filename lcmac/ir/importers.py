@@ -217,7 +217,7 @@ def _alphatensor_entry(key: str, value, source: str) -> Algorithm:
     return from_alphatensor(u, v, w, (m, k, n), source=source)
 
 
-def load_alphatensor(path: str | Path, key: str | None = None) -> list[Algorithm]:
+def load_alphatensor(path: str | Path, key: str | None = None, *, check: bool = True) -> list[Algorithm]:
     path = Path(path)
     entries = read_npz(path)
     if key is not None:
@@ -229,7 +229,8 @@ def load_alphatensor(path: str | Path, key: str | None = None) -> list[Algorithm
     for k_, val in entries.items():
         src = f"AlphaTensor-style factorizations, {path.name} key {k_!r}"
         try:
-            out.append(_verified(_alphatensor_entry(k_, val, src)))
+            a = _alphatensor_entry(k_, val, src)
+            out.append(_verified(a) if check else a)
         except VerificationError as e:
             raise VerificationError(f"{path} key {k_!r}: {e}") from None
         except AlgorithmError as e:
@@ -404,11 +405,12 @@ def _from_json_doc(doc, path: Path) -> list[Algorithm]:
 
 # ---- entry point ---------------------------------------------------------------------------
 
-def load_file(path: str | Path, key: str | None = None) -> list[Algorithm]:
+def load_file(path: str | Path, key: str | None = None, *, check: bool = True) -> list[Algorithm]:
     """Every algorithm in ``path`` (format detected), each verified exactly.
 
     ``key`` selects one entry of an AlphaTensor ``.npz`` ("m,k,n") or one algorithm of a
-    catalogue by name.
+    catalogue by name.  ``check=False`` parses only (for `lcmac verify`, which reports every
+    failing equation itself); such algorithms must not be used before ``verify``.
     """
     path = Path(path)
     if not path.is_file():
@@ -418,7 +420,7 @@ def load_file(path: str | Path, key: str | None = None) -> list[Algorithm]:
     except OSError as e:
         raise AlgorithmError(f"{path}: cannot be read ({e.strerror})") from None
     if raw[:4] == b"PK\x03\x04" or path.suffix == ".npz":
-        return load_alphatensor(path, key)
+        return load_alphatensor(path, key, check=check)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -442,7 +444,7 @@ def load_file(path: str | Path, key: str | None = None) -> list[Algorithm]:
                 raise CatalogueError(f"{path}: no algorithm named {key!r}")
         out = []
         for a in algs:
-            out.append(_verified(a))
+            out.append(_verified(a) if check else a)
         return out
     except CatalogueError:
         raise
