@@ -139,7 +139,28 @@ def cmd_select(args) -> int:
     print(f"{M}x{N}x{K} {args.dtype} on {args.target} (predicted by the analytic model)\n")
     print(_table(rows, ["algorithm", "grid", "R", "time ms", "eff TFLOP/s", "vs GEMM"]))
     bd = best.to_dict()
-    print(f"\ndecision: {bd['algorithm']}" + (f" ({bd['reason']})" if bd.get("reason") else ""))
+    reason = (bd.get("reason") or "").removeprefix("decision: ")
+    print(f"\ndecision: {bd['algorithm']}" + (f" ({reason})" if reason else ""))
+    return 0
+
+
+# ---- build ---------------------------------------------------------------------------------
+def cmd_build(args) -> int:
+    import time
+    from .build import build
+    from .targets import get_target, host_target
+    t = host_target() if args.target in (None, "host") else get_target(args.target)
+    t0 = time.perf_counter()
+    path = build(args.algo, t, args.dtype, args.shape, levels=args.levels, config=args.config,
+                 out_dir=args.output, name=args.name, mcpu=args.mcpu)
+    dt = time.perf_counter() - t0
+    from .runtime.manifest import Manifest
+    m = Manifest.read(path)
+    print(f"built {m.algorithm['name']} (<{','.join(map(str, m.algorithm['grid']))};"
+          f"{m.algorithm['rank']}>, levels {m.algorithm['levels']}) for {m.target['name']} "
+          f"{m.dtype} {m.M}x{m.N}x{m.K} in {dt:.1f} s")
+    print(f"  library  {m.library_path(path)}  ({m.library['bytes']} bytes, sha256 {m.library['sha256'][:12]})")
+    print(f"  manifest {path}")
     return 0
 
 
@@ -180,6 +201,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="B is a static weight: Combine B is done once, offline")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-select/1)")
     s.set_defaults(func=cmd_select)
+
+    s = sub.add_parser("build", help="compile an algorithm (or the plain GEMM) into a library + manifest")
+    s.add_argument("--algo", required=True, help="gemm, or a catalogue name/expression (strassen, strassen^2, ...)")
+    s.add_argument("--target", default=None, help="target name (default: this host)")
+    s.add_argument("--dtype", default="float32", help="float32, float64, bf16, ...")
+    s.add_argument("--shape", required=True, type=parse_shape, metavar="MxNxK",
+                   help="C is MxN, the inner dimension K")
+    s.add_argument("--levels", type=int, default=1, help="recursion levels of the algorithm (default 1)")
+    s.add_argument("--config", default=None, metavar="JSON", help="schedule knobs as JSON, e.g. '{\"mc\": 128}'")
+    s.add_argument("--mcpu", default=None, help="LLVM CPU name for CPU targets ('native' = this host)")
+    s.add_argument("--name", default=None, help="artifact name (default: derived)")
+    s.add_argument("-o", "--output", default=".", metavar="DIR", help="output directory (default .)")
+    s.set_defaults(func=cmd_build)
     return p
 
 

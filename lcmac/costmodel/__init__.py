@@ -1,0 +1,19 @@
+"""The analytic cost model: hardware profiles, the per-stage LCMA model (FalconGEMM's
+Table II, Eq. 8–10, re-derived), GPU wave quantisation and on-chip fit, and the decision
+(`select`) that ranks plain GEMM against every applicable catalogue algorithm."""
+from .decision import SCHEMA, Candidate, candidate_names, decide, select
+from .profiles import (ITEMSIZE, PROFILES, TARGET_PROFILES, HardwareProfile, get_profile,
+                       normalize_dtype, profile_for_target, profile_names)
+from .stages import (STAGES, AlgQuantities, Estimate, StageCost, gemm_estimate,
+                     gemm_intensity, gemm_is_memory_bound, lcma_estimate, quantities,
+                     stage_table)
+from .waves import SCHEDULES, FitReport, WaveAnalysis, onchip_fit, wave_analysis, waves_for
+
+__all__ = [
+    "SCHEMA", "Candidate", "candidate_names", "decide", "select",
+    "ITEMSIZE", "PROFILES", "TARGET_PROFILES", "HardwareProfile", "get_profile",
+    "normalize_dtype", "profile_for_target", "profile_names",
+    "STAGES", "AlgQuantities", "Estimate", "StageCost", "gemm_estimate", "gemm_intensity",
+    "gemm_is_memory_bound", "lcma_estimate", "quantities", "stage_table",
+    "SCHEDULES", "FitReport", "WaveAnalysis", "onchip_fit", "wave_analysis", "waves_for",
+]

@@ -1,0 +1,295 @@
+"""Decision: rank the plain GEMM and every applicable LCMA for one shape, dtype and target.
+
+``select(M, N, K, dtype, target)`` returns a list of ``Candidate``, best first; the first
+one is *the decision*.  It is the plain GEMM when no LCMA is predicted faster (by at least
+``min_speedup``) or when the GEMM is memory-bound (Eq. 8).
+
+Candidates: the plain GEMM; every base catalogue algorithm with R < m·k·n in each of its
+symmetric images (``name`` on its own grid, ``name@MxKxN`` on the others; transforms.orbit);
+with ``2 in levels`` the squares ``X^2`` of small base algorithms (m·k·n ≤ 12, and their
+images) and ``strassen*X`` for the other small base algorithms X (m·k·n ≤ 27, every image);
+with ``3 in levels`` ``strassen^3`` and ``winograd^3``.  A composed algorithm is just a
+larger grid to the model.  Algorithms whose blocks would be smaller than ``min_block`` are
+left out.  Each LCMA is costed with the fused and the unfused Combine H (Eq. 10 and Eq. 9)
+and keeps the faster.
+
+``measurements`` ({algorithm name or "gemm": seconds}, e.g. from the tuner's log) replace
+the predicted times of those candidates; the stage breakdown stays the model's.
+
+JSON schema of ``Candidate.to_dict()`` (stable; ``lcmac select --json`` prints it):
+
+    algorithm         str    "gemm" or a catalogue expression ("strassen", "winograd^2",
+                             "hopcroft-kerr@3x2x2", "strassen*hopcroft-kerr")
+    grid              [m, k, n]   ([1, 1, 1] for gemm)
+    rank              int    R (1 for gemm)
+    variant           str    "gemm" | "fused" | "unfused"  (Combine H fused into the GEMM)
+    predicted_time_s  float  model time (or the measured time when measured is true)
+    effective_tflops  float  2·M·N·K / time / 1e12
+    speedup_vs_gemm   float  gemm time / this time
+    measured          bool   time comes from measurements
+    overhead_s        float  kernel-launch overhead included in the time
+    stages            {combine_a, combine_b, gemm, combine_h}: each
+                          {flops, bytes, intensity (flops/byte or null), time_s,
+                           bound ("compute"|"memory"|"none"), ...details}
+                      gemm details on GPUs: tile, schedule, tiles, groups, waves,
+                      wave_efficiency, split_groups, products, block
+    reason            str    why it ranks where it does
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from math import ceil
+from typing import Iterable, Mapping
+
+from ..errors import CatalogueError, DTypeError
+from .profiles import HardwareProfile, get_profile, normalize_dtype, profile_for_target
+from .stages import (STAGES, AlgQuantities, Estimate, StageCost, compose_quantities,
+                     gemm_estimate, gemm_intensity, lcma_estimate, orbit_quantities,
+                     quantities)
+
+SCHEMA = "lcmac-candidate/1"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    algorithm: str
+    grid: tuple[int, int, int]
+    rank: int
+    variant: str
+    predicted_time_s: float
+    effective_tflops: float
+    speedup_vs_gemm: float
+    stages: Mapping[str, StageCost]
+    overhead_s: float
+    reason: str = ""
+    measured: bool = False
+    estimate: Estimate | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def is_gemm(self) -> bool:
+        return self.algorithm == "gemm"
+
+    def to_dict(self) -> dict:
+        return {"algorithm": self.algorithm, "grid": list(self.grid), "rank": self.rank,
+                "variant": self.variant, "predicted_time_s": float(self.predicted_time_s),
+                "effective_tflops": float(self.effective_tflops),
+                "speedup_vs_gemm": float(self.speedup_vs_gemm), "measured": self.measured,
+                "overhead_s": float(self.overhead_s),
+                "stages": {nm: self.stages[nm].to_dict() for nm in STAGES},
+                "reason": self.reason}
+
+
+# ---- candidate algorithms ----------------------------------------------------------------
+def _catalogue():
+    from ..ir import catalogue
+    return catalogue
+
+
+def _images(name: str) -> list[str]:
+    """``name`` plus ``name@MxKxN`` for every other grid of its orbit."""
+    q = candidate_quantities(name)
+    return [name] + [f"{name}@{g[0]}x{g[1]}x{g[2]}" for g in orbit_quantities(q) if g != q.grid]
+
+
+@functools.lru_cache(maxsize=16)
+def candidate_names(levels: tuple[int, ...] = (1, 2)) -> tuple[str, ...]:
+    """Catalogue expressions ``select`` considers for the given recursion levels."""
+    cat = _catalogue()
+    bases = []
+    for nm in cat.base_names():
+        a = cat.get(nm)
+        if a.R < a.naive_rank:
+            bases.append((nm, a))
+    names: list[str] = []
+    if 1 in levels:
+        for nm, _ in bases:
+            names += _images(nm)
+    if 2 in levels:
+        for nm, a in bases:
+            if a.naive_rank <= 12:
+                names += [f"{x}^2" for x in _images(nm)]
+        if any(nm == "strassen" for nm, _ in bases):
+            for nm, a in bases:
+                if nm not in ("strassen", "winograd") and a.naive_rank <= 27:
+                    names += [f"strassen*{x}" for x in _images(nm)]
+    if 3 in levels:
+        names += [f"{nm}^3" for nm, _ in bases if nm in ("strassen", "winograd")]
+    seen, out = set(), []
+    for x in names:
+        if x not in seen:
+            seen.add(x)
+            out.append(x)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _get(name: str):
+    return _catalogue().get(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def candidate_quantities(name: str) -> AlgQuantities:
+    """Model quantities of a catalogue expression; compositions (``a*b``, ``a^L``) are
+    composed from their factors' quantities, never built or verified (that is the slow
+    part of a first ``select``)."""
+    if "*" in name:
+        parts = [candidate_quantities(p) for p in name.split("*")]
+        out = parts[0]
+        for q in parts[1:]:
+            out = compose_quantities(out, q)
+        return dataclasses.replace(out, name=name)
+    if "^" in name:
+        base, _, lv = name.rpartition("^")
+        if not lv.isdigit() or int(lv) < 1:
+            raise CatalogueError(f"bad recursion level in {name!r}: write NAME^L with L ≥ 1")
+        q0 = candidate_quantities(base)
+        out = q0
+        for _ in range(int(lv) - 1):
+            out = compose_quantities(out, q0)
+        return dataclasses.replace(out, name=name)
+    if "@" in name:
+        base, _, g = name.rpartition("@")
+        parts = g.split("x")
+        if len(parts) != 3 or not all(x.isdigit() for x in parts):
+            raise CatalogueError(f"bad grid in {name!r}: write NAME@MxKxN")
+        grid = tuple(int(x) for x in parts)
+        orb = orbit_quantities(candidate_quantities(base))
+        if grid not in orb:
+            raise CatalogueError(f"grid {grid} is not a permutation of {name.split('@')[0]}'s grid")
+        return dataclasses.replace(orb[grid], name=name)
+    return quantities(_get(name))
+
+
+# ---- resolving target / dtype ---------------------------------------------------------------
+def _resolve(target, dtype, profile) -> tuple[HardwareProfile, str]:
+    d = normalize_dtype(dtype)                       # DTypeError on unknown names
+    tgt = None
+    if profile is not None:
+        p = get_profile(profile)
+    else:
+        p = profile_for_target(target)               # TargetError on unknown targets
+        try:
+            from ..targets import TARGETS
+            tgt = TARGETS.get(str(target))
+        except ImportError:  # pragma: no cover
+            tgt = None
+    if tgt is not None:
+        ok = tgt.dtypes + (("tfloat32",) if tgt.family == "cuda" and "float32" in tgt.dtypes else ())
+        if d not in ok:
+            raise DTypeError(f"target {tgt.name} does not support {d}; it supports "
+                             f"{', '.join(ok)}")
+    p.check_dtype(d)                                 # DTypeError if the hardware lacks it
+    return p, d
+
+
+def min_block_for(profile: HardwareProfile) -> int:
+    return 64 if profile.kind == "gpu" else 16
+
+
+# ---- select ---------------------------------------------------------------------------------
+def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
+           static_b: bool = False, levels: Iterable[int] = (1, 2), profile=None,
+           measurements: Mapping[str, float] | None = None, algorithms: Iterable[str] | None = None,
+           min_speedup: float = 1.0, min_block: int | None = None,
+           group_parallel: bool = True, dedupe: bool = True) -> list[Candidate]:
+    """Rank plain GEMM and the applicable LCMAs for C[M×N] = A[M×K]·B[K×N]; best first.
+
+    ``target``: an lcmac target name (its default profile is used) or a profile name;
+    ``profile``: a profile name or ``HardwareProfile`` (e.g. a calibrated one) overriding
+    the target's.  ``static_b``: B is a weight combined offline.  ``algorithms``: restrict
+    the LCMAs to these catalogue expressions.  ``min_speedup``: an LCMA must beat the GEMM
+    by this factor to become the decision.  ``dedupe``: of candidates with the same grid,
+    rank, variant and predicted time (e.g. ``winograd^2`` and a catalogue <4,4,4;49>) keep
+    the first in ``candidate_names`` order and list the others in its reason.
+    """
+    p, d = _resolve(target, dtype, profile)
+    meas = dict(measurements or {})
+    for key, v in meas.items():
+        if not (isinstance(v, (int, float)) and v > 0):
+            raise ValueError(f"measurement for {key!r} must be positive seconds, got {v!r}")
+    g = gemm_estimate(M, N, K, d, p)
+    flops = 2.0 * M * N * K
+    g_time = float(meas.get("gemm", g.time_s))
+    g_measured = "gemm" in meas
+
+    ai = gemm_intensity(M, N, K, d)
+    ridge = p.ridge(d)
+    memory_bound = ai < ridge
+    mb = min_block if min_block is not None else min_block_for(p)
+
+    names = tuple(algorithms) if algorithms is not None else candidate_names(tuple(sorted(set(levels))))
+    cands: list[Candidate] = []
+    for nm in names:
+        try:
+            alg = candidate_quantities(nm)
+        except CatalogueError:
+            if algorithms is not None:
+                raise
+            continue
+        am, ak, an = alg.grid
+        naive_rank = am * ak * an
+        if alg.R >= naive_rank:
+            continue
+        if min(ceil(M / am), ceil(K / ak), ceil(N / an)) < mb:
+            continue
+        best = None
+        for fused in (True, False):
+            e = lcma_estimate(alg, M, N, K, d, p, fused=fused, static_b=static_b,
+                              group_parallel=group_parallel)
+            if best is None or e.time_s < best.time_s:
+                best = e
+        t = float(meas.get(nm, best.time_s))
+        saved = 1.0 - alg.R / naive_rank
+        comb = sum(best.stages[s].time_s for s in ("combine_a", "combine_b", "combine_h"))
+        why = (f"{alg.R}/{naive_rank} products ({saved:.1%} fewer multiplications); "
+               f"{best.variant} Combine H; combines {comb / max(best.stages['gemm'].time_s, 1e-30):.1%} "
+               f"of its GEMM stage")
+        if nm in meas:
+            why = "measured; " + why
+        cands.append(Candidate(nm, alg.grid, alg.R, best.variant, t, flops / t / 1e12,
+                               g_time / t, best.stages, best.overhead_s, why, nm in meas, best))
+
+    if dedupe:
+        kept: dict = {}
+        for c in cands:
+            key = (c.grid, c.rank, c.variant, round(c.predicted_time_s, 15), c.measured)
+            if key in kept:
+                kept[key][1].append(c.algorithm)
+            else:
+                kept[key] = (c, [])
+        cands = [c if not same else _with_reason(c, c.reason + "; same cost: " + ", ".join(same[:4])
+                                                  + (f" (+{len(same) - 4})" if len(same) > 4 else ""))
+                 for c, same in kept.values()]
+    cands.sort(key=lambda c: c.predicted_time_s)
+    best_lcma = cands[0] if cands else None
+    if memory_bound:
+        greason = (f"decision: plain GEMM — memory-bound (Eq. 8: intensity {ai:.1f} FLOP/B < "
+                   f"ridge {ridge:.1f} FLOP/B), fewer multiplications cannot help")
+    elif best_lcma is None:
+        greason = "decision: plain GEMM — no LCMA applies to this shape"
+    elif best_lcma.speedup_vs_gemm < min_speedup:
+        greason = (f"decision: plain GEMM — best LCMA {best_lcma.algorithm} predicted "
+                   f"{best_lcma.speedup_vs_gemm:.3f}× (needs ≥ {min_speedup:g}×)")
+    else:
+        greason = f"baseline; {best_lcma.algorithm} predicted {best_lcma.speedup_vs_gemm:.3f}× faster"
+    if g_measured:
+        greason = "measured; " + greason
+    gc = Candidate("gemm", (1, 1, 1), 1, "gemm", g_time, flops / g_time / 1e12, 1.0, g.stages,
+                   g.overhead_s, greason, g_measured, g)
+    if greason.startswith(("decision", "measured; decision")):
+        out = [gc] + cands
+    else:
+        out = sorted(cands + [gc], key=lambda c: c.predicted_time_s)
+        out[0] = _with_reason(out[0], "decision: " + out[0].reason)
+    return out
+
+
+def _with_reason(c: Candidate, reason: str) -> Candidate:
+    return dataclasses.replace(c, reason=reason)
+
+
+def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", **kw) -> Candidate:
+    """The decision alone: ``select(...)[0]``."""
+    return select(M, N, K, dtype, target, **kw)[0]
