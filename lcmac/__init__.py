@@ -3,4 +3,15 @@ __version__ = "0.1.0"
 
 from .errors import LcmacError  # noqa: E402
 
-__all__ = ["__version__", "LcmacError"]
+__all__ = ["__version__", "LcmacError", "build", "load"]
+
+
+def __getattr__(name):
+    # lazy: `import lcmac` stays light (no numpy-heavy or compiler imports)
+    if name == "build":
+        from .build import build
+        return build
+    if name == "load":
+        from .runtime.loader import load
+        return load
+    raise AttributeError(f"module 'lcmac' has no attribute {name!r}")

@@ -164,6 +164,53 @@ def cmd_build(args) -> int:
     return 0
 
 
+# ---- tune ----------------------------------------------------------------------------------
+def cmd_tune(args) -> int:
+    from .tune import tuner
+    from .tune.db import TuningDB
+    if args.shapes == "llm":
+        from .tune.shapes import llm_shapes
+        cases = llm_shapes(ms=args.m, limit=args.limit)
+    elif args.shape:
+        cases = [("", args.shape)]
+    else:
+        print("lcmac tune: error: give --shape MxNxK or --shapes llm", file=sys.stderr)
+        return 2
+    algo = args.algo if "," not in args.algo else [a.strip() for a in args.algo.split(",")]
+    store = TuningDB(args.logs)
+    results, rows = [], []
+    for i, (label, shape) in enumerate(cases, 1):
+        print(f"[{i}/{len(cases)}] tuning {label + ' ' if label else ''}{'x'.join(map(str, shape))} "
+              f"{args.dtype} on {args.target}", file=sys.stderr)
+        r = tuner.tune(algo, args.target, args.dtype, shape, budget=args.budget,
+                       patience=args.patience, jobs=args.jobs, db=store, top_lcmas=args.top_lcmas,
+                       repeats=args.repeats, progress=not args.quiet,
+                       measure_default=args.compare_default)
+        results.append(r)
+        best = r.best
+        for row in r.summary_rows():
+            rows.append(["x".join(map(str, shape)), row["algorithm"], row["trials"],
+                         f"{row['best_ms']:.3f}", f"{row['gflops']:.1f}", f"{row['predicted_ms']:.3f}",
+                         "-" if row["spearman"] != row["spearman"] else f"{row['spearman']:.2f}",
+                         "-" if row["default_ms"] != row["default_ms"] else f"{row['default_ms'] / row['best_ms']:.2f}x",
+                         "*" if best is not None and row["algorithm"] == best.point.algorithm else ""])
+        if best is None:
+            rows.append(["x".join(map(str, shape)), "(all failed)", len(r.trials), "-", "-", "-", "-", "-", ""])
+            for t in r.trials[:3]:
+                print(f"  failed: {t.error}", file=sys.stderr)
+    print(_table(rows, ["shape", "algorithm", "trials", "best ms", "GFLOP/s", "model ms", "spearman",
+                        "vs default", "best"]))
+    print(f"\nlogged to {store.root}  (`lcmac build` uses the best logged config for a shape)")
+    if args.plot:
+        from .tune.plot import plot_predicted_vs_measured
+        try:
+            trials = [t for r in results for t in r.trials]
+            print(f"plot: {plot_predicted_vs_measured(trials, args.plot, f'{args.target} {args.dtype}')}")
+        except RuntimeError as e:
+            print(f"lcmac tune: {e}", file=sys.stderr)
+    return 0 if all(r.best is not None for r in results) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     p = argparse.ArgumentParser(prog="lcmac", description=__doc__,
@@ -214,6 +261,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", default=None, help="artifact name (default: derived)")
     s.add_argument("-o", "--output", default=".", metavar="DIR", help="output directory (default .)")
     s.set_defaults(func=cmd_build)
+
+    s = sub.add_parser("tune", help="measure configs (model-ranked) and log the best per shape")
+    s.add_argument("--algo", default="auto",
+                   help="gemm, a catalogue expression (strassen, strassen^2), a comma list, or auto "
+                        "(GEMM + the cost model's best LCMAs)")
+    s.add_argument("--target", required=True, help="e.g. x86_64-avx512, cuda-sm90a")
+    s.add_argument("--dtype", default="float32", help="float32, float64, bf16, ...")
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--shape", type=parse_shape, metavar="MxNxK", help="one shape")
+    g.add_argument("--shapes", choices=["llm"], help="a shape list: llm = LLM linear layers")
+    s.add_argument("--m", type=int, nargs="+", default=None, metavar="M",
+                   help="token counts for --shapes llm (default: the quick subset)")
+    s.add_argument("--limit", type=int, default=None, help="at most this many shapes")
+    s.add_argument("--budget", type=int, default=8, help="configs measured per algorithm (default 8)")
+    s.add_argument("--patience", type=int, default=4,
+                   help="stop after this many measurements without improvement (default 4)")
+    s.add_argument("--jobs", type=int, default=2, help="parallel compile processes (default 2)")
+    s.add_argument("--top-lcmas", type=int, default=2, help="LCMAs tuned by --algo auto (default 2)")
+    s.add_argument("--repeats", type=int, default=5, help="timed repeats per config (default 5)")
+    s.add_argument("--compare-default", action="store_true",
+                   help="also measure the backend's default config (tuned-vs-default column)")
+    s.add_argument("--logs", default=None, metavar="DIR",
+                   help="tuning-log directory (default $LCMAC_TUNING_LOGS or ./tuning_logs of the checkout)")
+    s.add_argument("--plot", default=None, metavar="FILE", help="write predicted-vs-measured plot (PNG)")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_tune)
     return p
 
 

@@ -41,6 +41,15 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
     Target("aarch64-sve", "aarch64", "tvm", "AArch64 with SVE, vector-length agnostic (Graviton3, Grace)",
            ("float32", "float64"), "neoverse-v1", None,
            llvm={"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+sve"]}),
+    # fixed-length SVE (clang's -msve-vector-bits=N); correct on any machine with VL >= N
+    Target("aarch64-sve256", "aarch64", "tvm", "AArch64 SVE, 256-bit vectors fixed at compile time "
+           "(Graviton3 / Neoverse V1)", ("float32", "float64"), "neoverse-v1", 256,
+           llvm={"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+sve"],
+                 "cl-opt": ["-aarch64-sve-vector-bits-min:int=256"]}),
+    Target("aarch64-sve512", "aarch64", "tvm", "AArch64 SVE, 512-bit vectors fixed at compile time "
+           "(A64FX)", ("float32", "float64"), "neoverse-v1", 512,
+           llvm={"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+sve"],
+                 "cl-opt": ["-aarch64-sve-vector-bits-min:int=512"]}),
     Target("cuda-sm90a", "cuda", "tilelang", "NVIDIA Hopper (H100, H200): wgmma tensor cores",
            ("bfloat16", "float16", "float32", "float8_e4m3"), "h100", arch="sm_90a"),
     Target("cuda-sm80", "cuda", "tilelang", "NVIDIA Ampere (A100): mma tensor cores",

@@ -1,0 +1,328 @@
+"""``lcmac.build``: one algorithm + target + dtype + shape → an artifact (library + manifest).
+
+Compilation runs in a worker process that imports one compiler only (apache-tvm and
+TileLang cannot share a process): ``target.backend`` picks it,
+
+    "tvm"      → python -m lcmac.targets.tvm_worker       (x86, AArch64)
+    "tilelang" → python -m lcmac.targets.tilelang_worker  (CUDA)
+
+Worker contract (JSON on stdin, JSON as the last line of stdout; exit 0 on success)
+--------------------------------------------------------------------------------------
+Request::
+
+    {"version": 1,
+     "algorithm": Algorithm.to_dict()        # the plain GEMM is the 1x1x1 algorithm, rank 1
+     "plain_gemm": bool,                     # true for algo="gemm"
+     "programs": {"A"|"B"|"H": LinearProgram.to_dict()},   # CSE'd combine programs
+     "levels": int,                          # recursion levels already folded into algorithm
+     "target": {"name", "family", "backend", "vector_bits", "arch", "dict"},
+     "mcpu": str | null,                     # LLVM CPU override ("native" = the build host)
+     "dtype": "float32" | "float64" | "bfloat16" | ...,
+     "shape": {"M", "N", "K"},               # C[M,N] = A[M,K] @ B[K,N], row-major
+     "config": {...},                        # backend's config dataclass as a dict
+     "entry": "lcmac_matmul",                # symbol of the exported function
+     "library": "/abs/dir/.name.so.tmp",     # where to write the library (build renames it)
+     "source": "/abs/dir/.name.src.tmp" | null}   # where to write generated source (optional)
+
+Response::
+
+    {"ok": true, "library": path, "entry_points": ["lcmac_matmul"],
+     "target_dict": {...},                   # the target the compiler used
+     "compiler": {"name", "version"}, "seconds": {...}, "info": {...}}
+    {"ok": false, "error": {"type": "DTypeError", "message": "...", "traceback": "..."}}
+
+``error.type`` naming an lcmac exception class re-raises that class here.  The exported
+function takes (A, B, C) as DLTensors of the manifest's dtype and shapes, C-contiguous,
+C written in full.  Workspaces are the library's business.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import errors
+from .dtypes import normalize_dtype
+from .errors import ArtifactError, DTypeError, ShapeError, TargetError, ToolchainError
+
+WORKERS = {"tvm": "lcmac.targets.tvm_worker", "tilelang": "lcmac.targets.tilelang_worker"}
+WORKER_TIMEOUT_S = float(os.environ.get("LCMAC_BUILD_TIMEOUT", "900"))
+
+
+def parse_shape(shape) -> tuple[int, int, int]:
+    """'MxNxK' or (M, N, K) → (M, N, K)."""
+    if isinstance(shape, str):
+        parts = shape.lower().replace("×", "x").split("x")
+    else:
+        parts = list(shape) if shape is not None else []
+    try:
+        vals = tuple(int(p) for p in parts)
+    except (TypeError, ValueError):
+        vals = ()
+    if len(vals) != 3 or min(vals) < 1:
+        raise ShapeError(f"shape {shape!r} must be M x N x K with positive integers, e.g. 1024x1024x1024")
+    return vals
+
+
+def resolve_algorithm(algo, levels: int = 1):
+    """(Algorithm, plain_gemm, display name)."""
+    from .ir import get
+    from .ir.algorithm import Algorithm
+    from .ir.transforms import power
+    if not isinstance(levels, int) or levels < 1:
+        raise ShapeError(f"levels must be a positive integer, got {levels!r}")
+    if isinstance(algo, str) and algo.strip().lower() in ("gemm", "naive"):
+        if levels != 1:
+            raise TargetError("the plain GEMM has no recursion levels (use levels=1)")
+        return get("naive-1x1x1").renamed("gemm"), True, "gemm"
+    alg = algo if isinstance(algo, Algorithm) else get(str(algo))
+    name = alg.name
+    if levels > 1:
+        alg = power(alg, levels).renamed(f"{name}^{levels}" if "^" not in name else f"({name})^{levels}")
+        name = alg.name
+    return alg, False, name
+
+
+def _resolve_target(target):
+    from .targets import Target, get_target, host_target
+    if target is None:
+        return host_target()
+    if isinstance(target, Target):
+        return target
+    return get_target(str(target))
+
+
+def _resolve_config(t, dtype: str, config, alg, plain: bool, shape):
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError as e:
+            raise TargetError(f"--config must be JSON: {e}") from None
+    if t.family in ("x86", "aarch64"):
+        from .schedules.cpu_config import resolve_config
+        if config is None:
+            config = _tuned_config(t, dtype, alg, plain, shape)
+        try:
+            return resolve_config(t, dtype, config, None if plain else alg).to_dict()
+        except ValueError as e:
+            raise TargetError(f"bad CPU config: {e}") from None
+    # CUDA: the TileLang worker owns its knobs
+    if config is None:
+        config = _tuned_config(t, dtype, alg, plain, shape)
+    return dict(config or {})
+
+
+def _tuned_config(t, dtype, alg, plain, shape):
+    """The tuning log's best config for this case, if any (never fatal)."""
+    try:
+        from .tune import db
+        hit = db.best_config(t.name, dtype, "gemm" if plain else alg.hash, shape)
+        if hit:  # say which logged config is used (exact shape or the nearest one)
+            r = hit[1]
+            print(f"lcmac build: using the tuned config from "
+                  f"{'this shape' if hit[2] else 'the nearest logged shape ' + 'x'.join(map(str, r['shape']))}"
+                  f" ({r['time_s'] * 1e3:.3f} ms on {r.get('device', '?')}): "
+                  f"{json.dumps(hit[0], sort_keys=True)}", file=sys.stderr)
+        return dict(hit[0]) if hit else None
+    except Exception:  # noqa: BLE001 - no tuning log, or one from an older schema
+        return None
+
+
+def _slug(s: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s.replace("^", "p").replace("*", "x"))
+
+
+def _check_dtype(t, dtype: str) -> None:
+    if dtype not in t.dtypes:
+        raise DTypeError(f"target {t.name} does not support {dtype}; choose one of {', '.join(t.dtypes)}")
+    if t.backend == "tvm" and dtype not in ("float32", "float64", "bfloat16"):
+        raise DTypeError(f"{dtype} on the CPU backend ({t.name}) is not supported yet; "
+                         "float32, float64 (and bfloat16 on x86_64-avx512) are")
+
+
+def run_worker(backend: str, request: dict) -> dict:
+    """Run the backend's compiler worker on ``request``; its response, or the lcmac error it
+    reports re-raised."""
+    mod = WORKERS.get(backend)
+    if mod is None:
+        raise TargetError(f"no compiler worker for backend {backend!r}")
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        proc = subprocess.run([sys.executable, "-m", mod], input=json.dumps(request),
+                              capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        raise ToolchainError(f"the {backend} compiler worker ran over {WORKER_TIMEOUT_S:.0f} s") from None
+    lines = [ln for ln in proc.stdout.strip().splitlines() if ln.startswith("{")]
+    try:
+        resp = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        resp = None
+    if resp is None:
+        tail = (proc.stderr or proc.stdout or "")[-2000:]
+        if "No module named" in tail and mod.rsplit(".", 1)[-1] in tail:
+            raise ToolchainError(f"the {backend} backend's worker ({mod}) is not available: {tail.strip()}")
+        raise ToolchainError(f"the {backend} compiler worker failed (exit {proc.returncode}): {tail}")
+    if not resp.get("ok"):
+        _raise_error(backend, resp.get("error", {}))
+    return resp
+
+
+def _prepare(algo, target=None, dtype="float32", shape=None, levels: int = 1, config=None,
+             out_dir=".", name: str | None = None, mcpu: str | None = None,
+             keep_source: bool = True) -> dict:
+    t0 = time.perf_counter()
+    t = _resolve_target(target)
+    dtype = normalize_dtype(dtype)
+    _check_dtype(t, dtype)
+    M, N, K = parse_shape(shape)
+    alg, plain, alg_name = resolve_algorithm(algo, levels)
+    cfg = _resolve_config(t, dtype, config, alg, plain, (M, N, K))
+    if plain:
+        progs = None
+    else:
+        from .schedules.cpu_lcma import programs_for   # pure Python (CSE), no compiler
+        progs = {s: p.to_dict() for s, p in programs_for(alg).items()}
+    if name is None:
+        name = _slug(f"{alg_name}-{t.name}-{dtype}-{M}x{N}x{K}")
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    tmp_lib = out / f".{name}.{os.getpid()}.so.tmp"
+    tmp_src = out / f".{name}.{os.getpid()}.src.tmp"
+    request = {"version": 1, "algorithm": alg.to_dict(), "plain_gemm": plain, "programs": progs,
+               "levels": levels, "target": {"name": t.name, "family": t.family, "backend": t.backend,
+                                            "vector_bits": t.vector_bits, "arch": t.arch,
+                                            "dict": t.tvm_target(mcpu) if t.backend == "tvm" else dict(t.llvm)},
+               "mcpu": mcpu, "dtype": dtype, "shape": {"M": M, "N": N, "K": K}, "config": cfg,
+               "entry": "lcmac_matmul", "library": str(tmp_lib),
+               "source": str(tmp_src) if keep_source else None}
+    return {"t0": t0, "t": t, "alg": alg, "plain": plain, "alg_name": alg_name, "name": name,
+            "out": out, "tmp_lib": tmp_lib, "tmp_src": tmp_src, "request": request,
+            "keep_source": keep_source}
+
+
+def _cleanup(job: dict) -> None:
+    for p in (job["tmp_lib"], job["tmp_src"]):
+        try:
+            p.unlink()
+        except OSError:
+            pass
+
+
+def _raise_error(backend: str, err: dict):
+    cls = getattr(errors, str(err.get("type")), None)
+    msg = err.get("message", "unknown error")
+    if isinstance(cls, type) and issubclass(cls, errors.LcmacError):
+        raise cls(msg)
+    raise ToolchainError(f"the {backend} compiler failed: {err.get('type')}: {msg}\n"
+                         f"{err.get('traceback', '')[-1500:]}")
+
+
+def _finish(job: dict, resp: dict) -> Path:
+    from . import __version__
+    from .runtime.manifest import Manifest, sha256_file
+    t, req, name, out = job["t"], job["request"], job["name"], job["out"]
+    tmp_lib, tmp_src = job["tmp_lib"], job["tmp_src"]
+    alg, plain = job["alg"], job["plain"]
+    M, N, K = req["shape"]["M"], req["shape"]["N"], req["shape"]["K"]
+    dtype = req["dtype"]
+    try:
+        if not resp.get("ok"):
+            _raise_error(t.backend, resp.get("error", {}))
+        if not tmp_lib.is_file():
+            raise ArtifactError(f"the {t.backend} worker reported success but wrote no library at {tmp_lib}")
+        lib_path, man_path = out / f"{name}.so", out / f"{name}.json"
+        entry = resp.get("entry_points", ["lcmac_matmul"])[0]
+        args = [{"name": "A", "role": "input", "shape": [M, K], "dtype": dtype, "layout": "row-major"},
+                {"name": "B", "role": "input", "shape": [K, N], "dtype": dtype, "layout": "row-major"},
+                {"name": "C", "role": "output", "shape": [M, N], "dtype": dtype, "layout": "row-major"}]
+        src_name = None
+        if job["keep_source"] and tmp_src.is_file():
+            src_name = f"{name}.tir.py" if t.backend == "tvm" else f"{name}.src"
+        man = Manifest(
+            name=name, backend=t.backend,
+            algorithm={"name": job["alg_name"], "hash": None if plain else alg.hash,
+                       "grid": list(alg.grid), "rank": alg.R, "levels": req["levels"]},
+            target={"name": t.name, "family": t.family, "backend": t.backend,
+                    "dict": resp.get("target_dict", req["target"]["dict"])},
+            dtype=dtype, shape={"M": M, "N": N, "K": K}, config=req["config"],
+            entry_points=[{"name": entry, "kind": "matmul", "signature": "C = A @ B",
+                           "arguments": args}],
+            library={"file": lib_path.name, "sha256": sha256_file(tmp_lib),
+                     "bytes": tmp_lib.stat().st_size},
+            lcmac_version=__version__,
+            build={"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   "seconds": None, "host": platform.node(), "machine": platform.machine(),
+                   "compiler": resp.get("compiler"), "stages": resp.get("seconds")},
+            extra={**resp.get("info", {}), "source": src_name})
+        if src_name:
+            os.replace(tmp_src, out / src_name)
+        os.replace(tmp_lib, lib_path)
+        man.build["seconds"] = round(time.perf_counter() - job["t0"], 3)
+        man.write(man_path)      # last: a manifest exists only for a complete artifact
+        return man_path
+    finally:
+        _cleanup(job)
+
+
+def build(algo, target=None, dtype="float32", shape=None, levels: int = 1, config=None,
+          out_dir=".", name: str | None = None, mcpu: str | None = None,
+          keep_source: bool = True) -> Path:
+    """Compile ``algo`` ("gemm" for the plain GEMM, a catalogue name/expression, or an
+    ``Algorithm``) for ``target`` (name, Target, or None for this host), ``dtype`` and
+    ``shape`` = (M, N, K) or "MxNxK"; ``levels`` applies the algorithm recursively.
+    Returns the manifest path ``out_dir/<name>.json`` (library ``<name>.so`` beside it)."""
+    job = _prepare(algo, target, dtype, shape, levels, config, out_dir, name, mcpu, keep_source)
+    try:
+        resp = run_worker(job["t"].backend, job["request"])
+    except BaseException:
+        _cleanup(job)
+        raise
+    return _finish(job, resp)
+
+
+def build_many(jobs: list[dict]) -> list:
+    """Several builds (each a dict of ``build``'s keyword arguments) with one worker per
+    backend (one compiler import).  Returns, in order, a manifest path or the exception
+    that build raised (not raised: the caller decides)."""
+    prepared, results = [], [None] * len(jobs)
+    for i, kw in enumerate(jobs):
+        try:
+            prepared.append((i, _prepare(**kw)))
+        except errors.LcmacError as e:
+            results[i] = e
+    by_backend: dict[str, list] = {}
+    for i, job in prepared:
+        by_backend.setdefault(job["t"].backend, []).append((i, job))
+    for backend, items in by_backend.items():
+        try:
+            resp = run_worker(backend, {"batch": [job["request"] for _, job in items]})
+            resps = resp["batch"]
+        except errors.LcmacError as e:
+            resps = [None] * len(items)
+            for i, job in items:
+                results[i] = e
+                _cleanup(job)
+            continue
+        for (i, job), r in zip(items, resps):
+            try:
+                results[i] = _finish(job, r)
+            except errors.LcmacError as e:
+                results[i] = e
+    return results
+
+
+class _CallableModule(type(sys)):
+    """``lcmac.build`` is both this module and the function: importing the submodule makes
+    the package attribute the module, so the module itself forwards calls to ``build``."""
+
+    def __call__(self, *args, **kwargs):
+        return build(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

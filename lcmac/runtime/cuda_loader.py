@@ -1,0 +1,160 @@
+"""Load a CUDA artifact (plain ``.so`` built by ``lcmac.targets.tilelang_worker``) and call
+it with torch CUDA tensors on the current stream.  Needs only ctypes, torch and the driver:
+neither TileLang nor TVM.
+
+    from lcmac.runtime.cuda_loader import load_cuda
+    mm = load_cuda("out/lcmac.json")          # the worker's response / the manifest
+    C = mm(A, B)                              # A: (M,K), B: (K,N) torch CUDA tensors
+
+Every argument problem raises before anything is launched: device not CUDA, wrong dtype,
+shape other than the artifact's, non-contiguous operands, or a GPU whose compute capability
+does not run the artifact's cubin (sm_90a runs on 9.0 only; sm_80 on 8.x).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+
+from ..errors import ArtifactError, DTypeError, LcmacError, ShapeError, TargetError
+
+_TORCH_DT = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+
+
+class CudaRunError(LcmacError, RuntimeError):
+    """The library reported an error while launching (message from the CUDA runtime)."""
+
+
+def _cc_ok(arch: str, cc: tuple[int, int]) -> bool:
+    num = arch.replace("sm_", "")
+    digits = num.rstrip("a")
+    major, minor = int(digits[:-1]), int(digits[-1])
+    if num.endswith("a"):           # arch-specific features: exactly this compute capability
+        return cc == (major, minor)
+    return cc[0] == major and cc[1] >= minor
+
+
+class CudaMatmul:
+    """Callable for one artifact: ``C = f(A, B, out=None)``."""
+
+    def __init__(self, meta: dict, lib_path: str):
+        self.meta = meta
+        self.lib_path = lib_path
+        self.arch = meta["arch"]
+        self.dtype = meta["dtype"]
+        self.M, self.N, self.K = (int(x) for x in meta["shape"])
+        if not os.path.exists(lib_path):
+            raise ArtifactError(f"CUDA artifact library missing: {lib_path}")
+        self._lib = None
+        self._ws = {}
+
+    # -- loading -------------------------------------------------------------------------
+    def _open(self, device):
+        if self._lib is not None:
+            return self._lib
+        import torch
+        cc = torch.cuda.get_device_capability(device)
+        if not _cc_ok(self.arch, cc):
+            raise TargetError(f"artifact built for {self.arch} cannot run on this GPU "
+                              f"(compute capability {cc[0]}.{cc[1]}, "
+                              f"{torch.cuda.get_device_name(device)}); rebuild with "
+                              f"--target cuda (the GPU present)")
+        torch.cuda.init()
+        lib = ctypes.CDLL(self.lib_path)
+        lib.lcmac_init.restype = ctypes.c_int
+        lib.lcmac_run.restype = ctypes.c_int
+        lib.lcmac_run.argtypes = [ctypes.c_void_p] * 5
+        lib.lcmac_last_error.restype = ctypes.c_char_p
+        lib.lcmac_workspace_bytes.restype = ctypes.c_longlong
+        with torch.cuda.device(device):
+            if lib.lcmac_init() != 0:
+                raise CudaRunError(f"lcmac_init failed: {lib.lcmac_last_error().decode()}")
+        self._lib = lib
+        return lib
+
+    def workspace(self, device):
+        import torch
+        key = str(device)
+        if key not in self._ws:
+            n = int(self.meta.get("workspace_bytes", 0))
+            self._ws[key] = torch.empty(max(n, 256), dtype=torch.uint8, device=device)
+        return self._ws[key]
+
+    # -- checking ------------------------------------------------------------------------
+    def check(self, A, B, out=None):
+        import torch
+        for name, t in (("A", A), ("B", B), ("out", out)):
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch tensor, not {type(t).__name__}")
+            if t.device.type != "cuda":
+                raise TargetError(f"{name} is on {t.device}; this artifact runs on CUDA tensors")
+            if str(t.dtype).replace("torch.", "") != _TORCH_DT[self.dtype]:
+                raise DTypeError(f"{name} has dtype {t.dtype}; the artifact was built for {self.dtype}")
+            if not t.is_contiguous():
+                raise ShapeError(f"{name} must be contiguous row-major (strides {t.stride()}); "
+                                 f"call .contiguous() first")
+            if t.data_ptr() % 16:
+                raise ShapeError(f"{name} must be 16-byte aligned (TMA); got address "
+                                 f"{t.data_ptr():#x}")
+        want = {"A": (self.M, self.K), "B": (self.K, self.N), "out": (self.M, self.N)}
+        for name, t in (("A", A), ("B", B), ("out", out)):
+            if t is not None and tuple(t.shape) != want[name]:
+                raise ShapeError(f"{name} has shape {tuple(t.shape)}; this artifact computes "
+                                 f"{self.M}x{self.K} @ {self.K}x{self.N} (build another for other shapes)")
+        devs = {t.device for t in (A, B, out) if t is not None}
+        if len(devs) != 1:
+            raise TargetError(f"operands on different devices: {sorted(map(str, devs))}")
+
+    def __call__(self, A, B, out=None):
+        import torch
+        self.check(A, B, out)
+        if out is None:
+            out = torch.empty((self.M, self.N), dtype=A.dtype, device=A.device)
+        lib = self._open(A.device)
+        ws = self.workspace(A.device)
+        stream = torch.cuda.current_stream(A.device).cuda_stream
+        with torch.cuda.device(A.device):
+            rc = lib.lcmac_run(A.data_ptr(), B.data_ptr(), out.data_ptr(), ws.data_ptr(), stream)
+        if rc != 0:
+            raise CudaRunError(f"lcmac_run failed ({rc}): {lib.lcmac_last_error().decode()}")
+        return out
+
+
+def load_cuda(meta_or_path, lib_path: str | None = None) -> CudaMatmul:
+    """From the worker response / manifest (dict or JSON path); the library path defaults to
+    the manifest's ``library`` (relative to the manifest's folder)."""
+    if isinstance(meta_or_path, (str, os.PathLike)):
+        path = os.fspath(meta_or_path)
+        with open(path) as f:
+            meta = json.load(f)
+        base = os.path.dirname(os.path.abspath(path))
+    else:
+        meta, base = dict(meta_or_path), os.getcwd()
+    lib = lib_path or meta.get("library")
+    if lib is None:
+        raise ArtifactError("manifest names no CUDA library")
+    if not os.path.isabs(lib) or not os.path.exists(lib):
+        cand = os.path.join(base, os.path.basename(lib))
+        if os.path.exists(cand):
+            lib = cand
+    return CudaMatmul(meta, lib)
+
+
+def load(man, man_path) -> CudaMatmul:
+    """``lcmac.load`` entry for ``backend == "tilelang"`` manifests (lcmac.runtime.manifest):
+    checks the library's checksum, then returns the callable."""
+    from .manifest import verify_library
+    lib = verify_library(man, man_path)
+    info = dict(man.extra or {})
+    from ..targets import TARGETS
+    arch = info.get("arch") or TARGETS[man.target["name"]].arch
+    meta = {"arch": arch, "dtype": man.dtype, "shape": [man.M, man.N, man.K],
+            "workspace_bytes": info.get("workspace_bytes", 0),
+            "workspace": info.get("workspace", []), "kernels": info.get("kernels", []),
+            "name": info.get("name", "lcmac"), "algorithm_name": man.algorithm.get("name"),
+            "config": man.config}
+    f = CudaMatmul(meta, str(lib))
+    f.manifest = man
+    return f

@@ -1,0 +1,203 @@
+"""``lcmac.load``: an artifact → a callable ``f(A, B, out=None) -> C``, without any compiler.
+
+CPU (apache-tvm) artifacts: the library's parallel loops and workspaces go through three
+function pointers the library exports (``__TVMBackendParallelLaunch``,
+``__TVMBackendAllocWorkspace``, ``__TVMBackendFreeWorkspace``) that whoever loads it must
+fill; ``tvm_ffi.load_module`` alone leaves them null (the call segfaults, measured).  So the
+loader ctypes-loads apache-tvm's ``libtvm_runtime.so`` (3 MB, the thread pool and workspace
+pool; found on disk via the installed wheel's location, no ``import tvm``), dlopens the
+artifact, fills the pointers, then hands the same mapping to ``tvm_ffi.load_module`` for the
+calling convention.  ``LCMAC_TVM_RUNTIME`` overrides the runtime library path.
+The thread count is TVM's ``TVM_NUM_THREADS`` (set here to the CPUs this process may use
+if unset: TVM's own default is 1 on these machines).
+
+CUDA (TileLang) artifacts are loaded by ``lcmac.runtime.cuda_loader.load(manifest, path)``
+where the CUDA backend provides one.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.util
+import os
+import platform
+import threading
+from pathlib import Path
+
+from ..errors import ArtifactError, DTypeError, ShapeError, TargetError
+from .manifest import Manifest, verify_library
+
+_CONTEXT_SYMBOLS = ("TVMBackendParallelLaunch", "TVMBackendAllocWorkspace", "TVMBackendFreeWorkspace",
+                    "TVMBackendParallelBarrier")
+_lock = threading.Lock()
+_runtime = None
+
+
+def tvm_runtime_path() -> Path:
+    env = os.environ.get("LCMAC_TVM_RUNTIME")
+    if env:
+        p = Path(env)
+    else:
+        spec = importlib.util.find_spec("tvm")   # locates the package; does not import it
+        if spec is None or not spec.submodule_search_locations:
+            raise ArtifactError("loading a CPU artifact needs apache-tvm's libtvm_runtime.so "
+                                "(pip install apache-tvm==0.25.0.post1, or set LCMAC_TVM_RUNTIME)")
+        p = Path(list(spec.submodule_search_locations)[0]) / "lib" / "libtvm_runtime.so"
+    if not p.is_file():
+        raise ArtifactError(f"TVM runtime library {p} not found (set LCMAC_TVM_RUNTIME)")
+    return p
+
+
+def _load_runtime():
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            if "TVM_NUM_THREADS" not in os.environ:
+                try:
+                    n = len(os.sched_getaffinity(0))
+                except (AttributeError, OSError):
+                    n = os.cpu_count() or 1
+                os.environ["TVM_NUM_THREADS"] = str(n)
+            import tvm_ffi  # noqa: F401 - libtvm_ffi.so first: libtvm_runtime links against it
+            _runtime = ctypes.CDLL(str(tvm_runtime_path()), mode=ctypes.RTLD_GLOBAL)
+        return _runtime
+
+
+def _dims(x):
+    return tuple(int(d) for d in x.shape)
+
+
+class _Array:
+    """What the checks need from a numpy array or torch tensor."""
+
+    def __init__(self, x, what: str):
+        self.x = x
+        self.what = what
+        mod = type(x).__module__.split(".")[0]
+        if mod == "numpy":
+            import numpy as np
+            self.kind = "numpy"
+            self.dtype = str(x.dtype)
+            self.contig = bool(x.flags["C_CONTIGUOUS"])
+            self.device = "cpu"
+            self.ptr = x.__array_interface__["data"][0]
+            self.nbytes = x.nbytes
+            self.np = np
+        elif mod == "torch":
+            self.kind = "torch"
+            self.dtype = str(x.dtype).replace("torch.", "")
+            self.contig = bool(x.is_contiguous())
+            self.device = str(x.device)
+            self.ptr = x.data_ptr()
+            self.nbytes = x.numel() * x.element_size()
+        else:
+            raise DTypeError(f"{what} must be a numpy array or a torch tensor, got {type(x).__name__}")
+        self.shape = _dims(x)
+
+
+class LcmacFunction:
+    """``f(A, B)`` → new C; ``f(A, B, out=C)`` writes C.  Shapes, dtype, layout and device
+    are checked against the manifest before the library runs."""
+
+    def __init__(self, manifest: Manifest, path: Path, func, module):
+        self.manifest = manifest
+        self.path = path
+        self._f = func
+        self._module = module   # keeps the library mapped
+
+    def __repr__(self):
+        m = self.manifest
+        return (f"<lcmac {m.algorithm['name']} {m.target['name']} {m.dtype} "
+                f"{m.M}x{m.N}x{m.K} from {self.path}>")
+
+    def _check(self, a: _Array, shape, role: str):
+        m = self.manifest
+        if a.device != "cpu":
+            raise TargetError(f"{role} is on {a.device}; this artifact ({m.target['name']}) runs on the CPU")
+        if a.dtype != m.dtype:
+            raise DTypeError(f"{role} has dtype {a.dtype}; the artifact {m.name} was built for {m.dtype}")
+        if a.shape != tuple(shape):
+            raise ShapeError(f"{role} has shape {'x'.join(map(str, a.shape)) or 'scalar'}; the artifact "
+                             f"{m.name} accepts {'x'.join(map(str, shape))} (M={m.M}, N={m.N}, K={m.K})")
+        if not a.contig:
+            raise ShapeError(f"{role} is not C-contiguous (row-major); pass a contiguous copy "
+                             f"(numpy.ascontiguousarray / tensor.contiguous())")
+
+    def __call__(self, A, B, out=None):
+        m = self.manifest
+        a, b = _Array(A, "A"), _Array(B, "B")
+        self._check(a, (m.M, m.K), "A")
+        self._check(b, (m.K, m.N), "B")
+        if out is None:
+            if a.kind == "torch":
+                import torch
+                out = torch.empty((m.M, m.N), dtype=A.dtype)
+            else:
+                out = a.np.empty((m.M, m.N), dtype=A.dtype)
+        c = _Array(out, "out")
+        self._check(c, (m.M, m.N), "out")
+        for x in (a, b):
+            if c.ptr < x.ptr + x.nbytes and x.ptr < c.ptr + c.nbytes:
+                raise ShapeError(f"out overlaps {x.what} in memory; pass a separate output array")
+        self._f(A, B, out)
+        return out
+
+
+def _find_manifest(path) -> Path:
+    p = Path(path)
+    if p.suffix == ".json":
+        return p
+    if p.suffix == ".so":
+        return p.with_suffix(".json")
+    if p.is_dir():
+        found = sorted(p.glob("*.json"))
+        if len(found) == 1:
+            return found[0]
+        raise ArtifactError(f"{p} holds {len(found)} manifests; name one")
+    return p.with_name(p.name + ".json")
+
+
+def _check_host(man: Manifest) -> None:
+    fam = man.target.get("family")
+    mach = platform.machine()
+    if fam == "x86":
+        if mach not in ("x86_64", "AMD64"):
+            raise TargetError(f"artifact {man.name} is x86-64 code; this machine is {mach}")
+        from ..targets.x86 import check_runnable
+        check_runnable(man.target["name"])
+    elif fam == "aarch64" and mach not in ("aarch64", "arm64"):
+        raise TargetError(f"artifact {man.name} is AArch64 code and this machine is {mach}: run it "
+                          "under qemu-user (lcmac.runtime.qemu_runner)")
+
+
+def _load_tvm(man: Manifest, man_path: Path):
+    _check_host(man)
+    lib = verify_library(man, man_path)     # checksum before any dlopen
+    rt = _load_runtime()
+    so = ctypes.CDLL(str(lib), mode=ctypes.RTLD_LOCAL)
+    for sym in _CONTEXT_SYMBOLS:
+        try:
+            slot = ctypes.c_void_p.in_dll(so, "__" + sym)
+        except ValueError:
+            continue    # a library without parallel loops lacks some of them
+        slot.value = ctypes.cast(getattr(rt, sym), ctypes.c_void_p).value
+    import tvm_ffi
+    mod = tvm_ffi.load_module(str(lib))
+    try:
+        fn = mod[man.entry]
+    except Exception as e:  # noqa: BLE001
+        raise ArtifactError(f"{lib} has no entry point {man.entry!r}: {e}") from None
+    return LcmacFunction(man, lib, fn, (mod, so))
+
+
+def load(path) -> LcmacFunction:
+    """Load ``DIR/<name>.json`` (or the ``.so`` beside it) → callable.  Imports no compiler."""
+    man_path = _find_manifest(path)
+    man = Manifest.read(man_path)
+    if man.backend == "tvm":
+        return _load_tvm(man, man_path.resolve())
+    try:
+        mod = importlib.import_module(f"lcmac.runtime.{'cuda' if man.backend == 'tilelang' else man.backend}_loader")
+    except ImportError:
+        raise ArtifactError(f"no loader for {man.backend!r} artifacts in this lcmac ({man_path})") from None
+    return mod.load(man, man_path.resolve())

@@ -1,0 +1,169 @@
+"""CPU combine templates (FalconGEMM Algorithm 2's group-parallel Combine A / Combine B, and
+Algorithm 1's Combine H): every input block element is read once per pass and all outputs
+of its group are written in the same pass, from the CSE'd straight-line program with its
+coefficients as literals.  Combine A / B write the GEMM's packed layouts, so they are the
+packing passes too (the plain GEMM is the 1×1×1 case: packing only)."""
+from __future__ import annotations
+
+from .cpu_gemm import Geometry, Writer, linear_expr, packed_offset
+
+
+def _used_inputs(prog) -> list[int]:
+    used = set()
+    for e in prog.temps + prog.outputs:
+        for _, s in e:
+            if s < prog.n_inputs:
+                used.add(s)
+    return sorted(used)
+
+
+def _emit_program(w: Writer, prog, dtype: str, vl: int, var: str, load, store) -> None:
+    """Loads of the used inputs into xin, temporaries into tmp, outputs stored: each a
+    vectorised statement over ``var`` (no let-bindings: see cpu_gemm's note)."""
+    used = _used_inputs(prog)
+    slot = {s: i for i, s in enumerate(used)}
+    nt = len(prog.temps)
+
+    def name(s):
+        if s < prog.n_inputs:
+            return f"xin[{slot[s]}, {var}]"
+        return f"tmp[{s - prog.n_inputs}, {var}]"
+
+    for s in used:
+        w(f"for {var} in T.vectorized({vl}):")
+        with w.indent():
+            w(f"xin[{slot[s]}, {var}] = {load(s)}")
+    for t, e in enumerate(prog.temps):
+        w(f"for {var} in T.vectorized({vl}):")
+        with w.indent():
+            w(f"tmp[{t}, {var}] = {linear_expr(e, name, dtype)}")
+    for o, e in enumerate(prog.outputs):
+        w(f"for {var} in T.vectorized({vl}):")
+        with w.indent():
+            w(f"{store(o)} = {linear_expr(e, name, dtype)}")
+    return len(used), nt
+
+
+def _decl_locals(w: Writer, prog, dtype: str, vl: int) -> None:
+    w(f"xin = T.decl_buffer(({max(1, len(_used_inputs(prog)))}, {vl}), \"{dtype}\", scope=\"local\")")
+    if prog.temps:
+        w(f"tmp = T.decl_buffer(({len(prog.temps)}, {vl}), \"{dtype}\", scope=\"local\")")
+
+
+def needs_pad(g: Geometry, side: str) -> bool:
+    """Whether an operand's blocks are not whole padded tiles (then it is copied into a
+    zero-padded buffer first)."""
+    if side == "A":
+        return any(g.rows(i) != g.BMP for i in range(g.m)) or any(g.cols_k(l) != g.BKP for l in range(g.k))
+    return any(g.cols_k(l) != g.BKP for l in range(g.k)) or any(g.cols(j) != g.BNP for j in range(g.n))
+
+
+def emit_pad(w: Writer, src: str, dst: str, nbr: int, nbc: int, rows, cols, BR: int, BC: int,
+             PR: int, PC: int, zero: str) -> None:
+    """dst[bi·PR + x, bj·PC + y] = src[bi·BR + x, bj·BC + y] on the valid part of each block,
+    zero elsewhere, with static loop bounds only.  (Masked loads in the combine were tried:
+    TVM simplifies an index clamp inside ``T.Select`` using the select's condition although
+    both arms are evaluated, so the clamp vanished and padded lanes read out of bounds.)"""
+    w(f"# zero-pad {src} into {dst} (shape not a whole number of tiles)")
+    for bi in range(nbr):
+        for bj in range(nbc):
+            r, c = max(0, rows(bi)), max(0, cols(bj))
+            if r > 0 and c > 0:
+                w(f"for x in T.parallel({r}):")
+                with w.indent():
+                    w(f"for y in range({c}):")
+                    with w.indent():
+                        w(f"{dst}[{bi * PR} + x, {bj * PC} + y] = {src}[{bi * BR} + x, {bj * BC} + y]")
+                    if c < PC:
+                        w(f"for y in range({PC - c}):")
+                        with w.indent():
+                            w(f"{dst}[{bi * PR} + x, {bj * PC + c} + y] = {zero}")
+            if r < PR:
+                w(f"for x in T.parallel({PR - r}):")
+                with w.indent():
+                    w(f"for y in range({PC}):")
+                    with w.indent():
+                        w(f"{dst}[{bi * PR + r} + x, {bj * PC} + y] = {zero}")
+
+
+def _load(src: str, row: str, col: str, dtype: str, src_dtype: str | None) -> str:
+    x = f"{src}[{row}, {col}]"
+    return x if src_dtype in (None, dtype) else f"T.Cast(\"{dtype}\", {x})"
+
+
+def emit_combine_a(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype: str | None = None,
+                   padded: bool = False) -> None:
+    """Ãp[r, p, kk, 0:mr] for all r from one read of the m·k blocks' rows p·mr.. at column kk
+    (from ``Apad`` when the shape needed padding).  A narrower ``src_dtype`` (bf16) is
+    widened on load: the combine is computed in ``dtype``."""
+    w("# Combine A (group-parallel, packs Ãp)")
+    w(f"for p in T.parallel({g.BMP // mr}):")
+    with w.indent():
+        _decl_locals(w, prog, dtype, mr)
+        w(f"for kk in range({g.BKP}):")
+        with w.indent():
+            def load(s):
+                i, l = divmod(s, g.k)
+                if padded:
+                    return _load("Apad", f"{i * g.BMP} + p * {mr} + v", f"{l * g.BKP} + kk", dtype, src_dtype)
+                return _load("A", f"{i * g.BM} + p * {mr} + v", f"{l * g.BK} + kk", dtype, src_dtype)
+            _emit_program(w, prog, dtype, mr, "v", load, lambda o: f"Ap[{o}, " + packed_offset("p", "kk", "v", g.BKP, mr) + "]")
+
+
+def emit_combine_b(w: Writer, g: Geometry, prog, nr: int, dtype: str, src_dtype: str | None = None,
+                   padded: bool = False) -> None:
+    """B̃p[r, jr, q, 0:nr] for all r from one read of the k·n blocks' row q.  Rows are taken
+    in blocks of qb, panel by panel: each panel then receives qb·nr contiguous elements
+    at a time (row by row, the stores of one row hit BNP/nr panels whose addresses differ
+    by a large power of two: the same cache set, evicted before the lines fill)."""
+    qb = next(b for b in (16, 8, 4, 2, 1) if g.BKP % b == 0)
+    w("# Combine B (group-parallel, packs B̃p)")
+    w(f"for qo in T.parallel({g.BKP // qb}):")
+    with w.indent():
+        _decl_locals(w, prog, dtype, nr)
+        w(f"for jr in range({g.BNP // nr}):")
+        with w.indent():
+            w(f"for qi in range({qb}):")
+            with w.indent():
+                q = f"qo * {qb} + qi"
+
+                def load(s):
+                    l, j = divmod(s, g.n)
+                    if padded:
+                        return _load("Bpad", f"{l * g.BKP} + {q}", f"{j * g.BNP} + jr * {nr} + u", dtype, src_dtype)
+                    return _load("B", f"{l * g.BK} + {q}", f"{j * g.BN} + jr * {nr} + u", dtype, src_dtype)
+                _emit_program(w, prog, dtype, nr, "u", load, lambda o: f"Bp[{o}, " + packed_offset("jr", q, "u", g.BKP, nr) + "]")
+
+
+def emit_combine_h(w: Writer, g: Geometry, prog, vl: int, dtype: str, cbuf: str,
+                   crow: int, ccol: int) -> None:
+    """Algorithm 1's Combine H: C_ij rows x from every stored H_r row x."""
+    w("# Combine H (unfused path)")
+    w(f"for x in T.parallel({g.BMP}):")
+    with w.indent():
+        _decl_locals(w, prog, dtype, vl)
+        w(f"for zb in range({g.BNP // vl}):")
+        with w.indent():
+            def store(o):
+                i, j = divmod(o, g.n)
+                return f"{cbuf}[{i * crow} + x, {j * ccol} + zb * {vl} + u]"
+            _emit_program(w, prog, dtype, vl, "u", lambda s: f"H[{s}, x, zb * {vl} + u]", store)
+
+
+def emit_crop(w: Writer, g: Geometry, out_dtype: str | None = None) -> None:
+    """Copy the valid part of the padded C workspace into C (non-whole-tile shapes, and
+    bf16 output: accumulated in the fp32 workspace, rounded once here)."""
+    w("# crop the padded C workspace into C")
+    for i in range(g.m):
+        for j in range(g.n):
+            rows, cols = g.rows(i), g.cols(j)
+            if rows <= 0 or cols <= 0:
+                continue
+            w(f"for x in T.parallel({rows}):")
+            with w.indent():
+                w(f"for z in range({cols}):")
+                with w.indent():
+                    val = f"Cw[{i * g.BMP} + x, {j * g.BNP} + z]"
+                    if out_dtype:
+                        val = f"T.Cast(\"{out_dtype}\", {val})"
+                    w(f"C[{i * g.BM} + x, {j * g.BN} + z] = {val}")

@@ -1,0 +1,128 @@
+"""Knobs of the CPU templates (x86 now, AArch64 later): register tile, cache blocks, path.
+
+Pure Python (no compiler import): build.py, the manifest and the tuner use it.
+
+    mr × nr   register tile of the micro-kernel: mr rows of Ã broadcast, nr columns of B̃
+              (nr a multiple of the vector lanes); mr·nr/lanes accumulator registers
+    mc, nc    a parallel task owns an mc × nc tile of every C block (FalconGEMM's (x, z))
+    kc        k is walked in kc chunks (the B̃ micro-panel kc × nr stays in L1)
+    ku        unroll of the k loop
+    fused     True: Combine H fused into the GEMM epilogue (Algorithm 2); False: H_r stored,
+              then a separate Combine H pass (Algorithm 1)
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass, fields
+
+from ..errors import DTypeError, TargetError
+
+# bits of the *compute* type per lane: bf16 inputs are computed in fp32
+_ITEM_BITS = {"float32": 32, "float64": 64, "bfloat16": 32}
+
+
+@dataclass(frozen=True)
+class CpuConfig:
+    mr: int = 8
+    nr: int = 32
+    mc: int = 256
+    nc: int = 512
+    kc: int = 512
+    ku: int = 4
+    fused: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "CpuConfig":
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        extra = sorted(set(d) - known)
+        if extra:
+            raise ValueError(f"unknown CPU config knob(s) {', '.join(extra)}; known: {', '.join(sorted(known))}")
+        return cls(**d)
+
+    def validate(self, lanes: int) -> "CpuConfig":
+        for nm in ("mr", "nr", "mc", "nc", "kc", "ku"):
+            v = getattr(self, nm)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"config knob {nm}={v!r} must be a positive integer")
+        if self.nr % lanes:
+            raise ValueError(f"nr={self.nr} must be a multiple of the vector lanes ({lanes})")
+        if self.mc < self.mr or self.nc < self.nr:
+            raise ValueError(f"mc ≥ mr and nc ≥ nr required (mc={self.mc}, mr={self.mr}, "
+                             f"nc={self.nc}, nr={self.nr})")
+        return self
+
+
+def lanes_for(target, dtype: str) -> int:
+    bits = getattr(target, "vector_bits", None) or 128
+    if dtype not in _ITEM_BITS:
+        raise DTypeError(f"the CPU templates do not handle dtype {dtype}")
+    return max(1, bits // _ITEM_BITS[dtype])
+
+
+def _registers(target) -> int:
+    # AVX-512 and AArch64 have 32 vector registers, AVX2/SSE 16
+    if getattr(target, "family", "x86") == "aarch64" or (getattr(target, "vector_bits", 0) or 0) >= 512:
+        return 32
+    return 16
+
+
+def default_config(target, dtype: str = "float32", algorithm=None) -> CpuConfig:
+    """Defaults per target: an accumulator tile that fills about half the register file
+    (the rest holds the B̃ row and the broadcast).  Cache blocks measured on the 2-core
+    Sapphire Rapids (noisy, ±10%): mc=256 cuts the re-reads of the B̃ panel; for an LCMA a
+    long kc matters most, since the fused epilogue updates every C block a product feeds
+    once per kc chunk (kc=128 cost 25% on strassen^2 at 4096)."""
+    lanes = lanes_for(target, dtype)
+    lcma = algorithm is not None and getattr(algorithm, "R", 1) > 1
+    # Fused Combine H keeps a task's tile of every C block cache-resident only while there
+    # are few C blocks; with many (strassen^2: 16) the fused epilogue's C traffic costs more
+    # than storing H once (measured at 4096: unfused 1.15x numpy, fused 0.97x).
+    fused = not lcma or algorithm.m * algorithm.n <= 4
+    if _registers(target) >= 32:
+        return CpuConfig(mr=8, nr=2 * lanes, mc=256, nc=512, kc=1024 if lcma else 512, ku=4,
+                         fused=fused)
+    # 16 registers: 6 × 2 vectors = 12 accumulators + 2 B + 1 broadcast (the classic AVX2 kernel)
+    return CpuConfig(mr=6, nr=2 * lanes, mc=192, nc=512, kc=512 if lcma else 256, ku=4, fused=fused)
+
+
+def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
+    """Candidate configs a tuner may measure for ``shape`` = (M, N, K) (the default first)."""
+    lanes = lanes_for(target, dtype)
+    regs = _registers(target)
+    base = default_config(target, dtype, algorithm if not isinstance(algorithm, str) else None)
+    out = [base]
+    tiles = []
+    for mr, nv in itertools.product((4, 6, 8, 12, 14), (1, 2, 3, 4)):
+        acc = mr * nv
+        if acc + nv + 1 <= regs and acc >= regs // 3:
+            tiles.append((mr, nv * lanes))
+    fused_opts = (True,) if algorithm in (None, "gemm") else (True, False)
+    for (mr, nr), mc, nc, kc, ku, fu in itertools.product(
+            tiles, (32, 64, 128, 256), (256, 512, 1024, 2048), (64, 128, 256, 384), (2, 4),
+            fused_opts):
+        if mc < mr or nc < nr:
+            continue
+        c = CpuConfig(mr=mr, nr=nr, mc=mc - mc % mr or mr, nc=nc - nc % nr, kc=kc, ku=ku, fused=fu)
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def resolve_config(target, dtype: str, config, algorithm=None) -> CpuConfig:
+    """A validated CpuConfig: ``config`` (dict: knobs over the defaults, or CpuConfig) or
+    the defaults for ``algorithm``."""
+    if config is None:
+        cfg = default_config(target, dtype, algorithm)
+    elif isinstance(config, CpuConfig):
+        cfg = config
+    elif isinstance(config, dict):
+        base = default_config(target, dtype, algorithm).to_dict()
+        base.update(config)
+        cfg = CpuConfig.from_dict(base)
+    else:
+        raise TargetError(f"config must be a dict or CpuConfig, got {type(config).__name__}")
+    return cfg.validate(lanes_for(target, dtype))

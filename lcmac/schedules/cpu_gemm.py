@@ -1,0 +1,240 @@
+"""CPU GEMM template: block geometry, the register-tiled micro-kernel and its cache blocking.
+
+The templates emit TVMScript (``tvm.script.tirx``) text; the compiler worker parses it.  So
+this module never imports apache-tvm, and the generated source can be inspected (coefficients
+appear as literals).  Two facts of apache-tvm 0.25 shape the text (measured):
+
+* a let-binding inside a vectorised loop is miscompiled (every lane gets lane 0's value), so
+  intermediate values live in small ``local`` buffers, which LLVM promotes to registers;
+* buffers are assumed 64-byte aligned unless declared otherwise (aligned vector loads fault
+  on numpy's 16-byte-aligned data), so user buffers are declared with the element alignment.
+
+Layouts (written by the combine passes, which are also the packing passes):
+
+    Ãp[r][BMP/mr][BKP][mr]   mr rows of Ã_r interleaved per k (one broadcast each)
+    B̃p[r][BNP/nr][BKP][nr]   nr contiguous columns of B̃_r per k (nr/lanes vector loads)
+
+Shapes the grid or the tiles do not divide are **padded**, never predicated in the inner
+loops (a predicate there costs ~4x): blocks are BM = ceil(M/m) (and BK, BN) rounded up to
+whole cache tiles; the combine passes write zeros into the padding (their loads are masked,
+which is cheap in a memory-bound pass), so the GEMM stage runs whole tiles only.  When C's
+blocks are not whole tiles the GEMM writes a padded C workspace and a crop pass copies the
+valid part out (one extra pass over C, only for such shapes).  Peeling would avoid that
+copy but multiply the generated code by the number of edge cases, for R products each.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from .cpu_config import CpuConfig
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(a: int, b: int) -> int:
+    return _ceil(a, b) * b
+
+
+def _tile(extent: int, want: int, unit: int) -> tuple[int, int, int]:
+    """(tile, count, padded extent): ``count`` tiles of ``tile`` (a multiple of ``unit``, at
+    most about ``want``) covering ``extent`` with the least padding."""
+    want = max(unit, want - want % unit)
+    count = max(1, _ceil(extent, want))
+    tile = _round_up(_ceil(max(extent, 1), count), unit)
+    return tile, count, tile * count
+
+
+@dataclass(frozen=True)
+class Geometry:
+    M: int
+    N: int
+    K: int
+    m: int
+    k: int
+    n: int
+    BM: int        # logical block sizes (A is padded with zeros to m·BM × k·BK)
+    BK: int
+    BN: int
+    MC: int        # effective tiles
+    NC: int
+    KC: int
+    nmc: int
+    nnc: int
+    nkc: int
+    BMP: int       # padded block extents, whole tiles
+    BNP: int
+    BKP: int
+
+    def rows(self, i: int) -> int:
+        """Valid rows of block row i (≤ 0: the block is all padding)."""
+        return min(self.BM, self.M - i * self.BM)
+
+    def cols_k(self, l: int) -> int:
+        return min(self.BK, self.K - l * self.BK)
+
+    def cols(self, j: int) -> int:
+        return min(self.BN, self.N - j * self.BN)
+
+    @property
+    def direct_c(self) -> bool:
+        """C's blocks are whole tiles: the GEMM writes C itself, no workspace, no crop."""
+        return (self.BMP == self.BM and self.BNP == self.BN and self.M == self.m * self.BM
+                and self.N == self.n * self.BN)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def geometry(grid: tuple[int, int, int], M: int, N: int, K: int, cfg: CpuConfig) -> Geometry:
+    m, k, n = grid
+    BM, BK, BN = _ceil(M, m), _ceil(K, k), _ceil(N, n)
+    MC, nmc, BMP = _tile(BM, cfg.mc, cfg.mr)
+    NC, nnc, BNP = _tile(BN, cfg.nc, cfg.nr)
+    KC, nkc, BKP = _tile(BK, cfg.kc, cfg.ku)
+    return Geometry(M, N, K, m, k, n, BM, BK, BN, MC, NC, KC, nmc, nnc, nkc, BMP, BNP, BKP)
+
+
+def packed_stride(panels: int, BKP: int, width: int, itemsize: int) -> int:
+    """Elements between consecutive r in a packed buffer [R][panels·BKP·width]: padded by one
+    cache line so that the R streams a combine pass writes at once do not all map to the
+    same cache set (their natural distance is a large power of two)."""
+    return panels * BKP * width + 64 // itemsize
+
+
+def packed_offset(panel: str, k: str, lane: str, BKP: int, width: int) -> str:
+    return f"(({panel}) * {BKP} + {k}) * {width} + {lane}"
+
+
+class Writer:
+    """Indented TVMScript text."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def __call__(self, line: str) -> "Writer":
+        self.lines.append("    " * self.depth + line)
+        return self
+
+    def indent(self):
+        w = self
+
+        class _Ctx:
+            def __enter__(self):
+                w.depth += 1
+
+            def __exit__(self, *a):
+                w.depth -= 1
+        return _Ctx()
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def literal(c, dtype: str) -> str:
+    """A coefficient as a typed constant (folded into the code; never a table lookup)."""
+    v = float(Fraction(c)) if not isinstance(c, (int, float)) else float(c)
+    return f"T.{dtype}({v!r})"
+
+
+def linear_expr(terms, name_of, dtype: str) -> str:
+    """Σ c·x as text; ±1 become adds/subtracts."""
+    out = ""
+    for c, s in terms:
+        x = name_of(s)
+        if c == 1:
+            out += f" + {x}" if out else x
+        elif c == -1:
+            out += f" - {x}" if out else f"-{x}"
+        else:
+            t = f"{literal(c, dtype)} * {x}"
+            out += f" + {t}" if out else t
+    return out or literal(0, dtype)
+
+
+def emit_microkernel(w: Writer, g: Geometry, cfg: CpuConfig, r, acc_dtype: str,
+                     a_buf: str = "Ap", b_buf: str = "Bp") -> None:
+    """acc[mr][nr] = Ã_r[tile rows] · B̃_r[tile cols] over one kc chunk: per k, mr broadcasts
+    of Ã and nr/lanes loads of B̃ feed mr·nr/lanes FMAs into register accumulators."""
+    mr, nr, ku = cfg.mr, cfg.nr, cfg.ku
+    w(f"for v in T.unroll({mr}):")
+    with w.indent():
+        w(f"for u in T.vectorized({nr}):")
+        with w.indent():
+            w(f"acc[v, u] = {literal(0, acc_dtype)}")
+    kidx = "kc * {KC} + ko * {KU} + ki".format(KC=g.KC, KU=ku)
+    a = f"{a_buf}[{r}, " + packed_offset(f"tm * {g.MC // mr} + ir", kidx, "v", g.BKP, mr) + "]"
+    b = f"{b_buf}[{r}, " + packed_offset(f"tn * {g.NC // nr} + jr", kidx, "u", g.BKP, nr) + "]"
+    w(f"for ko in range({g.KC // ku}):")
+    with w.indent():
+        w(f"for ki in T.unroll({ku}):")
+        with w.indent():
+            w(f"for v in T.unroll({mr}):")
+            with w.indent():
+                w(f"for u in T.vectorized({nr}):")
+                with w.indent():
+                    w(f"acc[v, u] = acc[v, u] + {a} * {b}")
+
+
+def emit_tile_store(w: Writer, cfg: CpuConfig, dst: str, coef, acc_dtype: str,
+                    accumulate: bool) -> None:
+    """dst[v, u] (=|+=) coef · acc[v, u] over the register tile."""
+    val = "acc[v, u]" if coef == 1 else ("-acc[v, u]" if coef == -1 else
+                                        f"{literal(coef, acc_dtype)} * acc[v, u]")
+    w(f"for v in T.unroll({cfg.mr}):")
+    with w.indent():
+        w(f"for u in T.vectorized({cfg.nr}):")
+        with w.indent():
+            if accumulate:
+                if coef == -1:
+                    w(f"{dst} = {dst} - acc[v, u]")
+                else:
+                    w(f"{dst} = {dst} + {val}")
+            else:
+                w(f"{dst} = {val}")
+
+
+def emit_gemm_stage(w: Writer, g: Geometry, cfg: CpuConfig, R: int, acc_dtype: str,
+                    epilogue) -> None:
+    """The GEMM stage: one parallel task per (tm, tn) tile position of the blocks (FalconGEMM's
+    (x, z)); inside, for each product r (its Combine-H coefficients constants in its own branch),
+    the kc / jr / ir loops of the register-tiled micro-kernel, then ``epilogue(w, r)``
+    which writes the tile.
+
+    Task order puts tm innermost so consecutive tasks share the B̃ panel."""
+    mr, nr = cfg.mr, cfg.nr
+    w(f"for t in T.parallel({g.nmc * g.nnc}):")
+    with w.indent():
+        w(f"acc = T.decl_buffer(({mr}, {nr}), \"{acc_dtype}\", scope=\"local\")")
+        w(f"tm = t % {g.nmc}")
+        w(f"tn = t // {g.nmc}")
+        # one copy of the micro-kernel for all products (a run-time r loop: compile time and
+        # code size stay flat in R); the epilogues, whose coefficients differ, are per r
+        w(f"for r in range({R}):")
+        with w.indent():
+            w(f"for kc in range({g.nkc}):")
+            with w.indent():
+                w(f"for jr in range({g.NC // nr}):")
+                with w.indent():
+                    w(f"for ir in range({g.MC // mr}):")
+                    with w.indent():
+                        emit_microkernel(w, g, cfg, "r", acc_dtype)
+                        _dispatch(w, 0, R, epilogue)
+
+
+def _dispatch(w: Writer, lo: int, hi: int, epilogue) -> None:
+    """Branch to product r's epilogue by a balanced tree of comparisons (log2 R branches
+    per register tile instead of R)."""
+    if hi - lo == 1:
+        epilogue(w, lo)
+        return
+    mid = (lo + hi) // 2
+    w(f"if r < {mid}:")
+    with w.indent():
+        _dispatch(w, lo, mid, epilogue)
+    w("else:")
+    with w.indent():
+        _dispatch(w, mid, hi, epilogue)

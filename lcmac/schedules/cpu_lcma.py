@@ -1,0 +1,146 @@
+"""The CPU LCMA kernel: Combine A, Combine B, GEMM stage with fused Combine H (Algorithm 2)
+or stored H + Combine H pass (Algorithm 1), as one TensorIR prim_func in TVMScript text.
+
+``generate`` is pure Python; the compiler worker parses and compiles its output.  A plain
+GEMM is the 1×1×1 algorithm through the same template (packing + micro-kernel).
+"""
+from __future__ import annotations
+
+from ..errors import DTypeError, ShapeError
+from .cpu_combine import (emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad,
+                          needs_pad)
+from .cpu_config import CpuConfig
+from .cpu_gemm import Writer, emit_gemm_stage, emit_tile_store, geometry, packed_stride
+
+ENTRY = "lcmac_matmul"
+ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2}
+
+
+def programs_for(alg) -> dict:
+    """The CSE'd straight-line programs (falls back to the naive ones)."""
+    try:
+        from ..ir.cse import optimized_programs
+        return optimized_programs(alg)
+    except ImportError:
+        from ..ir.program import combine_matrices, naive_program
+        mats = combine_matrices(alg)
+        return {s: naive_program(mats[s]) for s in ("A", "B", "H")}
+
+
+def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=None,
+             entry: str = ENTRY) -> tuple[str, dict]:
+    """(TVMScript source of ``entry(A, B, C)``, info dict with the geometry)."""
+    if dtype not in ("float32", "float64", "bfloat16"):
+        raise DTypeError(f"the CPU backend does not support {dtype} yet (float32, float64, bfloat16 do)")
+    # bf16 inputs: widened to fp32 by the combine/packing pass, fp32 GEMM and accumulation
+    # (plain FMAs, not vdpbf16ps yet), C accumulated in an fp32 workspace and rounded once
+    acc = "float32" if dtype == "bfloat16" else dtype
+    src_dtype = dtype
+    progs = programs or programs_for(alg)
+    R = alg.R
+    g = geometry(alg.grid, M, N, K, cfg)
+    isz = ITEMSIZE[dtype]
+    # TIR indices here are 32-bit: refuse what would overflow rather than miscompute
+    sa0 = packed_stride(g.BMP // cfg.mr, g.BKP, cfg.mr, ITEMSIZE[acc])
+    sb0 = packed_stride(g.BNP // cfg.nr, g.BKP, cfg.nr, ITEMSIZE[acc])
+    biggest = max(M * K, K * N, M * N, R * sa0, R * sb0, g.m * g.BMP * g.n * g.BNP,
+                  0 if cfg.fused else R * g.BMP * g.BNP)
+    if biggest >= 2 ** 31:
+        raise ShapeError(f"{M}x{N}x{K} with {alg.name} needs a buffer of {biggest} elements; "
+                         "the CPU backend's 32-bit indexing is not supported past 2^31 yet")
+    w = Writer()
+    w("@T.prim_func")
+    w(f"def main(A: T.Buffer(({M}, {K}), \"{dtype}\", align={isz}), "
+      f"B: T.Buffer(({K}, {N}), \"{dtype}\", align={isz}), "
+      f"C: T.Buffer(({M}, {N}), \"{dtype}\", align={isz})):")
+    with w.indent():
+        w(f"T.func_attr({{\"global_symbol\": \"{entry}\", \"tirx.noalias\": True}})")
+        # packed combined operands: Ãp[r][BMP/mr][BKP][mr], B̃p[r][BNP/nr][BKP][nr], flattened
+        # per r with a padded r-stride (packed_stride)
+        sa = packed_stride(g.BMP // cfg.mr, g.BKP, cfg.mr, ITEMSIZE[acc])
+        sb = packed_stride(g.BNP // cfg.nr, g.BKP, cfg.nr, ITEMSIZE[acc])
+        w(f"Ap = T.alloc_buffer(({R}, {sa}), \"{acc}\")")
+        w(f"Bp = T.alloc_buffer(({R}, {sb}), \"{acc}\")")
+        direct = g.direct_c and acc == dtype
+        if direct:
+            cbuf, crow, ccol = "C", g.BM, g.BN
+        else:
+            cbuf, crow, ccol = "Cw", g.BMP, g.BNP
+            w(f"Cw = T.alloc_buffer(({g.m * g.BMP}, {g.n * g.BNP}), \"{acc}\")")
+        if not cfg.fused:
+            w(f"H = T.alloc_buffer(({R}, {g.BMP}, {g.BNP}), \"{acc}\")")
+        pad_a, pad_b = needs_pad(g, "A"), needs_pad(g, "B")
+        zero = f"T.{dtype}(0.0)" if dtype != "bfloat16" else "T.Cast(\"bfloat16\", T.float32(0.0))"
+        if pad_a:
+            w(f"Apad = T.alloc_buffer(({g.m * g.BMP}, {g.k * g.BKP}), \"{dtype}\")")
+            emit_pad(w, "A", "Apad", g.m, g.k, g.rows, g.cols_k, g.BM, g.BK, g.BMP, g.BKP, zero)
+        if pad_b:
+            w(f"Bpad = T.alloc_buffer(({g.k * g.BKP}, {g.n * g.BNP}), \"{dtype}\")")
+            emit_pad(w, "B", "Bpad", g.k, g.n, g.cols_k, g.cols, g.BK, g.BN, g.BKP, g.BNP, zero)
+        emit_combine_a(w, g, progs["A"], cfg.mr, acc, src_dtype, padded=pad_a)
+        emit_combine_b(w, g, progs["B"], cfg.nr, acc, src_dtype, padded=pad_b)
+
+        tile = "{base} + tm * %d + ir * %d + v, {cbase} + tn * %d + jr * %d + u" % (
+            g.MC, cfg.mr, g.NC, cfg.nr)
+        # Combine H coefficients, per product r: the C blocks it feeds (W's nonzeros)
+        feeds = [[(i, j, alg.W[r, i, j]) for i in range(alg.m) for j in range(alg.n)
+                  if alg.W[r, i, j] != 0] for r in range(R)]
+        first = {}
+        for r in range(R):
+            for i, j, _ in feeds[r]:
+                first.setdefault((i, j), r)
+
+        def epilogue(w, r):
+            if cfg.fused:
+                w(f"# fused Combine H: H_{r + 1} into its C blocks, never stored")
+                for i, j, c in feeds[r]:
+                    dst = f"{cbuf}[" + tile.format(base=i * crow, cbase=j * ccol) + "]"
+                    _store(w, first[(i, j)] == r, dst, c)
+            else:
+                dst = f"H[{r}, " + tile.format(base=0, cbase=0) + "]"
+                _store(w, True, dst, 1)
+
+        def _store(w, is_first, dst, c):
+            if is_first and g.nkc == 1:
+                emit_tile_store(w, cfg, dst, c, acc, accumulate=False)
+            elif is_first:
+                w("if kc == 0:")
+                with w.indent():
+                    emit_tile_store(w, cfg, dst, c, acc, accumulate=False)
+                w("else:")
+                with w.indent():
+                    emit_tile_store(w, cfg, dst, c, acc, accumulate=True)
+            else:
+                emit_tile_store(w, cfg, dst, c, acc, accumulate=True)
+
+        w("# GEMM stage" + (" with fused Combine H" if cfg.fused else " (H stored)"))
+        # blocks of C that no product feeds are zero (cannot happen for a correct algorithm
+        # with full rank, but keep the kernel total)
+        emit_gemm_stage(w, g, cfg, R, acc, epilogue)
+        if not cfg.fused:
+            emit_combine_h(w, g, progs["H"], cfg.nr, acc, cbuf, crow, ccol)
+        if not direct:
+            emit_crop(w, g, None if acc == dtype else dtype)
+    info = {"geometry": g.to_dict(), "direct_c": direct, "entry": entry,
+            "padded": {"A": needs_pad(g, "A"), "B": needs_pad(g, "B"), "C": not direct},
+            "accumulate": acc,
+            "workspace_bytes": ITEMSIZE[acc] * (R * (sa + sb)
+                                                + (0 if direct else g.m * g.n * g.BMP * g.BNP)
+                                                + (0 if cfg.fused else R * g.BMP * g.BNP))
+            + ITEMSIZE[dtype] * ((g.m * g.BMP * g.k * g.BKP if pad_a else 0)
+                                 + (g.k * g.BKP * g.n * g.BNP if pad_b else 0)),
+            "additions": {s: p.additions for s, p in progs.items()}}
+    return w.text(), info
+
+
+def lower_request(request: dict) -> tuple[str, dict]:
+    """A compiler-worker request (see ``lcmac.build``) → (TVMScript source, info)."""
+    from ..ir.algorithm import Algorithm
+    from ..ir.program import LinearProgram
+    alg = Algorithm.from_dict(request["algorithm"])
+    progs = request.get("programs")
+    progs = {s: LinearProgram.from_dict(p) for s, p in progs.items()} if progs else None
+    shp = request["shape"]
+    cfg = CpuConfig.from_dict(request["config"])
+    return generate(alg, request["dtype"], shp["M"], shp["N"], shp["K"], cfg, programs=progs,
+                    entry=request.get("entry", ENTRY))

@@ -1,0 +1,142 @@
+"""A portable TensorIR lowering of an LCMA, parameterised by vector lanes and register tile.
+
+This is the ARM backend's kernel generator (used by ``lcmac.targets.aarch64``): unfused
+stages, each a TE compute, with the coefficients folded in as literals:
+
+    Ap, Bp        zero-padded copies of A, B (block sizes rounded up to the register tile)
+    At_r, Bt_r    Combine A / Combine B: one compute per product r (sum of ±blocks)
+    H_r           GEMM stage: At_r · Bt_r, scheduled as an MR×NR register tile with the NR
+                  columns vectorised (fixed lanes, or ``lanes_per_vscale·vscale`` for
+                  vector-length-agnostic SVE), k outermost inside the tile
+    C             Combine H fused into the final copy out (one select per block of C)
+
+The plain GEMM is the 1×1×1 algorithm.  Imports apache-tvm: call it only inside a compiler
+process (``python -m lcmac.targets.aarch64``).
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _terms(T, r, rows, cols):
+    out = []
+    for i in range(rows):
+        for j in range(cols):
+            c = T[r, i, j]
+            if c != 0:
+                out.append((Fraction(c), i, j))
+    return out
+
+
+def _gemm(te, At, Bt, kk, bm, bn, nm):
+    return te.compute((bm, bn), lambda i, j: te.sum(At[i, kk] * Bt[kk, j], axis=kk), name=nm)
+
+
+def lcma_prim_func(alg, M: int, K: int, N: int, dtype: str = "float32", *, lanes: int = 4,
+                   mr: int = 8, nr: int | None = None, vla: bool = False,
+                   name: str = "lcmac_matmul"):
+    """The TensorIR function ``name(A: M×K, B: K×N, C: M×N)`` computing C = A·B with ``alg``,
+    scheduled (returns a ``tvm.IRModule``)."""
+    import tvm
+    from tvm import te, tirx
+
+    m, k, n, R = alg.m, alg.k, alg.n, alg.R
+    nr = nr or lanes
+    bm = _ceil(_ceil(M, m), mr) * mr
+    bn = _ceil(_ceil(N, n), nr) * nr
+    bk = _ceil(K, k)
+    zero = tirx.const(0, dtype)
+
+    A = te.placeholder((M, K), dtype, name="A")
+    B = te.placeholder((K, N), dtype, name="B")
+
+    def pad(X, rows, cols, R_, C_, nm):
+        if rows == R_ and cols == C_:
+            return X
+        return te.compute((R_, C_), lambda i, j: tirx.if_then_else(
+            tirx.all(i < rows, j < cols), X[tirx.min(i, rows - 1), tirx.min(j, cols - 1)], zero),
+            name=nm)
+
+    Ap = pad(A, M, K, m * bm, k * bk, "Ap")
+    Bp = pad(B, K, N, k * bk, n * bn, "Bp")
+
+    def lin(terms, X, br, bc, nm):
+        def f(i, j):
+            acc = None
+            for c, bi, bj in terms:
+                v = X[bi * br + i, bj * bc + j]
+                if c == -1:
+                    v = -v
+                elif c != 1:
+                    v = v * tirx.const(float(c), dtype)
+                acc = v if acc is None else acc + v
+            return acc
+        return te.compute((br, bc), f, name=nm)
+
+    naive = (m, k, n) == (1, 1, 1) and R == 1
+    Hs, combines = [], []
+    for r in range(R):
+        ua, vb = _terms(alg.U, r, m, k), _terms(alg.V, r, k, n)
+        At = Ap if naive else lin(ua, Ap, bm, bk, f"At{r}")
+        Bt = Bp if naive else lin(vb, Bp, bk, bn, f"Bt{r}")
+        if not naive:
+            combines += [At, Bt]
+        kk = te.reduce_axis((0, bk), f"k{r}")
+        Hs.append(_gemm(te, At, Bt, kk, bm, bn, f"H{r}"))
+
+    blocks = {}
+    for i in range(m):
+        for j in range(n):
+            blocks[(i, j)] = [(Fraction(alg.W[r, i, j]), r) for r in range(R) if alg.W[r, i, j] != 0]
+
+    def out(i, j):
+        if naive:
+            return Hs[0][i, j]
+        bi, bj = i // bm, j // bn
+        ii, jj = i % bm, j % bn
+        expr = zero
+        for (pi, pj), terms in reversed(list(blocks.items())):
+            acc = None
+            for c, r in terms:
+                v = Hs[r][ii, jj]
+                v = -v if c == -1 else (v if c == 1 else v * tirx.const(float(c), dtype))
+                acc = v if acc is None else acc + v
+            acc = zero if acc is None else acc
+            expr = tirx.if_then_else(tirx.all(bi == pi, bj == pj), acc, expr)
+        return expr
+
+    C = te.compute((M, N), out, name="C")
+    func = te.create_prim_func([A, B, C]).with_attr("global_symbol", name)
+    sch = tvm.s_tir.Schedule(func)
+
+    for r in range(R):
+        blk = sch.get_sblock(f"H{r}")
+        i, j, kr = sch.get_loops(blk)
+        io, ii = sch.split(i, [None, mr])
+        if vla:
+            vec = lanes * tirx.vscale()
+            jo, ji = sch.split(j, [None, vec], disable_predication=False)
+            sch.reorder(io, jo, kr, ii, ji)
+            sch.unroll(ii)
+            # initialise inside the tile, then accumulate in registers
+            sch.vectorize(ji)
+            sch.decompose_reduction(blk, kr)
+        else:
+            jo, jv = sch.split(j, [None, nr])
+            jv_o, ji = sch.split(jv, [None, lanes])
+            sch.reorder(io, jo, kr, ii, jv_o, ji)
+            sch.unroll(ii)
+            sch.unroll(jv_o)
+            sch.vectorize(ji)
+            sch.decompose_reduction(blk, kr)
+    for t in combines + [x for x in (Ap, Bp) if x is not A and x is not B]:
+        blk = sch.get_sblock(t.op.name)
+        loops = sch.get_loops(blk)
+        if not vla and t.shape[-1] % lanes == 0:
+            _, ji = sch.split(loops[-1], [None, lanes])
+            sch.vectorize(ji)
+    return tvm.IRModule({name: sch.mod["main"]})

@@ -1,0 +1,224 @@
+"""AArch64 targets (NEON, SVE): toolchain checks, schedule parameters, cross export.
+
+Cross-compilation happens on any host: apache-tvm's LLVM emits AArch64 object code and
+``aarch64-linux-gnu-gcc`` links it into a shared library.  Running an artifact on a non-ARM
+host goes through qemu-user (``lcmac.runtime.qemu_runner``).
+
+SVE comes in two flavours:
+
+* ``aarch64-sve`` is vector-length agnostic (VLA): the code is correct on every SVE vector
+  length and uses all of it.  The CPU backend's packed templates fix their panel widths when
+  the code is generated, which TVM's ``vscale`` cannot express for a packed buffer, so this
+  target uses ``lcmac.schedules.te_lcma`` (unfused stages, GEMM column loop split by
+  ``lanes·vscale`` and vectorised, predicated).
+* ``aarch64-sve256`` / ``aarch64-sve512`` fix the vector length at compile time (what
+  clang's ``-msve-vector-bits=N`` does), passed to LLVM as
+  ``-aarch64-sve-vector-bits-min=N``; the templates then use N-bit vectors, which LLVM
+  lowers to SVE ``z`` registers under a ``ptrue vlK`` predicate.  Such a binary is correct on
+  any machine whose vector length is at least N bits (it uses N of them).
+
+This module imports neither apache-tvm nor TileLang at import time.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+
+from ..errors import TargetError, ToolchainError
+
+#: Debian packages that provide the tools (the error messages name them)
+CROSS_GCC_PACKAGE = "gcc-aarch64-linux-gnu"
+CROSS_LIBC_PACKAGE = "libc6-dev-arm64-cross"
+QEMU_PACKAGE = "qemu-user"
+
+CROSS_GCC = "aarch64-linux-gnu-gcc"
+CROSS_OBJDUMP = "aarch64-linux-gnu-objdump"
+QEMU = "qemu-aarch64"
+#: sysroot of the Debian cross libc (qemu's -L)
+SYSROOT = "/usr/aarch64-linux-gnu"
+
+ITEM_BITS = {"float32": 32, "float64": 64, "float16": 16, "bfloat16": 16}
+
+
+def cross_gcc() -> str:
+    """Path of the AArch64 cross compiler, or ToolchainError naming the Debian package."""
+    cc = os.environ.get("LCMAC_AARCH64_CC") or shutil.which(CROSS_GCC)
+    if not cc:
+        raise ToolchainError(
+            f"building for AArch64 needs the cross compiler {CROSS_GCC}, which is not on PATH; "
+            f"install it with: apt-get install {CROSS_GCC_PACKAGE} {CROSS_LIBC_PACKAGE} "
+            f"(or set LCMAC_AARCH64_CC to an AArch64 gcc/clang driver)")
+    return cc
+
+
+def objdump() -> str:
+    tool = shutil.which(CROSS_OBJDUMP)
+    if not tool:
+        raise ToolchainError(f"{CROSS_OBJDUMP} is not on PATH; install it with: "
+                             f"apt-get install binutils-aarch64-linux-gnu (comes with "
+                             f"{CROSS_GCC_PACKAGE})")
+    return tool
+
+
+def qemu() -> str:
+    """Path of qemu-aarch64, or ToolchainError naming the Debian package."""
+    q = os.environ.get("LCMAC_QEMU_AARCH64") or shutil.which(QEMU)
+    if not q:
+        raise ToolchainError(
+            f"running an AArch64 artifact on this machine needs the emulator {QEMU}, which is "
+            f"not on PATH; install it with: apt-get install {QEMU_PACKAGE}")
+    return q
+
+
+def sysroot() -> str:
+    root = os.environ.get("LCMAC_AARCH64_SYSROOT", SYSROOT)
+    if not os.path.isdir(os.path.join(root, "lib")):
+        raise ToolchainError(
+            f"the AArch64 C library is not installed under {root}; install it with: "
+            f"apt-get install {CROSS_LIBC_PACKAGE}")
+    return root
+
+
+@dataclass(frozen=True)
+class ArmParams:
+    """What the CPU templates need to know about an AArch64 target."""
+    vector_bits: int            # width of one vector the generated code uses
+    lanes: int                  # elements per vector for the dtype
+    mr: int                     # register tile rows (rows of A per micro-kernel)
+    nr: int                     # register tile columns (a multiple of lanes)
+    registers: int = 32         # architectural vector registers (V0–V31 / Z0–Z31)
+    sve: bool = False
+    vla: bool = False           # code must run on every SVE vector length
+
+    @property
+    def accumulators(self) -> int:
+        return self.mr * self.nr // self.lanes
+
+
+def code_vector_bits(target) -> int:
+    """The vector width the generated code uses on ``target`` (128 for NEON and VLA SVE)."""
+    return int(target.vector_bits or 128)
+
+
+def is_sve(target) -> bool:
+    return "+sve" in tuple(target.llvm.get("mattr", ()))
+
+
+def schedule_params(target, dtype: str = "float32") -> ArmParams:
+    """Register tiling for a target: 32 vector registers; an MR×NR accumulator tile of
+    MR·(NR/lanes) registers, plus NR/lanes for a row of B and one or two for A.
+
+    * 128-bit (NEON, VLA SVE): 8×12 fp32 (24 accumulators, 3 B, 2 A registers holding
+      eight A values used lane-indexed by ``fmla v.4s, v.4s, v.s[i]``): 29 of 32.
+    * 256/512-bit SVE: 8×(3 vectors), 24 accumulators; A is broadcast by ``ld1rw``.
+    """
+    bits = code_vector_bits(target)
+    ebits = ITEM_BITS.get(dtype)
+    if ebits is None:
+        raise TargetError(f"{target.name} does not support dtype {dtype}; "
+                          f"choose one of {', '.join(target.dtypes)}")
+    lanes = bits // ebits
+    return ArmParams(vector_bits=bits, lanes=lanes, mr=8, nr=3 * lanes, sve=is_sve(target),
+                     vla=is_sve(target) and target.vector_bits is None)
+
+
+def sve_vq(target) -> int | None:
+    """qemu's ``sve-max-vq`` (vector length in 128-bit units) that the target needs at least;
+    None for NEON targets."""
+    if not is_sve(target):
+        return None
+    return max(1, code_vector_bits(target) // 128)
+
+
+def fcompile():
+    """An ``export_library`` fcompile that links with the AArch64 cross compiler."""
+    cc = cross_gcc()
+    from tvm.support import cc as tvm_cc   # imported only inside a compiler worker
+    return tvm_cc.cross_compiler(cc, options=["-O2"])
+
+
+def export_library(module, path: str) -> str:
+    """Link a compiled TVM module (``tvm.compile`` result or its ``.mod``) into an AArch64
+    shared library at ``path``."""
+    module.export_library(path, fcompile=fcompile())
+    return path
+
+
+def check_library(path: str) -> None:
+    """Raise ArtifactError unless ``path`` is an AArch64 ELF shared object."""
+    from ..errors import ArtifactError
+    with open(path, "rb") as f:
+        head = f.read(20)
+    if head[:4] != b"\x7fELF" or int.from_bytes(head[18:20], "little") != 183:  # EM_AARCH64
+        raise ArtifactError(f"{path} is not an AArch64 shared library")
+
+
+def disassemble(path: str) -> str:
+    import subprocess
+    return subprocess.run([objdump(), "-d", "--no-show-raw-insn", path], capture_output=True,
+                          text=True, check=True).stdout
+
+
+# ---------------------------------------------------------------------------------------
+# Building an artifact: lcmac.build.build → python -m lcmac.targets.tvm_worker, which calls
+# tvm_target / lower / export_library below (the contract lcmac.targets.x86 follows).
+# ---------------------------------------------------------------------------------------
+
+def kernel_kind(target) -> str:
+    """``cpu_lcma``: the CPU backend's packed templates at the target's fixed vector width
+    (NEON, SVE-256, SVE-512; and 128-bit for anything else).  ``te_vla``: the
+    vector-length-agnostic lowering (``lcmac.schedules.te_lcma`` with ``vscale``) for
+    ``aarch64-sve``."""
+    return "te_vla" if is_sve(target) and target.vector_bits is None else "cpu_lcma"
+
+
+def build_artifact(algorithm: str, target: str, dtype: str, shape, out_dir, *,
+                   config: dict | None = None, levels: int = 1, name: str | None = None) -> str:
+    """Cross-compile ``algorithm`` (catalogue expression such as ``strassen^2``, or ``gemm``)
+    for an AArch64 ``target`` at ``shape`` = (M, N, K) into ``out_dir`` through
+    ``lcmac.build.build`` (the apache-tvm worker calls this module's ``tvm_target``,
+    ``lower`` and ``export_library``); returns the manifest path.  The cross toolchain is
+    checked first, so a missing one fails fast with the Debian package to install."""
+    from . import get_target
+    from ..build import build
+    t = get_target(target)
+    if t.family != "aarch64":
+        raise TargetError(f"{t.name} is not an AArch64 target")
+    cross_gcc()
+    sysroot()
+    return str(build(algorithm, t, dtype, shape, levels=levels, config=config,
+                     out_dir=out_dir, name=name))
+
+
+def tvm_target(request: dict) -> dict:
+    """The TVM target dict for a build request (worker contract, as lcmac.targets.x86)."""
+    d = dict(request["target"]["dict"])
+    if request.get("mcpu") and request["mcpu"] not in ("native", "host"):
+        d["mcpu"] = request["mcpu"]
+    return d
+
+
+def lower(request: dict) -> tuple[str, dict]:
+    """TVMScript source of the kernel (worker contract).  Fixed-width targets: the CPU
+    backend's packed template (``lcmac.targets.x86.lower``, which is target-neutral: the
+    vector width comes from the config's nr and the target's vector_bits).  ``aarch64-sve``:
+    the vscale lowering, scheduled here and printed as TVMScript (imports apache-tvm, so only
+    inside the worker)."""
+    cross_gcc()          # fail before compiling when the linker is missing
+    from . import get_target
+    t = get_target(request["target"]["name"])
+    if kernel_kind(t) == "cpu_lcma":
+        from .x86 import lower as cpu_lower
+        src, info = cpu_lower(request)
+        return src, {**info, "kernel": "cpu_lcma"}
+    from ..ir.algorithm import Algorithm
+    from ..schedules.te_lcma import lcma_prim_func
+    alg = Algorithm.from_dict(request["algorithm"])
+    shp = request["shape"]
+    p = schedule_params(t, request["dtype"])
+    mr = int((request.get("config") or {}).get("mr", p.mr))
+    entry = request.get("entry", "lcmac_matmul")
+    mod = lcma_prim_func(alg, shp["M"], shp["K"], shp["N"], request["dtype"], lanes=p.lanes,
+                         mr=mr, vla=True, name=entry)
+    return mod[entry].script(), {"kernel": "te_vla", "lanes_per_vscale": p.lanes, "mr": mr}

@@ -1,0 +1,140 @@
+"""CUDA back end, host side: nvcc invocation and the C-ABI entry point.
+
+Imports neither TileLang nor TVM.  The TileLang worker (``tilelang_worker.py``) turns each
+template into CUDA source that already holds a small host launcher (TileLang's own wrapper:
+TMA descriptors, dynamic shared memory, ``cudaLaunchKernelEx``); here those launchers are
+renamed per kernel, an entry file chains them, and nvcc links everything into one plain
+``.so`` (cubin inside, CUDA runtime linked statically).  Loading it needs only ctypes and the
+driver (``lcmac.runtime.cuda_loader``).
+
+Entry points of an artifact library:
+
+    int         lcmac_init(void);                       // once per process (smem attributes)
+    int         lcmac_run(const void* A, const void* B, void* C, void* workspace,
+                          void* stream);                // enqueue on the stream, no sync
+    const char* lcmac_last_error(void);
+    long long   lcmac_workspace_bytes(void);
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import ToolchainError
+
+NVCC_CANDIDATES = ("/usr/local/bin/nvcc", "/usr/local/cuda/bin/nvcc")
+
+
+def find_nvcc() -> str:
+    env = os.environ.get("LCMAC_NVCC")
+    if env:
+        return env
+    p = shutil.which("nvcc")
+    if p:
+        return p
+    for c in NVCC_CANDIDATES:
+        if os.path.exists(c):
+            return c
+    raise ToolchainError("nvcc not found: install the CUDA toolkit (12.x/13.x) or set LCMAC_NVCC")
+
+
+def gencode(arch: str) -> list[str]:
+    """Explicit -gencode (the -arch=sm_90a shorthand can run a plain sm_90 pass that rejects
+    wgmma/setmaxnreg)."""
+    num = arch.replace("sm_", "")
+    return ["-gencode", f"arch=compute_{num},code=sm_{num}"]
+
+
+def tilelang_include_dirs(tl_root: str) -> list[str]:
+    return [os.path.join(tl_root, "src"), os.path.join(tl_root, "3rdparty", "cutlass", "include")]
+
+
+def nvcc_flags(arch: str, includes: list[str]) -> list[str]:
+    return (["-std=c++20", "-O3", "-w", "-Xcudafe", "--diag_suppress=177", "-lineinfo",
+             "-Xcompiler", "-fPIC", "--ptxas-options=--verbose"]
+            + gencode(arch) + [f"-I{d}" for d in includes])
+
+
+def rename_launcher(code: str, func_name: str, kname: str) -> str:
+    """Give one TileLang-wrapped source unique symbols so several link into one .so."""
+    code = code.replace(f"{func_name}_kernel", f"{kname}_kernel")
+    code = re.sub(r'extern "C" TL_EXPORT const char\* get_last_error\(\)',
+                  f'extern "C" const char* {kname}_get_last_error()', code)
+    code = re.sub(r'extern "C" TL_EXPORT int init\(\)', f'extern "C" int {kname}_init()', code)
+    code = re.sub(r'extern "C" TL_EXPORT int call\(', f'extern "C" int {kname}_call(', code)
+    return code
+
+
+def entry_source(kernels: list[dict], workspace: list[tuple[str, int]]) -> str:
+    """kernels: [{"name", "args": [buffer names in call order]}] in launch order.
+
+    Buffers: A, B, C (user) and workspace slices (name, byte offset)."""
+    lines = ['#include <cuda_runtime.h>', '#include <cstdio>', '#include <cstring>', '']
+    for k in kernels:
+        params = ", ".join("void*" for _ in k["args"])
+        lines.append(f'extern "C" int {k["name"]}_init();')
+        lines.append(f'extern "C" int {k["name"]}_call({params}, cudaStream_t);')
+        lines.append(f'extern "C" const char* {k["name"]}_get_last_error();')
+    total = max([off for _, off in workspace] + [0])
+    lines += ['', 'static char lcmac_err[1024];',
+              'extern "C" const char* lcmac_last_error() { return lcmac_err; }',
+              f'extern "C" long long lcmac_workspace_bytes() {{ return {total}LL; }}',
+              'extern "C" int lcmac_init() {', '  lcmac_err[0] = 0;']
+    for k in kernels:
+        lines.append(f'  if ({k["name"]}_init() != 0) {{ snprintf(lcmac_err, sizeof lcmac_err, '
+                     f'"%s", {k["name"]}_get_last_error()); return -1; }}')
+    lines += ['  return 0;', '}', '',
+              'extern "C" int lcmac_run(const void* A, const void* B, void* C, void* ws, void* stream) {',
+              '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
+              '  char* w = (char*)ws; (void)w;',
+              '  void* bufs_A = (void*)A; void* bufs_B = (void*)B; void* bufs_C = C;']
+    for name, off in workspace:
+        if name != "__end__":
+            lines.append(f'  void* bufs_{name} = (void*)(w + {off}LL);')
+    for k in kernels:
+        args = ", ".join(f"bufs_{a}" for a in k["args"])
+        lines.append(f'  if ({k["name"]}_call({args}, s) != 0) {{ snprintf(lcmac_err, sizeof lcmac_err, '
+                     f'"{k["name"]}: %s", {k["name"]}_get_last_error()); return -1; }}')
+        lines.append('  { cudaError_t e = cudaGetLastError(); if (e != cudaSuccess) { '
+                     f'snprintf(lcmac_err, sizeof lcmac_err, "{k["name"]}: %s", cudaGetErrorString(e)); '
+                     'return -2; } }')
+    lines += ['  return 0;', '}', '']
+    return "\n".join(lines)
+
+
+def compile_so(sources: list[str], out_so: str, arch: str, includes: list[str],
+               jobs: int = 2, timeout: float = 900) -> dict:
+    """Compile each .cu to an object (in parallel), link one shared library. Returns the
+    ptxas resource report per source."""
+    nvcc = find_nvcc()
+    flags = nvcc_flags(arch, includes)
+
+    def one(src):
+        obj = src[:-3] + ".o"
+        cmd = [nvcc, *flags, "-c", src, "-o", obj]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            raise ToolchainError(f"nvcc failed on {src}:\n{' '.join(cmd)}\n{p.stderr[-4000:]}")
+        return obj, p.stderr
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+        results = list(ex.map(one, sources))
+    objs = [o for o, _ in results]
+    # TileLang's debug.h defines (identical) non-inline helpers in every source
+    cmd = [nvcc, "--shared", *gencode(arch), "-Xcompiler", "-fPIC",
+           "-Xlinker", "--allow-multiple-definition", *objs, "-o", out_so]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise ToolchainError(f"nvcc link failed:\n{' '.join(cmd)}\n{p.stderr[-4000:]}")
+    for o in objs:
+        os.remove(o)
+    report = {}
+    for src, (_, err) in zip(sources, results):
+        regs = re.findall(r"Used (\d+) registers", err)
+        spills = re.findall(r"(\d+) bytes spill stores", err)
+        report[os.path.basename(src)] = {"registers": [int(x) for x in regs],
+                                         "spill_stores": [int(x) for x in spills]}
+    return report

@@ -1,0 +1,282 @@
+"""TileLang compile worker for the CUDA targets.
+
+Runs in its own process (TileLang bundles a TVM that cannot share a process with apache-tvm):
+
+    python -m lcmac.targets.tilelang_worker  < request.json  > response.json
+
+Request (JSON object):
+    algorithm   catalogue name (e.g. "strassen", "strassen^2") or Algorithm.to_dict();
+                null / "gemm" for the plain TileLang GEMM
+    target      "cuda-sm90a" | "cuda-sm80"
+    dtype       "bfloat16" | "float16" | "float32"  (float32: the GEMM stage runs TF32 on
+                the tensor cores, fp32 accumulation; combines are fp32)
+    shape       [M, N, K]
+    config      CudaConfig fields (optional)
+    out_dir     directory for the library and the generated sources
+    name        library base name (default "lcmac_cuda")
+    jobs        parallel nvcc processes (default 2)
+    compile     false: stop after code generation (sources only; for tests)
+
+Response: {"ok": true, "library": path | null, "sources": [...], "kernels": [{"name", "grid",
+"block", "smem_bytes", "args"}], "workspace_bytes": n, "entry_points": {...},
+"config": {...}, "arch": "sm_90a", "dtype": ..., "shape": [...], "algorithm": {...} | null,
+"ptxas": {...}} or {"ok": false, "error": message, "error_type": class name}.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+
+def _programs(alg):
+    from ..ir.program import combine_matrices, naive_program
+    try:
+        from ..ir.cse import optimized_programs
+        return optimized_programs(alg), "cse"
+    except Exception:          # cse is optional (being written); fall back to naive programs
+        cm = combine_matrices(alg)
+        return {s: naive_program(cm[s]) for s in ("A", "B", "H")}, "naive"
+
+
+def _resolve_algorithm(spec):
+    if spec is None or spec in ("gemm", "plain"):
+        return None
+    from ..ir.algorithm import Algorithm
+    if isinstance(spec, dict):
+        return Algorithm.from_dict(spec)
+    from .. import ir
+    return ir.get(spec)
+
+
+def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a"):
+    """The kernels of one artifact: [(kname, prim_func, [buffer names])] and the workspace
+    layout [(buffer name, byte offset)] (last entry "__end__" = total bytes)."""
+    from ..dtypes import ITEMSIZE
+    from ..schedules import cuda_kernels as K
+    from ..schedules.cuda_config import Blocking
+    M, N, K_ = shape
+    # TF32 wgmma (sm_90a) needs B K-major: B̃ is written transposed by its combine kernel, and
+    # the plain GEMM goes through the same path as the 1x1x1 algorithm
+    kmajor = dtype == "float32" and arch == "sm_90a" and cfg.tf32_wgmma
+    if alg is None and not kmajor:
+        return [("gemm", K.plain_gemm(M, N, K_, dtype, cfg), ["A", "B", "C"])], [("__end__", 0)], None
+    if alg is None:
+        from .. import ir
+        alg = ir.get("naive-1x1x1")
+        cfg = type(cfg).from_dict(dict(cfg.to_dict(), fused=False))
+    if programs:
+        from ..ir.program import LinearProgram
+        progs, how = {k: LinearProgram.from_dict(v) for k, v in programs.items()}, "supplied"
+    else:
+        progs, how = _programs(alg)
+    blk = Blocking(M, N, K_, alg.m, alg.k, alg.n, alg.R)
+    item = ITEMSIZE[dtype]
+    ws, off = [], 0
+    for name, elems in blk.workspace_elems(cfg.fused).items():
+        ws.append((name, off))
+        off += -(-elems * item // 256) * 256
+    ws.append(("__end__", off))
+    if kmajor and alg.m * alg.k == 1:
+        ws = [("Bt", 0), ("__end__", -(-blk.Kb * blk.Nb * item // 256) * 256)]
+        ks = [("transpose_b", K.combine_b_kmajor(progs["B"], blk, dtype, cfg), ["B", "Bt"]),
+              ("gemm", K.plain_gemm_kmajor(M, N, K_, blk.Nb, blk.Kb, dtype, cfg), ["A", "Bt", "C"])]
+        return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
+                        "b_layout": "K-major (transposed) for TF32 wgmma"}
+    ks = [("combine_a", K.combine_ab("A", progs["A"], blk, dtype, cfg), ["A", "At"])]
+    if kmajor:
+        if cfg.fused:
+            from ..schedules.cuda_config import NotSupportedYet
+            raise NotSupportedYet("the fused kernel for float32 on sm_90a is not supported yet "
+                                  "(use fused=False: TF32 wgmma path)")
+        ks.append(("combine_b", K.combine_b_kmajor(progs["B"], blk, dtype, cfg), ["B", "Bt"]))
+        ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg, kmajor_b=True), ["At", "Bt", "H"]))
+        ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg), ["H", "C"]))
+        return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
+                        "b_layout": "K-major (transposed) for TF32 wgmma"}
+    ks.append(("combine_b", K.combine_ab("B", progs["B"], blk, dtype, cfg), ["B", "Bt"]))
+    if cfg.fused:
+        ks.append(("fused_gemm_h", K.fused_gemm_h(alg, blk, dtype, cfg), ["At", "Bt", "C"]))
+    else:
+        ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg), ["At", "Bt", "H"]))
+        ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg), ["H", "C"]))
+    return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how}
+
+
+def _launch_info(code: str, kname: str) -> dict:
+    grid = re.search(r"config\.gridDim = dim3\(([^)]*)\)", code)
+    block = re.search(r"config\.blockDim = dim3\(([^)]*)\)", code)
+    smem = re.search(r"config\.dynamicSmemBytes = (\d+)", code)
+    tup = (lambda m: [int(x) for x in m.group(1).split(",")] if m else None)
+    return {"name": kname, "grid": tup(grid), "block": tup(block),
+            "smem_bytes": int(smem.group(1)) if smem else 0}
+
+
+def lower_to_cuda(func, arch: str, pass_configs: dict | None = None) -> str:
+    """TileLang prim_func → CUDA source holding the kernel and TileLang's host launcher."""
+    from tilelang import tvm
+    from tilelang.engine import lower
+    from tilelang.jit.adapter.wrapper import TLWrapper
+    from tvm.target import Target
+    tgt = Target({"kind": "cuda", "arch": arch})
+    pass_configs = pass_configs or {}
+    with tvm.transform.PassContext(opt_level=3, config=pass_configs), tgt:
+        art = lower(func, target=tgt)
+    w = TLWrapper(tgt)
+    w.assign_optimized_module(tvm.IRModule({"main": func}))
+    w.assign_pass_configs(pass_configs)
+    w.assign_host_module(art.host_mod)
+    w.assign_device_module(art.device_mod)
+    return w.wrap(art.kernel_source)
+
+
+def build(req: dict) -> dict:
+    import tilelang
+    from ..dtypes import normalize_dtype
+    from ..schedules.cuda_config import (SUPPORTED_DTYPES, CudaConfig, NotSupportedYet,
+                                         check_shape)
+    from . import cuda as host
+    from . import get_target
+    from ..errors import DTypeError
+
+    t0 = time.time()
+    target = get_target(req.get("target", "cuda-sm90a"))
+    if target.family != "cuda":
+        raise ValueError(f"the TileLang worker builds CUDA targets, not {target.name}")
+    dtype = normalize_dtype(req.get("dtype", "bfloat16"))
+    if dtype not in SUPPORTED_DTYPES:
+        if dtype == "float8_e4m3":
+            raise NotSupportedYet("float8_e4m3 is not supported yet by the CUDA backend")
+        raise DTypeError(f"the CUDA backend supports {SUPPORTED_DTYPES}, not {dtype}")
+    M, N, K = (int(x) for x in req["shape"])
+    check_shape(M, N, K, dtype)
+    cfg = CudaConfig.from_dict(req.get("config"))
+    cfg.check()
+    alg = _resolve_algorithm(req.get("algorithm"))
+    out_dir = os.path.abspath(req.get("out_dir", "."))
+    os.makedirs(out_dir, exist_ok=True)
+    name = req.get("name", "lcmac_cuda")
+
+    kernels, ws, extra = plan(alg, (M, N, K), dtype, cfg, req.get("programs"), target.arch)
+    sources, infos = [], []
+    tl_root = os.path.dirname(tilelang.__file__)
+    for kname, func, args in kernels:
+        code = lower_to_cuda(func, target.arch)
+        fname = func.attrs["global_symbol"] if "global_symbol" in func.attrs else "main"
+        code = host.rename_launcher(code, str(fname), f"{name}_{kname}")
+        path = os.path.join(out_dir, f"{name}_{kname}.cu")
+        with open(path, "w") as f:
+            f.write(code)
+        sources.append(path)
+        info = _launch_info(code, kname)
+        info["args"] = args
+        infos.append(info)
+    entry = host.entry_source([{"name": f"{name}_{k[0]}", "args": k[2]} for k in kernels], ws)
+    epath = os.path.join(out_dir, f"{name}_entry.cu")
+    with open(epath, "w") as f:
+        f.write(entry)
+    sources.append(epath)
+    t_gen = time.time() - t0
+    lib, ptxas = None, {}
+    if req.get("compile", True):
+        lib = os.path.join(out_dir, f"{name}.so")
+        ptxas = host.compile_so(sources, lib, target.arch, host.tilelang_include_dirs(tl_root),
+                                jobs=int(req.get("jobs", 2)))
+    resp = {"ok": True, "library": lib, "sources": sources, "kernels": infos,
+            "workspace_bytes": ws[-1][1], "workspace": ws[:-1],
+            "entry_points": {"init": "lcmac_init", "run": "lcmac_run",
+                             "last_error": "lcmac_last_error",
+                             "workspace_bytes": "lcmac_workspace_bytes"},
+            "name": name, "config": cfg.to_dict(), "arch": target.arch, "target": target.name,
+            "dtype": dtype, "shape": [M, N, K],
+            "gemm_precision": "tf32" if dtype == "float32" else dtype,
+            "algorithm": alg.to_dict() if alg is not None else None,
+            "algorithm_name": alg.name if alg is not None else "gemm",
+            "algorithm_hash": alg.hash if alg is not None else None,
+            "extra": extra, "ptxas": ptxas,
+            "seconds": {"codegen": round(t_gen, 2), "total": round(time.time() - t0, 2)}}
+    side = dict(resp, library=os.path.basename(lib) if lib else None,
+                sources=[os.path.basename(p) for p in sources])
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump(side, f, indent=1)
+    return resp
+
+
+def build_contract(req: dict) -> dict:
+    """``lcmac.build``'s worker contract (version 1; see lcmac/build.py's docstring)."""
+    import shutil
+    import tempfile
+    from ..ir.algorithm import Algorithm
+    tgt = req["target"]
+    shape = req["shape"]
+    alg = None if req.get("plain_gemm") else Algorithm.from_dict(req["algorithm"])
+    lib_out = req["library"]
+    work = tempfile.mkdtemp(prefix="lcmac-cuda-", dir=os.path.dirname(os.path.abspath(lib_out)))
+    try:
+        inner = {"algorithm": alg.to_dict() if alg is not None else None,
+                 "target": tgt["name"], "dtype": req["dtype"],
+                 "shape": [shape["M"], shape["N"], shape["K"]],
+                 "config": req.get("config") or {}, "out_dir": work, "name": "lcmac",
+                 "jobs": int(os.environ.get("LCMAC_NVCC_JOBS", "2"))}
+        if req.get("programs"):
+            inner["programs"] = req["programs"]
+        r = build(inner)
+        shutil.move(r["library"], lib_out)
+        if req.get("source"):
+            with open(req["source"], "w") as f:
+                for path in r["sources"]:
+                    f.write(f"// ===== {os.path.basename(path)} =====\n")
+                    f.write(open(path).read())
+                    f.write("\n")
+        import tilelang
+        info = {k: r[k] for k in ("kernels", "workspace_bytes", "workspace", "arch", "name",
+                                  "gemm_precision", "extra", "ptxas")}
+        info["entry"] = {"init": "lcmac_init", "run": "lcmac_run(A, B, C, workspace, stream)",
+                         "last_error": "lcmac_last_error",
+                         "workspace_bytes": "lcmac_workspace_bytes"}
+        return {"ok": True, "library": lib_out, "entry_points": ["lcmac_run"],
+                "target_dict": {"kind": "cuda", "arch": r["arch"]},
+                "compiler": {"name": "tilelang+nvcc", "version": getattr(tilelang, "__version__", "?")},
+                "seconds": r["seconds"], "info": info}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _contract_error(e) -> dict:
+    import traceback
+    return {"ok": False, "error": {"type": type(e).__name__, "message": str(e),
+                                   "traceback": traceback.format_exc()[-6000:]}}
+
+
+def main() -> int:
+    try:
+        req = json.loads(sys.stdin.read() or "{}")
+        if "batch" in req:
+            out = []
+            for r in req["batch"]:
+                try:
+                    out.append(build_contract(r))
+                except Exception as e:
+                    out.append(_contract_error(e))
+            resp = {"ok": True, "batch": out}
+        elif "version" in req:
+            try:
+                resp = build_contract(req)
+            except Exception as e:
+                resp = _contract_error(e)
+        else:
+            resp = build(req)
+    except Exception as e:  # the parent turns this into an exception of the same class
+        import traceback
+        resp = {"ok": False, "error": str(e), "error_type": type(e).__name__,
+                "traceback": traceback.format_exc()[-6000:]}
+    # TileLang logs to stdout/stderr; the response is the last line of stdout
+    sys.stdout.write("\n" + json.dumps(resp) + "\n")
+    sys.stdout.flush()
+    return 0 if resp.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

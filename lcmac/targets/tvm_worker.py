@@ -1,0 +1,81 @@
+"""Compiler worker for the apache-tvm backend: ``python -m lcmac.targets.tvm_worker``.
+
+Reads one JSON request on stdin, writes one JSON response on stdout (the contract is in
+``lcmac.build``'s docstring).  This process imports apache-tvm and never TileLang (the two
+cannot share a process).  Target specifics come from ``lcmac.targets.<family>`` (``x86``,
+``aarch64``): ``tvm_target(request)``, ``lower(request) -> (TVMScript source, info)``,
+``export_library(rt_module, path)``.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+import traceback
+
+
+def handle(request: dict) -> dict:
+    fam = request["target"]["family"]
+    try:
+        tmod = importlib.import_module(f"lcmac.targets.{fam}")
+    except ImportError as e:
+        raise RuntimeError(f"no target module lcmac.targets.{fam}: {e}") from e
+    for fn in ("tvm_target", "lower", "export_library"):
+        if not hasattr(tmod, fn):
+            from lcmac.errors import TargetError
+            raise TargetError(f"the {fam} target module has no {fn}(): building for "
+                              f"{request['target']['name']} is not supported yet")
+    t0 = time.perf_counter()
+    source, info = tmod.lower(request)
+    if request.get("source"):
+        with open(request["source"], "w") as f:
+            f.write(source)
+    t1 = time.perf_counter()
+    import tvm
+    from tvm.script import tirx as T
+    func = tvm.script.from_source(source, extra_vars={"T": T})
+    mod = tvm.IRModule({request.get("entry", "lcmac_matmul"): func})
+    tdict = tmod.tvm_target(request)          # resolves mcpu "native" once
+    target = tvm.target.Target(tdict)
+    lib = tvm.compile(mod, target=target)
+    t2 = time.perf_counter()
+    tmod.export_library(lib, request["library"])
+    t3 = time.perf_counter()
+    if request.get("asm"):
+        try:
+            with open(request["asm"], "w") as f:
+                f.write(lib.mod.inspect_source("asm") if hasattr(lib, "mod") else lib.inspect_source("asm"))
+        except Exception:  # noqa: BLE001 - assembly listing is a debugging aid only
+            pass
+    return {"ok": True, "library": request["library"], "entry_points": [request.get("entry", "lcmac_matmul")],
+            "target_dict": tdict,
+            "compiler": {"name": "apache-tvm", "version": getattr(tvm, "__version__", "?")},
+            "seconds": {"lower": t1 - t0, "compile": t2 - t1, "link": t3 - t2},
+            "info": info}
+
+
+def main() -> int:
+    try:
+        request = json.load(sys.stdin)
+        if "batch" in request:      # several builds, one compiler import
+            out = []
+            for r in request["batch"]:
+                try:
+                    out.append(handle(r))
+                except Exception as e:  # noqa: BLE001
+                    out.append({"ok": False, "error": {"type": type(e).__name__, "message": str(e),
+                                                       "traceback": traceback.format_exc()[-4000:]}})
+            resp = {"ok": True, "batch": out}
+        else:
+            resp = handle(request)
+    except Exception as e:  # noqa: BLE001 - every failure goes back as JSON
+        resp = {"ok": False, "error": {"type": type(e).__name__, "message": str(e),
+                                       "traceback": traceback.format_exc()[-4000:]}}
+    sys.stdout.write("\n" + json.dumps(resp, default=str) + "\n")
+    sys.stdout.flush()
+    return 0 if resp.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

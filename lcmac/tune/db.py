@@ -1,0 +1,296 @@
+"""The tuning-log database: one JSON object per line, one file per (target, dtype).
+
+Layout (human-readable and diffable)::
+
+    tuning_logs/<target>-<dtype>.jsonl     e.g. tuning_logs/x86_64-avx512-float32.jsonl
+
+Every line is a record of one measurement, written with sorted keys::
+
+    {"algorithm": "strassen^2", "algorithm_hash": "…", "config": {...}, "date": "2025-…Z",
+     "device": "Intel(R) Xeon(R) …", "dtype": "float32", "lcmac_version": "0.1.0",
+     "predicted_s": 0.0123, "repeats": 5, "schema": "lcmac-tune/1", "shape": [M, N, K],
+     "spread": 0.02, "status": "ok", "target": "x86_64-avx512", "time_s": 0.0119}
+
+``time_s`` is the median of ``repeats`` timed runs after warm-up; ``spread`` is
+(max − min) / median of those runs.  ``status`` is ``"ok"`` or ``"error"`` (a config that
+failed to build or to run is logged too, with ``time_s`` null and an ``error`` line, so a
+later tuning run does not retry it).  Plain GEMM is logged under algorithm ``"gemm"`` with
+hash ``"gemm"``.
+
+Reading never crashes a build: a line that is not JSON, or not an lcmac-tune record, or a
+record for another target/dtype, is skipped with ``warnings.warn``.
+
+Where the logs live: ``$LCMAC_TUNING_LOGS`` if set, else ``tuning_logs/`` of the source
+checkout lcmac runs from (the committed logs), else ``~/.cache/lcmac/tuning_logs``.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+SCHEMA = "lcmac-tune/1"
+GEMM = "gemm"
+_REQUIRED = {"schema", "target", "dtype", "algorithm", "algorithm_hash", "shape", "config", "status"}
+
+
+class TuningLogWarning(UserWarning):
+    """A line of a tuning log that was skipped (corrupt, foreign, or misfiled)."""
+
+
+# ---- where -------------------------------------------------------------------------------
+def default_dir() -> Path:
+    env = os.environ.get("LCMAC_TUNING_LOGS")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parents[2]  # <checkout>/lcmac/tune/db.py → <checkout>
+    if (here / "pyproject.toml").is_file() and (here / "lcmac").is_dir():
+        return here / "tuning_logs"
+    return Path.home() / ".cache" / "lcmac" / "tuning_logs"
+
+
+def log_path(root: str | os.PathLike, target: str, dtype: str) -> Path:
+    safe = lambda s: re.sub(r"[^A-Za-z0-9_.+-]", "_", str(s))  # noqa: E731
+    return Path(root) / f"{safe(target)}-{safe(dtype)}.jsonl"
+
+
+# ---- what --------------------------------------------------------------------------------
+def device_name(target: str = "") -> str:
+    """A human-readable name of the device measurements run on (CPU model or GPU name)."""
+    if str(target).startswith("cuda"):
+        try:
+            import torch
+            if torch.cuda.is_available():
+                return torch.cuda.get_device_name(0)
+        except Exception:  # noqa: BLE001 - no torch/cuda: fall back to the host name
+            pass
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + f" ({os.cpu_count()} cpus)"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def algo_identity(algo) -> tuple[str, str]:
+    """(name, hash) of an algorithm given as a name, an ``ir.Algorithm`` or ``"gemm"``."""
+    if algo is None or (isinstance(algo, str) and algo.lower() in ("gemm", "naive", "none")):
+        return GEMM, GEMM
+    if isinstance(algo, str):
+        from ..ir import catalogue
+        algo = catalogue.get(algo)
+    return algo.name, algo.hash
+
+
+def config_to_dict(config) -> dict:
+    """A config as a plain JSON-able dict (dataclasses, objects with ``to_dict``, dicts)."""
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        return {str(k): _plain(v) for k, v in config.items()}
+    if hasattr(config, "to_dict"):
+        return _plain(config.to_dict())
+    import dataclasses
+    if dataclasses.is_dataclass(config):
+        return _plain(dataclasses.asdict(config))
+    raise TypeError(f"cannot log a config of type {type(config).__name__}; give a dict or a dataclass")
+
+
+def _plain(v):
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):  # numpy scalars
+        return v.item()
+    return v
+
+
+def make_record(*, target: str, dtype: str, algorithm: str, algorithm_hash: str, shape,
+                config, time_s: float | None, spread: float | None = None, repeats: int = 0,
+                predicted_s: float | None = None, status: str = "ok", error: str | None = None,
+                device: str | None = None, **extra) -> dict:
+    from .. import __version__
+    rec = {"schema": SCHEMA, "target": target, "dtype": dtype, "algorithm": algorithm,
+           "algorithm_hash": algorithm_hash, "shape": [int(x) for x in shape],
+           "config": config_to_dict(config), "time_s": None if time_s is None else float(time_s),
+           "spread": None if spread is None else round(float(spread), 4), "repeats": int(repeats),
+           "predicted_s": None if predicted_s is None else float(predicted_s),
+           "status": status, "device": device or device_name(target),
+           "lcmac_version": __version__,
+           "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if error:
+        rec["error"] = str(error).splitlines()[-1][:300] if str(error).strip() else "error"
+    rec.update({k: _plain(v) for k, v in extra.items()})
+    return rec
+
+
+def _valid(rec) -> str | None:
+    """Why ``rec`` is not a usable record (None when it is)."""
+    if not isinstance(rec, dict):
+        return "not a JSON object"
+    if rec.get("schema") != SCHEMA:
+        return f"schema {rec.get('schema')!r} is not {SCHEMA!r}"
+    missing = _REQUIRED - set(rec)
+    if missing:
+        return f"missing {', '.join(sorted(missing))}"
+    s = rec["shape"]
+    if not (isinstance(s, list) and len(s) == 3 and all(isinstance(x, int) and x > 0 for x in s)):
+        return f"bad shape {s!r}"
+    if rec["status"] == "ok":
+        t = rec.get("time_s")
+        if not isinstance(t, (int, float)) or not (t > 0) or math.isinf(t):
+            return f"status ok but time_s {t!r}"
+    if not isinstance(rec["config"], dict):
+        return "config is not an object"
+    return None
+
+
+# ---- the database ------------------------------------------------------------------------
+@dataclass
+class Match:
+    """The answer of a query: the record, and whether its shape is the one asked for."""
+    record: dict
+    exact: bool
+    distance: float  # log-space distance between the asked and the logged shape
+
+    @property
+    def config(self) -> dict:
+        return self.record["config"]
+
+    def describe(self) -> str:
+        r = self.record
+        shp = "x".join(map(str, r["shape"]))
+        kind = "exact shape" if self.exact else f"nearest logged shape {shp} (log-distance {self.distance:.2f})"
+        return (f"tuned config from {kind}: {r['algorithm']} {json.dumps(r['config'], sort_keys=True)} "
+                f"measured {r['time_s'] * 1e3:.3f} ms on {r.get('device', '?')}")
+
+
+class TuningDB:
+    """Append-only JSON Lines logs under one directory."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = Path(root) if root is not None else default_dir()
+
+    # writing
+    def append(self, records: dict | Iterable[dict]) -> int:
+        if isinstance(records, dict):
+            records = [records]
+        by_file: dict[Path, list[str]] = {}
+        for r in records:
+            why = _valid(r)
+            if why:
+                raise ValueError(f"refusing to log an invalid record ({why}): {r!r}")
+            by_file.setdefault(log_path(self.root, r["target"], r["dtype"]), []).append(
+                json.dumps(r, sort_keys=True, separators=(", ", ": "), allow_nan=False))
+        n = 0
+        for path, lines in by_file.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as f:  # one write per batch: whole lines
+                f.write("".join(line + "\n" for line in lines))
+            n += len(lines)
+        return n
+
+    # reading
+    def files(self) -> list[Path]:
+        return sorted(self.root.glob("*.jsonl")) if self.root.is_dir() else []
+
+    def records(self, target: str | None = None, dtype: str | None = None, *,
+                include_errors: bool = False) -> Iterator[dict]:
+        """Every valid record (of one target/dtype when given); bad lines warn and are skipped."""
+        if target is not None and dtype is not None:
+            paths = [log_path(self.root, target, dtype)]
+        else:
+            paths = self.files()
+        for path in paths:
+            if not path.is_file():
+                continue
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for no, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        warnings.warn(f"{path}:{no}: skipped a corrupt tuning-log line ({e.msg})",
+                                      TuningLogWarning, stacklevel=2)
+                        continue
+                    why = _valid(rec)
+                    if why:
+                        warnings.warn(f"{path}:{no}: skipped a foreign tuning-log line ({why})",
+                                      TuningLogWarning, stacklevel=2)
+                        continue
+                    if (target is not None and rec["target"] != target) or \
+                            (dtype is not None and rec["dtype"] != dtype):
+                        if target is not None and dtype is not None:
+                            warnings.warn(f"{path}:{no}: skipped a record for {rec['target']}/"
+                                          f"{rec['dtype']} filed under {target}/{dtype}",
+                                          TuningLogWarning, stacklevel=2)
+                        continue
+                    if rec["status"] != "ok" and not include_errors:
+                        continue
+                    yield rec
+
+    def query(self, target: str, dtype: str, *, algorithm_hash: str | None = None,
+              shape=None, config_filter=None) -> list[dict]:
+        out = []
+        for r in self.records(target, dtype):
+            if algorithm_hash is not None and r["algorithm_hash"] != algorithm_hash:
+                continue
+            if shape is not None and tuple(r["shape"]) != tuple(shape):
+                continue
+            if config_filter is not None and not config_filter(r["config"]):
+                continue
+            out.append(r)
+        return out
+
+    def best(self, target: str, dtype: str, algorithm_hash: str | None, shape, *,
+             nearest: bool = True) -> Match | None:
+        """The fastest record for the exact shape; else (``nearest``) the fastest record of the
+        logged shape nearest in log space (distance = ‖log M,N,K − log M',N',K'‖₂)."""
+        recs = self.query(target, dtype, algorithm_hash=algorithm_hash)
+        if not recs:
+            return None
+        shape = tuple(int(x) for x in shape)
+        by_shape: dict[tuple, list[dict]] = {}
+        for r in recs:
+            by_shape.setdefault(tuple(r["shape"]), []).append(r)
+        if shape in by_shape:
+            return Match(min(by_shape[shape], key=lambda r: r["time_s"]), True, 0.0)
+        if not nearest:
+            return None
+        d, s = min((shape_distance(shape, s), s) for s in by_shape)
+        return Match(min(by_shape[s], key=lambda r: r["time_s"]), False, d)
+
+    def measured_configs(self, target: str, dtype: str, algorithm_hash: str, shape) -> set[str]:
+        """Keys of configs already measured (or failed) for this exact case: not re-run."""
+        return {config_key(r["config"]) for r in self.records(target, dtype, include_errors=True)
+                if r["algorithm_hash"] == algorithm_hash and tuple(r["shape"]) == tuple(shape)}
+
+
+def config_key(config) -> str:
+    return json.dumps(config_to_dict(config), sort_keys=True)
+
+
+def shape_distance(a, b) -> float:
+    return math.sqrt(sum((math.log(x) - math.log(y)) ** 2 for x, y in zip(a, b)))
+
+
+def best_config(target: str, dtype: str, algo_hash: str, shape, *, root=None):
+    """The best logged config for ``shape`` (exact, else the nearest logged shape).
+
+    Returns ``(config: dict, record: dict, exact: bool)`` or None when nothing is logged for
+    this target, dtype and algorithm.  ``lcmac.build`` calls this when no config is given.
+    """
+    m = TuningDB(root).best(target, dtype, algo_hash, shape)
+    if m is None:
+        return None
+    return m.config, m.record, m.exact

@@ -1,0 +1,472 @@
+"""The search space of one (target, dtype, algorithm, shape): enumerate, prune, rank.
+
+1. **Enumerate.**  The backend's template owns its knobs: ``config_space(target, dtype,
+   shape)`` in ``lcmac.schedules.cpu_*`` (CPU blocking: register micro-tile mr×nr, cache
+   blocks mc/nc/kc, …) or ``lcmac.schedules.cuda_*`` (tiles, stages, warps, split-group …)
+   is used when present.  Without it a built-in grid of the same knobs is used, so the
+   tuner (and its tests) work before or without a backend.
+2. **Prune.**  Configs that cannot fit on chip are dropped before anything is compiled:
+   ``lcmac.costmodel.waves.onchip_fit`` (registers for the accumulators, L1/L2 on CPUs,
+   shared memory on GPUs), plus a check of our own that a CPU's packed B panel (kc×nc) fits
+   the last-level cache share and that a GPU's threads and registers allow one CTA per SM.
+   A config that knows its own footprint (a ``fits(profile, dtype)`` method) is asked too.
+3. **Rank.**  A per-config time estimate in the spirit of Triton's
+   ``matmul_perf_model.estimate_matmul_time`` (written anew here):
+
+   - GPU: output tiles → waves over the SMs (``wave_analysis``; split-group or per-tile
+     schedule), the compute time of a wave at the profile's matrix peak scaled by the tile
+     efficiency, software-pipelining depth and occupancy; bytes from DRAM with L2 reuse
+     across the CTAs of a wave (A re-read once per column of CTAs, at L2 speed after the
+     first); time = max(compute, loads) + the store of C.
+   - CPU (Goto/BLIS blocking): the micro-kernel's FMA throughput from its register tile
+     (accumulators vs. the FMA latency × ports, loads+broadcasts per k step), parallel
+     balance of the outer blocks over the cores (CPU "waves"), padding waste of blocks
+     that do not divide the shape, and memory traffic at each level (A re-packed once per
+     nc block, B panels re-read from the L3 once per mc block, C read/written once per
+     kc block); time = max(compute, DRAM, L3) + packing.
+   - An LCMA adds its combine stages (memory traffic of Combine A/B/H from the cost model's
+     stage model when it offers one, else bytes/bandwidth) to R products of the
+     (M/m)×(N/n)×(K/k) sub-GEMM estimated as above.
+
+   The estimate is a prior for ordering measurements, not a prediction to trust: the tuner
+   measures the top of this list and the measurements decide.
+"""
+from __future__ import annotations
+
+import importlib
+import itertools
+import math
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import db as _db
+
+# ---- profile access (the cost model's, with a fallback when it is not importable) -------
+
+
+def get_profile(target, profile=None):
+    """The cost model's hardware profile for ``target`` (or the one given)."""
+    from ..costmodel.profiles import get_profile as _gp, profile_for_target
+    return _gp(profile) if profile is not None else profile_for_target(target)
+
+
+def family(target) -> str:
+    """'cpu' or 'cuda' for a target name."""
+    t = str(getattr(target, "name", target))
+    if t.startswith("cuda"):
+        return "cuda"
+    try:
+        from ..targets import get_target
+        return "cuda" if get_target(t).family == "cuda" else "cpu"
+    except Exception:  # noqa: BLE001 - a profile name given as target
+        return "cpu"
+
+
+# ---- config normalisation ----------------------------------------------------------------
+_ALIASES = {
+    "block_m": ("block_m", "bm", "tile_m", "blk_m"), "block_n": ("block_n", "bn", "tile_n", "blk_n"),
+    "block_k": ("block_k", "bk", "tile_k", "blk_k"), "stages": ("stages", "num_stages"),
+    "threads": ("threads", "num_threads"), "warps": ("warps", "num_warps"),
+    "mr": ("mr", "micro_m", "reg_m"), "nr": ("nr", "micro_n", "reg_n"),
+    "mc": ("mc", "block_mc"), "nc": ("nc", "block_nc"), "kc": ("kc", "block_kc"),
+    "schedule": ("schedule", "group_schedule"), "split_group": ("split_group",),
+}
+
+
+def features(config) -> dict:
+    """A config (dict, dataclass, object with ``to_dict``) as a dict with canonical knob
+    names (block_m/n/k, stages, threads, mr, nr, mc, nc, kc, …); unknown keys are kept."""
+    d = _db.config_to_dict(config)
+    low = {str(k).lower(): v for k, v in d.items()}
+    out = dict(d)
+    for canon, names in _ALIASES.items():
+        for nm in names:
+            if nm in low and low[nm] is not None:
+                out[canon] = low[nm]
+                break
+    if "threads" not in out and "warps" in out:
+        out["threads"] = 32 * int(out["warps"])
+    return out
+
+
+# ---- enumeration ---------------------------------------------------------------------------
+#: modules asked for ``config_space`` / a config class, in order.  Only config modules are
+#: imported for CUDA: a ``cuda_kernels``-style module imports TileLang, which must never
+#: share a process with apache-tvm (DESIGN.md).
+_SPACE_MODULES = {"cpu": ("cpu_config", "cpu_space", "cpu", "cpu_gemm", "cpu_templates", "cpu_lcma"),
+                  "cuda": ("cuda_config", "cuda_space")}
+_CONFIG_CLASSES = {"cpu": "CpuConfig", "cuda": "CudaConfig"}
+
+
+def _schedule_modules(fam: str):
+    import importlib.util
+    for name in _SPACE_MODULES[fam]:
+        full = f"lcmac.schedules.{name}"
+        try:
+            if importlib.util.find_spec(full) is None:
+                continue
+            yield importlib.import_module(full)
+        except Exception:  # noqa: BLE001 - a backend under construction must not break tuning
+            continue
+
+
+def _backend_config_space(fam: str):
+    """The backend's ``config_space(target, dtype, shape)``, if it has one."""
+    for mod in _schedule_modules(fam):
+        if callable(getattr(mod, "config_space", None)):
+            return mod.config_space
+    return None
+
+
+def config_class(fam: str):
+    """The backend's config dataclass (CpuConfig / CudaConfig) or None."""
+    for mod in _schedule_modules(fam):
+        cls = getattr(mod, _CONFIG_CLASSES[fam], None)
+        if cls is not None:
+            return cls
+    return None
+
+
+def config_from_dict(target, d: dict):
+    """A logged config dict as the backend's config object (the dict itself when the
+    backend has no config class)."""
+    cls = config_class(family(target))
+    if cls is None:
+        return dict(d)
+    if hasattr(cls, "from_dict"):
+        return cls.from_dict(dict(d))
+    return cls(**d)
+
+
+def default_config(target, dtype="float32"):
+    """The backend's default config (its ``default_config(target, dtype)`` or its config
+    class with no arguments), or None."""
+    for mod in _schedule_modules(family(target)):
+        fn = getattr(mod, "default_config", None)
+        if callable(fn):
+            try:
+                return fn(_target_obj(target), dtype)
+            except Exception:  # noqa: BLE001
+                break
+    cls = config_class(family(target))
+    try:
+        return cls() if cls is not None else None
+    except TypeError:
+        return None
+
+
+def default_space(fam: str, dtype: str, shape, algorithm=None) -> list:
+    """Built-in grid of knobs (used when the backend does not offer ``config_space``); made
+    into the backend's config objects where a config class exists and accepts them."""
+    out: list = []
+    if fam == "cuda":
+        fused = (True, False) if algorithm not in (None, _db.GEMM) else (True,)
+        for bm, bn, bk, st, th, fu in itertools.product(
+                (64, 128, 256), (64, 128, 256), (32, 64, 128), (2, 3, 4), (128, 256), fused):
+            out.append({"block_m": bm, "block_n": bn, "block_k": bk, "stages": st,
+                        "threads": th, "fused": fu})
+    else:
+        for mr, nr, kc, mc, nc in itertools.product((4, 8, 16), (16, 32, 64), (64, 128, 256, 512),
+                                                    (32, 64, 128, 256), (256, 1024, 4096)):
+            out.append({"mr": mr, "nr": nr, "kc": kc, "mc": mc, "nc": nc})
+    cls = config_class(fam)
+    if cls is not None:
+        try:
+            out = [cls.from_dict(d) if hasattr(cls, "from_dict") else cls(**d) for d in out]
+        except Exception:  # noqa: BLE001 - knob names differ: keep dicts
+            pass
+    return out
+
+
+def _target_obj(target):
+    """The ``lcmac.targets.Target`` for a name (backends read its vector width, family…)."""
+    if not isinstance(target, str):
+        return target
+    try:
+        from ..targets import get_target
+        return get_target(target)
+    except Exception:  # noqa: BLE001
+        return target
+
+
+def enumerate_configs(target, dtype, shape, algorithm=None) -> tuple[list, str]:
+    """(configs, source) for this case; source says whose space it is."""
+    fam = family(target)
+    fn = _backend_config_space(fam)
+    if fn is not None:
+        tobj = _target_obj(target)
+        try:
+            try:
+                cfgs = list(fn(tobj, dtype, tuple(shape), algorithm=algorithm))
+            except TypeError:
+                cfgs = list(fn(tobj, dtype, tuple(shape)))
+            if cfgs:
+                return cfgs, f"{fn.__module__}.config_space"
+        except Exception as e:  # noqa: BLE001
+            import warnings
+            warnings.warn(f"{fn.__module__}.config_space failed ({e}); using the built-in space")
+    return default_space(fam, dtype, shape, algorithm), "lcmac.tune.space.default_space"
+
+
+# ---- fit check -----------------------------------------------------------------------------
+@dataclass
+class Fit:
+    fits: bool
+    reason: str = ""
+    detail: dict = field(default_factory=dict)
+
+
+def fit_check(target, dtype, config, profile=None) -> Fit:
+    """Does ``config`` fit on chip?  The cost model's ``onchip_fit`` plus our own LLC/thread
+    checks; a config object with a ``fits(profile, dtype)`` method is asked as well."""
+    p = get_profile(target, profile)
+    f = features(config)
+    reasons, detail = [], {}
+    try:
+        from ..costmodel.waves import onchip_fit
+    except ImportError:
+        onchip_fit = None
+    fam = family(target) if p.kind != "gpu" else "cuda"
+    if fam == "cuda":
+        need = ("block_m", "block_n", "block_k")
+        if all(k in f for k in need) and onchip_fit is not None:
+            r = onchip_fit(p, dtype, {**f, "stages": f.get("stages", 3)})
+            detail.update(r.to_dict())
+            if not r.fits:
+                reasons.append(r.reason)
+        th = int(f.get("threads", 128))
+        if th > 1024 or th % 32:
+            reasons.append(f"{th} threads per CTA (must be a multiple of 32, at most 1024)")
+        elif all(k in f for k in need):
+            # registers: 65536 32-bit registers per SM, at most 255 per thread
+            acc_regs = int(f["block_m"]) * int(f["block_n"]) // th  # fp32 accumulators per thread
+            if acc_regs > 224:
+                reasons.append(f"{acc_regs} accumulator registers per thread > 224 "
+                               f"({f['block_m']}x{f['block_n']} tile on {th} threads)")
+    else:
+        if onchip_fit is not None and any(k in f for k in ("mr", "nr", "kc", "mc")):
+            r = onchip_fit(p, dtype, f)
+            detail.update(r.to_dict())
+            if not r.fits:
+                reasons.append(r.reason)
+        s = _db_itemsize(dtype)
+        if "kc" in f and "nc" in f and p.l3_bytes:
+            panel = int(f["kc"]) * int(f["nc"]) * s
+            detail["l3_bytes"] = panel
+            if panel > p.l3_bytes:
+                reasons.append(f"B panel kc×nc {panel} B > {p.l3_bytes} B of last-level cache")
+    own = getattr(config, "fits", None)
+    if callable(own):
+        try:
+            ok = own(p, dtype)
+            if not ok:
+                reasons.append(getattr(ok, "reason", "") or f"{type(config).__name__}.fits said no")
+        except TypeError:
+            pass
+    return Fit(not reasons, "; ".join(reasons), detail)
+
+
+def _db_itemsize(dtype) -> int:
+    from ..costmodel.profiles import ITEMSIZE, normalize_dtype
+    return ITEMSIZE[normalize_dtype(dtype)]
+
+
+# ---- the estimate --------------------------------------------------------------------------
+def _cdiv(a, b):
+    return -(-int(a) // int(b))
+
+
+def estimate_gemm_cpu(M, N, K, dtype, p, f: dict) -> dict:
+    s = _db_itemsize(dtype)
+    lanes = max(1, (p.vector_bits or 512) // (8 * s))
+    mr, nr = int(f.get("mr", 8)), int(f.get("nr", 32))
+    mc, nc, kc = int(f.get("mc", 64)), int(f.get("nc", 1024)), int(f.get("kc", 128))
+    mc, nc, kc = min(mc, M) or 1, min(nc, N) or 1, min(kc, K) or 1
+    # micro-kernel: per k step, mr·nr/lanes FMAs (2 ports), nr/lanes loads + mr broadcasts
+    # (2 load ports); each accumulator is a dependency chain of 4-cycle FMAs.
+    n_acc = max(1.0, mr * nr / lanes)
+    n_ld = nr / lanes + mr
+    cycles = max(n_acc / 2, n_ld / 2, 4.0)
+    if n_acc > 28:                         # spills: 32 vector registers, some for operands
+        cycles *= 1.5 + (n_acc - 28) / 28
+    mk_eff = (n_acc / 2) / cycles
+    # padding waste: the loops run over whole micro-tiles / blocks
+    pad = (_cdiv(M, mr) * mr / M) * (_cdiv(N, nr) * nr / N)
+    # parallel balance: outer (mc × nc) blocks spread over the cores
+    tasks = _cdiv(M, mc) * _cdiv(N, nc)
+    par = tasks / (_cdiv(tasks, p.units) * p.units)
+    peak = p.peak_mul(dtype) * p.gemm_eff(dtype) / 0.85 if p.kind == "cpu" else p.peak_mul(dtype)
+    flops = 2.0 * M * N * K
+    t_compute = flops * pad / (peak * min(1.0, mk_eff) * par)
+    # memory traffic
+    dram = s * (M * K * _cdiv(N, nc) + K * N + 2 * M * N * _cdiv(K, kc))
+    l3 = s * K * N * _cdiv(M, mc)
+    bw = p.achievable_bw()
+    t_mem = dram / bw
+    t_l3 = l3 / (p.l2_bw or 4 * p.mem_bw)
+    # packing: A once per nc block, B once — read + write at bandwidth, not overlapped
+    t_pack = 2 * s * (M * K * _cdiv(N, nc) + K * N) / bw / p.units * 0.5
+    # loop overhead of tiny kc blocks (micro-kernel prologue/epilogue per kc)
+    t_ovh = _cdiv(M, mr) * _cdiv(N, nr) * _cdiv(K, kc) * 40 / 2.5e9 / p.units
+    total = max(t_compute, t_mem, t_l3) + t_pack + t_ovh + p.launch_overhead_s
+    return {"time_s": total, "compute_s": t_compute, "dram_s": t_mem, "l3_s": t_l3,
+            "pack_s": t_pack, "microkernel_eff": mk_eff, "parallel_eff": par, "padding": pad,
+            "dram_bytes": dram}
+
+
+_STAGE_EFF = {1: 0.45, 2: 0.8, 3: 0.95, 4: 1.0, 5: 1.0, 6: 0.99, 7: 0.98}
+
+
+def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="per-tile") -> dict:
+    """Triton-style estimate of ``batch`` independent M×N×K products on a GPU."""
+    from ..costmodel.waves import wave_analysis
+    s = _db_itemsize(dtype)
+    bm, bn, bk = int(f.get("block_m", 128)), int(f.get("block_n", 128)), int(f.get("block_k", 64))
+    stages = int(f.get("stages", 3))
+    threads = int(f.get("threads", 128))
+    wa = wave_analysis(M, N, units=p.units, tile=(bm, bn), R=batch)
+    waves = wa.waves(schedule)
+    # occupancy: CTAs per SM by shared memory (and threads)
+    smem = stages * (bm + bn) * bk * s + bm * bn * max(s, 2)
+    ctas = max(1, min(p.onchip_per_unit // max(smem, 1), 2048 // threads))
+    occ = min(1.0, 0.85 + 0.15 * (ctas - 1)) if ctas else 0.5
+    te = dict(p.tile_efficiency)
+    tile_eff = te.get((bm, bn), te.get((bn, bm), 0.9 * min(1.0, bm * bn / (128 * 256)) ** 0.25))
+    warp_eff = 1.0 if bm * bn // threads <= 128 else 0.9  # ≥128 accumulators/thread: pressure
+    k_eff = min(1.0, (bk * s) / 128)  # < 128 B per row of the k slab: more barriers per flop
+    per_sm = p.peak_mul(dtype) * p.gemm_eff(dtype) / p.units
+    tile_t = 2.0 * bm * bn * K / (per_sm * tile_eff * _STAGE_EFF.get(stages, 0.97) * occ
+                                  * warp_eff * (0.7 + 0.3 * k_eff))
+    t_compute = waves * tile_t
+    # loads (after Triton's L2 model): every CTA streams its A row-band and B column-band
+    # through L2 (gn·|A| + gm·|B| bytes at L2 speed); DRAM sees the compulsory bytes plus a
+    # re-read share that grows when the operands overflow L2.
+    gm, gn = _cdiv(M, bm), _cdiv(N, bn)
+    a_bytes, b_bytes = M * K * s * batch, K * N * s * batch
+    reread = 0.05 if (M * K + K * N) * s <= p.l2_bytes else 0.2
+    dram = (a_bytes + b_bytes) * (1 + reread)
+    l2 = a_bytes * gn + b_bytes * gm
+    t_load = max(dram / p.achievable_bw(), l2 / (p.l2_bw or 2.5 * p.mem_bw))
+    t_store = M * N * s * batch / p.achievable_bw()
+    total = max(t_compute, t_load) + t_store + p.launch_overhead_s
+    return {"time_s": total, "compute_s": t_compute, "load_s": t_load, "store_s": t_store,
+            "waves": waves, "ctas_per_sm": ctas, "tile_eff": tile_eff, "smem_bytes": smem}
+
+
+def _algorithm(name):
+    if name in (None, _db.GEMM):
+        return None
+    from ..ir import catalogue
+    return catalogue.get(name) if isinstance(name, str) else name
+
+
+def combine_time(alg, M, N, K, dtype, p, *, fused_h: bool = False) -> float:
+    """Seconds of the memory-bound combine stages of an LCMA (0 for GEMM): every output of
+    Combine A/B/H written once, every input block read once (FalconGEMM's traffic count)."""
+    if alg is None:
+        return 0.0
+    s = _db_itemsize(dtype)
+    m, k, n, R = alg.m, alg.k, alg.n, alg.R
+    bm_, bk_, bn_ = M / m, K / k, N / n
+    a = (M * K + R * bm_ * bk_) * s           # read A, write R Ã blocks
+    b = (K * N + R * bk_ * bn_) * s
+    h = (R * bm_ * bn_ + M * N) * s if not fused_h else 0.0
+    return (a + b + h) / p.achievable_bw() + 3 * p.launch_overhead_s
+
+
+def estimate(target, dtype, shape, algorithm, config, profile=None) -> dict:
+    """Per-config time estimate (seconds, with a breakdown) for ``algorithm`` (``"gemm"``,
+    a catalogue expression or an ``Algorithm``) run with ``config``."""
+    p = get_profile(target, profile)
+    f = features(config)
+    M, N, K = (int(x) for x in shape)
+    alg = _algorithm(algorithm)
+    gpu = p.kind == "gpu"
+    if alg is None:
+        g = estimate_gemm_gpu(M, N, K, dtype, p, f) if gpu else estimate_gemm_cpu(M, N, K, dtype, p, f)
+        return {**g, "combine_s": 0.0, "gemm_s": g["time_s"]}
+    sm, sn, sk = _cdiv(M, alg.m), _cdiv(N, alg.n), _cdiv(K, alg.k)
+    if gpu:
+        sched = "split-group" if f.get("split_group", True) else "per-tile"
+        g = estimate_gemm_gpu(sm, sn, sk, dtype, p, f, batch=alg.R, schedule=sched)
+        gemm = g["time_s"]
+    else:
+        g = estimate_gemm_cpu(sm, sn, sk, dtype, p, f)
+        gemm = alg.R * g["time_s"]
+    fused = bool(f.get("fused", f.get("fused_h", f.get("fuse_h", gpu))))
+    comb = combine_time(alg, M, N, K, dtype, p, fused_h=fused)
+    return {**g, "time_s": gemm + comb, "gemm_s": gemm, "combine_s": comb}
+
+
+# ---- the ranked space ----------------------------------------------------------------------
+@dataclass
+class Point:
+    """One candidate of the search: an algorithm run with a config, and the model's view."""
+    algorithm: str                 # "gemm" or a catalogue expression (e.g. "strassen^2")
+    algorithm_hash: str
+    config: Any                    # the backend's config object (or a dict)
+    predicted_s: float
+    detail: dict = field(default_factory=dict)
+    _key: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def key(self) -> str:
+        if self._key is None:
+            self._key = _db.config_key(self.config)
+        return self._key
+
+    def config_dict(self) -> dict:
+        return _db.config_to_dict(self.config)
+
+
+@dataclass
+class Space:
+    ranked: list[Point]            # fitting configs, best predicted first
+    pruned: list[tuple[Any, str]]  # (config, why it cannot fit)
+    source: str                    # where the configs came from
+
+    def __len__(self):
+        return len(self.ranked)
+
+
+def ranked_space(target, dtype, algorithm, shape, *, profile=None, configs=None) -> Space:
+    """Enumerate, prune (on-chip fit) and rank (analytic estimate) the configs of one case."""
+    name, h = _db.algo_identity(algorithm)
+    if configs is None:
+        configs, source = enumerate_configs(target, dtype, shape, None if h == _db.GEMM else name)
+    else:
+        source = "given"
+    ranked, pruned, seen = [], [], set()
+    for c in configs:
+        k = _db.config_key(c)
+        if k in seen:
+            continue
+        seen.add(k)
+        fit = fit_check(target, dtype, c, profile)
+        if not fit.fits:
+            pruned.append((c, fit.reason))
+            continue
+        est = estimate(target, dtype, shape, None if h == _db.GEMM else name, c, profile)
+        ranked.append(Point(name, h, c, est["time_s"], est, k))
+    ranked.sort(key=lambda pt: (pt.predicted_s, pt.key))
+    return Space(ranked, pruned, source)
+
+
+def early_prune(space: Space, keep: int) -> list[Point]:
+    """The top ``keep`` of a ranked space, keeping variety: at most two configs that differ
+    only in the least important knob (pipeline stages / kc) among the first picks."""
+    out, groups = [], {}
+    for pt in space.ranked:
+        f = features(pt.config)
+        g = tuple(sorted((k, str(v)) for k, v in f.items() if k not in ("stages", "kc")))
+        if groups.get(g, 0) >= 2:
+            continue
+        groups[g] = groups.get(g, 0) + 1
+        out.append(pt)
+        if len(out) >= keep:
+            break
+    if len(out) < keep:  # fill with the rest in model order
+        have = {pt.key for pt in out}
+        out += [pt for pt in space.ranked if pt.key not in have][: keep - len(out)]
+    return out

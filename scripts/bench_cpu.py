@@ -1,0 +1,184 @@
+#!/usr/bin/env python
+"""CPU benchmark: numpy (the BLAS numpy links) vs lcmac's plain GEMM vs lcmac LCMAs, float32.
+
+One process, every variant measured interleaved (round-robin), with a pause before each
+timed call: OpenBLAS's worker threads spin for ~0.1 s after a call and halve the speed of
+whatever runs next.  Reports the median of the rounds as effective GFLOP/s (2·M·N·K / t, the
+classical flop count, so an LCMA's gain shows as more GFLOP/s) and the ratio to numpy.
+Builds for ``host_target()``, so it runs unchanged on an AArch64 host.
+
+    python scripts/bench_cpu.py                        # squares 1024/2048/4096 + LLM shapes
+    python scripts/bench_cpu.py --sizes 2048 --no-llm --rounds 5
+Writes bench/results/cpu-<host>-float32.json (or --out).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (label, model, layer, M): moderate sizes from bench/llm_shapes.json (N, K read from the file)
+LLM_PICKS = [("DeepSeek-R1", "q_a_proj", 2048), ("DeepSeek-R1", "expert_down", 2048),
+             ("Qwen3-235B-A22B", "expert_gate_or_up", 4096), ("HunyuanVideo", "attn_proj", 2048)]
+
+# (label, algo, levels, config overrides): LCMAs measured; unfused variants where the C
+# traffic of the fused epilogue may cost more than storing H (many C blocks)
+VARIANTS = [("gemm", "gemm", {}),
+            ("strassen", "strassen", {}),
+            ("winograd", "winograd", {}),
+            ("strassen^2", "strassen^2", {}),
+            ("strassen^2-unfused", "strassen^2", {"fused": False}),
+            ("hopcroft-kerr", "hopcroft-kerr", {}),
+            ("fgr-3x3x3-r23", "fgr-3x3x3-r23", {})]
+
+
+def cpu_description() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.lower().startswith(("model name", "cpu model")):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} CPUs, {platform.machine()}, {platform.system()} {platform.release()}"
+
+
+def llm_shapes(path: Path) -> list[tuple[str, int, int, int]]:
+    d = json.loads(path.read_text())
+    out = []
+    for model, layer, M in LLM_PICKS:
+        try:
+            N, K = d["models"][model]["NK"][layer]
+        except KeyError:
+            continue
+        out.append((f"{model}/{layer}", M, N, K))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1024,2048,4096", help="square sizes, comma separated")
+    ap.add_argument("--no-llm", action="store_true", help="skip the LLM shapes")
+    ap.add_argument("--llm-shapes", default=str(Path("/work/shared/bench/llm_shapes.json")
+                                                if Path("/work/shared/bench/llm_shapes.json").is_file()
+                                                else ROOT / "lcmac" / "tune" / "llm_shapes.json"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--pause", type=float, default=0.3, help="seconds of quiet before each timed call")
+    ap.add_argument("--variants", default=",".join(v[0] for v in VARIANTS))
+    ap.add_argument("--artifacts", default=str(Path(tempfile.gettempdir()) / "lcmac-bench-cpu"))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--tuned", action="store_true",
+                    help="use the tuning log's configs (default: the templates' default configs, "
+                         "so the numbers are reproducible)")
+    args = ap.parse_args(argv)
+
+    # thread counts before numpy / the TVM runtime start their pools
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TVM_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+    import numpy as np
+    import lcmac
+    from lcmac.build import build_many
+    from lcmac.ir import get as get_algorithm
+    from lcmac.schedules.cpu_config import default_config
+    from lcmac.targets import host_target
+
+    target = host_target()
+    want = [v for v in VARIANTS if v[0] in args.variants.split(",")]
+    cases = [(f"square {s}", s, s, s) for s in (int(x) for x in args.sizes.split(",") if x)]
+    if not args.no_llm:
+        cases += llm_shapes(Path(args.llm_shapes))
+    art = Path(args.artifacts)
+    print(f"# lcmac CPU benchmark, float32, {args.threads} threads, target {target.name}")
+    print(f"# {cpu_description()}")
+    print(f"# numpy {np.__version__}, median of {args.rounds} interleaved rounds, {args.pause}s pause")
+    results = []
+    for label, M, N, K in cases:
+        t0 = time.perf_counter()
+        def config_for(algo, cfg):
+            if args.tuned and not cfg:
+                return None                     # build() then takes the tuning log's config
+            alg = None if algo == "gemm" else get_algorithm(algo)
+            return {**default_config(target, "float32", alg).to_dict(), **cfg}
+        jobs = [dict(algo=algo, target=target, dtype="float32", shape=(M, N, K),
+                     config=config_for(algo, cfg),
+                     out_dir=art, name=f"{name.replace('^', 'p')}-{M}x{N}x{K}")
+                for name, algo, cfg in want]
+        built = build_many(jobs)
+        fns = []
+        for (name, algo, cfg), p in zip(want, built):
+            if isinstance(p, Exception):
+                print(f"  {name}: build failed: {p}")
+                continue
+            fns.append((name, lcmac.load(p)))
+        tb = time.perf_counter() - t0
+        cfgs = {n: f.manifest.config for n, f in fns}
+        rng = np.random.default_rng(0)
+        A = rng.standard_normal((M, K), dtype=np.float32)
+        B = rng.standard_normal((K, N), dtype=np.float32)
+        C = np.empty((M, N), np.float32)
+        ref = A.astype(np.float64) @ B.astype(np.float64)
+        errs = {}
+        for name, f in fns:
+            f(A, B, out=C)
+            errs[name] = float(np.linalg.norm(C - ref) / np.linalg.norm(ref))
+        del ref
+        runs = {"numpy": [], **{n: [] for n, _ in fns}}
+
+        def np_call():
+            np.matmul(A, B, out=C)
+        calls = [("numpy", np_call)] + [(n, (lambda f=f: f(A, B, out=C))) for n, f in fns]
+        for _ in range(args.rounds):
+            for name, call in calls:
+                time.sleep(args.pause)
+                call()                                  # warm (caches, workspace pool)
+                time.sleep(args.pause if name == "numpy" else 0.0)
+                t = time.perf_counter()
+                call()
+                runs[name].append(time.perf_counter() - t)
+        flops = 2.0 * M * N * K
+        base = float(np.median(runs["numpy"]))
+        print(f"\n{label}: M={M} N={N} K={K}  (builds {tb:.1f} s)")
+        print(f"  {'variant':22s} {'GFLOP/s':>8s} {'ratio':>7s} {'min..max GFLOP/s':>18s} {'rel.err':>9s}")
+        row = {"case": label, "M": M, "N": N, "K": K, "numpy_seconds": runs["numpy"], "variants": {}}
+        for name, ts in runs.items():
+            med = float(np.median(ts))
+            g = flops / med / 1e9
+            r = base / med
+            lo, hi = flops / max(ts) / 1e9, flops / min(ts) / 1e9
+            print(f"  {name:22s} {g:8.1f} {r:7.3f} {lo:8.1f}..{hi:<8.1f} {errs.get(name, 0.0):9.2e}")
+            row["variants"][name] = {"gflops": g, "ratio_vs_numpy": r, "seconds": ts,
+                                     "config": cfgs.get(name),
+                                     "gflops_min": lo, "gflops_max": hi,
+                                     "rel_error": errs.get(name)}
+        results.append(row)
+        del fns
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"cpu-{platform.node()}-float32.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": "lcmac CPU float32", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "command": " ".join([Path(sys.executable).name] + sys.argv), "host": platform.node(),
+           "device": cpu_description(), "target": target.name, "threads": args.threads,
+           "rounds": args.rounds, "pause_s": args.pause,
+           "configs": ("tuning log" if args.tuned else
+                       {"gemm": default_config(target, "float32").to_dict(),
+                        "lcma": default_config(target, "float32", get_algorithm("strassen")).to_dict()}), "numpy": np.__version__,
+           "lcmac": lcmac.__version__, "flops": "2*M*N*K (classical count)",
+           "load_average": os.getloadavg(), "results": results}
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, out)
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+#!/usr/bin/env python
+"""Benchmark and check lcmac CUDA artifacts against torch.matmul (cuBLAS) in one run.
+
+    python scripts/bench_cuda.py --dtype bf16 --cases square llm      # builds what is missing
+    python scripts/bench_cuda.py --artifacts .cuda-art                # prebuilt artifacts only
+
+For every case (shape × variant): correctness against a float64 reference (‖C−ref‖/‖ref‖,
+next to cuBLAS's own error on the same inputs; the output is poisoned with NaN first), then
+the median of ≥ 20 timed runs (CUDA events, after warm-up, rotating among several input sets).
+Effective TFLOP/s = 2·M·N·K / t for every variant.  Writes bench/results/<gpu>-<dtype>.json
+(or --out) and a plot PNG; prints a short table last.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+SQUARE = [4096, 8192, 16384]
+V1 = {"stages": 3, "policy": "square"}          # the first measured configuration
+VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults change with tuning)
+    "tl-gemm-v1": (None, dict(V1)),
+    "tl-gemm": (None, {"stages": 4, "policy": "fullrow"}),
+    # step table: Algorithm 1 → cache-aware order → fused group-parallel → overlapped epilogue
+    "strassen-alg1-rfast": ("strassen", {"fused": False, "cache_aware": False, "stages": 4, "policy": "fullrow"}),
+    "strassen-alg1": ("strassen", {"fused": False, "stages": 4, "policy": "fullrow"}),
+    "strassen-fused": ("strassen", {"fused": True, "stages": 4, "policy": "fullrow"}),
+    "strassen-fused-ov": ("strassen", {"fused": True, "overlap_epilogue": True, "stages": 4, "policy": "fullrow"}),
+    "winograd-alg1": ("winograd", {"fused": False, "stages": 4, "policy": "fullrow"}),
+    "strassen^2-alg1": ("strassen^2", {"fused": False, "stages": 4, "policy": "fullrow"}),
+    "strassen^2-alg1-s3": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow"}),
+    "strassen-alg1-s3": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow"}),
+    "laderman-alg1": ("laderman", {"fused": False, "stages": 4, "policy": "fullrow"}),
+    "fg-4x4x5-r61-alg1": ("fg-4x4x5-r61", {"fused": False, "stages": 4, "policy": "fullrow"}),
+}
+LLM_NK = [(18432, 7168), (7168, 18432), (8192, 4096), (4096, 8192), (7168, 16384)]
+
+
+def build_one(algo, cfg, shape, dtype, target, out_dir, jobs=1):
+    os.makedirs(out_dir, exist_ok=True)
+    side = os.path.join(out_dir, "lcmac.json")
+    if os.path.exists(side):
+        return side
+    req = {"algorithm": algo, "target": target, "dtype": dtype, "shape": list(shape),
+           "config": cfg, "out_dir": out_dir, "name": "lcmac", "jobs": jobs}
+    p = subprocess.run([sys.executable, "-m", "lcmac.targets.tilelang_worker"],
+                       input=json.dumps(req), capture_output=True, text=True, cwd=ROOT)
+    line = [x for x in p.stdout.splitlines() if x.startswith("{")]
+    resp = json.loads(line[-1]) if line else {"ok": False, "error": p.stderr[-2000:]}
+    if not resp.get("ok"):
+        print(f"BUILD FAILED {algo} {cfg} {shape}: {resp.get('error', '')[:800]}", flush=True)
+        return None
+    return side
+
+
+def bench_fn(fn, inputs, warmup=5, reps=20):
+    import torch
+    for i in range(warmup):
+        fn(*inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    ts = []
+    for i in range(reps):
+        a = inputs[i % len(inputs)]
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn(*a)
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e) * 1e-3)
+    ts.sort()
+    return ts[len(ts) // 2], ts
+
+
+def stage_times(f, meta, A, B, C, reps=10):
+    """Time each kernel of an artifact alone, through its exported per-kernel launchers."""
+    import ctypes
+    import torch
+    lib = f._open(A.device)
+    ws = f.workspace(A.device)
+    bufs = {"A": A.data_ptr(), "B": B.data_ptr(), "C": C.data_ptr()}
+    for name, off in meta.get("workspace", []):
+        bufs[name] = ws.data_ptr() + int(off)
+    stream = torch.cuda.current_stream().cuda_stream
+    out = {}
+    for k in meta["kernels"]:
+        fn = getattr(lib, f"{meta.get('name', 'lcmac')}_{k['name']}_call")
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * (len(k["args"]) + 1)
+        args = [bufs[a] for a in k["args"]] + [stream]
+        t, _ = bench_fn(lambda: fn(*args), [()], warmup=2, reps=reps)
+        out[k["name"]] = t
+    return out
+
+
+def rel_err(C, ref):
+    import torch
+    d = (C.double() - ref)
+    return float(torch.linalg.norm(d) / torch.linalg.norm(ref))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--target", default="cuda-sm90a")
+    ap.add_argument("--artifacts", default=None, help="use prebuilt artifact dirs (*/lcmac.json)")
+    ap.add_argument("--build-dir", default=os.path.join(ROOT, ".cuda-art"))
+    ap.add_argument("--cases", nargs="*", default=["square"])
+    ap.add_argument("--variants", nargs="*", default=["tl-gemm", "strassen-alg1", "strassen^2-alg1"])
+    ap.add_argument("--sizes", nargs="*", type=int, default=SQUARE)
+    ap.add_argument("--llm-m", nargs="*", type=int, default=[2048, 8192, 16384])
+    ap.add_argument("--llm-max", type=int, default=6)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--stages", action="store_true", help="also time each kernel alone")
+    ap.add_argument("--tf32", action="store_true", help="cuBLAS float32 baseline with TF32 on")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--no-plot", action="store_true")
+    args = ap.parse_args()
+
+    from lcmac.dtypes import normalize_dtype
+    dtype = normalize_dtype(args.dtype)
+    shapes = []
+    if "square" in args.cases:
+        shapes += [(s, s, s) for s in args.sizes]
+    if "llm" in args.cases:
+        for (n, k) in LLM_NK[:args.llm_max]:   # from bench/llm_shapes.json (DeepSeek-R1, Qwen3)
+            for m in args.llm_m:
+                shapes.append((m, n, k))
+
+    # ---- artifacts: prebuilt, or build the missing ones in parallel --------------------------
+    todo = []
+    if args.artifacts:
+        for side in sorted(glob.glob(os.path.join(args.artifacts, "*", "lcmac.json"))):
+            meta = json.load(open(side))
+            tag = os.path.basename(os.path.dirname(side))
+            todo.append((tag, side, meta))
+    else:
+        jobs = []
+        for (M, N, K) in shapes:
+            for v in args.variants:
+                algo, cfg = VARIANTS[v]
+                d = os.path.join(args.build_dir, f"{v.replace('^', 'sq')}-{dtype}-{M}x{N}x{K}")
+                jobs.append((v, algo, cfg, (M, N, K), d))
+        t0 = time.time()
+        with ThreadPoolExecutor(max_workers=args.jobs) as ex:
+            sides = list(ex.map(lambda j: build_one(j[1], j[2], j[3], dtype, args.target, j[4]), jobs))
+        print(f"built {len(jobs)} artifacts in {time.time() - t0:.0f}s", flush=True)
+        for j, side in zip(jobs, sides):
+            if side:
+                todo.append((f"{j[0]}", side, json.load(open(side))))
+
+    import torch
+    from lcmac.runtime.cuda_loader import load_cuda
+    torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
+    dev = torch.device("cuda")
+    gpu = torch.cuda.get_device_name(dev)
+    by_shape = {}
+    for tag, side, meta in todo:
+        if meta["dtype"] != dtype:
+            continue
+        by_shape.setdefault(tuple(meta["shape"]), []).append((tag, side, meta))
+
+    rows = []
+    for (M, N, K), arts in sorted(by_shape.items()):
+        g = torch.Generator(device=dev).manual_seed(M * 7 + N * 3 + K)
+        nset = 3 if M * N * K <= 8192 ** 3 else 2
+        inputs = [(torch.randn(M, K, device=dev, generator=g).to(tdt),
+                   torch.randn(K, N, device=dev, generator=g).to(tdt)) for _ in range(nset)]
+        A, B = inputs[0]
+        ref = A.double() @ B.double()
+        C_cub = torch.matmul(A, B)
+        err_cub = rel_err(C_cub, ref)
+        t_cub, _ = bench_fn(torch.matmul, inputs, reps=args.reps)
+        flops = 2.0 * M * N * K
+        rows.append({"shape": [M, N, K], "variant": "cublas", "seconds": t_cub,
+                     "tflops": flops / t_cub / 1e12, "rel_err": err_cub, "ratio": 1.0})
+        for tag, side, meta in arts:
+            r = {"shape": [M, N, K], "variant": tag, "algorithm": meta.get("algorithm_name"),
+                 "config": meta.get("config")}
+            try:
+                f = load_cuda(side)
+                C = torch.full((M, N), float("nan"), dtype=tdt, device=dev)
+                f(A, B, out=C)
+                torch.cuda.synchronize()
+                r["all_written"] = bool(torch.isfinite(C).all())
+                r["rel_err"] = rel_err(C, ref)
+                r["err_vs_cublas"] = r["rel_err"] / err_cub
+                outs = [torch.empty(M, N, dtype=tdt, device=dev) for _ in inputs]
+                t, _ = bench_fn(lambda a, b, i=[0]: f(a, b, out=outs[0]), inputs, reps=args.reps)
+                r.update(seconds=t, tflops=flops / t / 1e12, ratio=t_cub / t)
+                if args.stages and len(meta.get("kernels", [])) > 1:
+                    r["stage_seconds"] = stage_times(f, meta, A, B, outs[0])
+            except Exception as e:  # keep going: one broken variant must not hide the others
+                r["error"] = f"{type(e).__name__}: {e}"[:500]
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+        del inputs, A, B, ref, C_cub
+        torch.cuda.empty_cache()
+
+    res = {"device": gpu, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+           "command": " ".join(sys.argv), "dtype": dtype,
+           "torch": torch.__version__, "cublas_tf32": bool(args.tf32),
+           "lcmac_gemm_precision": "tf32" if dtype == "float32" else dtype, "results": rows}
+    gpu_tag = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
+    out = args.out or os.path.join(ROOT, "bench", "results", f"{gpu_tag}-{dtype}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    json.dump(res, open(out, "w"), indent=1)
+    if not args.no_plot:
+        try:
+            plot(res, out[:-5] + ".png")
+        except Exception as e:
+            print("plot failed:", e)
+    print(f"\n{gpu}  {dtype}  (TFLOP/s = 2MNK/t, median of {args.reps}; ratio = cuBLAS time / time)")
+    print(f"{'shape':>20} {'variant':>18} {'TFLOP/s':>8} {'ratio':>6} {'relerr':>9} {'err/cub':>7}")
+    for r in rows:
+        s = "x".join(map(str, r["shape"]))
+        if "error" in r:
+            print(f"{s:>20} {r['variant']:>18} ERROR {r['error'][:80]}")
+            continue
+        st = " ".join(f"{k}={v * 1e3:.3f}ms" for k, v in r.get("stage_seconds", {}).items())
+        print(f"{s:>20} {r['variant']:>18} {r['tflops']:8.1f} {r['ratio']:6.3f} "
+              f"{r['rel_err']:9.2e} {r.get('err_vs_cublas', 1.0):7.2f} {st}")
+    print("wrote", out)
+
+
+def plot(res, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in res["results"] if "tflops" in r]
+    shapes = sorted({tuple(r["shape"]) for r in rows})
+    variants = sorted({r["variant"] for r in rows}, key=lambda v: (v != "cublas", v))
+    fig, ax = plt.subplots(figsize=(max(6, len(shapes) * 1.2), 4))
+    w = 0.8 / len(variants)
+    for vi, v in enumerate(variants):
+        ys = [next((r["tflops"] for r in rows if r["variant"] == v and tuple(r["shape"]) == s), 0)
+              for s in shapes]
+        ax.bar([i + vi * w for i in range(len(shapes))], ys, w, label=v)
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(shapes))])
+    ax.set_xticklabels(["x".join(map(str, s)) for s in shapes], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("effective TFLOP/s (2MNK/t)")
+    ax.set_title(f"{res['device']} {res['dtype']}")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

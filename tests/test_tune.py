@@ -1,0 +1,228 @@
+"""lcmac.tune: space pruning, the tuning log, the tuner's early stop, metrics, calibration,
+and the decision that prefers measurements.  CPU only and fast: a fake measure function
+stands in for real kernels (one small real CPU run is marked slow)."""
+import json
+import math
+import os
+import warnings
+
+import pytest
+
+from lcmac.tune import db as tdb
+from lcmac.tune import space, tuner
+from lcmac.tune.calibrate import calibrate, model_time
+from lcmac.tune.decide import decide
+from lcmac.tune.metrics import space_report, spearman, trials_to_within
+
+CPU, GPU = "x86_64-avx512", "cuda-sm90a"
+
+
+def rec(shape=(1024, 1024, 1024), t=0.01, algo="gemm", cfg=None, target=CPU, dtype="float32", **kw):
+    name, h = tdb.algo_identity(algo)
+    return tdb.make_record(target=target, dtype=dtype, algorithm=name, algorithm_hash=h, shape=shape,
+                           config=cfg or {"mr": 8, "nr": 32}, time_s=t, spread=0.01, repeats=5,
+                           device="test", **kw)
+
+
+# ---- space ----------------------------------------------------------------------------------
+def test_pruning_rejects_configs_that_overflow_on_chip_memory():
+    big_smem = {"block_m": 256, "block_n": 256, "block_k": 128, "stages": 4, "threads": 256}
+    ok_gpu = {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 3, "threads": 256}
+    assert not space.fit_check(GPU, "bfloat16", big_smem).fits
+    assert "shared memory" in space.fit_check(GPU, "bfloat16", big_smem).reason
+    assert space.fit_check(GPU, "bfloat16", ok_gpu).fits
+    too_many_regs = {"mr": 16, "nr": 64, "kc": 128, "mc": 64, "nc": 1024}
+    l1_overflow = {"mr": 8, "nr": 32, "kc": 1024, "mc": 64, "nc": 1024}
+    llc_overflow = {"mr": 8, "nr": 32, "kc": 128, "mc": 64, "nc": 65536}
+    assert "register" in space.fit_check(CPU, "float32", too_many_regs).reason
+    assert "L1" in space.fit_check(CPU, "float32", l1_overflow).reason
+    assert "last-level" in space.fit_check(CPU, "float32", llc_overflow).reason
+    sp = space.ranked_space(CPU, "float32", "gemm", (512, 512, 512),
+                            configs=[too_many_regs, l1_overflow, {"mr": 8, "nr": 32, "kc": 128, "mc": 64, "nc": 1024}])
+    assert len(sp.ranked) == 1 and len(sp.pruned) == 2
+
+
+def test_ranked_space_orders_by_estimate_and_prefers_sane_tiles():
+    sp = space.ranked_space(GPU, "bfloat16", "gemm", (4096, 4096, 4096),
+                            configs=space.default_space("cuda", "bfloat16", None))
+    ts = [p.predicted_s for p in sp.ranked]
+    assert ts == sorted(ts) and len(sp.pruned) > 0
+    best = space.features(sp.ranked[0].config)
+    assert best["block_m"] * best["block_n"] >= 128 * 128  # big tiles win at 4096³
+    # LCMA estimate = combines + R sub-GEMMs; Strassen sub-GEMMs are cheaper than 8 of them
+    e = space.estimate(CPU, "float32", (2048, 2048, 2048), "strassen", {"mr": 8, "nr": 32})
+    assert e["combine_s"] > 0 and e["gemm_s"] < space.estimate(CPU, "float32", (2048,) * 3, "gemm",
+                                                                 {"mr": 8, "nr": 32})["gemm_s"]
+
+
+# ---- the log ----------------------------------------------------------------------------------
+def test_log_round_trip_sorted_keys_one_line_per_record(tmp_path):
+    store = tdb.TuningDB(tmp_path)
+    r1, r2 = rec(t=0.02), rec(t=0.01, cfg={"mr": 4, "nr": 64})
+    assert store.append([r1, r2]) == 2
+    path = tmp_path / "x86_64-avx512-float32.jsonl"
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        d = json.loads(line)
+        assert list(d) == sorted(d)
+    assert list(store.records(CPU, "float32")) == [r1, r2]
+    m = store.best(CPU, "float32", "gemm", (1024, 1024, 1024))
+    assert m.exact and m.record == r2 and m.config == {"mr": 4, "nr": 64}
+
+
+def test_corrupt_and_foreign_lines_are_skipped_with_a_warning(tmp_path):
+    store = tdb.TuningDB(tmp_path)
+    store.append(rec(t=0.03))
+    path = tmp_path / "x86_64-avx512-float32.jsonl"
+    with open(path, "a") as f:
+        f.write('{"truncated": \n')                               # corrupt
+        f.write(json.dumps({"schema": "someone-else/9", "x": 1}) + "\n")  # foreign
+        f.write(json.dumps(rec(target="aarch64-neon")) + "\n")   # misfiled
+        f.write(json.dumps({**rec(), "time_s": -1}) + "\n")      # nonsense
+    with pytest.warns(tdb.TuningLogWarning) as w:
+        got = list(store.records(CPU, "float32"))
+    assert len(got) == 1 and len(w) == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert tdb.best_config(CPU, "float32", "gemm", (1024, 1024, 1024), root=tmp_path)[2] is True
+
+
+def test_nearest_shape_lookup_in_log_space(tmp_path):
+    store = tdb.TuningDB(tmp_path)
+    store.append([rec(shape=(1024, 1024, 1024), t=0.01, cfg={"mr": 1}),
+                  rec(shape=(4096, 4096, 4096), t=0.5, cfg={"mr": 4}),
+                  rec(shape=(4096, 4096, 4096), t=0.4, cfg={"mr": 8})])
+    cfg, r, exact = tdb.best_config(CPU, "float32", "gemm", (3000, 4096, 4096), root=tmp_path)
+    assert not exact and r["shape"] == [4096, 4096, 4096] and cfg == {"mr": 8}
+    cfg, r, exact = tdb.best_config(CPU, "float32", "gemm", (1200, 1000, 1024), root=tmp_path)
+    assert cfg == {"mr": 1} and not exact
+    assert "nearest logged shape 1024x1024x1024" in store.best(CPU, "float32", "gemm", (1200, 1000, 1024)).describe()
+    assert tdb.best_config(CPU, "float32", "other-hash", (1024,) * 3, root=tmp_path) is None
+    assert tdb.best_config(CPU, "float64", "gemm", (1024,) * 3, root=tmp_path) is None
+
+
+# ---- the tuner --------------------------------------------------------------------------------
+def _configs(n):
+    return [{"mr": 8, "nr": 32, "kc": 128, "mc": 64, "nc": 256 * (i + 1)} for i in range(n)]
+
+
+def test_tuner_stops_early_when_measurements_stop_improving(tmp_path):
+    calls = []
+
+    def fake(pt):
+        calls.append(pt.key)
+        return 1.0 if len(calls) == 1 else 1.2  # the first is the best; nothing improves
+
+    res = tuner.tune("gemm", CPU, "float32", (512, 512, 512), budget=10, patience=3,
+                     db=tmp_path, measure_fn=fake, configs=_configs(12))
+    assert len(calls) == 4                            # 1 + patience
+    assert "patience" in res.stopped["gemm"]
+    assert res.best.time_s == 1.0
+    assert len(list(tdb.TuningDB(tmp_path).records(CPU, "float32"))) == 4
+    # the same case again: logged configs count as trials and are not re-measured
+    calls.clear()
+    res2 = tuner.tune("gemm", CPU, "float32", (512, 512, 512), budget=5, patience=10,
+                      db=tmp_path, measure_fn=fake, configs=_configs(12))
+    assert len(calls) == 1 and sum(t.from_log for t in res2.trials) == 4
+
+
+def test_tuner_budget_failures_logged_and_auto(tmp_path):
+    n = []
+
+    def fake(pt):
+        n.append(1)
+        if len(n) == 2:
+            raise RuntimeError("boom")
+        return pt.predicted_s
+    res = tuner.tune("gemm", CPU, "float32", (512, 512, 512), budget=3, patience=99,
+                     db=tmp_path, measure_fn=fake, configs=_configs(6))
+    assert len(res.trials) == 3 and "budget" in res.stopped["gemm"]
+    errs = [r for r in tdb.TuningDB(tmp_path).records(CPU, "float32", include_errors=True)
+            if r["status"] == "error"]
+    assert len(errs) == 1 and "boom" in errs[0]["error"]
+    res = tuner.tune("auto", CPU, "float32", (2048, 2048, 2048), budget=2, db=tmp_path,
+                     measure_fn=lambda pt: pt.predicted_s, top_lcmas=1, configs=_configs(3))
+    algs = {t.point.algorithm for t in res.trials}
+    assert "gemm" in algs and len(algs) == 2
+
+
+# ---- metrics ----------------------------------------------------------------------------------
+def test_spearman_and_trials_to_within():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) == pytest.approx(0.8207826816681233)  # ties
+    assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
+    assert trials_to_within([5.0, 3.0, 1.02, 1.0], 0.03) == (3, 0.75)
+    r = space_report([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0])
+    assert r["trials_to_within"] == 1 and r["spearman"] == pytest.approx(1.0)
+
+
+# ---- calibration ------------------------------------------------------------------------------
+def test_calibration_moves_predictions_toward_synthetic_measurements():
+    from lcmac.costmodel import get_profile
+    p0 = get_profile("spr-2core")
+    truth = p0.with_calibration({"gemm_efficiency": 0.5, "bandwidth_efficiency": 0.6})
+    recs = []
+    for algo in ("gemm", "strassen", "strassen^2"):
+        for n in (1024, 2048, 4096):
+            recs.append(rec(shape=(n, n, n), algo=algo, t=model_time(algo, (n, n, n), "float32", truth)))
+    cal = calibrate(recs, CPU, "float32")
+    assert cal.after["log_rms"] < 0.2 * cal.before["log_rms"]
+    assert cal.values["gemm_efficiency.float32"] == pytest.approx(0.5, rel=0.05)
+    assert cal.values["bandwidth_efficiency"] == pytest.approx(0.6, rel=0.15)
+    assert cal.profile.gemm_eff("float32") == pytest.approx(0.5, rel=0.05)
+
+
+# ---- decide -----------------------------------------------------------------------------------
+def test_decide_prefers_a_measured_winner_and_falls_back_to_gemm(tmp_path):
+    store = tdb.TuningDB(tmp_path)
+    shape = (2048, 2048, 2048)
+    # nothing logged: the model decides
+    d0 = decide(*shape, "float32", CPU, db=tmp_path)
+    assert d0.source == "model"
+    # measured: strassen beats gemm → strassen, whatever the model thinks
+    store.append([rec(shape=shape, t=0.060), rec(shape=shape, algo="strassen", t=0.050)])
+    d1 = decide(*shape, "float32", CPU, db=tmp_path)
+    assert d1.source == "exact" and d1.algorithm == "strassen" and d1.candidate.measured
+    # a shape where every measured LCMA loses → plain GEMM
+    shape2 = (1024, 1024, 1024)
+    store.append([rec(shape=shape2, t=0.008), rec(shape=shape2, algo="strassen", t=0.010),
+                  rec(shape=shape2, algo="strassen^2", t=0.012)])
+    d2 = decide(*shape2, "float32", CPU, db=tmp_path)
+    assert d2.algorithm == "gemm" and d2.candidate.measured
+    # a nearby unlogged shape uses the nearest logged shape's measured ratios
+    d3 = decide(2048, 2048, 1800, "float32", CPU, db=tmp_path)
+    assert d3.source.startswith("nearest logged shape 2048x2048x2048") and d3.algorithm == "strassen"
+    # memory-bound shape with nothing measured: plain GEMM
+    d4 = decide(16, 4096, 4096, "float32", CPU, db=tmp_path)
+    assert d4.algorithm == "gemm"
+
+
+# ---- one real CPU tuning run (compiles; slow) ----------------------------------------------
+@pytest.mark.slow
+def test_real_cpu_tuning_run(tmp_path):
+    pytest.importorskip("tvm")
+    res = tuner.tune("gemm", CPU, "float32", (256, 256, 256), budget=2, jobs=1, db=tmp_path,
+                     repeats=3, min_run_s=0.005)
+    assert res.best is not None, [t.error for t in res.trials]
+    hit = tdb.best_config(CPU, "float32", "gemm", (256, 256, 256), root=tmp_path)
+    assert hit and hit[2]
+
+
+def test_cli_tune_parses_and_reports(tmp_path, monkeypatch, capsys):
+    from lcmac import cli
+
+    def fake_tune(algo, target, dtype, shape, **kw):
+        res = tuner.TuneResult(target, dtype, shape)
+        sp = space.ranked_space(target, dtype, "gemm", shape, configs=_configs(2))
+        res.trials = [tuner.Trial(p, p.predicted_s * 1.1) for p in sp.ranked]
+        return res
+    monkeypatch.setattr(tuner, "tune", fake_tune)
+    code = cli.main(["tune", "--algo", "gemm", "--target", CPU, "--shape", "256x256x256",
+                     "--logs", str(tmp_path), "-q", "--plot", str(tmp_path / "p.png")])
+    out = capsys.readouterr().out
+    assert code == 0 and "256x256x256" in out and "gemm" in out
+    assert (tmp_path / "p.png").is_file()
+    from lcmac.tune.shapes import llm_shapes
+    assert all(len(s) == 3 for _, s in llm_shapes())
