@@ -29,13 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 LLM_PICKS = [("DeepSeek-R1", "q_a_proj", 2048), ("DeepSeek-R1", "expert_down", 2048),
              ("Qwen3-235B-A22B", "expert_gate_or_up", 4096), ("HunyuanVideo", "attn_proj", 2048)]
 
-# (label, algo, levels, config overrides): LCMAs measured; unfused variants where the C
-# traffic of the fused epilogue may cost more than storing H (many C blocks)
+# (label, algo, config overrides): the default config per algorithm (CpuConfig defaults:
+# fused Combine H up to 4 C blocks, unfused beyond), plus strassen^2 fused for comparison
 VARIANTS = [("gemm", "gemm", {}),
             ("strassen", "strassen", {}),
             ("winograd", "winograd", {}),
-            ("strassen^2", "strassen^2", {}),
-            ("strassen^2-unfused", "strassen^2", {"fused": False}),
+            ("strassen^2", "strassen^2", {}),                    # default: unfused (16 C blocks)
+            ("strassen^2-fused", "strassen^2", {"fused": True}),
             ("hopcroft-kerr", "hopcroft-kerr", {}),
             ("fgr-3x3x3-r23", "fgr-3x3x3-r23", {})]
 
