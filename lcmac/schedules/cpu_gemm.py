@@ -156,7 +156,7 @@ def linear_expr(terms, name_of, dtype: str) -> str:
 
 
 def emit_microkernel(w: Writer, g: Geometry, cfg: CpuConfig, r, acc_dtype: str,
-                     a_buf: str = "Ap", b_buf: str = "Bp") -> None:
+                     a_buf: str = "Ap", b_buf: str = "Bp", prefetch=None) -> None:
     """acc[mr][nr] = Ã_r[tile rows] · B̃_r[tile cols] over one kc chunk: per k, mr broadcasts
     of Ã and nr/lanes loads of B̃ feed mr·nr/lanes FMAs into register accumulators."""
     mr, nr, ku = cfg.mr, cfg.nr, cfg.ku
@@ -165,6 +165,15 @@ def emit_microkernel(w: Writer, g: Geometry, cfg: CpuConfig, r, acc_dtype: str,
         w(f"for u in T.vectorized({nr}):")
         with w.indent():
             w(f"acc[v, u] = {literal(0, acc_dtype)}")
+    if prefetch:
+        # the tile the epilogue will read-modify-write: fetched while the FMAs run
+        # (its rows are a power-of-two stride apart for square sizes: cache-set conflicts)
+        buf, row, col, lines, per_line = prefetch
+        w(f"for v in T.unroll({mr}):")
+        with w.indent():
+            for ln in range(lines):
+                w(f"T.evaluate(T.call_intrin(\"void\", \"tirx.prefetch\", "
+                  f"T.address_of({buf}[{row}, {col} + {ln * per_line}]), 1, 3, 1))")
     kidx = "kc * {KC} + ko * {KU} + ki".format(KC=g.KC, KU=ku)
     a = f"{a_buf}[{r}, " + packed_offset(f"tm * {g.MC // mr} + ir", kidx, "v", g.BKP, mr) + "]"
     b = f"{b_buf}[{r}, " + packed_offset(f"tn * {g.NC // nr} + jr", kidx, "u", g.BKP, nr) + "]"
@@ -198,7 +207,7 @@ def emit_tile_store(w: Writer, cfg: CpuConfig, dst: str, coef, acc_dtype: str,
 
 
 def emit_gemm_stage(w: Writer, g: Geometry, cfg: CpuConfig, R: int, acc_dtype: str,
-                    epilogue) -> None:
+                    epilogue, prefetch=None) -> None:
     """The GEMM stage: one parallel task per (tm, tn) tile position of the blocks (FalconGEMM's
     (x, z)); inside, for each product r (its Combine-H coefficients constants in its own branch),
     the kc / jr / ir loops of the register-tiled micro-kernel, then ``epilogue(w, r)``
@@ -221,7 +230,7 @@ def emit_gemm_stage(w: Writer, g: Geometry, cfg: CpuConfig, R: int, acc_dtype: s
                 with w.indent():
                     w(f"for ir in range({g.MC // mr}):")
                     with w.indent():
-                        emit_microkernel(w, g, cfg, "r", acc_dtype)
+                        emit_microkernel(w, g, cfg, "r", acc_dtype, prefetch=prefetch)
                         _dispatch(w, 0, R, epilogue)
 
 

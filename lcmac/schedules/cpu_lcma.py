@@ -116,7 +116,12 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
         w("# GEMM stage" + (" with fused Combine H" if cfg.fused else " (H stored)"))
         # blocks of C that no product feeds are zero (cannot happen for a correct algorithm
         # with full rank, but keep the kernel total)
-        emit_gemm_stage(w, g, cfg, R, acc, epilogue)
+        prefetch = None
+        if R == 1 and cfg.fused:
+            per_line = max(1, 64 // ITEMSIZE[acc])
+            prefetch = (cbuf, f"tm * {g.MC} + ir * {cfg.mr} + v", f"tn * {g.NC} + jr * {cfg.nr}",
+                        max(1, cfg.nr // per_line), per_line)
+        emit_gemm_stage(w, g, cfg, R, acc, epilogue, prefetch=prefetch)
         if not cfg.fused:
             emit_combine_h(w, g, progs["H"], cfg.nr, acc, cbuf, crow, ccol)
         if not direct:
