@@ -163,3 +163,39 @@ def test_default_effort_fast_enough():
     for s in ("A", "B", "H"):
         optimize(M[s])
     assert time.perf_counter() - t < 5.0
+
+
+def test_disk_cache_round_trip_and_corrupt_entry(tmp_path, monkeypatch):
+    """The on-disk CSE cache returns the same programs, and a damaged entry is recomputed
+    (re-checked exactly), never trusted."""
+    from lcmac.ir import catalogue, cse
+    monkeypatch.setenv("LCMAC_CACHE_DIR", str(tmp_path))
+    alg = catalogue.get("winograd")
+    cse._CACHE.clear()
+    first = cse.optimized_programs(alg)
+    files = list((tmp_path / "cse").glob("*.json"))
+    assert len(files) == 1
+    cse._CACHE.clear()
+    again = cse.optimized_programs(alg)
+    assert {k: p.to_dict() for k, p in again.items()} == {k: p.to_dict() for k, p in first.items()}
+    # tamper: swap the A and B programs; the exact check must reject the entry
+    import json
+    doc = json.loads(files[0].read_text())
+    doc["A"], doc["B"] = doc["B"], doc["A"]
+    files[0].write_text(json.dumps(doc))
+    cse._CACHE.clear()
+    assert cse._disk_read(files[0], cse.combine_matrices(alg)) is None
+    fixed = cse.optimized_programs(alg)
+    assert fixed["A"].to_dict() == first["A"].to_dict()
+    files[0].write_text("{not json")
+    cse._CACHE.clear()
+    assert cse.optimized_programs(alg)["H"].additions == first["H"].additions
+    cse._CACHE.clear()
+
+
+def test_disk_cache_off(tmp_path, monkeypatch):
+    from lcmac.ir import catalogue, cse
+    monkeypatch.setenv("LCMAC_CACHE_DIR", "off")
+    assert cse.cache_dir() is None
+    cse._CACHE.clear()
+    assert cse.optimized_programs(catalogue.get("strassen"))["A"].additions >= 0

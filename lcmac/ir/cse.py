@@ -15,10 +15,13 @@ wins.  Every result is checked exactly against ``M``.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
 import warnings
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 
@@ -281,17 +284,75 @@ def _supplied(alg: Algorithm, stage: str, M: np.ndarray) -> LinearProgram | None
     return p
 
 
+# Bump when optimize() changes what it returns, so stale disk entries are not reused.
+_CSE_VERSION = 1
+
+
+def cache_dir() -> Path | None:
+    """Where CSE results persist between runs (``LCMAC_CACHE_DIR``, else the XDG cache);
+    ``LCMAC_CACHE_DIR=off`` disables the disk cache."""
+    env = os.environ.get("LCMAC_CACHE_DIR")
+    if env == "off":
+        return None
+    if env:
+        return Path(env) / "cse"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "lcmac" / "cse"
+
+
+def _disk_path(key: tuple) -> Path | None:
+    d = cache_dir()
+    if d is None:
+        return None
+    digest = hashlib.sha256(json.dumps([_CSE_VERSION, *key]).encode()).hexdigest()[:32]
+    return d / f"{digest}.json"
+
+
+def _disk_read(path: Path | None, mats: dict) -> dict | None:
+    """The cached programs, each re-checked exactly against its stage matrix (a corrupt or
+    stale entry is ignored, never trusted)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+        out = {st: LinearProgram.from_dict(doc[st]) for st in mats}
+        if all(_same(out[st].matrix(), M) for st, M in mats.items()):
+            return out
+    except Exception:  # noqa: BLE001 - any damage means recompute
+        pass
+    return None
+
+
+def _disk_write(path: Path | None, progs: dict) -> None:
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({st: p.to_dict() for st, p in progs.items()}))
+        os.replace(tmp, path)         # atomic: a reader never sees half a file
+    except OSError:
+        pass                          # a read-only home only costs speed
+
+
 def optimized_programs(alg: Algorithm, *, effort: int = 2) -> dict[str, LinearProgram]:
-    """Per stage ("A", "B", "H") the cheapest of our CSE and the verified supplied program."""
+    """Per stage ("A", "B", "H") the cheapest of our CSE and the verified supplied program.
+    Results are memoised in-process and on disk (``cache_dir()``): the search takes seconds
+    for the large schemes, the exact re-check on load milliseconds."""
     key = (alg.hash, json.dumps(alg.programs, sort_keys=True, default=str), effort)
     hit = _CACHE.get(key)
     if hit is not None:
         return dict(hit)
-    out = {}
-    for stage, M in combine_matrices(alg).items():
-        own = optimize(M, effort=effort)
-        sup = _supplied(alg, stage, M)
-        out[stage] = sup if sup is not None and _cost(sup) < _cost(own) else own
+    mats = combine_matrices(alg)
+    path = _disk_path(key)
+    out = _disk_read(path, mats)
+    if out is None:
+        out = {}
+        for stage, M in mats.items():
+            own = optimize(M, effort=effort)
+            sup = _supplied(alg, stage, M)
+            out[stage] = sup if sup is not None and _cost(sup) < _cost(own) else own
+        _disk_write(path, out)
     _CACHE[key] = out
     return dict(out)
 
