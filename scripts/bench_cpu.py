@@ -5,7 +5,9 @@ One process, every variant measured interleaved (round-robin), with a pause befo
 timed call: OpenBLAS's worker threads spin for ~0.1 s after a call and halve the speed of
 whatever runs next.  Reports the median of the rounds as effective GFLOP/s (2·M·N·K / t, the
 classical flop count, so an LCMA's gain shows as more GFLOP/s) and the ratio to numpy.
-Builds for ``host_target()``, so it runs unchanged on an AArch64 host.
+Builds for this machine's target (``select_target``: x86-64 by its AVX level; on AArch64
+the fixed-length SVE target for the CPU's vector length, else NEON), so it runs unchanged on
+an AArch64 host; ``--target`` overrides, ``--dry-run`` prints the plan without building.
 
     python scripts/bench_cpu.py                        # squares 1024/2048/4096 + LLM shapes
     python scripts/bench_cpu.py --sizes 2048 --no-llm --rounds 5
@@ -52,6 +54,14 @@ def cpu_description() -> str:
     return f"{model}, {os.cpu_count()} CPUs, {platform.machine()}, {platform.system()} {platform.release()}"
 
 
+def select_target(name: str = "host"):
+    """The lcmac target to build for: ``host`` is this machine's, or a target name."""
+    from lcmac.targets import aarch64, get_target, host_target
+    if name in ("host", "native"):
+        return aarch64.host_target() if aarch64.native_host() else host_target()
+    return get_target(name)
+
+
 def llm_shapes(path: Path) -> list[tuple[str, int, int, int]]:
     d = json.loads(path.read_text())
     out = []
@@ -77,6 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(v[0] for v in VARIANTS))
     ap.add_argument("--artifacts", default=str(Path(tempfile.gettempdir()) / "lcmac-bench-cpu"))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--target", default="host", help="lcmac target (default: this machine's)")
+    ap.add_argument("--dry-run", action="store_true", help="print the target and cases, build nothing")
     ap.add_argument("--tuned", action="store_true",
                     help="use the tuning log's configs (default: the templates' default configs, "
                          "so the numbers are reproducible)")
@@ -90,13 +102,16 @@ def main(argv=None) -> int:
     from lcmac.build import build_many
     from lcmac.ir import get as get_algorithm
     from lcmac.schedules.cpu_config import default_config
-    from lcmac.targets import host_target
 
-    target = host_target()
+    target = select_target(args.target)
     want = [v for v in VARIANTS if v[0] in args.variants.split(",")]
     cases = [(f"square {s}", s, s, s) for s in (int(x) for x in args.sizes.split(",") if x)]
     if not args.no_llm:
         cases += llm_shapes(Path(args.llm_shapes))
+    if args.dry_run:
+        print(f"target {target.name}; variants {', '.join(v[0] for v in want)}; cases "
+              + "; ".join(f"{lb} {M}x{N}x{K}" for lb, M, N, K in cases))
+        return 0
     art = Path(args.artifacts)
     print(f"# lcmac CPU benchmark, float32, {args.threads} threads, target {target.name}")
     print(f"# {cpu_description()}")

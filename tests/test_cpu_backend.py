@@ -15,6 +15,7 @@ from lcmac.build import build, build_many
 from lcmac.errors import CatalogueError, DTypeError, ShapeError, TargetError
 from lcmac.ir import catalogue
 from lcmac.ir.algorithm import Algorithm
+from lcmac.schedules.cpu_config import CpuConfig
 from lcmac.runtime.manifest import Manifest
 from lcmac.targets.x86 import host_supports
 
@@ -25,6 +26,20 @@ SMALL = sorted(a.name for a in catalogue.all_algorithms() if max(a.grid) <= 3)
 # small tiles: several parallel tasks and kc chunks, padding everywhere
 TINY = {"mc": 16, "nc": 64, "kc": 16}
 T512 = "x86_64-avx512"
+
+
+BF16_MCPU = "sapphirerapids"
+DOT = {"bf16_dot": True}   # opt-in: the FMA path measured faster on this CPU (cpu_config.py)
+BF16_DOT = [  # (key, algorithm, (M, N, K), config)
+    ("gemm-bf16dot", "gemm", (77, 51, 93), {**TINY, **DOT}),
+    ("gemm-bf16dot-default", "gemm", (128, 96, 200), DOT),
+    ("strassen-bf16dot", "strassen", (45, 38, 70), {**TINY, **DOT}),
+    ("strassen-bf16dot-unfused", "strassen", (66, 50, 38), {**TINY, "fused": False, **DOT}),
+    ("strassen2-bf16dot", "strassen^2", (70, 45, 53), {**TINY, **DOT}),
+    ("strassenxstrassen-bf16dot", "strassen*strassen", (61, 67, 59), {"mc": 16, "nc": 32, "kc": 32, **DOT}),
+    ("winograd-bf16dot", "winograd", (45, 33, 61), {**TINY, **DOT}),
+]
+HOST_BF16 = host_supports(T512, ("avx512_bf16",))
 
 
 def _shape(i: int) -> tuple[int, int, int]:
@@ -84,6 +99,14 @@ def builds(artdir):
     jobs["strassen-bf16-unfused"] = dict(algo="strassen", target=T512, dtype="bf16", shape=(32, 64, 32),
                                          config={"fused": False, "mc": 16, "nc": 32, "kc": 16})
     jobs["scaled"] = dict(algo=_scaled_strassen(), target=T512, shape=(40, 36, 20), config=TINY)
+    # bf16 on vdpbf16ps: an mcpu with AVX512-BF16 selects it (compiled anywhere, run where the
+    # host has avx512_bf16); odd shapes, several tasks and kc chunks
+    for key, algo, shape, cfg in BF16_DOT:
+        jobs[key] = dict(algo=algo, target=T512, dtype="bf16", shape=shape, config=cfg, mcpu=BF16_MCPU)
+    jobs["gemm-bf16-dot-off"] = dict(algo="gemm", target=T512, dtype="bf16", shape=(33, 40, 26),
+                                     config={"bf16_dot": False}, mcpu=BF16_MCPU)
+    jobs["gemm-bf16-native"] = dict(algo="gemm", target=T512, dtype="bf16", shape=(40, 24, 17), mcpu="native",
+                                    config=DOT)
     for tgt in ("x86_64-avx2", "x86_64"):
         jobs[f"gemm-{tgt}"] = dict(algo="gemm", target=tgt, shape=(50, 70, 30))
         jobs[f"strassen-{tgt}"] = dict(algo="strassen", target=tgt, shape=(43, 29, 36), config={"mc": 12 if tgt != "x86_64" else 16, "nc": 32, "kc": 16})
@@ -169,6 +192,132 @@ def test_bfloat16(builds, key):
     assert err < 8e-3, err
     with pytest.raises(DTypeError):
         f(A.float(), B.float())
+
+
+def _bf16_contract_model(alg, A, B):
+    """C of a bf16 LCMA under its precision contract, in float64 except for the roundings the
+    contract makes: Ã_r and B̃_r rounded to bf16 once, products and sums exact, C rounded to
+    bf16 once.  (The kernel differs from this only by its fp32 accumulation.)"""
+    import torch
+
+    def bf(x):
+        return torch.from_numpy(np.ascontiguousarray(x)).to(torch.bfloat16).double().numpy()
+    a, b = A.double().numpy(), B.double().numpy()
+    m, k, n = alg.grid
+    (M, K), N = a.shape, b.shape[1]
+    BM, BK, BN = -(-M // m), -(-K // k), -(-N // n)
+    ap = np.zeros((m * BM, k * BK))
+    ap[:M, :K] = a
+    bp = np.zeros((k * BK, n * BN))
+    bp[:K, :N] = b
+    U, V, W = alg.as_float(np.float64)
+    At = bf(np.einsum("ril,ilxy->rxy", U, ap.reshape(m, BM, k, BK).transpose(0, 2, 1, 3)))
+    Bt = bf(np.einsum("rlj,ljyz->ryz", V, bp.reshape(k, BK, n, BN).transpose(0, 2, 1, 3)))
+    C = np.einsum("rij,rxz->ixjz", W, At @ Bt).reshape(m * BM, n * BN)[:M, :N]
+    return bf(C)
+
+
+def _objdump(lib) -> str:
+    import shutil
+    if not shutil.which("objdump"):
+        pytest.skip("objdump (binutils) not installed")
+    return subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib)], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def _loops(asm: str):
+    """(start, end, instructions) of every backward branch's range: the loops."""
+    import re
+    ins = []
+    for line in asm.splitlines():
+        mt = re.match(r"\s*([0-9a-f]+):\s+(\S+)\s*(.*)", line)
+        if mt:
+            ins.append((int(mt.group(1), 16), mt.group(2), mt.group(3)))
+    for addr, op, arg in ins:
+        mt = re.match(r"([0-9a-f]+) <", arg)
+        if op.startswith("j") and mt and int(mt.group(1), 16) < addr:
+            lo = int(mt.group(1), 16)
+            yield lo, addr, [o for a, o, _ in ins if lo <= a <= addr]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", [k for k, *_ in BF16_DOT])
+def test_bf16_dot_product_kernel(builds, key):
+    """With AVX512-BF16 the GEMM stage runs on vdpbf16ps: in the library's innermost loop
+    (mr·nr/16 per k pair, no FMAs there), and the manifest says so and asks for the flag."""
+    p = _get(builds, key)
+    m = Manifest.read(p)
+    assert m.extra["gemm_kernel"] == "vdpbf16ps" and m.extra["packed_dtype"] == "bfloat16"
+    assert "avx512_bf16" in m.extra["cpu_flags"]
+    per_pair = m.config["mr"] * m.config["nr"] // 16
+    best = max((ops for *_, ops in _loops(_objdump(p.with_suffix(".so")))),
+               key=lambda ops: ops.count("vdpbf16ps"))
+    assert best.count("vdpbf16ps") >= per_pair, best.count("vdpbf16ps")
+    assert not [o for o in best if o.startswith("vfmadd")], "FMAs in the vdpbf16ps loop"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HOST_BF16, reason="the host has no AVX512-BF16 (avx512_bf16)")
+@pytest.mark.parametrize("key", [k for k, *_ in BF16_DOT])
+def test_bf16_dot_product_numerics(builds, key):
+    """Against float64: the plain GEMM's error is numpy fp32's on the same bf16 inputs (both
+    are then one bf16 rounding of C); an LCMA's is larger by its contract (Ã, B̃ rounded to
+    bf16 once: ~3x for Strassen, ~6x for Strassen²), and the kernel matches a float64 model
+    of exactly that contract to a small fraction of one bf16 rounding."""
+    torch = pytest.importorskip("torch")
+    import lcmac
+    from lcmac.build import resolve_algorithm
+    f = lcmac.load(_get(builds, key))
+    m = f.manifest
+    g = torch.Generator().manual_seed(3)
+    A = torch.randn((m.M, m.K), generator=g).to(torch.bfloat16)
+    B = torch.randn((m.K, m.N), generator=g).to(torch.bfloat16)
+    C = f(A, B).double().numpy()
+    ref = A.double().numpy() @ B.double().numpy()
+    nref = np.linalg.norm(ref)
+    err = np.linalg.norm(C - ref) / nref
+    np32 = (A.float() @ B.float()).to(torch.bfloat16).double().numpy()
+    err_np = np.linalg.norm(np32 - ref) / nref            # ≈ 2^-9/√3 ≈ 1.1e-3 .. 1.7e-3
+    alg = resolve_algorithm(m.algorithm["name"])[0]
+    model = _bf16_contract_model(alg, A, B)
+    # a few C elements may round the other way after fp32 (not float64) accumulation
+    assert np.linalg.norm(C - model) / nref < 1e-4, (err, err_np)
+    if m.algorithm["name"] == "gemm":
+        assert err <= 1.01 * err_np, (err, err_np)
+    else:
+        assert err <= 8 * err_np, (err, err_np)
+
+
+@pytest.mark.slow
+def test_bf16_kernel_follows_target_features(builds):
+    """vdpbf16ps only where the LLVM target has AVX512-BF16 (and the config allows it): the
+    registry's x86_64-avx512 (skylake-avx512) keeps the fp32-FMA kernel; mcpu=native adds the
+    feature from /proc/cpuinfo (LLVM names this VM's CPU rocketlake, which lacks it)."""
+    fma = Manifest.read(_get(builds, "gemm-bf16"))
+    assert fma.extra["gemm_kernel"] == "fma" and "avx512_bf16" not in fma.extra["cpu_flags"]
+    asm = _objdump(_get(builds, "gemm-bf16").with_suffix(".so"))
+    assert "vdpbf16ps" not in asm and "vfmadd" in asm
+    off = Manifest.read(_get(builds, "gemm-bf16-dot-off"))
+    assert off.extra["gemm_kernel"] == "fma" and off.config["bf16_dot"] is False
+    assert CpuConfig().bf16_dot is False           # the default: see cpu_config.py
+    nat = _get(builds, "gemm-bf16-native")
+    assert Manifest.read(nat).extra["gemm_kernel"] == ("vdpbf16ps" if HOST_BF16 else "fma")
+    _check_bf16(nat)                    # built for this host
+    if HOST_BF16:                       # mcpu=sapphirerapids code: run it on such a CPU only
+        _check_bf16(_get(builds, "gemm-bf16-dot-off"))
+
+
+def _check_bf16(path):
+    torch = pytest.importorskip("torch")
+    import lcmac
+    f = lcmac.load(path)
+    m = f.manifest
+    g = torch.Generator().manual_seed(1)
+    A = torch.randn((m.M, m.K), generator=g).to(torch.bfloat16)
+    B = torch.randn((m.K, m.N), generator=g).to(torch.bfloat16)
+    ref = A.double() @ B.double()
+    err = ((f(A, B).double() - ref).norm() / ref.norm()).item()
+    assert err < 3e-3, err
 
 
 @pytest.mark.slow

@@ -154,6 +154,16 @@ def test_foreign_target_refused(art):
         lcmac.load(art)
 
 
+def test_missing_cpu_feature_refused(art):
+    """A kernel that needs a CPU feature this host lacks (e.g. vdpbf16ps: avx512_bf16) is
+    refused at load, before any dlopen, instead of dying on an illegal instruction."""
+    d = json.loads(art.read_text())
+    d.setdefault("extra", {})["cpu_flags"] = ["avx512f", "lcmac_no_such_flag"]
+    art.write_text(json.dumps(d))
+    with pytest.raises(TargetError, match="lcmac_no_such_flag"):
+        lcmac.load(art)
+
+
 def test_loads_without_compiler(arts):
     """A fresh process loads and runs both artifacts with neither compiler imported."""
     code = textwrap.dedent(f"""

@@ -2,9 +2,16 @@
 from .manifest import Manifest
 
 
-def load(path):
+def load(path, **kw):
     from .loader import load as _load
-    return _load(path)
+    return _load(path, **kw)
 
 
-__all__ = ["Manifest", "load"]
+def c_include_dir() -> str:
+    """Directory of ``lcmac.h``, the C API for CPU artifacts; its implementation is
+    ``<that dir>/../harness/lcmac_c.c`` (README: "Using an artifact from C")."""
+    import os
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
+
+
+__all__ = ["Manifest", "load", "c_include_dir"]

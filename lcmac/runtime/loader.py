@@ -13,6 +13,11 @@ if unset: TVM's own default is 1 on these machines).
 
 CUDA (TileLang) artifacts are loaded by ``lcmac.runtime.cuda_loader.load(manifest, path)``
 where the CUDA backend provides one.
+
+AArch64 artifacts load natively on an AArch64 host (the CPU path above, after checking the
+CPU has the SVE width the artifact needs).  On any other host ``load`` returns an
+:class:`EmulatedFunction`: the same call and checks, run under qemu-user through
+``lcmac.runtime.qemu_runner`` (for correctness; emulated timings mean nothing).
 """
 from __future__ import annotations
 
@@ -48,16 +53,20 @@ def tvm_runtime_path() -> Path:
     return p
 
 
+def _threads() -> int:
+    """The CPUs this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _load_runtime():
     global _runtime
     with _lock:
         if _runtime is None:
             if "TVM_NUM_THREADS" not in os.environ:
-                try:
-                    n = len(os.sched_getaffinity(0))
-                except (AttributeError, OSError):
-                    n = os.cpu_count() or 1
-                os.environ["TVM_NUM_THREADS"] = str(n)
+                os.environ["TVM_NUM_THREADS"] = str(_threads())
             import tvm_ffi  # noqa: F401 - libtvm_ffi.so first: libtvm_runtime links against it
             _runtime = ctypes.CDLL(str(tvm_runtime_path()), mode=ctypes.RTLD_GLOBAL)
         return _runtime
@@ -124,6 +133,16 @@ class LcmacFunction:
                              f"(numpy.ascontiguousarray / tensor.contiguous())")
 
     def __call__(self, A, B, out=None):
+        out = self._checked(A, B, out)
+        self._run(A, B, out)
+        return out
+
+    def _run(self, A, B, out) -> None:
+        """Run the library on arguments that passed the checks (subclasses run it elsewhere)."""
+        self._f(A, B, out)
+
+    def _checked(self, A, B, out):
+        """Check A, B and out (allocated here when None) against the manifest; returns out."""
         m = self.manifest
         a, b = _Array(A, "A"), _Array(B, "B")
         self._check(a, (m.M, m.K), "A")
@@ -139,8 +158,43 @@ class LcmacFunction:
         for x in (a, b):
             if c.ptr < x.ptr + x.nbytes and x.ptr < c.ptr + c.nbytes:
                 raise ShapeError(f"out overlaps {x.what} in memory; pass a separate output array")
-        self._f(A, B, out)
         return out
+
+
+class EmulatedFunction(LcmacFunction):
+    """An AArch64 artifact on a host that is not AArch64, run under qemu-user: the same
+    ``f(A, B, out=None)`` and argument checks as :class:`LcmacFunction`, and the library's
+    sha256 is checked again before every call (qemu maps the file anew each time).  Each call
+    starts an emulator and moves the tensors through files: for correctness checks only,
+    never for timing (``qemu_runner`` documents the machinery)."""
+
+    def __init__(self, manifest: Manifest, path: Path, manifest_path: Path, sve_vq: int | None,
+                 threads: int):
+        super().__init__(manifest, path, None, None)
+        self.manifest_path = manifest_path
+        self.sve_vq = sve_vq
+        self.threads = threads
+
+    def __repr__(self):
+        m = self.manifest
+        sve = f", SVE {128 * self.sve_vq}-bit" if self.sve_vq else ""
+        return (f"<lcmac {m.algorithm['name']} {m.target['name']} {m.dtype} {m.M}x{m.N}x{m.K} "
+                f"from {self.path}, EMULATED under qemu-aarch64{sve}: correctness only, not timing>")
+
+    def _run(self, A, B, out) -> None:
+        from . import qemu_runner
+        m = self.manifest
+        verify_library(m, self.manifest_path)
+        (C,) = qemu_runner.run_function(self.path, m.entry,
+                                        [_host_view(A), _host_view(B),
+                                         qemu_runner.Output((m.M, m.N), m.dtype)],
+                                        sve_vq=self.sve_vq, threads=self.threads)
+        _host_view(out)[...] = C
+
+
+def _host_view(x):
+    """A numpy view of a checked (CPU, contiguous) numpy array or torch tensor."""
+    return x.detach().numpy() if type(x).__module__.split(".")[0] == "torch" else x
 
 
 def _find_manifest(path) -> Path:
@@ -164,10 +218,15 @@ def _check_host(man: Manifest) -> None:
         if mach not in ("x86_64", "AMD64"):
             raise TargetError(f"artifact {man.name} is x86-64 code; this machine is {mach}")
         from ..targets.x86 import check_runnable
-        check_runnable(man.target["name"])
-    elif fam == "aarch64" and mach not in ("aarch64", "arm64"):
-        raise TargetError(f"artifact {man.name} is AArch64 code and this machine is {mach}: run it "
-                          "under qemu-user (lcmac.runtime.qemu_runner)")
+        # cpu_flags: features the kernel itself needs beyond the target's (vdpbf16ps:
+        # avx512_bf16); without the check such a library dies on an illegal instruction
+        check_runnable(man.target["name"], tuple(man.extra.get("cpu_flags", ()) or ()))
+    elif fam == "aarch64":
+        from ..targets import aarch64
+        if not aarch64.native_host():
+            raise TargetError(f"artifact {man.name} is AArch64 code and this machine is {mach}: "
+                              "lcmac.load runs it under qemu-user instead")
+        aarch64.check_runnable(man.target["name"])
 
 
 def _load_tvm(man: Manifest, man_path: Path):
@@ -190,11 +249,41 @@ def _load_tvm(man: Manifest, man_path: Path):
     return LcmacFunction(man, lib, fn, (mod, so))
 
 
-def load(path) -> LcmacFunction:
-    """Load ``DIR/<name>.json`` (or the ``.so`` beside it) → callable.  Imports no compiler."""
+def _load_emulated(man: Manifest, man_path: Path, sve_vq) -> EmulatedFunction:
+    from ..targets import aarch64, get_target
+    from . import qemu_runner
+    target = get_target(man.target["name"])
+    if sve_vq is None:
+        sve_vq = os.environ.get("LCMAC_SVE_VQ") or qemu_runner.default_sve_vq(target)
+    vq = qemu_runner.check_sve_vq(target, sve_vq)
+    lib = verify_library(man, man_path)
+    try:
+        aarch64.check_library(str(lib))
+    except ArtifactError:
+        raise TargetError(f"artifact {man.name}'s manifest names the AArch64 target "
+                          f"{target.name}, but {lib} is not AArch64 code") from None
+    # fail here, naming the package, rather than on the first call
+    aarch64.qemu()
+    aarch64.sysroot()
+    qemu_runner.harness_path()
+    threads = int(os.environ.get("LCMAC_NUM_THREADS") or _threads())
+    return EmulatedFunction(man, lib, man_path, vq, threads)
+
+
+def load(path, *, sve_vq: int | None = None) -> LcmacFunction:
+    """Load ``DIR/<name>.json`` (or the ``.so`` beside it) → callable.  Imports no compiler.
+
+    An AArch64 artifact on a host that is not AArch64 comes back as an
+    :class:`EmulatedFunction` (qemu-user; correctness only, not timing).  ``sve_vq`` is the
+    SVE vector length it is emulated at, in 128-bit units (default: ``LCMAC_SVE_VQ``, else
+    the fixed length of ``aarch64-sve256``/``-sve512`` and 2 for ``aarch64-sve``); it is
+    ignored where the artifact runs natively."""
     man_path = _find_manifest(path)
     man = Manifest.read(man_path)
     if man.backend == "tvm":
+        from ..targets.aarch64 import native_host
+        if man.target.get("family") == "aarch64" and not native_host():
+            return _load_emulated(man, man_path.resolve(), sve_vq)
         return _load_tvm(man, man_path.resolve())
     try:
         mod = importlib.import_module(f"lcmac.runtime.{'cuda' if man.backend == 'tilelang' else man.backend}_loader")

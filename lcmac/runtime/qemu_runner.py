@@ -9,19 +9,21 @@ library needs from its loader (``TVMFFIErrorSetRaisedFromCStrParts``; a pthread
 tensor a ``TVMFFIAny`` of type DLTensor*), and moves tensors through raw files.
 
     from lcmac.runtime import qemu_runner
-    C = qemu_runner.run_artifact("out/manifest.json", A, B, sve_vq=2)      # an lcmac artifact
+    C = qemu_runner.run_artifact("out/<name>.json", A, B, sve_vq=2)       # an lcmac artifact
     (C,) = qemu_runner.run_function("k.so", "mm", [A, B, qemu_runner.Output((m, n), "float32")])
 
 ``sve_vq`` is qemu's ``-cpu max,sve-max-vq=N``: the SVE vector length in 128-bit units
 (2 → 256 bits, 4 → 512 bits).  The same harness runs unchanged on a real AArch64 Linux host
-(``native=True`` skips qemu).
+(where qemu is skipped).  ``guard="after"`` / ``"before"`` puts every tensor and workspace
+against a PROT_NONE page (the harness's ``LCMAC_GUARD_PAGES``), so a kernel that reads past
+the end or before the start of a buffer crashes (RunError) instead of passing by luck.
+
+``lcmac.load`` uses this module for AArch64 artifacts on other hosts (an emulated callable).
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import platform
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ArtifactError, LcmacError, ShapeError
+from ..errors import ArtifactError, LcmacError, ShapeError, TargetError
 from ..targets import aarch64 as _arm
 
 HARNESS_SOURCE = Path(__file__).with_name("harness") / "lcmac_run.c"
@@ -56,14 +58,17 @@ def cache_dir() -> Path:
 
 
 def native() -> bool:
-    return platform.machine() in ("aarch64", "arm64")
+    return _arm.native_host()
 
 
 def harness_path() -> Path:
     """The AArch64 ``lcmac_run`` binary, built from its source on first use (keyed by the
-    source's hash, so an edited harness is rebuilt)."""
-    src = HARNESS_SOURCE.read_bytes()
-    tag = hashlib.sha256(src).hexdigest()[:12]
+    hash of every file it may include, so an edited harness or C API is rebuilt)."""
+    h = hashlib.sha256()
+    for d in (HARNESS_SOURCE.parent, HARNESS_SOURCE.parent.with_name("include")):
+        for f in sorted(d.glob("*.[ch]")) if d.is_dir() else ():
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    tag = h.hexdigest()[:12]
     out = cache_dir() / "harness" / f"aarch64-{tag}" / "lcmac_run"
     if out.exists():
         return out
@@ -90,11 +95,14 @@ def _command(sve_vq: int | None) -> list[str]:
 
 
 def run_function(lib: str | os.PathLike, func: str, args: list, *, sve_vq: int | None = None,
-                 threads: int = 1, repeat: int = 0, timeout: float = 300) -> list[np.ndarray]:
+                 threads: int = 1, repeat: int = 0, timeout: float = 300,
+                 guard: str | None = None) -> list[np.ndarray]:
     """Call ``func`` of the AArch64 library ``lib`` with ``args`` (numpy arrays as inputs,
     :class:`Output` for outputs, Python ints as int64 scalars); returns the outputs in order.
     With ``repeat`` > 0 the time per call is in ``run_function.last_seconds`` (meaningless
-    under emulation)."""
+    under emulation).  ``guard``: None, ``"after"`` or ``"before"`` (see the module doc)."""
+    if guard not in (None, "after", "before"):
+        raise ValueError(f"guard must be None, 'after' or 'before', not {guard!r}")
     lib = os.path.abspath(lib)
     if not os.path.exists(lib):
         raise ArtifactError(f"no library at {lib}")
@@ -121,8 +129,11 @@ def run_function(lib: str | os.PathLike, func: str, args: list, *, sve_vq: int |
         cmd = _command(sve_vq) + [str(harness), lib, func]
         if repeat:
             cmd += ["--repeat", str(int(repeat))]
-        env = dict(os.environ, LCMAC_NUM_THREADS=str(max(1, int(threads))))
-        r = subprocess.run(cmd + specs, capture_output=True, text=True, env=env, timeout=timeout)
+        env = dict(os.environ, LCMAC_NUM_THREADS=str(max(1, int(threads))),
+                   LCMAC_GUARD_PAGES=guard or "0")
+        # cwd: a crashing guest (guard pages) may leave a qemu core file; it goes with tmp
+        r = subprocess.run(cmd + specs, capture_output=True, text=True, env=env, timeout=timeout,
+                           cwd=tmp)
         if r.returncode != 0:
             how = (f"signal {-r.returncode}" if r.returncode < 0 else f"exit status {r.returncode}")
             raise RunError(f"{func} in {lib} failed under "
@@ -138,59 +149,58 @@ def run_function(lib: str | os.PathLike, func: str, args: list, *, sve_vq: int |
 run_function.last_seconds = None
 
 
-def _manifest(path) -> tuple[dict, Path]:
-    p = Path(path)
-    if p.is_dir():
-        p = p / "manifest.json"
+def default_sve_vq(target) -> int | None:
+    """The SVE length (128-bit units) to emulate ``target`` at when none is given: the fixed
+    length of ``aarch64-sve256``/``-sve512``; 2 (256 bits, Neoverse V1's width) for the
+    vector-length-agnostic ``aarch64-sve``, so that its code runs wider than the 128-bit
+    minimum; None (qemu's default CPU) for NEON."""
+    if not _arm.is_sve(target):
+        return None
+    return _arm.sve_vq(target) if target.vector_bits else 2
+
+
+def check_sve_vq(target, sve_vq) -> int | None:
+    """``sve_vq`` validated for ``target``: a power of two from 1 to 16, not below a
+    fixed-length target's width (where the code would compute wrong results, not fail)."""
+    if sve_vq is None:
+        return None
     try:
-        return json.loads(p.read_text()), p.parent
-    except (OSError, ValueError) as e:
-        raise ArtifactError(f"cannot read the manifest {p}: {e}") from None
+        vq = int(sve_vq)
+    except (TypeError, ValueError):
+        raise TargetError(f"sve_vq must be an integer (128-bit units), not {sve_vq!r}") from None
+    if vq not in (1, 2, 4, 8, 16):
+        # the Arm architecture allows only power-of-two SVE lengths, and the VLA kernel
+        # relies on it (lcmac.schedules.te_lcma)
+        raise TargetError(f"sve_vq={vq} is not one of 1, 2, 4, 8, 16 (SVE vector lengths of "
+                          f"128 to 2048 bits, powers of two)")
+    need = _arm.sve_vq(target)
+    if need and target.vector_bits and vq < need:
+        raise TargetError(f"{target.name} code needs SVE vectors of at least {target.vector_bits} "
+                          f"bits: sve_vq ≥ {need}, not {vq}")
+    return vq
 
 
 def run_artifact(manifest, A: np.ndarray, B: np.ndarray, *, sve_vq: int | None = None,
-                 threads: int = 1, entry: str | None = None) -> np.ndarray:
-    """C = A·B with the AArch64 lcmac artifact whose manifest is ``manifest`` (a path to the
-    JSON file or its directory).  For SVE targets ``sve_vq`` defaults to the smallest vector
-    length the target needs."""
+                 threads: int = 1, entry: str | None = None,
+                 guard: str | None = None) -> np.ndarray:
+    """C = A·B with the AArch64 lcmac artifact ``manifest`` (its JSON file, the ``.so``
+    beside it, or a directory holding one manifest), after checking the library against
+    the manifest's sha256.  ``sve_vq`` defaults to :func:`default_sve_vq`."""
     from ..targets import get_target
-    m, root = _manifest(manifest)
-    tname = m["target"] if isinstance(m["target"], str) else m["target"]["name"]
-    target = get_target(tname)
+    from .loader import _find_manifest
+    from .manifest import Manifest, verify_library
+    man_path = _find_manifest(manifest).resolve()
+    man = Manifest.read(man_path)
+    target = get_target(man.target["name"])
     if target.family != "aarch64":
         raise ArtifactError(f"{manifest} is a {target.name} artifact, not an AArch64 one")
-    lib = root / _library_name(m)
-    dtype = np.dtype(m.get("dtype", "float32"))
+    lib = verify_library(man, man_path)
+    dtype = np.dtype(man.dtype)
     A = np.ascontiguousarray(A, dtype=dtype)
     B = np.ascontiguousarray(B, dtype=dtype)
     if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
         raise ShapeError(f"cannot multiply {A.shape} by {B.shape}")
-    if sve_vq is None:
-        sve_vq = _arm.sve_vq(target)
-    name = entry or _entry_name(m)
-    (C,) = run_function(lib, name, [A, B, Output((A.shape[0], B.shape[1]), dtype.name)],
-                        sve_vq=sve_vq, threads=threads)
+    vq = check_sve_vq(target, sve_vq if sve_vq is not None else default_sve_vq(target))
+    (C,) = run_function(lib, entry or man.entry, [A, B, Output((A.shape[0], B.shape[1]), dtype.name)],
+                        sve_vq=vq, threads=threads, guard=guard)
     return C
-
-
-def _library_name(m: dict) -> str:
-    for key in ("library", "lib", "so"):
-        v = m.get(key)
-        if isinstance(v, str):
-            return v
-        if isinstance(v, dict):
-            for k in ("file", "path"):
-                if k in v:
-                    return v[k]
-    raise ArtifactError("the manifest names no library")
-
-
-def _entry_name(m: dict) -> str:
-    e = m.get("entry_points") or m.get("entry") or m.get("entry_point")
-    if isinstance(e, str):
-        return e
-    if isinstance(e, dict):
-        return e.get("name") or next(iter(e))
-    if isinstance(e, list) and e:
-        return e[0] if isinstance(e[0], str) else e[0]["name"]
-    return "main"

@@ -17,37 +17,68 @@ def _used_inputs(prog) -> list[int]:
     return sorted(used)
 
 
-def _emit_program(w: Writer, prog, dtype: str, vl: int, var: str, load, store) -> None:
+def bf16_bits(x: str) -> str:
+    """TVMScript: the bf16 bit pattern of the float32 ``x`` in the low half of a uint32,
+    rounded to nearest even, NaN kept quiet.  Written out (not a cast to bfloat16) because the
+    packed operands of the dot-product kernel are int32 pairs: TVM 0.25's bf16 legalisation
+    rejects int32 views of, or pointers into, a bf16 buffer."""
+    bits = f"T.reinterpret(\"uint32\", {x})"
+    rne = f"({bits} + T.uint32(32767) + (({bits} >> T.uint32(16)) & T.uint32(1))) >> T.uint32(16)"
+    return f"T.Select(T.isnan({x}), T.uint32(32704), {rne})"
+
+
+def _emit_program(w: Writer, prog, dtype: str, vl: int, var: str, load, store,
+                  pairs: bool = False) -> None:
     """Loads of the used inputs into xin, temporaries into tmp, outputs stored: each a
-    vectorised statement over ``var`` (no let-bindings: see cpu_gemm's note)."""
+    vectorised statement over ``var`` (no let-bindings: see cpu_gemm's note).
+
+    ``pairs``: the program runs twice, for the two k values of a pair (``load(s, e)``,
+    e = 0, 1, into xin[e] / tmp[e]); each output is stored as one int32 holding both values
+    rounded once to bf16 (k even in the low half: the order vdpbf16ps pairs them in)."""
     used = _used_inputs(prog)
     slot = {s: i for i, s in enumerate(used)}
     nt = len(prog.temps)
+    halves = (0, 1) if pairs else (None,)
 
-    def name(s):
-        if s < prog.n_inputs:
-            return f"xin[{slot[s]}, {var}]"
-        return f"tmp[{s - prog.n_inputs}, {var}]"
+    def namer(e):
+        pre = "" if e is None else f"{e}, "
 
-    for s in used:
+        def name(s):
+            if s < prog.n_inputs:
+                return f"xin[{pre}{slot[s]}, {var}]"
+            return f"tmp[{pre}{s - prog.n_inputs}, {var}]"
+        return name
+
+    for e in halves:
+        pre = "" if e is None else f"{e}, "
+        for s in used:
+            w(f"for {var} in T.vectorized({vl}):")
+            with w.indent():
+                w(f"xin[{pre}{slot[s]}, {var}] = {load(s) if e is None else load(s, e)}")
+        for t, ex in enumerate(prog.temps):
+            w(f"for {var} in T.vectorized({vl}):")
+            with w.indent():
+                w(f"tmp[{pre}{t}, {var}] = {linear_expr(ex, namer(e), dtype)}")
+    for o, ex in enumerate(prog.outputs):
         w(f"for {var} in T.vectorized({vl}):")
         with w.indent():
-            w(f"xin[{slot[s]}, {var}] = {load(s)}")
-    for t, e in enumerate(prog.temps):
-        w(f"for {var} in T.vectorized({vl}):")
-        with w.indent():
-            w(f"tmp[{t}, {var}] = {linear_expr(e, name, dtype)}")
-    for o, e in enumerate(prog.outputs):
-        w(f"for {var} in T.vectorized({vl}):")
-        with w.indent():
-            w(f"{store(o)} = {linear_expr(e, name, dtype)}")
+            if pairs:
+                for e in halves:
+                    w(f"yo[{e}, {var}] = {linear_expr(ex, namer(e), dtype)}")
+                w(f"{store(o)} = T.reinterpret(\"int32\", {bf16_bits(f'yo[0, {var}]')} | "
+                  f"({bf16_bits(f'yo[1, {var}]')} << T.uint32(16)))")
+            else:
+                w(f"{store(o)} = {linear_expr(ex, namer(None), dtype)}")
     return len(used), nt
 
 
-def _decl_locals(w: Writer, prog, dtype: str, vl: int) -> None:
-    w(f"xin = T.decl_buffer(({max(1, len(_used_inputs(prog)))}, {vl}), \"{dtype}\", scope=\"local\")")
+def _decl_locals(w: Writer, prog, dtype: str, vl: int, pairs: bool = False) -> None:
+    pre = "2, " if pairs else ""
+    w(f"xin = T.decl_buffer(({pre}{max(1, len(_used_inputs(prog)))}, {vl}), \"{dtype}\", scope=\"local\")")
     if prog.temps:
-        w(f"tmp = T.decl_buffer(({len(prog.temps)}, {vl}), \"{dtype}\", scope=\"local\")")
+        w(f"tmp = T.decl_buffer(({pre}{len(prog.temps)}, {vl}), \"{dtype}\", scope=\"local\")")
+    if pairs:
+        w(f"yo = T.decl_buffer((2, {vl}), \"{dtype}\", scope=\"local\")")
 
 
 def needs_pad(g: Geometry, side: str) -> bool:
@@ -92,10 +123,14 @@ def _load(src: str, row: str, col: str, dtype: str, src_dtype: str | None) -> st
 
 
 def emit_combine_a(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype: str | None = None,
-                   padded: bool = False) -> None:
+                   padded: bool = False, pair: bool = False) -> None:
     """Ãp[r, p, kk, 0:mr] for all r from one read of the m·k blocks' rows p·mr.. at column kk
     (from ``Apad`` when the shape needed padding).  A narrower ``src_dtype`` (bf16) is
-    widened on load: the combine is computed in ``dtype``."""
+    widened on load: the combine is computed in ``dtype``.  ``pair``: the bf16 dot-product
+    layout (int32 ``Ap32[r, p, kk/2, 0:mr]``, a bf16 k pair per element), rounded once."""
+    if pair:
+        _combine_a_pairs(w, g, prog, mr, dtype, src_dtype, padded)
+        return
     w("# Combine A (group-parallel, packs Ãp)")
     w(f"for p in T.parallel({g.BMP // mr}):")
     with w.indent():
@@ -110,13 +145,61 @@ def emit_combine_a(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype:
             _emit_program(w, prog, dtype, mr, "v", load, lambda o: f"Ap[{o}, " + packed_offset("p", "kk", "v", g.BKP, mr) + "]")
 
 
+def _combine_a_pairs(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype: str,
+                     padded: bool) -> None:
+    w("# Combine A (group-parallel, packs Ãp as bf16 k pairs for vdpbf16ps, rounded once)")
+    w(f"for p in T.parallel({g.BMP // mr}):")
+    with w.indent():
+        _decl_locals(w, prog, dtype, mr, pairs=True)
+        w(f"for kp in range({g.BKP // 2}):")
+        with w.indent():
+            def load(s, e):
+                i, l = divmod(s, g.k)
+                if padded:
+                    return _load("Apad", f"{i * g.BMP} + p * {mr} + v", f"{l * g.BKP} + kp * 2 + {e}",
+                                 dtype, src_dtype)
+                return _load("A", f"{i * g.BM} + p * {mr} + v", f"{l * g.BK} + kp * 2 + {e}",
+                             dtype, src_dtype)
+            _emit_program(w, prog, dtype, mr, "v", load,
+                          lambda o: f"Ap32[{o}, " + packed_offset("p", "kp", "v", g.BKP // 2, mr) + "]",
+                          pairs=True)
+
+
+def _combine_b_pairs(w: Writer, g: Geometry, prog, nr: int, dtype: str, src_dtype: str,
+                     padded: bool, qb: int) -> None:
+    # rows 2·qp and 2·qp + 1 are read as two contiguous vectors; the pair goes out as one
+    # contiguous int32 vector
+    w("# Combine B (group-parallel, packs B̃p as bf16 k pairs for vdpbf16ps, rounded once)")
+    w(f"for qo in T.parallel({g.BKP // qb}):")
+    with w.indent():
+        _decl_locals(w, prog, dtype, nr, pairs=True)
+        w(f"for jr in range({g.BNP // nr}):")
+        with w.indent():
+            w(f"for qi in range({qb // 2}):")
+            with w.indent():
+                def load(s, e):
+                    l, j = divmod(s, g.n)
+                    q = f"qo * {qb} + qi * 2 + {e}"
+                    if padded:
+                        return _load("Bpad", f"{l * g.BKP} + {q}", f"{j * g.BNP} + jr * {nr} + u",
+                                     dtype, src_dtype)
+                    return _load("B", f"{l * g.BK} + {q}", f"{j * g.BN} + jr * {nr} + u", dtype, src_dtype)
+                _emit_program(w, prog, dtype, nr, "u", load,
+                              lambda o: f"Bp32[{o}, " + packed_offset("jr", f"qo * {qb // 2} + qi", "u",
+                                                                     g.BKP // 2, nr) + "]",
+                              pairs=True)
+
+
 def emit_combine_b(w: Writer, g: Geometry, prog, nr: int, dtype: str, src_dtype: str | None = None,
-                   padded: bool = False) -> None:
+                   padded: bool = False, pair: bool = False) -> None:
     """B̃p[r, jr, q, 0:nr] for all r from one read of the k·n blocks' row q.  Rows are taken
     in blocks of qb, panel by panel: each panel then receives qb·nr contiguous elements
     at a time (row by row, the stores of one row hit BNP/nr panels whose addresses differ
     by a large power of two: the same cache set, evicted before the lines fill)."""
     qb = next(b for b in (16, 8, 4, 2, 1) if g.BKP % b == 0)
+    if pair:    # BKP is even on this path (kc is a multiple of an even ku), so qb is too
+        _combine_b_pairs(w, g, prog, nr, dtype, src_dtype, padded, qb)
+        return
     w("# Combine B (group-parallel, packs B̃p)")
     w(f"for qo in T.parallel({g.BKP // qb}):")
     with w.indent():

@@ -9,6 +9,11 @@ Pure Python (no compiler import): build.py, the manifest and the tuner use it.
     ku        unroll of the k loop
     fused     True: Combine H fused into the GEMM epilogue (Algorithm 2); False: H_r stored,
               then a separate Combine H pass (Algorithm 1)
+    bf16_dot  bfloat16 only, where the LLVM target has AVX512-BF16: True packs Ã/B̃ as bf16
+              k pairs and multiplies with vdpbf16ps; False widens them to fp32 and uses FMAs.
+              (Measured on this Sapphire Rapids: one vdpbf16ps, 32 MACs, costs as much as
+              3.5–4.5 fp32 FMAs of 16 MACs each: bf16 GEMM 83 vs 127 GFLOP/s at 2048³.  So
+              the default is False and the tuner measures both for bfloat16.)
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ class CpuConfig:
     kc: int = 512
     ku: int = 4
     fused: bool = True
+    bf16_dot: bool = False       # opt-in; measured slower on Sapphire Rapids (above)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -50,6 +56,8 @@ class CpuConfig:
                 raise ValueError(f"config knob {nm}={v!r} must be a positive integer")
         if self.nr % lanes:
             raise ValueError(f"nr={self.nr} must be a multiple of the vector lanes ({lanes})")
+        if not isinstance(self.fused, bool) or not isinstance(self.bf16_dot, bool):
+            raise ValueError("config knobs fused and bf16_dot must be true or false")
         if self.mc < self.mr or self.nc < self.nr:
             raise ValueError(f"mc ≥ mr and nc ≥ nr required (mc={self.mc}, mr={self.mr}, "
                              f"nc={self.nc}, nr={self.nr})")
@@ -100,6 +108,8 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
         acc = mr * nv
         if acc + nv + 1 <= regs and acc >= regs // 3:
             tiles.append((mr, nv * lanes))
+    if dtype == "bfloat16":        # only targets with AVX512-BF16 compile it differently
+        out.append(CpuConfig(**{**base.to_dict(), "bf16_dot": not base.bf16_dot}))
     fused_opts = (True,) if algorithm in (None, "gemm") else (True, False)
     for (mr, nr), mc, nc, kc, ku, fu in itertools.product(
             tiles, (32, 64, 128, 256), (256, 512, 1024, 2048), (64, 128, 256, 384), (2, 4),

@@ -14,6 +14,12 @@ Layouts (written by the combine passes, which are also the packing passes):
     Ãp[r][BMP/mr][BKP][mr]   mr rows of Ã_r interleaved per k (one broadcast each)
     B̃p[r][BNP/nr][BKP][nr]   nr contiguous columns of B̃_r per k (nr/lanes vector loads)
 
+bfloat16 with AVX512-BF16 (``bf16_dot``) packs pairs along k instead (the VNNI layout that
+``vdpbf16ps`` reads), rounded to bf16, in int32 buffers ``Ap32``/``Bp32`` (a pair an element):
+
+    Ãp[r][BMP/mr][BKP/2][mr][2]   a row's two k values are one 32-bit broadcast
+    B̃p[r][BNP/nr][BKP/2][nr][2]   16 columns × 2 k values = one 512-bit operand
+
 Shapes the grid or the tiles do not divide are **padded**, never predicated in the inner
 loops (a predicate there costs ~4x): blocks are BM = ceil(M/m) (and BK, BN) rounded up to
 whole cache tiles; the combine passes write zeros into the padding (their loads are masked,
@@ -155,11 +161,51 @@ def linear_expr(terms, name_of, dtype: str) -> str:
     return out or literal(0, dtype)
 
 
-def emit_microkernel(w: Writer, g: Geometry, cfg: CpuConfig, r, acc_dtype: str,
-                     a_buf: str = "Ap", b_buf: str = "Bp", prefetch=None) -> None:
-    """acc[mr][nr] = Ã_r[tile rows] · B̃_r[tile cols] over one kc chunk: per k, mr broadcasts
-    of Ã and nr/lanes loads of B̃ feed mr·nr/lanes FMAs into register accumulators."""
+#: ``vdpbf16ps`` as a tiny LLVM IR function, linked into the module through TVM's
+#: ``pragma_import_llvm`` and called with ``T.call_pure_extern``; LLVM inlines it (the
+#: libraries have neither a call to it nor its symbol).  Why not ``T.call_llvm_pure_intrin``: LLVM 22's intrinsic takes
+#: ``<32 x bfloat>``, and TVM 0.25 has no LLVM bfloat type (bf16 is legalised to uint16 before
+#: code generation; with the legalisation passes disabled its LLVM codegen segfaults), so the
+#: operands travel as ``<16 x i32>`` (the broadcast k pair of Ã, 16 columns × a k pair of B̃)
+#: and are bitcast here.
+DPBF16_FN = "lcmac_dpbf16ps"
+DPBF16_LL = (
+    f"define <16 x float> @{DPBF16_FN}(<16 x float> %acc, <16 x i32> %a, <16 x i32> %b) {{\n"
+    "  %x = bitcast <16 x i32> %a to <32 x bfloat>\n"
+    "  %y = bitcast <16 x i32> %b to <32 x bfloat>\n"
+    "  %r = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> %acc, "
+    "<32 x bfloat> %x, <32 x bfloat> %y)\n"
+    "  ret <16 x float> %r\n}\n"
+    "declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)\n")
+DOT_LANES = 16      # fp32 accumulators per vdpbf16ps
+
+
+def emit_microkernel_bf16dot(w: Writer, g: Geometry, cfg: CpuConfig, r,
+                             a_buf: str = "Ap32", b_buf: str = "Bp32", prefetch=None) -> None:
+    """The ``vdpbf16ps`` micro-kernel: per k *pair*, mr 32-bit broadcasts of Ã (two bf16) and
+    nr/16 loads of B̃ (16 columns × 2 bf16) feed mr·nr/16 dot products into fp32 accumulators.
+    ``a_buf``/``b_buf`` are the int32 (bf16-pair) packed buffers."""
     mr, nr, ku = cfg.mr, cfg.nr, cfg.ku
+    nv = nr // DOT_LANES
+    _zero_acc(w, mr, nr, "float32", prefetch)
+    kp = "kc * {KC2} + ko * {KU2} + ki".format(KC2=g.KC // 2, KU2=ku // 2)
+    a = f"{a_buf}[{r}, " + packed_offset(f"tm * {g.MC // mr} + ir", kp, "v", g.BKP // 2, mr) + "]"
+    b = (f"{b_buf}[{r}, T.ramp(" + packed_offset(f"tn * {g.NC // nr} + jr", kp, f"c * {DOT_LANES}",
+                                                 g.BKP // 2, nr) + f", 1, {DOT_LANES})]")
+    accv = f"acc[v, T.ramp(c * {DOT_LANES}, 1, {DOT_LANES})]"
+    w(f"for ko in range({g.KC // ku}):")
+    with w.indent():
+        w(f"for ki in T.unroll({ku // 2}):")
+        with w.indent():
+            w(f"for v in T.unroll({mr}):")
+            with w.indent():
+                w(f"for c in T.unroll({nv}):")
+                with w.indent():
+                    w(f"{accv} = T.call_pure_extern(\"float32x{DOT_LANES}\", \"{DPBF16_FN}\", {accv}, "
+                      f"T.broadcast({a}, {DOT_LANES}), {b})")
+
+
+def _zero_acc(w: Writer, mr: int, nr: int, acc_dtype: str, prefetch) -> None:
     w(f"for v in T.unroll({mr}):")
     with w.indent():
         w(f"for u in T.vectorized({nr}):")
@@ -174,6 +220,14 @@ def emit_microkernel(w: Writer, g: Geometry, cfg: CpuConfig, r, acc_dtype: str,
             for ln in range(lines):
                 w(f"T.evaluate(T.call_intrin(\"void\", \"tirx.prefetch\", "
                   f"T.address_of({buf}[{row}, {col} + {ln * per_line}]), 1, 3, 1))")
+
+
+def emit_microkernel(w: Writer, g: Geometry, cfg: CpuConfig, r, acc_dtype: str,
+                     a_buf: str = "Ap", b_buf: str = "Bp", prefetch=None) -> None:
+    """acc[mr][nr] = Ã_r[tile rows] · B̃_r[tile cols] over one kc chunk: per k, mr broadcasts
+    of Ã and nr/lanes loads of B̃ feed mr·nr/lanes FMAs into register accumulators."""
+    mr, nr, ku = cfg.mr, cfg.nr, cfg.ku
+    _zero_acc(w, mr, nr, acc_dtype, prefetch)
     kidx = "kc * {KC} + ko * {KU} + ki".format(KC=g.KC, KU=ku)
     a = f"{a_buf}[{r}, " + packed_offset(f"tm * {g.MC // mr} + ir", kidx, "v", g.BKP, mr) + "]"
     b = f"{b_buf}[{r}, " + packed_offset(f"tn * {g.NC // nr} + jr", kidx, "u", g.BKP, nr) + "]"
@@ -207,7 +261,7 @@ def emit_tile_store(w: Writer, cfg: CpuConfig, dst: str, coef, acc_dtype: str,
 
 
 def emit_gemm_stage(w: Writer, g: Geometry, cfg: CpuConfig, R: int, acc_dtype: str,
-                    epilogue, prefetch=None) -> None:
+                    epilogue, prefetch=None, bf16_dot: bool = False) -> None:
     """The GEMM stage: one parallel task per (tm, tn) tile position of the blocks (FalconGEMM's
     (x, z)); inside, for each product r (its Combine-H coefficients constants in its own branch),
     the kc / jr / ir loops of the register-tiled micro-kernel, then ``epilogue(w, r)``
@@ -230,7 +284,10 @@ def emit_gemm_stage(w: Writer, g: Geometry, cfg: CpuConfig, R: int, acc_dtype: s
                 with w.indent():
                     w(f"for ir in range({g.MC // mr}):")
                     with w.indent():
-                        emit_microkernel(w, g, cfg, "r", acc_dtype, prefetch=prefetch)
+                        if bf16_dot:
+                            emit_microkernel_bf16dot(w, g, cfg, "r", prefetch=prefetch)
+                        else:
+                            emit_microkernel(w, g, cfg, "r", acc_dtype, prefetch=prefetch)
                         _dispatch(w, 0, R, epilogue)
 
 

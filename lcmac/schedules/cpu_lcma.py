@@ -6,11 +6,12 @@ GEMM is the 1×1×1 algorithm through the same template (packing + micro-kernel)
 """
 from __future__ import annotations
 
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, ShapeError, TargetError
 from .cpu_combine import (emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad,
                           needs_pad)
 from .cpu_config import CpuConfig
-from .cpu_gemm import Writer, emit_gemm_stage, emit_tile_store, geometry, packed_stride
+from .cpu_gemm import (DOT_LANES, DPBF16_LL, Writer, emit_gemm_stage, emit_tile_store, geometry,
+                       packed_stride)
 
 ENTRY = "lcmac_matmul"
 ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2}
@@ -28,21 +29,31 @@ def programs_for(alg) -> dict:
 
 
 def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=None,
-             entry: str = ENTRY) -> tuple[str, dict]:
-    """(TVMScript source of ``entry(A, B, C)``, info dict with the geometry)."""
+             entry: str = ENTRY, features=()) -> tuple[str, dict]:
+    """(TVMScript source of ``entry(A, B, C)``, info dict with the geometry).  ``features``:
+    the LLVM target's CPU features that select a kernel (``avx512bf16``: bf16 GEMM stage on
+    ``vdpbf16ps``)."""
     if dtype not in ("float32", "float64", "bfloat16"):
         raise DTypeError(f"the CPU backend does not support {dtype} yet (float32, float64, bfloat16 do)")
-    # bf16 inputs: widened to fp32 by the combine/packing pass, fp32 GEMM and accumulation
-    # (plain FMAs, not vdpbf16ps yet), C accumulated in an fp32 workspace and rounded once
+    # bf16 contract: A, B, C bf16; combines computed in fp32; C accumulated in fp32 (a
+    # workspace) and rounded to bf16 once.  GEMM stage: with AVX512-BF16, Ã_r and B̃_r are
+    # rounded to bf16 once when packed (so an LCMA adds one bf16 rounding of each combined
+    # operand over a plain GEMM) and multiplied by vdpbf16ps into fp32; without it they stay
+    # fp32 (exact for the GEMM, one fp32 rounding for an LCMA) and plain FMAs multiply them.
     acc = "float32" if dtype == "bfloat16" else dtype
     src_dtype = dtype
+    bf16_dot = dtype == "bfloat16" and "avx512bf16" in set(features) and cfg.bf16_dot
+    if bf16_dot and (cfg.ku % 2 or cfg.nr % DOT_LANES):
+        raise TargetError(f"the bf16 dot-product kernel needs an even ku and nr a multiple of "
+                         f"{DOT_LANES} (config ku={cfg.ku}, nr={cfg.nr})")
+    pack = dtype if bf16_dot else acc        # element type of the packed Ãp / B̃p
     progs = programs or programs_for(alg)
     R = alg.R
     g = geometry(alg.grid, M, N, K, cfg)
     isz = ITEMSIZE[dtype]
     # TIR indices here are 32-bit: refuse what would overflow rather than miscompute
-    sa0 = packed_stride(g.BMP // cfg.mr, g.BKP, cfg.mr, ITEMSIZE[acc])
-    sb0 = packed_stride(g.BNP // cfg.nr, g.BKP, cfg.nr, ITEMSIZE[acc])
+    sa0 = packed_stride(g.BMP // cfg.mr, g.BKP, cfg.mr, ITEMSIZE[pack])
+    sb0 = packed_stride(g.BNP // cfg.nr, g.BKP, cfg.nr, ITEMSIZE[pack])
     biggest = max(M * K, K * N, M * N, R * sa0, R * sb0, g.m * g.BMP * g.n * g.BNP,
                   0 if cfg.fused else R * g.BMP * g.BNP)
     if biggest >= 2 ** 31:
@@ -57,10 +68,16 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
         w(f"T.func_attr({{\"global_symbol\": \"{entry}\", \"tirx.noalias\": True}})")
         # packed combined operands: Ãp[r][BMP/mr][BKP][mr], B̃p[r][BNP/nr][BKP][nr], flattened
         # per r with a padded r-stride (packed_stride)
-        sa = packed_stride(g.BMP // cfg.mr, g.BKP, cfg.mr, ITEMSIZE[acc])
-        sb = packed_stride(g.BNP // cfg.nr, g.BKP, cfg.nr, ITEMSIZE[acc])
-        w(f"Ap = T.alloc_buffer(({R}, {sa}), \"{acc}\")")
-        w(f"Bp = T.alloc_buffer(({R}, {sb}), \"{acc}\")")
+        sa = packed_stride(g.BMP // cfg.mr, g.BKP, cfg.mr, ITEMSIZE[pack])
+        sb = packed_stride(g.BNP // cfg.nr, g.BKP, cfg.nr, ITEMSIZE[pack])
+        if bf16_dot:
+            # int32 elements = k pairs of bf16 (sa, sb are even: BKP is); no bf16-typed
+            # buffer, see cpu_combine.bf16_bits
+            w(f"Ap32 = T.alloc_buffer(({R}, {sa // 2}), \"int32\")")
+            w(f"Bp32 = T.alloc_buffer(({R}, {sb // 2}), \"int32\")")
+        else:
+            w(f"Ap = T.alloc_buffer(({R}, {sa}), \"{pack}\")")
+            w(f"Bp = T.alloc_buffer(({R}, {sb}), \"{pack}\")")
         direct = g.direct_c and acc == dtype
         if direct:
             cbuf, crow, ccol = "C", g.BM, g.BN
@@ -77,8 +94,8 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
         if pad_b:
             w(f"Bpad = T.alloc_buffer(({g.k * g.BKP}, {g.n * g.BNP}), \"{dtype}\")")
             emit_pad(w, "B", "Bpad", g.k, g.n, g.cols_k, g.cols, g.BK, g.BN, g.BKP, g.BNP, zero)
-        emit_combine_a(w, g, progs["A"], cfg.mr, acc, src_dtype, padded=pad_a)
-        emit_combine_b(w, g, progs["B"], cfg.nr, acc, src_dtype, padded=pad_b)
+        emit_combine_a(w, g, progs["A"], cfg.mr, acc, src_dtype, padded=pad_a, pair=bf16_dot)
+        emit_combine_b(w, g, progs["B"], cfg.nr, acc, src_dtype, padded=pad_b, pair=bf16_dot)
 
         tile = "{base} + tm * %d + ir * %d + v, {cbase} + tn * %d + jr * %d + u" % (
             g.MC, cfg.mr, g.NC, cfg.nr)
@@ -121,7 +138,13 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             per_line = max(1, 64 // ITEMSIZE[acc])
             prefetch = (cbuf, f"tm * {g.MC} + ir * {cfg.mr} + v", f"tn * {g.NC} + jr * {cfg.nr}",
                         max(1, cfg.nr // per_line), per_line)
-        emit_gemm_stage(w, g, cfg, R, acc, epilogue, prefetch=prefetch)
+        if bf16_dot:
+            # links the vdpbf16ps wrapper into the LLVM module (see cpu_gemm.DPBF16_LL)
+            w(f"with T.attr(0, \"pragma_import_llvm\", {DPBF16_LL!r}):")
+            with w.indent():
+                emit_gemm_stage(w, g, cfg, R, acc, epilogue, prefetch=prefetch, bf16_dot=True)
+        else:
+            emit_gemm_stage(w, g, cfg, R, acc, epilogue, prefetch=prefetch)
         if not cfg.fused:
             emit_combine_h(w, g, progs["H"], cfg.nr, acc, cbuf, crow, ccol)
         if not direct:
@@ -129,17 +152,20 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
     info = {"geometry": g.to_dict(), "direct_c": direct, "entry": entry,
             "padded": {"A": needs_pad(g, "A"), "B": needs_pad(g, "B"), "C": not direct},
             "accumulate": acc,
-            "workspace_bytes": ITEMSIZE[acc] * (R * (sa + sb)
-                                                + (0 if direct else g.m * g.n * g.BMP * g.BNP)
-                                                + (0 if cfg.fused else R * g.BMP * g.BNP))
+            "gemm_kernel": "vdpbf16ps" if bf16_dot else "fma",
+            "packed_dtype": pack,
+            "workspace_bytes": ITEMSIZE[pack] * R * (sa + sb)
+            + ITEMSIZE[acc] * ((0 if direct else g.m * g.n * g.BMP * g.BNP)
+                               + (0 if cfg.fused else R * g.BMP * g.BNP))
             + ITEMSIZE[dtype] * ((g.m * g.BMP * g.k * g.BKP if pad_a else 0)
                                  + (g.k * g.BKP * g.n * g.BNP if pad_b else 0)),
             "additions": {s: p.additions for s, p in progs.items()}}
     return w.text(), info
 
 
-def lower_request(request: dict) -> tuple[str, dict]:
-    """A compiler-worker request (see ``lcmac.build``) → (TVMScript source, info)."""
+def lower_request(request: dict, features=()) -> tuple[str, dict]:
+    """A compiler-worker request (see ``lcmac.build``) → (TVMScript source, info);
+    ``features`` as in ``generate`` (the target module resolves them)."""
     from ..ir.algorithm import Algorithm
     from ..ir.program import LinearProgram
     alg = Algorithm.from_dict(request["algorithm"])
@@ -148,4 +174,4 @@ def lower_request(request: dict) -> tuple[str, dict]:
     shp = request["shape"]
     cfg = CpuConfig.from_dict(request["config"])
     return generate(alg, request["dtype"], shp["M"], shp["N"], shp["K"], cfg, programs=progs,
-                    entry=request.get("entry", ENTRY))
+                    entry=request.get("entry", ENTRY), features=features)

@@ -3,7 +3,8 @@
 This is the ARM backend's kernel generator (used by ``lcmac.targets.aarch64``): unfused
 stages, each a TE compute, with the coefficients folded in as literals:
 
-    Ap, Bp        zero-padded copies of A, B (block sizes rounded up to the register tile)
+    Ap, Bp        zero-padded copies of A, B (block sizes rounded up to the register tile):
+                  a zero fill, then a copy of A/B over static bounds (no guarded loads)
     At_r, Bt_r    Combine A / Combine B: one compute per product r (sum of ±blocks)
     H_r           GEMM stage: At_r · Bt_r, scheduled as an MR×NR register tile with the NR
                   columns vectorised (fixed lanes, or ``lanes_per_vscale·vscale`` for
@@ -11,7 +12,7 @@ stages, each a TE compute, with the coefficients folded in as literals:
     C             Combine H fused into the final copy out (one select per block of C)
 
 The plain GEMM is the 1×1×1 algorithm.  Imports apache-tvm: call it only inside a compiler
-process (``python -m lcmac.targets.aarch64``).
+process (the apache-tvm worker, through ``lcmac.targets.aarch64.lower``).
 """
 from __future__ import annotations
 
@@ -46,6 +47,12 @@ def lcma_prim_func(alg, M: int, K: int, N: int, dtype: str = "float32", *, lanes
 
     m, k, n, R = alg.m, alg.k, alg.n, alg.R
     nr = nr or lanes
+    if vla:
+        # Columns padded to a whole number of the longest SVE vector (2048 bits: 16·lanes),
+        # hence of every power-of-two vector length, the only ones the Arm architecture
+        # allows: the GEMM column loop then splits by lanes·vscale exactly and vectorises
+        # without a predicate (with one, TVM scalarises the loop).
+        nr = max(nr, 16 * lanes)
     bm = _ceil(_ceil(M, m), mr) * mr
     bn = _ceil(_ceil(N, n), nr) * nr
     bk = _ceil(K, k)
@@ -55,11 +62,15 @@ def lcma_prim_func(alg, M: int, K: int, N: int, dtype: str = "float32", *, lanes
     B = te.placeholder((K, N), dtype, name="B")
 
     def pad(X, rows, cols, R_, C_, nm):
+        # Written as the padding pattern and split by decompose_padding below into a zero
+        # fill plus a copy with static bounds, so no load of X depends on a guard.  (A clamp
+        # inside the guard is no protection: TVM simplifies X[min(i, rows-1), ...] to X[i, ...]
+        # under the guard's condition, and a vectorised select then reads past X's end: the
+        # x86 templates' bug.)
         if rows == R_ and cols == C_:
             return X
         return te.compute((R_, C_), lambda i, j: tirx.if_then_else(
-            tirx.all(i < rows, j < cols), X[tirx.min(i, rows - 1), tirx.min(j, cols - 1)], zero),
-            name=nm)
+            tirx.all(i < rows, j < cols), X[i, j], zero), name=nm)
 
     Ap = pad(A, M, K, m * bm, k * bk, "Ap")
     Bp = pad(B, K, N, k * bk, n * bn, "Bp")
@@ -119,7 +130,7 @@ def lcma_prim_func(alg, M: int, K: int, N: int, dtype: str = "float32", *, lanes
         io, ii = sch.split(i, [None, mr])
         if vla:
             vec = lanes * tirx.vscale()
-            jo, ji = sch.split(j, [None, vec], disable_predication=False)
+            jo, ji = sch.split(j, [None, vec], disable_predication=True)   # bn: see above
             sch.reorder(io, jo, kr, ii, ji)
             sch.unroll(ii)
             # initialise inside the tile, then accumulate in registers
@@ -133,10 +144,14 @@ def lcma_prim_func(alg, M: int, K: int, N: int, dtype: str = "float32", *, lanes
             sch.unroll(jv_o)
             sch.vectorize(ji)
             sch.decompose_reduction(blk, kr)
-    for t in combines + [x for x in (Ap, Bp) if x is not A and x is not B]:
+    for t in combines:
         blk = sch.get_sblock(t.op.name)
         loops = sch.get_loops(blk)
         if not vla and t.shape[-1] % lanes == 0:
             _, ji = sch.split(loops[-1], [None, lanes])
             sch.vectorize(ji)
+    for t in (Ap, Bp):
+        if t is not A and t is not B:
+            blk = sch.get_sblock(t.op.name)
+            sch.decompose_padding(blk, sch.get_loops(blk)[0])
     return tvm.IRModule({name: sch.mod["main"]})

@@ -97,10 +97,11 @@ def get_target(name: str) -> Target:
 
 
 def host_target() -> Target:
-    """The best x86 target this CPU runs (read from /proc/cpuinfo; no compiler needed)."""
+    """The best target this CPU runs (read from /proc/cpuinfo; no compiler needed)."""
     import platform
     if platform.machine() in ("aarch64", "arm64"):
-        return TARGETS["aarch64-neon"]
+        from .aarch64 import host_target as arm_host   # SVE width decides neon/sve256/sve512
+        return arm_host()
     try:
         flags = open("/proc/cpuinfo").read()
     except OSError:

@@ -7,10 +7,11 @@ host goes through qemu-user (``lcmac.runtime.qemu_runner``).
 SVE comes in two flavours:
 
 * ``aarch64-sve`` is vector-length agnostic (VLA): the code is correct on every SVE vector
-  length and uses all of it.  The CPU backend's packed templates fix their panel widths when
-  the code is generated, which TVM's ``vscale`` cannot express for a packed buffer, so this
-  target uses ``lcmac.schedules.te_lcma`` (unfused stages, GEMM column loop split by
-  ``lanes·vscale`` and vectorised, predicated).
+  length (every power of two, the only lengths the architecture allows) and uses all of it.
+  The CPU backend's packed templates fix their panel widths when the code is generated,
+  which TVM's ``vscale`` cannot express for a packed buffer, so this target uses
+  ``lcmac.schedules.te_lcma`` (unfused stages; GEMM column loop split by ``lanes·vscale``
+  and vectorised by TVM, columns padded to 2048 bits so that no predicate is needed).
 * ``aarch64-sve256`` / ``aarch64-sve512`` fix the vector length at compile time (what
   clang's ``-msve-vector-bits=N`` does), passed to LLVM as
   ``-aarch64-sve-vector-bits-min=N``; the templates then use N-bit vectors, which LLVM
@@ -41,9 +42,22 @@ SYSROOT = "/usr/aarch64-linux-gnu"
 ITEM_BITS = {"float32": 32, "float64": 64, "float16": 16, "bfloat16": 16}
 
 
+def native_host() -> bool:
+    """Whether this machine is itself AArch64 (then no cross toolchain or qemu is needed)."""
+    import platform
+    return platform.machine() in ("aarch64", "arm64")
+
+
 def cross_gcc() -> str:
-    """Path of the AArch64 cross compiler, or ToolchainError naming the Debian package."""
+    """Path of the AArch64 (cross) compiler, or ToolchainError naming the Debian package.
+    On an AArch64 host the native ``cc``/``gcc`` links AArch64 code too (RHEL-like systems
+    such as Amazon Linux have no ``aarch64-linux-gnu-`` prefixed driver)."""
     cc = os.environ.get("LCMAC_AARCH64_CC") or shutil.which(CROSS_GCC)
+    if not cc and native_host():
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if not cc:
+            raise ToolchainError("building for AArch64 on this AArch64 host needs a C compiler "
+                                 "(cc/gcc) to link the library; install gcc")
     if not cc:
         raise ToolchainError(
             f"building for AArch64 needs the cross compiler {CROSS_GCC}, which is not on PATH; "
@@ -72,6 +86,9 @@ def qemu() -> str:
 
 
 def sysroot() -> str:
+    """The AArch64 libc root qemu needs (``-L``); the native one on an AArch64 host."""
+    if native_host() and "LCMAC_AARCH64_SYSROOT" not in os.environ:
+        return "/"
     root = os.environ.get("LCMAC_AARCH64_SYSROOT", SYSROOT)
     if not os.path.isdir(os.path.join(root, "lib")):
         raise ToolchainError(
@@ -129,6 +146,79 @@ def sve_vq(target) -> int | None:
     if not is_sve(target):
         return None
     return max(1, code_vector_bits(target) // 128)
+
+
+# ---------------------------------------------------------------------------------------
+# The AArch64 host: what it runs (for lcmac.load's checks and the host target choice)
+# ---------------------------------------------------------------------------------------
+
+def host_features() -> set[str]:
+    """Feature flags of this AArch64 CPU (the ``Features`` line of /proc/cpuinfo: ``asimd``,
+    ``sve``, ``sve2``, ...); empty where it cannot be read."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.lower().startswith("features"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def host_sve_bits() -> int | None:
+    """The SVE vector length of this process in bits (None without SVE or where it cannot
+    be read).  prctl(PR_SVE_GET_VL) gives this thread's length, which a kernel default or
+    an earlier prctl may have set below the hardware's; the sysctl is the fallback."""
+    if "sve" not in host_features():
+        return None
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        vl = libc.prctl(51, 0, 0, 0, 0)          # PR_SVE_GET_VL
+        if vl > 0:
+            return (vl & 0xFFFF) * 8              # PR_SVE_VL_LEN_MASK, bytes → bits
+    except (OSError, AttributeError):
+        pass
+    try:
+        return int(open("/proc/sys/abi/sve_default_vector_length").read()) * 8
+    except (OSError, ValueError):
+        return None
+
+
+def host_target():
+    """The AArch64 target that suits this machine best: the fixed-length SVE target for its
+    vector length when that is 256 or 512 bits (those use the packed GEMM/LCMA templates at
+    the full width), otherwise ``aarch64-neon`` (128-bit SVE, e.g. Neoverse V2 / Grace, gains
+    nothing over NEON with the same templates, and the VLA target's kernel is the simple
+    unfused one)."""
+    from . import TARGETS
+    bits = host_sve_bits() or 0
+    if bits >= 512:
+        return TARGETS["aarch64-sve512"]
+    if bits >= 256:
+        return TARGETS["aarch64-sve256"]
+    return TARGETS["aarch64-neon"]
+
+
+def check_runnable(target) -> None:
+    """On an AArch64 host: raise TargetError unless this CPU runs code for ``target`` (SVE
+    present; at least the vector length a fixed-length SVE target was compiled for:
+    sve512 code on 256-bit hardware would compute garbage, not fault)."""
+    from . import get_target
+    t = get_target(target) if isinstance(target, str) else target
+    if not is_sve(t):
+        return
+    if "sve" not in host_features():
+        raise TargetError(f"this CPU has no SVE, so it cannot run code built for {t.name}; "
+                          f"rebuild for aarch64-neon")
+    bits = host_sve_bits()
+    if t.vector_bits is None and bits is not None and bits & (bits - 1):
+        # early SVE allowed e.g. 384 bits; the VLA kernel pads for powers of two only
+        raise TargetError(f"this CPU's SVE vectors are {bits} bits, not a power of two, which "
+                          f"{t.name} code assumes; rebuild for aarch64-neon or aarch64-sve256")
+    if t.vector_bits and bits is not None and bits < t.vector_bits:
+        alt = "aarch64-sve (any length)" + (", aarch64-sve256" if bits >= 256 else "")
+        raise TargetError(f"{t.name} code needs SVE vectors of at least {t.vector_bits} bits and "
+                          f"this CPU's are {bits}; rebuild for {alt}")
 
 
 def fcompile():

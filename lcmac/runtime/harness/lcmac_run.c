@@ -5,15 +5,11 @@
  * It is built for the artifact's architecture (e.g. with aarch64-linux-gnu-gcc) and run
  * natively or under qemu-user.  lcmac.runtime.qemu_runner builds and drives it.
  *
- * What an apache-tvm 0.25 CPU library needs from the program that loads it:
- *   - the function symbol `__tvm_ffi_<name>`, called with the tvm-ffi "safe call" ABI:
- *         int fn(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result);
- *     each tensor argument is a TVMFFIAny with type_index 7 (DLTensor*) pointing at a DLTensor;
- *   - one undefined function, TVMFFIErrorSetRaisedFromCStrParts (defined below, exported with
- *     -rdynamic so dlopen resolves it against this executable);
- *   - data pointers `__TVMBackendParallelLaunch`, `__TVMBackendAllocWorkspace`,
- *     `__TVMBackendFreeWorkspace` (and `__TVMBackendParallelBarrier` where used) that the loader
- *     must fill in; this program fills them with its own pthread / malloc implementations.
+ * What an apache-tvm 0.25 CPU library needs from the program that loads it (the tvm-ffi
+ * calling convention, the error callback, the parallel-launch and workspace hooks) comes
+ * from lcmac_c.c, the C API of lcmac/runtime/include/lcmac.h, included below: this file is
+ * only the command line.  Build it as one file: cc -O2 -std=gnu99 -rdynamic -o lcmac_run
+ * lcmac_run.c -ldl -lpthread.
  *
  * Usage:
  *   lcmac_run LIB FUNC [--repeat N] ARG...
@@ -23,112 +19,76 @@
  *   DTYPE := f32 | f64 | f16 | bf16 | i32 | i64
  * Exit status 0 on success; 2 when the function reports an error (message on stderr);
  * 1 on usage or I/O errors.  With --repeat N it prints "seconds_per_call=..." on stdout.
+ *
+ * LCMAC_GUARD_PAGES=after (or 1) | before: every tensor and workspace gets a mapping of its
+ * own between two PROT_NONE pages, placed so that its last byte (after) or its first byte
+ * (before) touches a guard page.  A kernel that reads or writes past the end (or before the
+ * start) of any buffer then dies with SIGSEGV instead of silently using a neighbour's bytes,
+ * which an out-of-range lane that is masked or multiplied by zero would otherwise hide.
+ * "after" gives up the 64-byte alignment TVM assumes (AArch64 loads do not need it).
  */
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <errno.h>
-#include <pthread.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "lcmac_c.c"
+
+#include <sys/mman.h>
 #include <time.h>
-#include <unistd.h>
 
-/* ---- the two ABI structs (layouts fixed by dlpack.h and tvm/ffi/c_api.h) ---- */
-typedef struct { int32_t device_type; int32_t device_id; } DLDevice;
-typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } DLDataType;
-typedef struct {
-  void* data;
-  DLDevice device;
-  int32_t ndim;
-  DLDataType dtype;
-  int64_t* shape;
-  int64_t* strides;
-  uint64_t byte_offset;
-} DLTensor;
+/* ---- buffers: aligned heap memory, or guarded mappings (LCMAC_GUARD_PAGES) ---- */
+enum { kGuardNone = 0, kGuardAfter = 1, kGuardBefore = 2 };
+static int g_guard = kGuardNone;
 
-typedef struct {
-  int32_t type_index;
-  uint32_t zero_padding;
-  union { int64_t v_int64; double v_float64; void* v_ptr; } v;
-} TVMFFIAny;
+typedef struct Guarded { void* user; char* base; size_t len; struct Guarded* next; } Guarded;
+static Guarded* g_guarded = NULL;
+static pthread_mutex_t g_guard_lock = PTHREAD_MUTEX_INITIALIZER;
 
-enum { kTVMFFINone = 0, kTVMFFIInt = 1, kTVMFFIDLTensorPtr = 7 };
-typedef int (*TVMFFISafeCallType)(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
-
-/* ---- what the library calls back into ---- */
-static char g_error[4096];
-
-__attribute__((visibility("default")))
-void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t n) {
-  size_t len = 0;
-  g_error[0] = 0;
-  len += snprintf(g_error, sizeof g_error, "%s: ", kind ? kind : "Error");
-  for (int32_t i = 0; i < n && len < sizeof g_error; ++i)
-    if (parts[i]) len += snprintf(g_error + len, sizeof g_error - len, "%s", parts[i]);
-}
-
-typedef struct { void* sync_handle; int32_t num_task; } TVMParallelGroupEnv;
-typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
-
-static int g_threads = 1;
-
-typedef struct {
-  FTVMParallelLambda f; void* cdata; TVMParallelGroupEnv* env; int task; int rc;
-} Task;
-
-static void* task_main(void* p) {
-  Task* t = (Task*)p;
-  t->rc = t->f(t->task, t->env, t->cdata);
-  return NULL;
-}
-
-static int ParallelLaunch(FTVMParallelLambda f, void* cdata, int num_task) {
-  int n = num_task > 0 ? num_task : g_threads;
-  if (n > 256) n = 256;
-  pthread_barrier_t barrier;
-  TVMParallelGroupEnv env;
-  env.num_task = n;
-  env.sync_handle = &barrier;
-  if (n == 1) return f(0, &env, cdata);
-  pthread_barrier_init(&barrier, NULL, (unsigned)n);
-  Task tasks[256];
-  pthread_t th[256];
-  for (int i = 0; i < n; ++i) {
-    tasks[i].f = f; tasks[i].cdata = cdata; tasks[i].env = &env; tasks[i].task = i; tasks[i].rc = 0;
+static void* guarded_alloc(size_t nbytes, size_t elem) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  if (elem < 1) elem = 1;
+  size_t n = nbytes ? (nbytes + elem - 1) / elem * elem : elem;   /* whole elements */
+  size_t data = (n + page - 1) / page * page;
+  size_t len = data + 2 * page;
+  char* base = (char*)mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return NULL;
+  if (mprotect(base, page, PROT_NONE) || mprotect(base + page + data, page, PROT_NONE)) {
+    munmap(base, len);
+    return NULL;
   }
-  for (int i = 1; i < n; ++i) pthread_create(&th[i], NULL, task_main, &tasks[i]);
-  task_main(&tasks[0]);
-  int rc = tasks[0].rc;
-  for (int i = 1; i < n; ++i) { pthread_join(th[i], NULL); if (tasks[i].rc) rc = tasks[i].rc; }
-  pthread_barrier_destroy(&barrier);
-  return rc;
+  Guarded* g = (Guarded*)malloc(sizeof *g);
+  if (!g) { munmap(base, len); return NULL; }
+  g->base = base;
+  g->len = len;
+  g->user = g_guard == kGuardAfter ? base + page + data - n : base + page;
+  pthread_mutex_lock(&g_guard_lock);
+  g->next = g_guarded;
+  g_guarded = g;
+  pthread_mutex_unlock(&g_guard_lock);
+  return g->user;
 }
 
-static int ParallelBarrier(int task_id, TVMParallelGroupEnv* env) {
-  (void)task_id;
-  if (env->num_task > 1) pthread_barrier_wait((pthread_barrier_t*)env->sync_handle);
-  return 0;
-}
-
-static void* AllocWorkspace(int dev_type, int dev_id, uint64_t nbytes, int code, int bits) {
-  (void)dev_type; (void)dev_id; (void)code; (void)bits;
+static void* buffer_alloc(size_t nbytes, size_t elem) {
+  if (g_guard != kGuardNone) return guarded_alloc(nbytes, elem);
   void* p = NULL;
-  if (posix_memalign(&p, 128, nbytes ? (size_t)nbytes : 1)) return NULL;
+  if (posix_memalign(&p, 128, nbytes ? nbytes : 1)) return NULL;
   return p;
 }
 
-static int FreeWorkspace(int dev_type, int dev_id, void* ptr) {
-  (void)dev_type; (void)dev_id;
+static void buffer_free(void* ptr) {
+  if (g_guard != kGuardNone) {
+    pthread_mutex_lock(&g_guard_lock);
+    for (Guarded** pg = &g_guarded; *pg; pg = &(*pg)->next) {
+      if ((*pg)->user == ptr) {
+        Guarded* g = *pg;
+        *pg = g->next;
+        pthread_mutex_unlock(&g_guard_lock);
+        munmap(g->base, g->len);
+        free(g);
+        return;
+      }
+    }
+    pthread_mutex_unlock(&g_guard_lock);
+  }
   free(ptr);
-  return 0;
 }
 
-static void set_hook(void* lib, const char* name, void* fn) {
-  void** slot = (void**)dlsym(lib, name);
-  if (slot) *slot = fn;
-}
 
 /* ---- argument parsing ---- */
 static int parse_dtype(const char* s, DLDataType* t) {
@@ -156,22 +116,19 @@ int main(int argc, char** argv) {
     fprintf(stderr, "usage: %s LIB FUNC [--repeat N] ARG...\n", argv[0]);
     return 1;
   }
-  const char* env = getenv("LCMAC_NUM_THREADS");
-  if (!env) env = getenv("TVM_NUM_THREADS");
-  g_threads = env ? atoi(env) : (int)sysconf(_SC_NPROCESSORS_ONLN);
-  if (g_threads < 1) g_threads = 1;
-
-  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-  if (!lib) { fprintf(stderr, "lcmac_run: cannot load %s: %s\n", argv[1], dlerror()); return 1; }
-  set_hook(lib, "__TVMBackendParallelLaunch", (void*)ParallelLaunch);
-  set_hook(lib, "__TVMBackendParallelBarrier", (void*)ParallelBarrier);
-  set_hook(lib, "__TVMBackendAllocWorkspace", (void*)AllocWorkspace);
-  set_hook(lib, "__TVMBackendFreeWorkspace", (void*)FreeWorkspace);
-
-  char sym[512];
-  snprintf(sym, sizeof sym, "__tvm_ffi_%s", argv[2]);
-  TVMFFISafeCallType fn = (TVMFFISafeCallType)dlsym(lib, sym);
-  if (!fn) { fprintf(stderr, "lcmac_run: %s has no function %s\n", argv[1], argv[2]); return 1; }
+  const char* guard = getenv("LCMAC_GUARD_PAGES");
+  if (guard && *guard && strcmp(guard, "0")) {
+    if (!strcmp(guard, "before")) g_guard = kGuardBefore;
+    else if (!strcmp(guard, "after") || !strcmp(guard, "1")) g_guard = kGuardAfter;
+    else { fprintf(stderr, "lcmac_run: LCMAC_GUARD_PAGES must be after, before or 0\n"); return 1; }
+    /* every workspace guarded too (instead of lcmac_c.c's cache) */
+    g_ws_alloc = buffer_alloc;
+    g_ws_free = buffer_free;
+  }
+  char err[LCMAC_ERRLEN];
+  /* threads: LCMAC_NUM_THREADS, else TVM_NUM_THREADS, else the CPUs (lcmac_open's rule) */
+  lcmac_handle* h = lcmac_open(argv[1], argv[2], 0, err, sizeof err);
+  if (!h) { fprintf(stderr, "lcmac_run: %s\n", err); return 1; }
 
   int repeat = 0, first = 3;
   if (argc > 4 && !strcmp(argv[3], "--repeat")) { repeat = atoi(argv[4]); first = 5; }
@@ -182,8 +139,10 @@ int main(int argc, char** argv) {
     char* spec = strdup(argv[first + i]);
     char* kind = strtok(spec, ":");
     if (kind && !strcmp(kind, "i64")) {
+      char* val = strtok(NULL, ":");
+      if (!val) { fprintf(stderr, "lcmac_run: bad argument %s\n", argv[first + i]); return 1; }
       packed[i].type_index = kTVMFFIInt;
-      packed[i].v.v_int64 = strtoll(strtok(NULL, ":"), NULL, 10);
+      packed[i].v.v_int64 = strtoll(val, NULL, 10);
       continue;
     }
     char* dt = strtok(NULL, ":");
@@ -203,9 +162,10 @@ int main(int argc, char** argv) {
       n *= (size_t)a->shape[a->t.ndim - 1];
     }
     a->t.shape = a->shape;
-    a->t.device.device_type = 1; /* kDLCPU */
+    a->t.device.device_type = kDLCPU;
     a->nbytes = n * a->t.dtype.bits / 8;
-    if (posix_memalign(&a->t.data, 128, a->nbytes ? a->nbytes : 1)) return 1;
+    a->t.data = buffer_alloc(a->nbytes, a->t.dtype.bits / 8);
+    if (!a->t.data) { fprintf(stderr, "lcmac_run: out of memory\n"); return 1; }
     memset(a->t.data, 0, a->nbytes);
     if (!a->is_out) {
       FILE* f = fopen(path, "rb");
@@ -219,16 +179,14 @@ int main(int argc, char** argv) {
     packed[i].v.v_ptr = &a->t;
   }
 
-  TVMFFIAny result;
-  memset(&result, 0, sizeof result);
-  result.type_index = kTVMFFINone;
-  if (fn(NULL, packed, nargs, &result) != 0) {
-    fprintf(stderr, "lcmac_run: %s failed: %s\n", argv[2], g_error);
+  if (lcmac_internal_call(h, packed, nargs) != LCMAC_OK) {
+    /* lcmac_last_error is "<func> failed: <the library's message>" */
+    fprintf(stderr, "lcmac_run: %s\n", lcmac_last_error(h));
     return 2;
   }
   if (repeat > 0) {
     double t0 = now();
-    for (int r = 0; r < repeat; ++r) fn(NULL, packed, nargs, &result);
+    for (int r = 0; r < repeat; ++r) lcmac_internal_call(h, packed, nargs);
     printf("seconds_per_call=%.9g\n", (now() - t0) / repeat);
   }
   for (int i = 0; i < nargs; ++i) {
@@ -240,5 +198,6 @@ int main(int argc, char** argv) {
     }
     fclose(f);
   }
+  lcmac_close(h);
   return 0;
 }

@@ -1,0 +1,452 @@
+/*
+ * lcmac_c.c — the C API of lcmac/runtime/include/lcmac.h: loads an lcmac CPU artifact (a
+ * shared library produced by apache-tvm + LLVM) and calls it with no Python and no TVM
+ * runtime.  The qemu harness lcmac_run.c #includes this file, so both share one
+ * implementation of what such a library needs from the program that loads it:
+ *
+ *   - the function symbol `__tvm_ffi_<name>`, called with the tvm-ffi "safe call" ABI:
+ *         int fn(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result);
+ *     each tensor argument is a TVMFFIAny with type_index 7 (DLTensor*) pointing at a DLTensor;
+ *   - one undefined function, TVMFFIErrorSetRaisedFromCStrParts (defined below; the program
+ *     must export it, -rdynamic, so that dlopen resolves it);
+ *   - data pointers `__TVMBackendParallelLaunch`, `__TVMBackendAllocWorkspace`,
+ *     `__TVMBackendFreeWorkspace` (and `__TVMBackendParallelBarrier` where used) that the
+ *     loader must fill in: here a persistent pthread pool and a workspace cache per handle.
+ *
+ * C99 + POSIX (dlopen, pthreads); builds for x86-64 and AArch64 alike.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../include/lcmac.h"
+
+/* ---- the two ABI structs (layouts fixed by dlpack.h and tvm/ffi/c_api.h) ---- */
+typedef struct { int32_t device_type; int32_t device_id; } DLDevice;
+typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } DLDataType;
+typedef struct {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+} DLTensor;
+
+typedef struct {
+  int32_t type_index;
+  uint32_t zero_padding;
+  union { int64_t v_int64; double v_float64; void* v_ptr; } v;
+} TVMFFIAny;
+
+enum { kTVMFFINone = 0, kTVMFFIInt = 1, kTVMFFIDLTensorPtr = 7 };
+enum { kDLCPU = 1 };
+typedef int (*TVMFFISafeCallType)(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
+
+typedef struct { void* sync_handle; int32_t num_task; } TVMParallelGroupEnv;
+typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
+
+#define LCMAC_MAX_THREADS 256
+#define LCMAC_WS_SLOTS 32
+#define LCMAC_ERRLEN 2048
+
+/* ---- errors the library raises (on whichever thread raises them) ---- */
+static __thread char tls_error[LCMAC_ERRLEN];
+
+__attribute__((visibility("default")))
+void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t n) {
+  size_t len = (size_t)snprintf(tls_error, sizeof tls_error, "%s: ", kind ? kind : "Error");
+  for (int32_t i = 0; i < n && len < sizeof tls_error; ++i)
+    if (parts[i]) len += (size_t)snprintf(tls_error + len, sizeof tls_error - len, "%s", parts[i]);
+}
+
+/* ---- handle: library, entry, thread pool, workspace cache ---- */
+typedef struct { void* ptr; size_t bytes; int used; } WsBlock;
+
+struct lcmac_handle {
+  void* lib;
+  TVMFFISafeCallType fn;
+  char entry[256];
+  pthread_mutex_t call_mu;     /* one call at a time per handle */
+  char err[LCMAC_ERRLEN];
+  /* pool: nthreads - 1 workers plus the calling thread */
+  int nthreads;
+  int nworkers;
+  pthread_t workers[LCMAC_MAX_THREADS];
+  pthread_mutex_t mu;
+  pthread_cond_t start, done;
+  uint64_t gen;
+  int pending, stop;
+  FTVMParallelLambda job;
+  void* job_data;
+  TVMParallelGroupEnv env;
+  pthread_barrier_t barrier;
+  int job_rc;
+  char job_err[LCMAC_ERRLEN];
+  /* workspaces allocated on the calling thread, kept for the next call */
+  WsBlock ws[LCMAC_WS_SLOTS];
+};
+
+/* the handle whose call is running on this thread (NULL on pool workers and elsewhere) */
+static __thread lcmac_handle* tls_handle;
+static __thread char tls_null_error[256];
+
+typedef struct { lcmac_handle* h; int id; } WorkerArg;
+
+/* Pool handshakes poll this many rounds, yielding the CPU each time, before sleeping on a
+ * condition variable: a kernel makes several parallel launches per call (padding, Combine
+ * A, Combine B, GEMM, crop) and a condition-variable wake-up costs tens of microseconds,
+ * far more on a loaded machine; yielding (not pausing) keeps a poller from holding a core
+ * that the thread it waits for needs (measured: pause-spinning was 500x slower here, with
+ * other jobs on the 2 cores). */
+#define LCMAC_SPIN 256
+#define LCMAC_RELAX() sched_yield()
+
+static void* worker_main(void* p) {
+  lcmac_handle* h = ((WorkerArg*)p)->h;
+  int id = ((WorkerArg*)p)->id;
+  free(p);
+  uint64_t seen = 0;
+  for (;;) {
+    for (int i = 0; i < LCMAC_SPIN && __atomic_load_n(&h->gen, __ATOMIC_ACQUIRE) == seen &&
+                    !__atomic_load_n(&h->stop, __ATOMIC_ACQUIRE); ++i)
+      LCMAC_RELAX();
+    pthread_mutex_lock(&h->mu);
+    while (__atomic_load_n(&h->gen, __ATOMIC_ACQUIRE) == seen && !h->stop)
+      pthread_cond_wait(&h->start, &h->mu);
+    int stop = h->stop;
+    pthread_mutex_unlock(&h->mu);
+    if (stop) break;
+    seen = __atomic_load_n(&h->gen, __ATOMIC_ACQUIRE);   /* the job fields were set before */
+    int rc = 0;
+    if (id < h->env.num_task) {
+      tls_error[0] = 0;
+      rc = h->job(id, &h->env, h->job_data);
+    }
+    if (rc) {
+      pthread_mutex_lock(&h->mu);
+      h->job_rc = rc;
+      if (!h->job_err[0]) snprintf(h->job_err, sizeof h->job_err, "%s", tls_error);
+      pthread_mutex_unlock(&h->mu);
+    }
+    if (__atomic_sub_fetch(&h->pending, 1, __ATOMIC_ACQ_REL) == 0) {
+      pthread_mutex_lock(&h->mu);
+      pthread_cond_signal(&h->done);
+      pthread_mutex_unlock(&h->mu);
+    }
+  }
+  return NULL;
+}
+
+static int ParallelLaunch(FTVMParallelLambda f, void* cdata, int num_task) {
+  lcmac_handle* h = tls_handle;
+  /* the generated lambda splits its loop by penv->num_task, so fewer tasks than asked for
+   * is correct; outside a call (a nested launch on a worker) the work runs serially */
+  int n = h ? h->nthreads : 1;
+  if (num_task > 0 && num_task < n) n = num_task;
+  if (n <= 1) {
+    TVMParallelGroupEnv env = {NULL, 1};
+    return f(0, &env, cdata);
+  }
+  pthread_barrier_init(&h->barrier, NULL, (unsigned)n);
+  pthread_mutex_lock(&h->mu);
+  h->job = f;
+  h->job_data = cdata;
+  h->env.sync_handle = &h->barrier;
+  h->env.num_task = n;
+  h->job_rc = 0;
+  h->job_err[0] = 0;
+  __atomic_store_n(&h->pending, h->nworkers, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&h->gen, 1, __ATOMIC_RELEASE);   /* publishes the job to the spinners */
+  pthread_cond_broadcast(&h->start);
+  pthread_mutex_unlock(&h->mu);
+  int rc = f(0, &h->env, cdata);
+  for (int i = 0; i < LCMAC_SPIN && __atomic_load_n(&h->pending, __ATOMIC_ACQUIRE) > 0; ++i)
+    LCMAC_RELAX();
+  pthread_mutex_lock(&h->mu);
+  while (__atomic_load_n(&h->pending, __ATOMIC_ACQUIRE) > 0) pthread_cond_wait(&h->done, &h->mu);
+  if (!rc) rc = h->job_rc;
+  if (h->job_rc && !tls_error[0]) snprintf(tls_error, sizeof tls_error, "%s", h->job_err);
+  pthread_mutex_unlock(&h->mu);
+  pthread_barrier_destroy(&h->barrier);
+  return rc;
+}
+
+static int ParallelBarrier(int task_id, TVMParallelGroupEnv* env) {
+  (void)task_id;
+  if (env->num_task > 1) pthread_barrier_wait((pthread_barrier_t*)env->sync_handle);
+  return 0;
+}
+
+static void* raw_alloc(size_t bytes) {
+  void* p = NULL;
+  if (posix_memalign(&p, 128, bytes ? bytes : 1)) return NULL;
+  return p;
+}
+
+/* An allocator that replaces the workspace cache for every workspace (lcmac_run's guard
+ * pages set it; elem = the element size, for allocators that place a buffer's end). */
+static void* (*g_ws_alloc)(size_t nbytes, size_t elem) = NULL;
+static void (*g_ws_free)(void* ptr) = NULL;
+
+/* Workspaces the calling thread allocates (the kernel's packed operands and C workspace)
+ * are cached in the handle: a large block freshly mapped every call costs page faults
+ * comparable to the combine passes.  Other threads allocate plainly. */
+static void* AllocWorkspace(int dev_type, int dev_id, uint64_t nbytes, int code, int bits) {
+  (void)dev_type; (void)dev_id; (void)code;
+  lcmac_handle* h = tls_handle;
+  size_t n = (size_t)nbytes;
+  if (g_ws_alloc) return g_ws_alloc(n, bits >= 8 ? (size_t)bits / 8 : 1);
+  if (!h) return raw_alloc(n);
+  int best = -1, empty = -1;
+  for (int i = 0; i < LCMAC_WS_SLOTS; ++i) {
+    WsBlock* b = &h->ws[i];
+    if (!b->ptr) { if (empty < 0) empty = i; continue; }
+    if (!b->used && b->bytes >= n && (best < 0 || b->bytes < h->ws[best].bytes)) best = i;
+  }
+  if (best >= 0) { h->ws[best].used = 1; return h->ws[best].ptr; }
+  if (empty < 0) {   /* all slots hold blocks: drop an unused one that is too small */
+    for (int i = 0; i < LCMAC_WS_SLOTS && empty < 0; ++i)
+      if (!h->ws[i].used) { free(h->ws[i].ptr); h->ws[i].ptr = NULL; empty = i; }
+  }
+  void* p = raw_alloc(n);
+  if (p && empty >= 0) { h->ws[empty].ptr = p; h->ws[empty].bytes = n; h->ws[empty].used = 1; }
+  return p;
+}
+
+static int FreeWorkspace(int dev_type, int dev_id, void* ptr) {
+  (void)dev_type; (void)dev_id;
+  lcmac_handle* h = tls_handle;
+  if (g_ws_free) { g_ws_free(ptr); return 0; }
+  if (h)
+    for (int i = 0; i < LCMAC_WS_SLOTS; ++i)
+      if (h->ws[i].ptr == ptr) { h->ws[i].used = 0; return 0; }
+  free(ptr);
+  return 0;
+}
+
+static void set_hook(void* lib, const char* name, void* fn) {
+  void** slot = (void**)dlsym(lib, name);
+  if (slot) *slot = fn;
+}
+
+static int default_threads(void) {
+  const char* env = getenv("LCMAC_NUM_THREADS");
+  if (!env || !*env) env = getenv("TVM_NUM_THREADS");
+  int n = env && *env ? atoi(env) : 0;
+  if (n < 1) {
+#ifdef CPU_COUNT
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+#endif
+    if (n < 1) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  }
+  return n < 1 ? 1 : n;
+}
+
+static void put_err(char* err, size_t errlen, const char* fmt, ...) {
+  if (!err || !errlen) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+static void stop_pool(lcmac_handle* h) {
+  pthread_mutex_lock(&h->mu);
+  __atomic_store_n(&h->stop, 1, __ATOMIC_RELEASE);
+  pthread_cond_broadcast(&h->start);
+  pthread_mutex_unlock(&h->mu);
+  for (int i = 0; i < h->nworkers; ++i) pthread_join(h->workers[i], NULL);
+  h->nworkers = 0;
+}
+
+lcmac_handle* lcmac_open(const char* so_path, const char* entry, int num_threads, char* err,
+                         size_t errlen) {
+  if (err && errlen) err[0] = 0;
+  if (!so_path || !entry || !*entry) {
+    put_err(err, errlen, "lcmac_open: the library path and the entry name must not be NULL or empty");
+    return NULL;
+  }
+  if (strlen(entry) > 200) {
+    put_err(err, errlen, "lcmac_open: entry name too long: %s", entry);
+    return NULL;
+  }
+  /* the library resolves this symbol against the program (see lcmac.h: -rdynamic) */
+  if (!dlsym(RTLD_DEFAULT, "TVMFFIErrorSetRaisedFromCStrParts")) {
+    put_err(err, errlen, "lcmac_open: TVMFFIErrorSetRaisedFromCStrParts is not visible to the "
+            "libraries this process loads; link the program with -rdynamic");
+    return NULL;
+  }
+  void* lib = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char* why = dlerror();
+    put_err(err, errlen, "lcmac_open: cannot load %s: %s", so_path, why ? why : "?");
+    return NULL;
+  }
+  char sym[300];
+  snprintf(sym, sizeof sym, "__tvm_ffi_%s", entry);
+  TVMFFISafeCallType fn = (TVMFFISafeCallType)dlsym(lib, sym);
+  if (!fn) {
+    put_err(err, errlen, "lcmac_open: %s has no entry point %s (see the manifest's entry_points)",
+            so_path, entry);
+    dlclose(lib);
+    return NULL;
+  }
+  lcmac_handle* h = (lcmac_handle*)calloc(1, sizeof *h);
+  if (!h) {
+    put_err(err, errlen, "lcmac_open: out of memory");
+    dlclose(lib);
+    return NULL;
+  }
+  h->lib = lib;
+  h->fn = fn;
+  snprintf(h->entry, sizeof h->entry, "%s", entry);
+  pthread_mutex_init(&h->call_mu, NULL);
+  pthread_mutex_init(&h->mu, NULL);
+  pthread_cond_init(&h->start, NULL);
+  pthread_cond_init(&h->done, NULL);
+  set_hook(lib, "__TVMBackendParallelLaunch", (void*)ParallelLaunch);
+  set_hook(lib, "__TVMBackendParallelBarrier", (void*)ParallelBarrier);
+  set_hook(lib, "__TVMBackendAllocWorkspace", (void*)AllocWorkspace);
+  set_hook(lib, "__TVMBackendFreeWorkspace", (void*)FreeWorkspace);
+  int n = num_threads > 0 ? num_threads : default_threads();
+  if (n > LCMAC_MAX_THREADS) n = LCMAC_MAX_THREADS;
+  h->nthreads = n;
+  for (int i = 1; i < n; ++i) {
+    WorkerArg* a = (WorkerArg*)malloc(sizeof *a);
+    if (!a) break;
+    a->h = h;
+    a->id = i;
+    if (pthread_create(&h->workers[h->nworkers], NULL, worker_main, a)) { free(a); break; }
+    h->nworkers++;
+  }
+  if (h->nworkers != n - 1) {
+    put_err(err, errlen, "lcmac_open: cannot start %d worker threads", n - 1);
+    lcmac_close(h);
+    return NULL;
+  }
+  return h;
+}
+
+/* Call the entry point with packed arguments (the harness's way in; lcmac_matmul's too).
+ * The caller holds h->call_mu. */
+int lcmac_internal_call(lcmac_handle* h, TVMFFIAny* args, int nargs) {
+  TVMFFIAny result;
+  memset(&result, 0, sizeof result);
+  result.type_index = kTVMFFINone;
+  lcmac_handle* prev = tls_handle;
+  tls_handle = h;
+  tls_error[0] = 0;
+  int rc = h->fn(NULL, args, nargs, &result);
+  tls_handle = prev;
+  if (rc != 0) {
+    snprintf(h->err, sizeof h->err, "%s failed: %s", h->entry,
+             tls_error[0] ? tls_error : "the library reported an error without a message");
+    return LCMAC_EKERNEL;
+  }
+  h->err[0] = 0;
+  return LCMAC_OK;
+}
+
+static int dtype_of(int code, DLDataType* t) {
+  t->lanes = 1;
+  switch (code) {
+    case LCMAC_FLOAT32: t->code = 2; t->bits = 32; return 0;
+    case LCMAC_FLOAT64: t->code = 2; t->bits = 64; return 0;
+    case LCMAC_BFLOAT16: t->code = 4; t->bits = 16; return 0;
+    case LCMAC_FLOAT16: t->code = 2; t->bits = 16; return 0;
+    default: return -1;
+  }
+}
+
+static int overlaps(const void* a, size_t na, const void* b, size_t nb) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return x < y + nb && y < x + na;
+}
+
+int lcmac_matmul(lcmac_handle* h, const void* A, const void* B, void* C, int64_t M, int64_t N,
+                 int64_t K, int dtype) {
+  if (!h) {
+    snprintf(tls_null_error, sizeof tls_null_error, "lcmac_matmul: the handle is NULL");
+    return LCMAC_EINVAL;
+  }
+  pthread_mutex_lock(&h->call_mu);
+  int rc = LCMAC_EINVAL;
+  DLDataType dt;
+  if (!A || !B || !C) {
+    snprintf(h->err, sizeof h->err, "lcmac_matmul: %s is NULL", !A ? "A" : !B ? "B" : "C");
+  } else if (M < 1 || N < 1 || K < 1) {
+    snprintf(h->err, sizeof h->err, "lcmac_matmul: M, N, K must be positive (got %lld, %lld, %lld)",
+             (long long)M, (long long)N, (long long)K);
+  } else if (dtype_of(dtype, &dt)) {
+    snprintf(h->err, sizeof h->err, "lcmac_matmul: unknown dtype code %d (see lcmac_dtype)", dtype);
+  } else {
+    size_t sz = dt.bits / 8;
+    size_t na = (size_t)M * (size_t)K * sz, nb = (size_t)K * (size_t)N * sz;
+    size_t nc = (size_t)M * (size_t)N * sz;
+    if (overlaps(C, nc, A, na) || overlaps(C, nc, B, nb)) {
+      snprintf(h->err, sizeof h->err, "lcmac_matmul: C overlaps %s in memory",
+               overlaps(C, nc, A, na) ? "A" : "B");
+    } else {
+      int64_t sa[2] = {M, K}, sb[2] = {K, N}, sc[2] = {M, N};
+      DLTensor t[3];
+      const void* data[3] = {A, B, C};
+      int64_t* shapes[3] = {sa, sb, sc};
+      TVMFFIAny args[3];
+      for (int i = 0; i < 3; ++i) {
+        memset(&t[i], 0, sizeof t[i]);
+        t[i].data = (void*)data[i];
+        t[i].device.device_type = kDLCPU;
+        t[i].ndim = 2;
+        t[i].dtype = dt;
+        t[i].shape = shapes[i];
+        memset(&args[i], 0, sizeof args[i]);
+        args[i].type_index = kTVMFFIDLTensorPtr;
+        args[i].v.v_ptr = &t[i];
+      }
+      rc = lcmac_internal_call(h, args, 3);
+    }
+  }
+  pthread_mutex_unlock(&h->call_mu);
+  return rc;
+}
+
+const char* lcmac_last_error(const lcmac_handle* h) {
+  return h ? h->err : tls_null_error;
+}
+
+int lcmac_num_threads(const lcmac_handle* h) {
+  return h ? h->nthreads : 0;
+}
+
+void lcmac_close(lcmac_handle* h) {
+  if (!h) return;
+  stop_pool(h);
+  for (int i = 0; i < LCMAC_WS_SLOTS; ++i) free(h->ws[i].ptr);
+  pthread_cond_destroy(&h->start);
+  pthread_cond_destroy(&h->done);
+  pthread_mutex_destroy(&h->mu);
+  pthread_mutex_destroy(&h->call_mu);
+  if (h->lib) dlclose(h->lib);
+  free(h);
+}
+
+const char* lcmac_status_name(int status) {
+  switch (status) {
+    case LCMAC_OK: return "LCMAC_OK";
+    case LCMAC_EINVAL: return "LCMAC_EINVAL";
+    case LCMAC_EKERNEL: return "LCMAC_EKERNEL";
+    default: return "unknown lcmac status";
+  }
+}
