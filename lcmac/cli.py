@@ -122,12 +122,18 @@ def cmd_verify(args) -> int:
 def cmd_select(args) -> int:
     from .costmodel import select
     M, N, K = args.shape
-    cands = select(M, N, K, args.dtype, args.target, static_b=args.static_b)
+    source = "model"
+    if args.measured:
+        from .tune.decide import decide
+        d = decide(M, N, K, args.dtype, args.target, db=args.logs, static_b=args.static_b)
+        cands, source = d.candidates, d.source
+    else:
+        cands = select(M, N, K, args.dtype, args.target, static_b=args.static_b)
     shown = cands[: args.top]
     best = cands[0]
     if args.json:
         _dump("select", {"shape": {"M": M, "N": N, "K": K}, "dtype": args.dtype,
-                         "target": args.target, "static_b": args.static_b,
+                         "target": args.target, "static_b": args.static_b, "source": source,
                          "decision": best.to_dict(), "candidates": [c.to_dict() for c in shown]})
         return 0
     rows = []
@@ -135,9 +141,14 @@ def cmd_select(args) -> int:
         d = c.to_dict()
         rows.append([d["algorithm"], "x".join(map(str, d["grid"])), d["rank"],
                      f"{d['predicted_time_s'] * 1e3:.3f}", f"{d['effective_tflops']:.2f}",
-                     f"{d['speedup_vs_gemm']:.3f}"])
-    print(f"{M}x{N}x{K} {args.dtype} on {args.target} (predicted by the analytic model)\n")
-    print(_table(rows, ["algorithm", "grid", "R", "time ms", "eff TFLOP/s", "vs GEMM"]))
+                     f"{d['speedup_vs_gemm']:.3f}"] + (["yes" if d["measured"] else ""] if args.measured else []))
+    how = {"model": "predicted by the analytic model", "exact": "measured at this shape (tuning log), "
+           "the rest predicted"}.get(source, f"ratios measured at the {source}, the rest predicted")
+    if args.measured and source == "model":
+        how += "; nothing logged near this shape"
+    print(f"{M}x{N}x{K} {args.dtype} on {args.target} ({how})\n")
+    print(_table(rows, ["algorithm", "grid", "R", "time ms", "eff TFLOP/s", "vs GEMM"]
+                 + (["measured"] if args.measured else [])))
     bd = best.to_dict()
     reason = (bd.get("reason") or "").removeprefix("decision: ")
     print(f"\ndecision: {bd['algorithm']}" + (f" ({reason})" if reason else ""))
@@ -165,42 +176,117 @@ def cmd_build(args) -> int:
 
 
 # ---- tune ----------------------------------------------------------------------------------
+def _tune_cases(args) -> list | None:
+    if args.shapes in ("llm", "llm-cpu"):
+        from .tune.shapes import llm_cpu_shapes, llm_shapes
+        fn = llm_shapes if args.shapes == "llm" else llm_cpu_shapes
+        return fn(ms=args.m, limit=args.limit)
+    if args.shape:
+        return [("", args.shape)]
+    return None
+
+
+def _dry_measure(target, dtype, shape, seed: int = 0):
+    """--dry-run: no compiler, no kernel — the model's estimate × a deterministic ±15 %
+    'measurement' (the vendor: the cost model's plain-GEMM time × the same noise), to try the
+    command's flow."""
+    import hashlib
+    import math
+
+    def fake(pt):
+        h = int(hashlib.sha1(f"{seed}|{shape}|{pt.algorithm}|{pt.key}".encode()).hexdigest()[:8], 16)
+        noise = 0.85 + 0.3 * (h / 0xFFFFFFFF)
+        t = pt.predicted_s
+        if pt.algorithm == "vendor":
+            from .costmodel import gemm_estimate
+            from .costmodel.decision import _resolve
+            from .tune.space import model_dtype
+            p, d = _resolve(target, model_dtype(target, dtype), None)
+            t = gemm_estimate(*shape, d, p).time_s
+        if t is None or not math.isfinite(t):
+            return None
+        return t * noise, 0.01
+    return fake
+
+
 def cmd_tune(args) -> int:
+    import math
     from .tune import tuner
     from .tune.db import TuningDB
-    if args.shapes == "llm":
-        from .tune.shapes import llm_shapes
-        cases = llm_shapes(ms=args.m, limit=args.limit)
-    elif args.shape:
-        cases = [("", args.shape)]
-    else:
-        print("lcmac tune: error: give --shape MxNxK or --shapes llm", file=sys.stderr)
+    from .tune.space import family
+    cases = _tune_cases(args)
+    if not cases:
+        print("lcmac tune: error: give --shape MxNxK or --shapes llm|llm-cpu", file=sys.stderr)
         return 2
     algo = args.algo if "," not in args.algo else [a.strip() for a in args.algo.split(",")]
-    store = TuningDB(args.logs)
+    gpu = family(args.target) == "cuda"
+    repeats = args.repeats or (15 if gpu else 5)
+    logs = args.logs
+    if args.dry_run and logs is None:
+        import tempfile
+        logs = tempfile.mkdtemp(prefix="lcmac-dry-run-")
+    store = TuningDB(logs)
     results, rows = [], []
-    for i, (label, shape) in enumerate(cases, 1):
-        print(f"[{i}/{len(cases)}] tuning {label + ' ' if label else ''}{'x'.join(map(str, shape))} "
-              f"{args.dtype} on {args.target}", file=sys.stderr)
-        r = tuner.tune(algo, args.target, args.dtype, shape, budget=args.budget,
-                       patience=args.patience, jobs=args.jobs, db=store, top_lcmas=args.top_lcmas,
-                       repeats=args.repeats, progress=not args.quiet,
-                       measure_default=args.compare_default)
+    kw = dict(budget=args.budget, patience=args.patience, db=store, top_lcmas=args.top_lcmas,
+              repeats=repeats, progress=not args.quiet, measure_default=args.compare_default,
+              exhaustive=args.exhaustive, tag=args.tag, vendor=args.vendor)
+    if gpu:
+        kw.update(min_run_s=0.01, warmup=3)
+    rate = 1e3 if gpu else 1.0     # GFLOP/s on CPUs, TFLOP/s on GPUs
+
+    def add_rows(label, r):
         results.append(r)
         best = r.best
+        shape = r.shape
         for row in r.summary_rows():
             rows.append(["x".join(map(str, shape)), row["algorithm"], row["trials"],
-                         f"{row['best_ms']:.3f}", f"{row['gflops']:.1f}", f"{row['predicted_ms']:.3f}",
-                         "-" if row["spearman"] != row["spearman"] else f"{row['spearman']:.2f}",
+                         f"{row['best_ms']:.3f}", f"{row['gflops'] / rate:.1f}", f"{row['predicted_ms']:.3f}",
+                         "-" if row["spearman"] != row["spearman"] or row["trials"] < 3
+                         else f"{row['spearman']:.2f}",
                          "-" if row["default_ms"] != row["default_ms"] else f"{row['default_ms'] / row['best_ms']:.2f}x",
-                         "*" if best is not None and row["algorithm"] == best.point.algorithm else ""])
+                         "-" if row["vs_vendor"] != row["vs_vendor"] else f"{row['vs_vendor']:.3f}x",
+                         "*" if best is not None and row["algorithm"] == best.point.algorithm
+                         and not (r.vendor_time and r.vendor_time < best.time_s) else ""])
+        if r.vendor_time:
+            M, N, K = shape
+            rows.append(["x".join(map(str, shape)), f"vendor ({r.vendor_config.get('library', '?')})", 1,
+                         f"{r.vendor_time * 1e3:.3f}", f"{2 * M * N * K / r.vendor_time / 1e9 / rate:.1f}",
+                         "-", "-", "-", "1.000x",
+                         "*" if best is None or r.vendor_time < best.time_s else ""])
         if best is None:
-            rows.append(["x".join(map(str, shape)), "(all failed)", len(r.trials), "-", "-", "-", "-", "-", ""])
+            rows.append(["x".join(map(str, shape)), "(all failed)", len(r.trials), "-", "-", "-", "-",
+                         "-", "-", ""])
             for t in r.trials[:3]:
                 print(f"  failed: {t.error}", file=sys.stderr)
-    print(_table(rows, ["shape", "algorithm", "trials", "best ms", "GFLOP/s", "model ms", "spearman",
-                        "vs default", "best"]))
-    print(f"\nlogged to {store.root}  (`lcmac build` uses the best logged config for a shape)")
+
+    use_many = (args.build_only or args.prebuilt or (gpu and not args.dry_run and args.jobs > 1
+                                                     and len(cases) > 1))
+    if use_many:
+        if args.dry_run:
+            print("lcmac tune: error: --dry-run does not combine with --build-only/--prebuilt",
+                  file=sys.stderr)
+            return 2
+        for i, (label, shape) in enumerate(cases, 1):
+            print(f"[{i}/{len(cases)}] {label + ' ' if label else ''}{'x'.join(map(str, shape))} "
+                  f"{args.dtype} on {args.target}", file=sys.stderr)
+        res = tuner.tune_many(cases, algo, args.target, args.dtype, jobs=args.jobs,
+                              prebuilt=args.prebuilt, build_dir=args.build_only or args.build_dir,
+                              build_only=bool(args.build_only), on_result=add_rows, **kw)
+        if args.build_only:
+            print(f"built into {args.build_only} (index.jsonl); measure elsewhere with "
+                  f"`lcmac tune ... --prebuilt {args.build_only}`")
+            return 0
+    else:
+        for i, (label, shape) in enumerate(cases, 1):
+            fake = _dry_measure(args.target, args.dtype, shape) if args.dry_run else None
+            print(f"[{i}/{len(cases)}] tuning {label + ' ' if label else ''}{'x'.join(map(str, shape))} "
+                  f"{args.dtype} on {args.target}", file=sys.stderr)
+            r = tuner.tune(algo, args.target, args.dtype, shape, jobs=args.jobs, measure_fn=fake, **kw)
+            add_rows(label, r)
+    print(_table(rows, ["shape", "algorithm", "trials", "best ms", "TFLOP/s" if gpu else "GFLOP/s", "model ms", "spearman",
+                        "vs default", "vs vendor", "best"]))
+    print(f"\nlogged to {store.root}" + ("  (dry run: model × noise, nothing built)" if args.dry_run
+                                          else "  (`lcmac build` uses the best logged config for a shape)"))
     if args.plot:
         from .tune.plot import plot_predicted_vs_measured
         try:
@@ -208,7 +294,7 @@ def cmd_tune(args) -> int:
             print(f"plot: {plot_predicted_vs_measured(trials, args.plot, f'{args.target} {args.dtype}')}")
         except RuntimeError as e:
             print(f"lcmac tune: {e}", file=sys.stderr)
-    return 0 if all(r.best is not None for r in results) else 1
+    return 0 if results and all(r.best is not None for r in results) else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,6 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top", type=int, default=10, help="rows to print (default 10)")
     s.add_argument("--static-b", action="store_true",
                    help="B is a static weight: Combine B is done once, offline")
+    s.add_argument("--measured", action="store_true",
+                   help="use the tuning log's measurements (lcmac tune), the vendor GEMM included, "
+                        "as the decision does at run time")
+    s.add_argument("--logs", default=None, metavar="DIR", help="tuning-log directory for --measured")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-select/1)")
     s.set_defaults(func=cmd_select)
 
@@ -262,7 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", default=".", metavar="DIR", help="output directory (default .)")
     s.set_defaults(func=cmd_build)
 
-    s = sub.add_parser("tune", help="measure configs (model-ranked) and log the best per shape")
+    s = sub.add_parser("tune", help="measure configs (model-ranked) and log the best per shape",
+                       description="Measure configs in the cost model's order and log every "
+                                   "measurement (tuning_logs/<target>-<dtype>.jsonl); prints a "
+                                   "progress bar, a summary table and optionally a "
+                                   "predicted-vs-measured plot.")
     s.add_argument("--algo", default="auto",
                    help="gemm, a catalogue expression (strassen, strassen^2), a comma list, or auto "
                         "(GEMM + the cost model's best LCMAs)")
@@ -270,21 +364,39 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="float32", help="float32, float64, bf16, ...")
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--shape", type=parse_shape, metavar="MxNxK", help="one shape")
-    g.add_argument("--shapes", choices=["llm"], help="a shape list: llm = LLM linear layers")
+    g.add_argument("--shapes", choices=["llm", "llm-cpu"],
+                   help="a shape list: llm = the LLM linear layers (every distinct N,K) at each "
+                        "--m; llm-cpu = those a 2-core CPU tunes in minutes (M=512, ≤ 80 GFLOP)")
     s.add_argument("--m", type=int, nargs="+", default=None, metavar="M",
-                   help="token counts for --shapes llm (default: the quick subset)")
+                   help="token counts for --shapes (default: llm 8192 16384, llm-cpu 512)")
     s.add_argument("--limit", type=int, default=None, help="at most this many shapes")
     s.add_argument("--budget", type=int, default=8, help="configs measured per algorithm (default 8)")
+    s.add_argument("--exhaustive", action="store_true",
+                   help="measure every fitting config (for the search metrics; slow)")
     s.add_argument("--patience", type=int, default=4,
                    help="stop after this many measurements without improvement (default 4)")
     s.add_argument("--jobs", type=int, default=2, help="parallel compile processes (default 2)")
     s.add_argument("--top-lcmas", type=int, default=2, help="LCMAs tuned by --algo auto (default 2)")
-    s.add_argument("--repeats", type=int, default=5, help="timed repeats per config (default 5)")
+    s.add_argument("--repeats", type=int, default=None,
+                   help="timed repeats per config (default 5 on CPUs, 15 on GPUs)")
     s.add_argument("--compare-default", action="store_true",
                    help="also measure the backend's default config (tuned-vs-default column)")
+    s.add_argument("--no-vendor", dest="vendor", action="store_false",
+                   help="do not time the vendor GEMM (cuBLAS via torch.matmul / numpy.matmul) "
+                        "as the same-run baseline")
+    s.add_argument("--tag", default=None, help="a label stored in every record (e.g. exhaustive)")
     s.add_argument("--logs", default=None, metavar="DIR",
                    help="tuning-log directory (default $LCMAC_TUNING_LOGS or ./tuning_logs of the checkout)")
     s.add_argument("--plot", default=None, metavar="FILE", help="write predicted-vs-measured plot (PNG)")
+    s.add_argument("--build-only", default=None, metavar="DIR",
+                   help="compile the configs the tuner would measure into DIR (with index.jsonl) "
+                        "and stop; measure them on another machine with --prebuilt DIR")
+    s.add_argument("--prebuilt", default=None, metavar="DIR",
+                   help="use the artifacts of an earlier --build-only DIR (others are built here)")
+    s.add_argument("--build-dir", default=None, metavar="DIR", help=argparse.SUPPRESS)
+    s.add_argument("--dry-run", action="store_true",
+                   help="build and run nothing: 'measure' the model's estimate with ±15%% noise "
+                        "(logs to a temporary directory unless --logs), to try the flow")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_tune)
     return p

@@ -226,3 +226,184 @@ def test_cli_tune_parses_and_reports(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "p.png").is_file()
     from lcmac.tune.shapes import llm_shapes
     assert all(len(s) == 3 for _, s in llm_shapes())
+
+
+# ---- metrics over log records (scripts/eval_tuner.py) -------------------------------------------
+def _space_recs(pred_meas, shape=(512, 512, 512), algo="gemm", **kw):
+    """Records of one exhaustively measured space: (predicted, measured) per config, ranked
+    by the prediction as the tuner does."""
+    order = sorted(range(len(pred_meas)), key=lambda i: pred_meas[i][0])
+    out = []
+    for rank, i in enumerate(order):
+        p, m = pred_meas[i]
+        out.append(rec(shape=shape, algo=algo, t=m, cfg={"mr": 8, "nc": 100 + i}, predicted_s=p,
+                       rank=rank, space_size=len(pred_meas), **kw))
+    return out
+
+
+def test_search_report_spearman_and_trials_from_records():
+    from lcmac.tune.metrics import search_report
+    good = _space_recs([(i, 1.0 + 0.1 * i) for i in range(40)])           # model orders perfectly
+    r = search_report(good)
+    assert len(r) == 1 and r[0]["spearman"] == pytest.approx(1.0)
+    assert r[0]["trials_to_within"] == 1 and r[0]["fraction_of_space"] == pytest.approx(1 / 40)
+    # the model ranks the true best last: ρ = −1 and the whole space must be measured
+    bad = _space_recs([(i, 2.0 - 0.04 * i) for i in range(40)], shape=(256, 256, 256))
+    r = search_report(bad)[0]
+    assert r["spearman"] == pytest.approx(-1.0) and r["trials_to_within"] == 40
+    # a space measured far from exhaustively is not a search-metric case
+    part = _space_recs([(i, 1.0 + i) for i in range(40)], shape=(128, 128, 128))[:10]
+    assert search_report(part) == []
+    # failed configs do not count; best within 3% is found at the 3rd model pick
+    mixed = _space_recs([(0, 1.10), (1, 1.05), (2, 1.02), (3, 1.00)], shape=(64, 64, 64))
+    assert search_report(mixed)[0]["trials_to_within"] == 3
+
+
+def test_default_speedups_and_geomean():
+    from lcmac.tune.metrics import default_speedups, geomean
+    recs = [rec(t=0.012, cfg={"mr": 1}, default=True), rec(t=0.010, cfg={"mr": 2}),
+            rec(shape=(256, 256, 256), t=0.004, cfg={"mr": 1}, default=True),
+            rec(shape=(256, 256, 256), t=0.005, cfg={"mr": 2})]
+    sp = {tuple(x["shape"]): x["speedup"] for x in default_speedups(recs)}
+    assert sp[(1024, 1024, 1024)] == pytest.approx(1.2) and sp[(256, 256, 256)] == pytest.approx(1.0)
+    assert geomean([1.2, 1.0]) == pytest.approx(math.sqrt(1.2))
+    assert math.isnan(geomean([]))
+
+
+def test_decision_quality_counts_misses_and_vendor_losses():
+    from lcmac.tune.metrics import best_options, decision_quality
+    recs = [rec(shape=(1, 8, 8), t=1.00), rec(shape=(1, 8, 8), algo="strassen", t=0.90),
+            rec(shape=(1, 8, 8), algo="vendor", t=0.95, cfg={"library": "x"}),
+            rec(shape=(2, 8, 8), t=1.00), rec(shape=(2, 8, 8), algo="vendor", t=0.80, cfg={"library": "x"}),
+            rec(shape=(3, 8, 8), t=1.00), rec(shape=(3, 8, 8), algo="vendor", t=1.01, cfg={"library": "x"})]
+    opts = best_options(recs, CPU, "float32")
+    assert opts[(1, 8, 8)] == {"gemm": 1.0, "strassen": 0.9, "vendor": 0.95}
+    q = decision_quality(opts, {(1, 8, 8): "strassen", (2, 8, 8): "vendor", (3, 8, 8): "gemm"})
+    assert q["n"] == 3 and q["within_tol_of_best"] == pytest.approx(1.0)
+    assert q["slower_than_vendor_by_more_than_tol"] == 0 and q["worst_vs_vendor"] == pytest.approx(1.0)
+    # always GEMM: the (2,8,8) shape is a miss and 25% slower than the vendor
+    q = decision_quality(opts, {s: "gemm" for s in opts})
+    assert q["within_tol_of_best"] == pytest.approx(1 / 3)
+    assert q["slower_than_vendor_by_more_than_tol"] == 2 and q["worst_vs_vendor"] == pytest.approx(1.25)
+    assert q["within_tol_of_best_lcmac"] == pytest.approx(2 / 3)   # (1,8,8): strassen was better
+    # a choice never measured at its shape is a miss, not a hit
+    q = decision_quality(opts, {(1, 8, 8): "winograd"})
+    assert q["unmeasured_choices"] == 1 and q["within_tol_of_best"] == 0
+
+
+def test_decide_takes_the_vendor_gemm_when_it_is_faster(tmp_path):
+    from lcmac.tune.decide import vendor_matmul
+    store = tdb.TuningDB(tmp_path)
+    shape = (2048, 2048, 2048)
+    vcfg = {"library": "openblas", "api": "numpy.matmul"}
+    store.append([rec(shape=shape, t=0.060), rec(shape=shape, algo="strassen", t=0.050),
+                  rec(shape=shape, algo="vendor", t=0.040, cfg=vcfg)])
+    d = decide(*shape, "float32", CPU, db=tmp_path)
+    assert d.is_vendor and d.algorithm == "vendor" and d.candidate.measured
+    assert d.candidates[1].algorithm == "strassen"        # the best lcmac kernel next
+    # without the vendor option lcmac's own best is chosen
+    assert decide(*shape, "float32", CPU, db=tmp_path, vendor=False).algorithm == "strassen"
+    # a slower vendor GEMM does not displace a measured winner
+    shape2 = (1024, 1024, 1024)
+    store.append([rec(shape=shape2, t=0.008), rec(shape=shape2, algo="strassen", t=0.010),
+                  rec(shape=shape2, algo="vendor", t=0.009, cfg=vcfg)])
+    d2 = decide(*shape2, "float32", CPU, db=tmp_path)
+    assert d2.algorithm == "gemm" and any(c.algorithm == "vendor" for c in d2.candidates)
+    # the ratio transfers to a nearby unlogged shape
+    assert decide(2048, 2048, 1900, "float32", CPU, db=tmp_path).is_vendor
+    import numpy as np
+    A, B = np.ones((3, 4), np.float32), np.ones((4, 5), np.float32)
+    assert np.array_equal(vendor_matmul(A, B), A @ B)
+
+
+def test_tuner_logs_vendor_rank_space_size_and_default(tmp_path):
+    res = tuner.tune("gemm", CPU, "float32", (512, 512, 512), budget=3, patience=99, db=tmp_path,
+                     measure_fn=lambda pt: 0.5 if pt.algorithm == "vendor" else pt.predicted_s,
+                     configs=_configs(5), vendor=True, tag="t1")
+    recs = list(tdb.TuningDB(tmp_path).records(CPU, "float32"))
+    v = [r for r in recs if r["algorithm"] == "vendor"]
+    assert len(v) == 1 and v[0]["time_s"] == 0.5 and v[0]["predicted_s"] is None
+    g = sorted((r for r in recs if r["algorithm"] == "gemm"), key=lambda r: r["rank"])
+    assert [r["rank"] for r in g] == [0, 1, 2] and all(r["space_size"] == 5 and r["tag"] == "t1" for r in g)
+    assert res.vendor_time == 0.5 and res.summary_rows()[0]["vs_vendor"] == pytest.approx(0.5 / res.best.time_s)
+    # exhaustive: every config, no early stop
+    res = tuner.tune("gemm", CPU, "float32", (256, 256, 256), budget=1, patience=1, db=tmp_path,
+                     measure_fn=lambda pt: 1.0, configs=_configs(6), exhaustive=True)
+    assert len(res.trials) == 6 and res.stopped["gemm"] == "space exhausted"
+    # plan_points: what a tune call would build, minus what is logged
+    pts = tuner.plan_points("gemm", CPU, "float32", (512, 512, 512), 4, db=tmp_path, configs=_configs(5))
+    assert len(pts) == 1
+
+
+def test_prebuilt_index_lookup_tolerates_new_config_fields(tmp_path):
+    sp = space.ranked_space(CPU, "float32", "gemm", (256, 256, 256), configs=_configs(2))
+    pt = sp.ranked[0]
+    d = tmp_path / "a"
+    d.mkdir()
+    (d / "m.json").write_text("{}")
+    old_cfg = {k: v for k, v in pt.config_dict().items() if k != "nc"}   # built before "nc" existed
+    (tmp_path / "index.jsonl").write_text(json.dumps(
+        {"target": CPU, "dtype": "float32", "algorithm": "gemm", "algorithm_hash": "gemm",
+         "shape": [256, 256, 256], "config": old_cfg, "manifest": "a/m.json"}) + "\n")
+    find = tuner.load_prebuilt(tmp_path)
+    assert find(pt, CPU, "float32", (256, 256, 256)) == str(d / "m.json")
+    assert find(pt, CPU, "float32", (512, 256, 256)) is None
+    other = dict(old_cfg, mr=old_cfg["mr"] + 1)
+    (tmp_path / "index.jsonl").write_text(json.dumps(
+        {"target": CPU, "dtype": "float32", "algorithm": "gemm", "algorithm_hash": "gemm",
+         "shape": [256, 256, 256], "config": other, "manifest": "a/m.json"}) + "\n")
+    assert tuner.load_prebuilt(tmp_path)(pt, CPU, "float32", (256, 256, 256)) is None
+
+
+def test_cuda_float32_is_priced_as_tf32_and_llm_cpu_subset_is_small():
+    from lcmac.tune.shapes import llm_cpu_shapes
+    cfg = {"block_m": 128, "block_n": 256, "block_k": 32, "stages": 4, "threads": 256}
+    t32 = space.estimate(GPU, "float32", (8192, 8192, 8192), "gemm", cfg)["time_s"]
+    tbf = space.estimate(GPU, "bfloat16", (8192, 8192, 8192), "gemm", dict(cfg, block_k=64))["time_s"]
+    assert t32 < 3.5 * tbf            # TF32 tensor cores (~½ bf16), not CUDA-core FP32 (~1/15)
+    assert space.model_dtype(GPU, "float32") == "tfloat32" and space.model_dtype(CPU, "float32") == "float32"
+    shapes = llm_cpu_shapes()
+    assert 5 <= len(shapes) <= 25 and all(2 * m * n * k <= 80e9 for _, (m, n, k) in shapes)
+    # the fused Combine H pays its read-modify-write epilogue on a GPU: unfused ranks first
+    f = space.estimate(GPU, "bfloat16", (16384,) * 3, "strassen", dict(cfg, block_k=64, fused=True))
+    u = space.estimate(GPU, "bfloat16", (16384,) * 3, "strassen", dict(cfg, block_k=64, fused=False))
+    assert u["time_s"] < f["time_s"]
+
+
+def test_cli_tune_dry_run_prints_table_vendor_and_plot(tmp_path, capsys):
+    from lcmac import cli
+    code = cli.main(["tune", "--algo", "gemm,strassen", "--target", GPU, "--dtype", "bf16",
+                     "--shape", "8192x8192x4096", "--budget", "3", "--dry-run", "--logs", str(tmp_path),
+                     "--plot", str(tmp_path / "p.png"), "--compare-default"])
+    cap = capsys.readouterr()
+    assert code == 0 and "vendor" in cap.out and "vs vendor" in cap.out and "TFLOP/s" in cap.out
+    assert "[" in cap.err and "/" in cap.err            # the progress bar (non-tty: one line per step)
+    assert (tmp_path / "p.png").is_file()
+    recs = list(tdb.TuningDB(tmp_path).records(GPU, "bfloat16"))
+    assert {r["algorithm"] for r in recs} == {"gemm", "strassen", "vendor"}
+    assert any(r.get("default") for r in recs)
+    code = cli.main(["select", "--shape", "8192x8192x4096", "--target", GPU, "--dtype", "bf16",
+                     "--measured", "--logs", str(tmp_path), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["source"] == "exact" and out["decision"]["measured"]
+
+
+def test_decide_skips_failed_algorithms_and_uses_the_global_vendor_ratio(tmp_path):
+    store = tdb.TuningDB(tmp_path)
+    shape = (4096, 4096, 4096)
+    vcfg = {"library": "openblas"}
+    bad = tdb.make_record(target=CPU, dtype="float32", algorithm="strassen",
+                          algorithm_hash=tdb.algo_identity("strassen")[1], shape=shape,
+                          config={"mr": 8}, time_s=None, status="error", error="wrong result")
+    store.append([rec(shape=shape, t=1.0), bad, rec(shape=shape, algo="vendor", t=1.2, cfg=vcfg)])
+    d = decide(*shape, "float32", CPU, db=tmp_path)
+    assert "strassen" not in [c.algorithm for c in d.candidates]       # it only ever failed here
+    assert d.algorithm != "strassen"
+    # far from every logged shape: the model decides, but the vendor/GEMM ratio (1.2 here:
+    # the vendor is slower) carries over; with a faster vendor it is chosen
+    far = (64, 64, 64)
+    assert not decide(*far, "float32", CPU, db=tmp_path).is_vendor
+    store.append([rec(shape=(2048, 2048, 2048), t=1.0), rec(shape=(2048, 2048, 2048), algo="vendor", t=0.4, cfg=vcfg),
+                  rec(shape=(1024, 1024, 1024), t=1.0), rec(shape=(1024, 1024, 1024), algo="vendor", t=0.4, cfg=vcfg)])
+    d = decide(*far, "float32", CPU, db=tmp_path)
+    assert d.is_vendor and "ratio" in d.source

@@ -81,8 +81,12 @@ def calibrate(records, target, dtype, *, profile=None,
               params=("gemm_efficiency", "bandwidth_efficiency"), iterations: int = 30) -> Calibration:
     """Fit ``params`` to ``records`` (tuning-log dicts for one target and dtype)."""
     from ..costmodel.decision import _resolve
-    p0, d = _resolve(target, dtype, profile)
-    pts = _points(r for r in records if r.get("dtype") == d or r.get("dtype") is None)
+    from ..costmodel.profiles import normalize_dtype
+    from .space import model_dtype
+    d_log = normalize_dtype(dtype)
+    p0, d = _resolve(target, model_dtype(target, d_log), profile)   # CUDA float32 = TF32
+    pts = _points(r for r in records if (r.get("dtype") in (d_log, None))
+                  and r.get("algorithm") != _db.VENDOR)
     if not pts:
         raise ValueError(f"no measurements of {target}/{d} to calibrate with")
     names = list(params)

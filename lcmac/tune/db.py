@@ -15,7 +15,12 @@ Every line is a record of one measurement, written with sorted keys::
 (max − min) / median of those runs.  ``status`` is ``"ok"`` or ``"error"`` (a config that
 failed to build or to run is logged too, with ``time_s`` null and an ``error`` line, so a
 later tuning run does not retry it).  Plain GEMM is logged under algorithm ``"gemm"`` with
-hash ``"gemm"``.
+hash ``"gemm"``; the vendor GEMM measured as the baseline in the same run (torch.matmul =
+cuBLAS on a GPU, numpy.matmul on a CPU; ``config`` says which library and how it was called)
+under algorithm and hash ``"vendor"``.  The tuner adds ``rank`` (the config's position in
+the model's ranking, 0 = predicted best), ``space_size`` (fitting configs of that space),
+``inner`` (calls per timed run) and, when asked, ``tag`` (e.g. ``"exhaustive"``) and
+``default: true`` (the backend's default config).
 
 Reading never crashes a build: a line that is not JSON, or not an lcmac-tune record, or a
 record for another target/dtype, is skipped with ``warnings.warn``.
@@ -38,6 +43,7 @@ from typing import Iterable, Iterator
 
 SCHEMA = "lcmac-tune/1"
 GEMM = "gemm"
+VENDOR = "vendor"   # the vendor library's GEMM (cuBLAS / numpy's BLAS), the baseline
 _REQUIRED = {"schema", "target", "dtype", "algorithm", "algorithm_hash", "shape", "config", "status"}
 
 
@@ -84,6 +90,8 @@ def algo_identity(algo) -> tuple[str, str]:
     """(name, hash) of an algorithm given as a name, an ``ir.Algorithm`` or ``"gemm"``."""
     if algo is None or (isinstance(algo, str) and algo.lower() in ("gemm", "naive", "none")):
         return GEMM, GEMM
+    if isinstance(algo, str) and algo.lower() == VENDOR:
+        return VENDOR, VENDOR
     if isinstance(algo, str):
         from ..ir import catalogue
         algo = catalogue.get(algo)
@@ -128,7 +136,10 @@ def make_record(*, target: str, dtype: str, algorithm: str, algorithm_hash: str,
            "lcmac_version": __version__,
            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     if error:
-        rec["error"] = str(error).splitlines()[-1][:300] if str(error).strip() else "error"
+        lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+        # the first line says what failed, the last often where (tracebacks, CUDA hints)
+        msg = lines[0] if len(lines) < 2 else f"{lines[0]} … {lines[-1]}"
+        rec["error"] = msg[:300] if lines else "error"
     rec.update({k: _plain(v) for k, v in extra.items()})
     return rec
 
@@ -293,4 +304,23 @@ def best_config(target: str, dtype: str, algo_hash: str, shape, *, root=None):
     m = TuningDB(root).best(target, dtype, algo_hash, shape)
     if m is None:
         return None
-    return m.config, m.record, m.exact
+    return _known_knobs(target, m.config), m.record, m.exact
+
+
+def _known_knobs(target: str, config: dict) -> dict:
+    """The logged config without knobs the backend's config class no longer has (a log
+    outlives code changes; an unknown key would make the build refuse the config)."""
+    try:
+        import dataclasses
+        from . import space
+        cls = space.config_class(space.family(target))
+        if cls is None or not dataclasses.is_dataclass(cls):
+            return dict(config)
+        names = {f.name for f in dataclasses.fields(cls)}
+    except Exception:  # noqa: BLE001
+        return dict(config)
+    gone = sorted(set(config) - names)
+    if gone:
+        warnings.warn(f"tuned config for {target}: ignoring knobs the backend no longer has: "
+                      f"{', '.join(gone)}", TuningLogWarning, stacklevel=3)
+    return {k: v for k, v in config.items() if k in names}

@@ -14,6 +14,18 @@ Then the rule "measurement is the judge": when the GEMM and at least one LCMA ar
 the fastest *measured* one is the decision (an unmeasured LCMA the model likes is only
 reported as worth tuning); otherwise ``select``'s own decision stands — which already falls
 back to the plain GEMM when no LCMA is predicted to win or the GEMM is memory-bound.
+
+**The vendor GEMM is an option too.**  lcmac's own plain GEMM is not always as fast as the
+vendor library's (on an H200 the TileLang GEMM runs at 0.92–0.96× of cuBLAS), so "fall back
+to GEMM" must be able to mean the vendor's: when the log holds a measurement of the vendor
+GEMM (algorithm ``"vendor"``: torch.matmul = cuBLAS on a GPU, numpy.matmul on a CPU, timed by
+``lcmac tune`` in the same run as the kernels), it is a candidate named ``"vendor"`` and wins
+whenever it is faster than the otherwise chosen kernel.  ``Decision.is_vendor`` says so and
+``vendor_matmul`` is the call to make then.  No LCMA or lcmac kernel is chosen over a faster
+measured vendor GEMM.
+
+On CUDA targets a float32 case is priced by the model as ``tfloat32`` (lcmac's CUDA float32
+GEMM multiplies on the TF32 tensor cores; ``space.model_dtype``); the log stays float32.
 """
 from __future__ import annotations
 
@@ -36,6 +48,11 @@ class Decision:
     def algorithm(self) -> str:
         return self.candidate.algorithm
 
+    @property
+    def is_vendor(self) -> bool:
+        """The vendor library's GEMM is the choice (call ``vendor_matmul``)."""
+        return self.candidate.algorithm == _db.VENDOR
+
     def describe(self) -> str:
         c = self.candidate
         src = {"model": "model only (nothing logged)", "exact": "measured at this shape"}.get(
@@ -52,7 +69,8 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
     from ..costmodel import gemm_estimate
     from ..costmodel.profiles import normalize_dtype
     from ..costmodel.decision import _resolve
-    store = db if isinstance(db, _db.TuningDB) else _db.TuningDB(db)
+    from .space import model_dtype
+    store = db if hasattr(db, "records") else _db.TuningDB(db)
     d = normalize_dtype(dtype)
     best: dict[tuple, dict[str, float]] = {}
     for r in store.records(str(target), d):
@@ -64,22 +82,72 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
     if shape in best:
         return dict(best[shape]), "exact", shape
     near = sorted((_db.shape_distance(shape, s), s) for s, per in best.items() if _db.GEMM in per)
+    p, md = _resolve(target, model_dtype(target, d), profile)
     if not near or near[0][0] > max_distance:
-        return {}, "model", None
+        # nothing logged nearby: the model decides among lcmac's kernels, but whether the
+        # vendor's GEMM beats lcmac's own is a property of the backend on this target, so
+        # its ratio (geometric mean over every logged shape) still stands
+        ratios = [per[_db.VENDOR] / per[_db.GEMM] for per in best.values()
+                  if _db.GEMM in per and _db.VENDOR in per]
+        if not ratios:
+            return {}, "model", None
+        import math
+        r = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        g_model = gemm_estimate(M, N, K, md, p).time_s
+        return ({_db.GEMM: g_model, _db.VENDOR: g_model * r},
+                f"model; vendor/GEMM ratio {r:.3f} (geometric mean over {len(ratios)} logged shapes)", None)
     dist, s = near[0]
-    p, d = _resolve(target, d, profile)
-    g_model = gemm_estimate(M, N, K, d, p).time_s
+    g_model = gemm_estimate(M, N, K, md, p).time_s
     per = best[s]
     meas = {a: g_model * t / per[_db.GEMM] for a, t in per.items()}
     return meas, f"nearest logged shape {s[0]}x{s[1]}x{s[2]} (log-distance {dist:.2f})", s
 
 
+def _vendor_candidate(t: float, M, N, K, gemm_cand):
+    """A ``Candidate`` for the measured vendor GEMM (stages: the model's plain GEMM's)."""
+    from ..costmodel.decision import Candidate
+    g_time = gemm_cand.predicted_time_s
+    return Candidate(_db.VENDOR, (1, 1, 1), 1, "vendor", t, 2.0 * M * N * K / t / 1e12,
+                     g_time / t, gemm_cand.stages, gemm_cand.overhead_s,
+                     "measured; the vendor library's GEMM (cuBLAS / numpy's BLAS)", True, None)
+
+
+def failed_at(M, N, K, dtype, target, *, db=None) -> set[str]:
+    """Algorithms whose every logged attempt at exactly this shape failed (build error, wrong
+    result, device fault): not options here, whatever the model predicts."""
+    from ..costmodel.profiles import normalize_dtype
+    store = db if hasattr(db, "records") else _db.TuningDB(db)
+    shape = [int(M), int(N), int(K)]
+    ok, bad = set(), set()
+    for r in store.records(str(target), normalize_dtype(dtype), include_errors=True):
+        if r["shape"] == shape:
+            (ok if r["status"] == "ok" else bad).add(r["algorithm"])
+    return bad - ok
+
+
+def _strip_decision(c):
+    return dataclasses.replace(c, reason=c.reason.replace("decision: ", "", 1)) \
+        if c.reason.startswith("decision: ") else c
+
+
 def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, db=None,
-           profile=None, max_distance: float = 0.75, **select_kw) -> Decision:
-    """GEMM or which LCMA for this shape, preferring logged measurements (module doc)."""
+           profile=None, max_distance: float = 0.75, vendor: bool = True,
+           **select_kw) -> Decision:
+    """GEMM, which LCMA, or the vendor GEMM for this shape, preferring logged measurements
+    (module doc).  ``db``: a ``TuningDB``, its directory, or any object with
+    ``records(target, dtype)``.  ``vendor=False`` leaves the vendor GEMM out (lcmac's own
+    kernels only).
+
+    With the plain GEMM measured at this shape, an LCMA that was not measured is judged by
+    the model's time × (measured / predicted GEMM time here), so that a prediction is never
+    compared with a measurement on different scales; algorithms that only ever failed at
+    this shape are left out."""
     from ..costmodel import select
+    from .space import model_dtype
     meas, source, logged = gather(M, N, K, dtype, target, db=db, max_distance=max_distance,
                                   profile=profile)
+    v_time = meas.pop(_db.VENDOR, None)
+    failed = failed_at(M, N, K, dtype, target, db=db) if source == "exact" else set()
     kw = dict(select_kw)
     if profile is not None:
         kw["profile"] = profile
@@ -93,22 +161,71 @@ def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, d
                 kw["algorithms"] = list(names) + extra
         except Exception:  # noqa: BLE001
             pass
-    cands = select(M, N, K, dtype, target, measurements=meas or None, **kw)
+    cands = select(M, N, K, model_dtype(target, dtype), target, measurements=meas or None, **kw)
+    cands = [c for c in cands if c.algorithm not in failed]
     worth = []
+    g = next(c for c in cands if c.is_gemm)
+    if g.measured and g.estimate is not None and g.estimate.time_s > 0:
+        scale = g.predicted_time_s / g.estimate.time_s
+        if abs(scale - 1.0) > 1e-9:
+            cands = [c if (c.measured or c.is_gemm) else dataclasses.replace(
+                c, predicted_time_s=c.predicted_time_s * scale,
+                effective_tflops=c.effective_tflops / scale,
+                speedup_vs_gemm=g.predicted_time_s / (c.predicted_time_s * scale),
+                reason=f"{c.reason}; model time × {scale:.3f} (measured / predicted GEMM here)")
+                for c in cands]
     measured = [c for c in cands if c.measured]
     if any(c.is_gemm for c in measured) and any(not c.is_gemm for c in measured):
         top = min(measured, key=lambda c: c.predicted_time_s)
-        g = next(c for c in measured if c.is_gemm)
-        # the model's unmeasured predictions, rescaled by how far it missed the measured GEMM
-        scale = g.predicted_time_s / g.estimate.time_s if g.estimate is not None else 1.0
         worth = [c.algorithm for c in cands if not c.measured and not c.is_gemm
-                 and c.predicted_time_s * scale < top.predicted_time_s][:3]
+                 and c.predicted_time_s < top.predicted_time_s][:3]
         why = (f"decision: fastest measured ({top.predicted_time_s * 1e3:.3f} ms; plain GEMM "
                f"{g.predicted_time_s * 1e3:.3f} ms measured)")
         prev = top.reason.replace("decision: ", "").replace("measured; ", "")
         top = dataclasses.replace(top, reason=why if top.is_gemm else f"{why}; {prev}")
-        rest = [c for c in cands if c.algorithm != top.algorithm]
-        rest = [dataclasses.replace(c, reason=c.reason.replace("decision: ", "", 1))
-                if c.reason.startswith("decision: ") else c for c in rest]
-        cands = [top] + rest
+        cands = [top] + [_strip_decision(c) for c in cands if c.algorithm != top.algorithm]
+    elif g.measured:
+        # GEMM measured, no LCMA measured: an LCMA only on the (rescaled) model's word
+        lc = sorted((c for c in cands if not c.is_gemm), key=lambda c: c.predicted_time_s)
+        if lc and lc[0].predicted_time_s < g.predicted_time_s and not g.reason.startswith(
+                ("decision", "measured; decision")):
+            top = dataclasses.replace(lc[0], reason="decision: predicted faster than the measured "
+                                      f"GEMM (not measured yet); {_strip_decision(lc[0]).reason}")
+            worth = [top.algorithm]
+        else:
+            top = g if g.reason.startswith(("decision", "measured; decision")) else \
+                dataclasses.replace(g, reason=f"decision: measured {g.predicted_time_s * 1e3:.3f} ms; no "
+                                    "LCMA predicted faster (model scaled to the measured GEMM)")
+        cands = [top] + [_strip_decision(c) for c in cands if c.algorithm != top.algorithm]
+    if vendor and v_time is not None:
+        gc = next(c for c in cands if c.is_gemm)
+        vc = _vendor_candidate(v_time, M, N, K, gc)
+        top = cands[0]
+        if v_time < top.predicted_time_s:
+            kind = "measured" if top.measured else "predicted"
+            vc = dataclasses.replace(vc, reason=(
+                f"decision: the vendor GEMM — measured {v_time * 1e3:.3f} ms, faster than the "
+                f"best lcmac kernel ({top.algorithm}, {kind} {top.predicted_time_s * 1e3:.3f} ms)"))
+            cands = [vc] + [_strip_decision(c) for c in cands]
+        else:
+            cands = [top] + sorted(cands[1:] + [vc], key=lambda c: c.predicted_time_s)
+        meas[_db.VENDOR] = v_time
     return Decision(cands[0], cands, meas, source, logged, worth)
+
+
+def vendor_matmul(A, B, out=None):
+    """The vendor GEMM the ``"vendor"`` decision stands for: ``torch.matmul`` (cuBLAS on CUDA
+    tensors; float32 with TF32 allowed, as measured) for torch tensors, ``numpy.matmul`` (its
+    BLAS) otherwise."""
+    if type(A).__module__.startswith("torch"):
+        import torch
+        if not (A.is_cuda and A.dtype == torch.float32):
+            return torch.matmul(A, B, out=out)
+        prev = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            return torch.matmul(A, B, out=out)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = prev
+    import numpy as np
+    return np.matmul(A, B, out=out)

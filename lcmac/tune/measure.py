@@ -13,6 +13,14 @@ two shared cores are not shared with a compiler while timing.  After the correct
 (which calls BLAS) it pauses briefly: OpenBLAS's spinning threads slow TVM's for ~0.1 s
 (DESIGN.md).
 
+On a GPU the operands are drawn on the device (random normal, never zeros), rotated among
+several input sets when they would fit in L2 (a kernel must not be timed on cache-resident
+operands), the output is poisoned with NaN before the correctness run (every element must be
+written), and the reference rows are computed on the device in float64.  The measuring
+process keeps the last shape's operands, so the configs of one shape (and the vendor
+baseline, ``measure_vendor``: torch.matmul = cuBLAS on a GPU, numpy.matmul on a CPU) are
+timed on the same inputs.
+
 The callable protocol it relies on: ``lcmac.load(path)`` returns ``f`` with ``f(A, B) → C``
 (numpy arrays on CPU; torch tensors on CUDA, on the GPU); if ``f(A, B)`` raises TypeError or
 returns None, ``f(A, B, C)`` with a preallocated C is tried.
@@ -79,13 +87,19 @@ def _as64(x):
     return np.asarray(x, dtype=np.float64)
 
 
-def check_result(A, B, C, dtype: str) -> str | None:
+#: relative-error bound of the correctness check (a guard against wrong kernels, whose error
+#: is O(1), not a precision test): CUDA float32 multiplies in TF32 (10-bit mantissa) and an
+#: LCMA's combines grow the error a few times, hence 2e-2 there
+TOLERANCE = {"float64": 1e-9, "float32": 1e-3, "float32-gpu": 2e-2}
+
+
+def check_result(A, B, C, dtype: str, *, gpu: bool = False) -> str | None:
     """Why C is not A·B on a few rows (None when it is, within the dtype's tolerance)."""
     import numpy as np
     rows = min(CHECK_ROWS, A.shape[0])
     a, b, c = _as64(A[:rows]), _as64(B), _as64(C[:rows])
     ref = a @ b
-    tol = {"float64": 1e-9, "float32": 1e-3}.get(dtype, 5e-2)
+    tol = TOLERANCE.get(f"{dtype}-gpu" if gpu else dtype, TOLERANCE.get(dtype, 5e-2))
     err = float(np.linalg.norm(c - ref) / max(np.linalg.norm(ref), 1e-30))
     if not np.isfinite(err) or err > tol:
         return f"wrong result: relative error {err:.3g} > {tol:g} on the first {rows} rows"
@@ -120,6 +134,146 @@ def time_callable(run, *, sync=None, warmup: int = 2, repeats: int = 5,
             "inner": inner, "times": times}
 
 
+# ---- GPU: operands on the device, shared by every measurement of one shape ------------------
+_GPU_CACHE: dict = {}
+
+
+def gpu_inputs(dtype: str, shape, seed: int = 0, *, l2_bytes: int | None = None):
+    """(input sets [(A, B), …], reference rows of A₀·B₀ in float64, rows) on the current GPU;
+    the last shape's are kept (one shape's configs are measured one after another)."""
+    import math
+    import torch
+    key = (dtype, tuple(int(x) for x in shape), seed)
+    if key in _GPU_CACHE:
+        return _GPU_CACHE[key]
+    _GPU_CACHE.clear()
+    torch.cuda.empty_cache()
+    M, N, K = key[1]
+    td = _torch_dtype(torch, dtype)
+    item = torch.empty((), dtype=td).element_size()
+    if l2_bytes is None:
+        props = torch.cuda.get_device_properties(0)
+        l2_bytes = int(getattr(props, "L2_cache_size", 0) or getattr(props, "l2_cache_size", 0)
+                       or 50 * 2 ** 20)
+    nbytes = (M * K + K * N) * item
+    sets = 1 if nbytes >= 4 * l2_bytes else min(8, math.ceil(4 * l2_bytes / nbytes))
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    ins = [(torch.randn(M, K, device="cuda", generator=g).to(td),
+            torch.randn(K, N, device="cuda", generator=g).to(td)) for _ in range(sets)]
+    rows = min(CHECK_ROWS, M)
+    A0, B0 = ins[0]
+    ref = A0[:rows].double() @ B0.double()
+    torch.cuda.synchronize()
+    _GPU_CACHE[key] = (ins, ref, rows)
+    return _GPU_CACHE[key]
+
+
+def _gpu_check(C, ref, rows, dtype) -> str | None:
+    import torch
+    if not bool(torch.isfinite(C).all()):
+        return "wrong result: not every element of C was written (NaN poison survived) or non-finite"
+    err = float(torch.linalg.norm(C[:rows].double() - ref) / torch.linalg.norm(ref).clamp_min(1e-30))
+    tol = TOLERANCE.get(f"{dtype}-gpu", TOLERANCE.get(dtype, 5e-2))
+    if not err <= tol:
+        return f"wrong result: relative error {err:.3g} > {tol:g} on the first {rows} rows"
+    return None
+
+
+def _gpu_timer():
+    import torch
+
+    def timer(fn, n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(n):
+            fn()
+        e.record()
+        e.synchronize()
+        return s.elapsed_time(e) / 1e3
+    return timer
+
+
+#: seconds of back-to-back calls before timing on a GPU: the clocks drop while the GPU waits
+#: (for a compile, between shapes) and the first runs after an idle gap would be timed slow
+#: (seen in the first tuning run: cuBLAS, measured first at each shape, had 10–26 % spread)
+GPU_WARM_S = 0.15
+
+
+def _measure_gpu(call, dtype: str, shape, *, warmup, repeats, min_run_s, check,
+                 warm_s: float = GPU_WARM_S) -> dict:
+    """``call(A, B, C)`` computes C = A·B on the GPU: poison, check, warm up for ``warm_s``
+    seconds, then time rotating among the input sets."""
+    import torch
+    ins, ref, rows = gpu_inputs(dtype, shape)
+    M, N, _ = (int(x) for x in shape)
+    C = torch.full((M, N), float("nan"), dtype=ins[0][0].dtype, device="cuda")
+    call(ins[0][0], ins[0][1], C)
+    torch.cuda.synchronize()
+    if check:
+        why = _gpu_check(C, ref, rows, dtype)
+        if why:
+            return {"status": "error", "error": why}
+    i = [0]
+
+    def run():
+        A, B = ins[i[0] % len(ins)]
+        i[0] += 1
+        call(A, B, C)
+    t_end = time.perf_counter() + warm_s
+    while time.perf_counter() < t_end:
+        for _ in range(4):
+            run()
+        torch.cuda.synchronize()
+    out = time_callable(run, sync=torch.cuda.synchronize, warmup=warmup, repeats=repeats,
+                        min_run_s=min_run_s, timer=_gpu_timer())
+    out.update(status="ok", input_sets=len(ins), warm_s=warm_s)
+    return out
+
+
+def vendor_config(target: str, dtype: str) -> dict:
+    """How the vendor baseline is called (the ``config`` of its log records)."""
+    if str(target).startswith("cuda"):
+        import torch
+        return {"library": "cublas", "api": "torch.matmul", "torch": torch.__version__,
+                "tf32": dtype == "float32"}
+    import numpy as np
+    blas = "?"
+    try:
+        cfg = np.show_config(mode="dicts")
+        blas = cfg.get("Build Dependencies", {}).get("blas", {}).get("name", "?")
+    except Exception:  # noqa: BLE001 - older numpy
+        pass
+    return {"library": blas, "api": "numpy.matmul", "numpy": np.__version__}
+
+
+def measure_vendor(target: str, dtype: str, shape, *, warmup: int = 2, repeats: int = 5,
+                   min_run_s: float = 0.02, check: bool = True) -> dict:
+    """Time the vendor GEMM on the same operands the artifacts get: torch.matmul (cuBLAS;
+    TF32 allowed for float32, as lcmac's CUDA float32 GEMM runs TF32) on a GPU, numpy.matmul
+    (its BLAS) on a CPU."""
+    if str(target).startswith("cuda"):
+        import torch
+        torch.backends.cuda.matmul.allow_tf32 = dtype == "float32"
+        out = _measure_gpu(lambda A, B, C: torch.matmul(A, B, out=C), dtype, shape, warmup=warmup,
+                           repeats=repeats, min_run_s=min_run_s, check=check,
+                           warm_s=2 * GPU_WARM_S)  # first at each shape, after an idle gap
+    else:
+        import numpy as np
+        A, B, _ = make_inputs(target, dtype, shape)
+        if not isinstance(A, np.ndarray):
+            A, B = A.numpy(), B.numpy()
+        C = np.matmul(A, B)
+        if check:
+            why = check_result(A, B, C, dtype)
+            if why:
+                return {"status": "error", "error": why}
+        out = time_callable(lambda: np.matmul(A, B, out=C), warmup=warmup, repeats=repeats,
+                            min_run_s=min_run_s)
+        out["status"] = "ok"
+    out["config"] = vendor_config(target, dtype)
+    return out
+
+
 def measure_artifact(path: str, target: str, dtype: str, shape, *, warmup: int = 2,
                      repeats: int = 5, min_run_s: float = 0.02, check: bool = True) -> dict:
     """Load, check and time one artifact (runs in the measuring process)."""
@@ -132,6 +286,9 @@ def measure_artifact(path: str, target: str, dtype: str, shape, *, warmup: int =
         # a TileLang artifact: the CUDA loader directly (``lcmac.load`` may not route to it yet)
         from lcmac.runtime.cuda_loader import load_cuda
         f = load_cuda(str(path))
+    if str(target).startswith("cuda"):
+        return _measure_gpu(lambda A, B, C: f(A, B, out=C), dtype, shape, warmup=warmup,
+                            repeats=repeats, min_run_s=min_run_s, check=check)
     A, B, gpu = make_inputs(target, dtype, shape)
     C, run = _call(f, A, B)
     sync, timer = None, None
@@ -160,11 +317,18 @@ def measure_artifact(path: str, target: str, dtype: str, shape, *, warmup: int =
     return out
 
 
-def _safe_measure(*args, **kw) -> dict:
+def _safe_measure(*args, vendor: bool = False, **kw) -> dict:
     try:
+        if vendor:
+            return measure_vendor(*args[1:], **kw)
         return measure_artifact(*args, **kw)
     except Exception as e:  # noqa: BLE001 - reported as a failed trial
         return {"status": "error", "error": f"{type(e).__name__}: {e}"}
+
+
+#: errors after which a CUDA context is unusable (sticky errors)
+_CUDA_FAULTS = ("illegal memory access", "AcceleratorError", "misaligned address",
+                "unspecified launch failure", "illegal instruction", "CUDA error")
 
 
 class MeasureWorker:
@@ -180,11 +344,21 @@ class MeasureWorker:
             self._pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
         return self._pool
 
+    def measure_vendor(self, target, dtype, shape, **kw) -> dict:
+        """The vendor GEMM (``measure_vendor``) in the measuring process."""
+        return self.measure("", target, dtype, shape, vendor=True, **kw)
+
     def measure(self, path, target, dtype, shape, **kw) -> dict:
         pool = self._ensure()
         fut = pool.submit(_safe_measure, str(path), target, dtype, tuple(shape), **kw)
         try:
-            return fut.result(timeout=self.timeout_s)
+            out = fut.result(timeout=self.timeout_s)
+            if out.get("status") != "ok" and any(s in str(out.get("error", "")) for s in _CUDA_FAULTS):
+                # a kernel fault poisons the process's CUDA context: every later launch in it
+                # would fail too, so the next measurement gets a fresh process
+                self.close(kill=True)
+                out["error"] = "device fault (measuring process restarted): " + str(out["error"])
+            return out
         except cf.TimeoutError:
             self.close(kill=True)
             return {"status": "error", "error": f"measurement timed out after {self.timeout_s:.0f} s"}

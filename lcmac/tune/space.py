@@ -13,20 +13,24 @@
 3. **Rank.**  A per-config time estimate in the spirit of Triton's
    ``matmul_perf_model.estimate_matmul_time`` (written anew here):
 
-   - GPU: output tiles → waves over the SMs (``wave_analysis``; split-group or per-tile
-     schedule), the compute time of a wave at the profile's matrix peak scaled by the tile
-     efficiency, software-pipelining depth and occupancy; bytes from DRAM with L2 reuse
-     across the CTAs of a wave (A re-read once per column of CTAs, at L2 speed after the
-     first); time = max(compute, loads) + the store of C.
+   - GPU: output tiles → waves over the SMs (``wave_analysis``; the batched GEMM's R × tiles
+     grid, the fused kernel's whole groups, or split groups), the compute time of a wave at
+     the profile's matrix peak scaled by the tile efficiency, software-pipelining depth,
+     resident consumer warpgroups (shared memory, registers), the wgmma width of the
+     full-row warp split and the k slab's row length; bytes from DRAM with L2 reuse across
+     the CTAs of a wave (A re-read once per column of CTAs, at L2 speed after the first);
+     time = a smooth max (3-norm) of compute and loads + the store of C.  CUDA float32 is
+     priced as TF32 (``model_dtype``).  On an H100 this ranking reached Spearman 0.87 over
+     the 122 configs of the bf16 GEMM space at 8192×8192×4096 (bench/results/tuner-eval.json).
    - CPU (Goto/BLIS blocking): the micro-kernel's FMA throughput from its register tile
      (accumulators vs. the FMA latency × ports, loads+broadcasts per k step), parallel
      balance of the outer blocks over the cores (CPU "waves"), padding waste of blocks
      that do not divide the shape, and memory traffic at each level (A re-packed once per
      nc block, B panels re-read from the L3 once per mc block, C read/written once per
      kc block); time = max(compute, DRAM, L3) + packing.
-   - An LCMA adds its combine stages (memory traffic of Combine A/B/H from the cost model's
-     stage model when it offers one, else bytes/bandwidth) to R products of the
-     (M/m)×(N/n)×(K/k) sub-GEMM estimated as above.
+   - An LCMA adds its combine stages (bytes / bandwidth of Combine A/B/H; with the fused
+     Combine H on a GPU the read-modify-write epilogue instead, ``combine_time``) to R
+     products of the (M/m)×(N/n)×(K/k) sub-GEMM estimated as above.
 
    The estimate is a prior for ordering measurements, not a prediction to trust: the tuner
    measures the top of this list and the measurements decide.
@@ -156,16 +160,29 @@ def default_config(target, dtype="float32"):
         return None
 
 
+#: CUDA output tiles of the built-in space (block_m, block_n): the measured best 128×256
+#: (bench/notes-cuda.md), its transpose, the usual smaller Hopper tiles.
+CUDA_TILES = ((128, 256), (256, 128), (128, 128), (64, 256), (128, 64), (64, 128), (64, 64))
+
+
 def default_space(fam: str, dtype: str, shape, algorithm=None) -> list:
     """Built-in grid of knobs (used when the backend does not offer ``config_space``); made
-    into the backend's config objects where a config class exists and accepts them."""
+    into the backend's config objects where a config class exists and accepts them.
+
+    CUDA (``CudaConfig``): output tile × k slab (32/64/128) × pipeline depth (2–5) × consumer
+    threads (128 = one warpgroup, 256 = two), and for an LCMA the fused or unfused Combine H;
+    the rest (warp policy, swizzle, combine tiles) stays at the backend's measured defaults.
+    168 GEMM configs before pruning (about 100 fit on an H100 in bf16)."""
     out: list = []
     if fam == "cuda":
-        fused = (True, False) if algorithm not in (None, _db.GEMM) else (True,)
-        for bm, bn, bk, st, th, fu in itertools.product(
-                (64, 128, 256), (64, 128, 256), (32, 64, 128), (2, 3, 4), (128, 256), fused):
-            out.append({"block_m": bm, "block_n": bn, "block_k": bk, "stages": st,
-                        "threads": th, "fused": fu})
+        lcma = algorithm not in (None, _db.GEMM)
+        for (bm, bn), bk, st, th in itertools.product(CUDA_TILES, (32, 64, 128), (2, 3, 4, 5),
+                                                      (128, 256)):
+            for fu in ((False, True) if lcma else (None,)):
+                d = {"block_m": bm, "block_n": bn, "block_k": bk, "stages": st, "threads": th}
+                if fu is not None:
+                    d["fused"] = fu
+                out.append(d)
     else:
         for mr, nr, kc, mc, nc in itertools.product((4, 8, 16), (16, 32, 64), (64, 128, 256, 512),
                                                     (32, 64, 128, 256), (256, 1024, 4096)):
@@ -177,6 +194,15 @@ def default_space(fam: str, dtype: str, shape, algorithm=None) -> list:
         except Exception:  # noqa: BLE001 - knob names differ: keep dicts
             pass
     return out
+
+
+def model_dtype(target, dtype) -> str:
+    """The dtype the cost model should price: the CUDA backend multiplies float32 operands
+    on the TF32 tensor cores (fp32 accumulation), so its float32 is the model's
+    ``tfloat32``; every other case is the dtype itself."""
+    from ..costmodel.profiles import normalize_dtype
+    d = normalize_dtype(dtype)
+    return "tfloat32" if d == "float32" and family(target) == "cuda" else d
 
 
 def _target_obj(target):
@@ -231,10 +257,18 @@ def fit_check(target, dtype, config, profile=None) -> Fit:
     if fam == "cuda":
         need = ("block_m", "block_n", "block_k")
         if all(k in f for k in need) and onchip_fit is not None:
-            r = onchip_fit(p, dtype, {**f, "stages": f.get("stages", 3)})
+            f = dict(f)
+            if not int(f["block_k"]):  # CudaConfig's 0 = the dtype's default k slab
+                f["block_k"] = 32 if _db_itemsize(dtype) >= 4 else 64
+            # lcmac's TileLang templates write C from the accumulator registers (no shared-
+            # memory staging of the C tile): only the pipeline's A/B slabs live in shared memory
+            r = onchip_fit(p, dtype, {**f, "stages": f.get("stages", 3), "epilogue_smem": False})
             detail.update(r.to_dict())
             if not r.fits:
                 reasons.append(r.reason)
+            elif r.onchip_bytes > GPU_SMEM_PER_CTA.get(p.name, p.onchip_per_unit):
+                reasons.append(f"shared memory {r.onchip_bytes} B > "
+                               f"{GPU_SMEM_PER_CTA.get(p.name, p.onchip_per_unit)} B per CTA")
         th = int(f.get("threads", 128))
         if th > 1024 or th % 32:
             reasons.append(f"{th} threads per CTA (must be a multiple of 32, at most 1024)")
@@ -265,6 +299,10 @@ def fit_check(target, dtype, config, profile=None) -> Fit:
         except TypeError:
             pass
     return Fit(not reasons, "; ".join(reasons), detail)
+
+
+#: dynamic shared memory one CTA may use (the SM has a little more): 227 KiB on Hopper
+GPU_SMEM_PER_CTA = {"h100": 227 * 1024, "h200": 227 * 1024, "h20": 227 * 1024, "a100": 163 * 1024}
 
 
 def _db_itemsize(dtype) -> int:
@@ -319,25 +357,42 @@ _STAGE_EFF = {1: 0.45, 2: 0.8, 3: 0.95, 4: 1.0, 5: 1.0, 6: 0.99, 7: 0.98}
 
 
 def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="per-tile") -> dict:
-    """Triton-style estimate of ``batch`` independent M×N×K products on a GPU."""
+    """Triton-style estimate of ``batch`` independent M×N×K products on a GPU.
+
+    Per-config efficiency factors (priors, not fitted to the tuning logs): the output tile's
+    relative efficiency (profile table), the pipeline depth, CTAs per SM (occupancy), the
+    number of consumer warpgroups (one warpgroup cannot overlap its wgmma issue with another's
+    epilogue; a warpgroup owning fewer than 64 rows cannot issue full m64 wgmma), accumulator
+    registers per thread, and the k slab's row length (< 128 B: more barriers per flop)."""
     from ..costmodel.waves import wave_analysis
     s = _db_itemsize(dtype)
-    bm, bn, bk = int(f.get("block_m", 128)), int(f.get("block_n", 128)), int(f.get("block_k", 64))
+    bm, bn = int(f.get("block_m", 128)), int(f.get("block_n", 128))
+    bk = int(f.get("block_k", 64)) or (32 if s >= 4 else 64)
     stages = int(f.get("stages", 3))
     threads = int(f.get("threads", 128))
     wa = wave_analysis(M, N, units=p.units, tile=(bm, bn), R=batch)
     waves = wa.waves(schedule)
-    # occupancy: CTAs per SM by shared memory (and threads)
-    smem = stages * (bm + bn) * bk * s + bm * bn * max(s, 2)
-    ctas = max(1, min(p.onchip_per_unit // max(smem, 1), 2048 // threads))
-    occ = min(1.0, 0.85 + 0.15 * (ctas - 1)) if ctas else 0.5
+    # occupancy: CTAs per SM by shared memory (pipeline slabs only: C leaves from registers)
+    # and threads (a producer warpgroup is added on Hopper)
+    smem = stages * (bm + bn) * bk * s
+    acc = bm * bn // threads
+    regs = threads * (acc + 40) + 128 * 40   # consumers: accumulators + ~40; producer ~40
+    ctas = max(1, min(p.onchip_per_unit // max(smem, 1), 2048 // (threads + 128), 65536 // regs))
+    wgs = max(1, threads // 128)
+    # latency hiding: consumer warpgroups resident per SM (one alone stalls on its own wgmma)
+    occ = min(1.0, 0.85 + 0.15 * (ctas * wgs - 1))
     te = dict(p.tile_efficiency)
     tile_eff = te.get((bm, bn), te.get((bn, bm), 0.9 * min(1.0, bm * bn / (128 * 256)) ** 0.25))
-    warp_eff = 1.0 if bm * bn // threads <= 128 else 0.9  # ≥128 accumulators/thread: pressure
+    warp_eff = 1.0 if acc <= 128 else 0.9   # ≥ 128 fp32 accumulators per thread: pressure
+    wg_eff = 1.0
+    if s <= 2:  # 2-byte types: full-row warp split, each warpgroup issues m64·n=block_n wgmma
+        if bm // wgs < 64:                  # below one m64 wgmma per warpgroup
+            wg_eff *= 0.8
+        wg_eff *= {256: 1.0, 128: 0.93}.get(bn, 0.85)  # m64n256 beat 2× m64n128 by ~9% (notes v3)
     k_eff = min(1.0, (bk * s) / 128)  # < 128 B per row of the k slab: more barriers per flop
     per_sm = p.peak_mul(dtype) * p.gemm_eff(dtype) / p.units
     tile_t = 2.0 * bm * bn * K / (per_sm * tile_eff * _STAGE_EFF.get(stages, 0.97) * occ
-                                  * warp_eff * (0.7 + 0.3 * k_eff))
+                                  * warp_eff * wg_eff * (0.7 + 0.3 * k_eff))
     t_compute = waves * tile_t
     # loads (after Triton's L2 model): every CTA streams its A row-band and B column-band
     # through L2 (gn·|A| + gm·|B| bytes at L2 speed); DRAM sees the compulsory bytes plus a
@@ -349,7 +404,10 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     l2 = a_bytes * gn + b_bytes * gm
     t_load = max(dram / p.achievable_bw(), l2 / (p.l2_bw or 2.5 * p.mem_bw))
     t_store = M * N * s * batch / p.achievable_bw()
-    total = max(t_compute, t_load) + t_store + p.launch_overhead_s
+    # compute and loads overlap imperfectly: a smooth maximum (3-norm) keeps the smaller term
+    # visible, so compute-side knobs still rank when the loads are the larger term
+    body = (t_compute ** 3 + t_load ** 3) ** (1 / 3)
+    total = body + t_store + p.launch_overhead_s
     return {"time_s": total, "compute_s": t_compute, "load_s": t_load, "store_s": t_store,
             "waves": waves, "ctas_per_sm": ctas, "tile_eff": tile_eff, "smem_bytes": smem}
 
@@ -361,9 +419,17 @@ def _algorithm(name):
     return catalogue.get(name) if isinstance(name, str) else name
 
 
+#: bandwidth fraction of the fused kernel's read-modify-write epilogue: at 16384³ bf16
+#: Strassen its 12 partial-C RMWs (2.7 GB) cost ~2 ms on the H200 (bench/notes-cuda.md, v1)
+FUSED_RMW_BW_FRACTION = 0.45
+
+
 def combine_time(alg, M, N, K, dtype, p, *, fused_h: bool = False) -> float:
     """Seconds of the memory-bound combine stages of an LCMA (0 for GEMM): every output of
-    Combine A/B/H written once, every input block read once (FalconGEMM's traffic count)."""
+    Combine A/B/H written once, every input block read once (FalconGEMM's traffic count).
+    With ``fused_h`` on a GPU there is no H round trip, but every product r read-modifies-
+    writes the nnz(W_r) C blocks it feeds (the first touch of a block is a plain write):
+    (2·nnz(W) − m·n) block transfers at ``FUSED_RMW_BW_FRACTION`` of the bandwidth."""
     if alg is None:
         return 0.0
     s = _db_itemsize(dtype)
@@ -371,14 +437,24 @@ def combine_time(alg, M, N, K, dtype, p, *, fused_h: bool = False) -> float:
     bm_, bk_, bn_ = M / m, K / k, N / n
     a = (M * K + R * bm_ * bk_) * s           # read A, write R Ã blocks
     b = (K * N + R * bk_ * bn_) * s
-    h = (R * bm_ * bn_ + M * N) * s if not fused_h else 0.0
-    return (a + b + h) / p.achievable_bw() + 3 * p.launch_overhead_s
+    t = (a + b) / p.achievable_bw() + 2 * p.launch_overhead_s
+    if not fused_h:
+        h = (R * bm_ * bn_ + M * N) * s       # read H, write C
+        return t + h / p.achievable_bw() + p.launch_overhead_s
+    if p.kind == "gpu":
+        import numpy as np
+        nnz = int(np.count_nonzero(np.asarray(alg.W)))
+        rmw = (2 * nnz - m * n) * bm_ * bn_ * s
+        t += rmw / (FUSED_RMW_BW_FRACTION * p.achievable_bw())
+    return t
 
 
 def estimate(target, dtype, shape, algorithm, config, profile=None) -> dict:
     """Per-config time estimate (seconds, with a breakdown) for ``algorithm`` (``"gemm"``,
-    a catalogue expression or an ``Algorithm``) run with ``config``."""
+    a catalogue expression or an ``Algorithm``) run with ``config``.  ``dtype`` is priced as
+    ``model_dtype(target, dtype)`` (CUDA float32 = TF32 tensor cores)."""
     p = get_profile(target, profile)
+    dtype = model_dtype(target, dtype) if p.kind == "gpu" else dtype
     f = features(config)
     M, N, K = (int(x) for x in shape)
     alg = _algorithm(algorithm)
@@ -387,14 +463,16 @@ def estimate(target, dtype, shape, algorithm, config, profile=None) -> dict:
         g = estimate_gemm_gpu(M, N, K, dtype, p, f) if gpu else estimate_gemm_cpu(M, N, K, dtype, p, f)
         return {**g, "combine_s": 0.0, "gemm_s": g["time_s"]}
     sm, sn, sk = _cdiv(M, alg.m), _cdiv(N, alg.n), _cdiv(K, alg.k)
+    fused = bool(f.get("fused", f.get("fused_h", f.get("fuse_h", False))))
     if gpu:
-        sched = "split-group" if f.get("split_group", True) else "per-tile"
+        # the fused kernel: one CTA per tile position walks all R products (whole group);
+        # Algorithm 1's batched GEMM: R × tiles CTAs in one grid (r slowest)
+        sched = "split-group" if f.get("split_group") else ("whole-group" if fused else "per-tile")
         g = estimate_gemm_gpu(sm, sn, sk, dtype, p, f, batch=alg.R, schedule=sched)
         gemm = g["time_s"]
     else:
         g = estimate_gemm_cpu(sm, sn, sk, dtype, p, f)
         gemm = alg.R * g["time_s"]
-    fused = bool(f.get("fused", f.get("fused_h", f.get("fuse_h", gpu))))
     comb = combine_time(alg, M, N, K, dtype, p, fused_h=fused)
     return {**g, "time_s": gemm + comb, "gemm_s": gemm, "combine_s": comb}
 
