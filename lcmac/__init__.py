@@ -3,7 +3,7 @@ __version__ = "0.1.0"
 
 from .errors import LcmacError  # noqa: E402
 
-__all__ = ["__version__", "LcmacError", "build", "load"]
+__all__ = ["__version__", "LcmacError", "auto", "build", "load"]
 
 
 def __getattr__(name):
@@ -14,4 +14,7 @@ def __getattr__(name):
     if name == "load":
         from .runtime.loader import load
         return load
+    if name == "auto":
+        from .runtime.auto import auto
+        return auto
     raise AttributeError(f"module 'lcmac' has no attribute {name!r}")

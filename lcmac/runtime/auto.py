@@ -1,0 +1,160 @@
+"""The runtime's automatic choice: ``mm = lcmac.auto(artifacts="DIR")``; ``C = mm(A, B)``.
+
+Per call shape (M, N, K) and dtype, ``lcmac.tune.decide`` picks the vendor GEMM (numpy's
+BLAS / torch.matmul = cuBLAS), lcmac's plain GEMM or an LCMA, preferring logged
+measurements over the model (issue: "the runtime's automatic choice ... falls back to plain
+GEMM when no LCMA is predicted or measured to win").  The chosen lcmac kernel comes from an
+artifact in ``artifacts`` (indexed by its manifest: algorithm, shape, dtype, target); with
+``build=True`` a missing one is compiled there first (needs the compiler, CPU targets only
+here).  When the chosen kernel has no artifact and may not be built, the call goes to the
+vendor GEMM and ``plan()`` says why: a missing artifact never raises, never returns garbage.
+
+Decisions are cached per (M, N, K, dtype); ``plan(M, N, K, dtype)`` shows one without
+running anything.  Operands are checked by the loaded artifact as for ``lcmac.load``.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import DTypeError, ShapeError, TargetError
+from .manifest import Manifest
+
+_TORCH_NAMES = {"float32": "float32", "float64": "float64", "bfloat16": "bfloat16",
+                "float16": "float16"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one shape runs: ``runs`` is ``"vendor"`` or the lcmac algorithm; ``artifact`` its
+    manifest (None for vendor); ``decision`` the decide() result; ``why`` in words."""
+    shape: tuple
+    dtype: str
+    runs: str
+    artifact: Path | None
+    decision: object
+    why: str
+
+
+def _dtype_name(x) -> str:
+    s = str(x.dtype).replace("torch.", "")
+    return _TORCH_NAMES.get(s, s)
+
+
+def _is_cuda(x) -> bool:
+    return bool(getattr(x, "is_cuda", False))
+
+
+class AutoMatmul:
+    """``C = mm(A, B[, out=C])`` for any 2-D shape: vendor GEMM, lcmac GEMM or an LCMA per
+    shape (module doc).  ``target``: an lcmac target name for the kernels (default: this
+    CPU's for numpy/CPU tensors, ``cuda`` for CUDA tensors).  ``logs``: a tuning-log
+    directory (default the project's / ``LCMAC_TUNING_LOGS``)."""
+
+    def __init__(self, artifacts=None, *, target: str | None = None, logs=None,
+                 build: bool = False, vendor: bool = True):
+        self.artifacts = Path(artifacts) if artifacts is not None else None
+        self.target = target
+        self.logs = logs
+        self.build = build
+        self.vendor = vendor
+        self._plans: dict[tuple, Plan] = {}
+        self._fns: dict[Path, object] = {}
+        self._index: dict[tuple, Path] | None = None
+        self._lock = threading.Lock()
+
+    # ---- artifacts ------------------------------------------------------------------------
+    def _scan(self) -> dict[tuple, Path]:
+        idx: dict[tuple, Path] = {}
+        if self.artifacts is None or not self.artifacts.is_dir():
+            return idx
+        for p in sorted(self.artifacts.rglob("*.json")):
+            try:
+                m = Manifest.read(p)
+            except Exception:  # noqa: BLE001 - not a manifest (or damaged): not indexed
+                continue
+            idx[(m.algorithm["name"], m.M, m.N, m.K, m.dtype, m.target["name"])] = p
+        return idx
+
+    def _artifact(self, algo: str, shape, dtype: str, target: str) -> Path | None:
+        if self._index is None:
+            self._index = self._scan()
+        return self._index.get((algo, *shape, dtype, target))
+
+    def _target_for(self, A) -> str:
+        if self.target:
+            return self.target
+        from ..targets import get_target
+        return get_target("cuda" if _is_cuda(A) else "host").name
+
+    # ---- the decision ---------------------------------------------------------------------
+    def plan(self, M: int, N: int, K: int, dtype="float32", *, target: str | None = None) -> Plan:
+        """The choice for one shape (cached), without running it."""
+        from ..dtypes import normalize_dtype
+        from ..tune.decide import decide
+        d = normalize_dtype(dtype)
+        tgt = target or self.target or self._target_for(_HostProbe())
+        key = (int(M), int(N), int(K), d, tgt)
+        with self._lock:
+            hit = self._plans.get(key)
+        if hit is not None:
+            return hit
+        dec = decide(*key[:3], d, tgt, db=self.logs, vendor=self.vendor)
+        shape = key[:3]
+        if dec.is_vendor:
+            p = Plan(shape, d, "vendor", None, dec, dec.describe())
+        else:
+            art = self._artifact(dec.algorithm, shape, d, tgt)
+            if art is None and self.build:
+                from ..build import build as _build
+                out = self.artifacts or Path.home() / ".cache" / "lcmac" / "artifacts"
+                art = Path(_build(dec.algorithm, tgt, d, shape, out_dir=str(out)))
+                self._index = None          # rescan: the new manifest
+            if art is None:
+                why = (f"vendor GEMM: {dec.algorithm} was chosen ({dec.describe()}) but no "
+                       f"artifact for {dec.algorithm} {tgt} {d} {M}x{N}x{K} is in "
+                       f"{self.artifacts} (build it with `lcmac build`, or pass build=True)")
+                p = Plan(shape, d, "vendor", None, dec, why)
+            else:
+                p = Plan(shape, d, dec.algorithm, art, dec, dec.describe())
+        with self._lock:
+            self._plans[key] = p
+        return p
+
+    # ---- the call -------------------------------------------------------------------------
+    def __call__(self, A, B, out=None):
+        for nm, x in (("A", A), ("B", B)):
+            if len(getattr(x, "shape", ())) != 2:
+                raise ShapeError(f"{nm} must be a 2-D matrix, got shape {tuple(getattr(x, 'shape', ()))}")
+        (M, K), (K2, N) = tuple(A.shape), tuple(B.shape)
+        if K != K2:
+            raise ShapeError(f"inner dimensions differ: A is {M}x{K}, B is {K2}x{N}")
+        if type(A) is not type(B) or _dtype_name(A) != _dtype_name(B):
+            raise DTypeError(f"A and B must be the same kind of array with one dtype; got "
+                             f"{type(A).__name__} {_dtype_name(A)} and {type(B).__name__} {_dtype_name(B)}")
+        if _is_cuda(A) != _is_cuda(B):
+            raise TargetError("A and B are on different devices")
+        p = self.plan(M, N, K, _dtype_name(A), target=self._target_for(A))
+        if p.artifact is None:
+            from ..tune.decide import vendor_matmul
+            return vendor_matmul(A, B, out=out)
+        fn = self._fns.get(p.artifact)
+        if fn is None:
+            from .loader import load
+            fn = self._fns.setdefault(p.artifact, load(p.artifact))
+        return fn(A, B, out=out)
+
+    def __repr__(self):
+        return (f"<lcmac.auto artifacts={self.artifacts} target={self.target or 'by operand'} "
+                f"build={self.build} {len(self._plans)} shapes planned>")
+
+
+class _HostProbe:
+    """Stands in for a CPU operand when ``plan`` is asked without one."""
+    is_cuda = False
+
+
+def auto(artifacts=None, **kw) -> AutoMatmul:
+    """``lcmac.auto(artifacts="DIR", target=None, logs=None, build=False, vendor=True)``."""
+    return AutoMatmul(artifacts, **kw)
