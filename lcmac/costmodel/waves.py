@@ -145,6 +145,7 @@ GPU_ACC_REG_FRACTION = 0.5
 CPU_ACC_REG_FRACTION = 0.75
 CPU_L1_FRACTION = 0.5
 CPU_L2_FRACTION = 0.5
+CPU_PANEL_L2_FRACTION = 0.125
 
 
 def onchip_fit(profile, dtype, config: dict) -> FitReport:
@@ -183,12 +184,14 @@ def onchip_fit(profile, dtype, config: dict) -> FitReport:
     regs = mr * nr * acc
     reg_limit = int(p.regs_per_unit * CPU_ACC_REG_FRACTION)
     l1 = kc * nr * s
-    l1_limit = int(p.onchip_per_unit * CPU_L1_FRACTION)
+    # The B micro-panel is re-read for every mr rows; it may outgrow L1 and stream from L2
+    # with prefetch: measured on the SPR VM, kc=512–1024 × nr=32 (64–128 KiB) beat kc ≤ 192.
+    l1_limit = int(max(p.onchip_per_unit * CPU_L1_FRACTION, p.l2_bytes * CPU_PANEL_L2_FRACTION))
     l2 = mc * kc * s
     l2_limit = int(p.l2_bytes * CPU_L2_FRACTION)
     fits = regs <= reg_limit and l1 <= l1_limit and l2 <= l2_limit
     why = "" if fits else ("; ".join(x for x, bad in (
         (f"micro-tile accumulators {regs} B > {reg_limit} B of vector registers", regs > reg_limit),
-        (f"B micro-panel {l1} B > {l1_limit} B of L1", l1 > l1_limit),
+        (f"B micro-panel {l1} B > {l1_limit} B (L1, streamed from L2)", l1 > l1_limit),
         (f"A block {l2} B > {l2_limit} B of L2", l2 > l2_limit)) if bad))
     return FitReport(fits, l1, l1_limit, regs, reg_limit, l2, l2_limit, reason=why)

@@ -101,7 +101,11 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
     """Candidate configs a tuner may measure for ``shape`` = (M, N, K) (the default first)."""
     lanes = lanes_for(target, dtype)
     regs = _registers(target)
-    base = default_config(target, dtype, algorithm if not isinstance(algorithm, str) else None)
+    if isinstance(algorithm, str) and algorithm != "gemm":
+        from ..ir import catalogue          # the tuner passes names: the default depends on R, m·n
+        algorithm = catalogue.get(algorithm)
+    alg = algorithm if not isinstance(algorithm, str) else None
+    base = default_config(target, dtype, alg)
     out = [base]
     tiles = []
     for mr, nv in itertools.product((4, 6, 8, 12, 14), (1, 2, 3, 4)):
@@ -110,9 +114,10 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
             tiles.append((mr, nv * lanes))
     if dtype == "bfloat16":        # only targets with AVX512-BF16 compile it differently
         out.append(CpuConfig(**{**base.to_dict(), "bf16_dot": not base.bf16_dot}))
-    fused_opts = (True,) if algorithm in (None, "gemm") else (True, False)
+    fused_opts = (True,) if alg is None else (True, False)
+    # kc up to 1024: an LCMA's fused epilogue runs once per kc chunk (default_config's note)
     for (mr, nr), mc, nc, kc, ku, fu in itertools.product(
-            tiles, (32, 64, 128, 256), (256, 512, 1024, 2048), (64, 128, 256, 384), (2, 4),
+            tiles, (32, 64, 128, 256), (256, 512, 1024, 2048), (64, 128, 256, 512, 1024), (2, 4),
             fused_opts):
         if mc < mr or nc < nr:
             continue

@@ -474,7 +474,26 @@ def estimate(target, dtype, shape, algorithm, config, profile=None) -> dict:
         g = estimate_gemm_cpu(sm, sn, sk, dtype, p, f)
         gemm = alg.R * g["time_s"]
     comb = combine_time(alg, M, N, K, dtype, p, fused_h=fused)
+    if fused and not gpu:
+        comb += cpu_fused_epilogue_s(alg, sm, sn, sk, dtype, p, f)
     return {**g, "time_s": gemm + comb, "gemm_s": gemm, "combine_s": comb}
+
+
+def cpu_fused_epilogue_s(alg, sm, sn, sk, dtype, p, f: dict) -> float:
+    """The CPU fused Combine H: per product and kc chunk, a task read-modify-writes its
+    mc×nc tile of each C block the product feeds (2·nnz(W) − m·n tile transfers, the first
+    touch of a block being a plain write).  The tiles stay in the last-level cache while a
+    task's m·n tiles fit in half of it, else they go to DRAM — why Strassen (4 C blocks)
+    gains from fusing and Strassen² (16) loses on the SPR VM (cpu_config.default_config)."""
+    import numpy as np
+    s = _db_itemsize(dtype)
+    mc, nc, kc = (int(f.get(k, d)) for k, d in (("mc", 64), ("nc", 1024), ("kc", 128)))
+    nnz = int(np.count_nonzero(np.asarray(alg.W)))
+    chunks = _cdiv(sk, max(1, kc))
+    bytes_ = (2 * nnz - alg.m * alg.n) * sm * sn * s * chunks
+    resident = alg.m * alg.n * min(mc, sm) * min(nc, sn) * s * p.units <= 0.5 * (p.l3_bytes or 0)
+    bw = (p.l2_bw or 4 * p.mem_bw) if resident else p.achievable_bw()
+    return bytes_ / bw
 
 
 # ---- the ranked space ----------------------------------------------------------------------
