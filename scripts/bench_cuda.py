@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,6 +27,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 SQUARE = [4096, 8192, 16384]
+#: the step table (FalconGEMM Fig. 7) and the split-group ablation, in that order
+STEPS = ["strassen-alg1-rfast", "strassen-alg1", "strassen-fused-nca-ov", "strassen-sg-nca-ov",
+         "strassen-sg-ov", "strassen-fused-ov", "strassen-pw-ov", "strassen-fused"]
 V1 = {"stages": 3, "policy": "square"}          # the first measured configuration
 VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults change with tuning)
     "tl-gemm-v1": (None, dict(V1)),
@@ -35,10 +39,24 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "strassen-alg1": ("strassen", {"fused": False, "stages": 4, "policy": "fullrow"}),
     "strassen-fused": ("strassen", {"fused": True, "stages": 4, "policy": "fullrow"}),
     "strassen-fused-ov": ("strassen", {"fused": True, "overlap_epilogue": True, "stages": 4, "policy": "fullrow"}),
+    # FalconGEMM Fig. 7 steps, all with the single software pipeline (overlap_epilogue):
+    # fused group-parallel without the cache-aware order → + split-group persistent
+    # scheduling → + cache-aware order; "-pw": persistent, groups never split
+    "strassen-fused-nca-ov": ("strassen", {"fused": True, "cache_aware": False, "overlap_epilogue": True, "stages": 4, "policy": "fullrow"}),
+    "strassen-sg-nca-ov": ("strassen", {"fused": True, "split_group": True, "cache_aware": False, "overlap_epilogue": True, "stages": 4, "policy": "fullrow"}),
+    "strassen-sg-ov": ("strassen", {"fused": True, "split_group": True, "overlap_epilogue": True, "stages": 4, "policy": "fullrow"}),
+    "strassen-pw-ov": ("strassen", {"fused": True, "persistent": True, "overlap_epilogue": True, "stages": 4, "policy": "fullrow"}),
+    # one pipeline per product (no overlap): the persistent form spills (208 B at 6144³)
+    "strassen-fused-nca": ("strassen", {"fused": True, "cache_aware": False, "stages": 4, "policy": "fullrow"}),
+    "strassen-sg": ("strassen", {"fused": True, "split_group": True, "stages": 4, "policy": "fullrow"}),
+    "winograd-sg": ("winograd", {"fused": True, "split_group": True, "stages": 4, "policy": "fullrow"}),
     "winograd-alg1": ("winograd", {"fused": False, "stages": 4, "policy": "fullrow"}),
     "strassen^2-alg1": ("strassen^2", {"fused": False, "stages": 4, "policy": "fullrow"}),
     "strassen^2-alg1-s3": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow"}),
     "strassen-alg1-s3": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow"}),
+    # float32 (TF32 GEMM stage): the square warp split measured faster there (notes-cuda.md)
+    "strassen-alg1-sq": ("strassen", {"fused": False, "stages": 4, "policy": "square"}),
+    "strassen^2-alg1-sq": ("strassen^2", {"fused": False, "stages": 4, "policy": "square"}),
     "laderman-alg1": ("laderman", {"fused": False, "stages": 4, "policy": "fullrow"}),
     "fg-4x4x5-r61-alg1": ("fg-4x4x5-r61", {"fused": False, "stages": 4, "policy": "fullrow"}),
 }
@@ -60,6 +78,16 @@ def build_one(algo, cfg, shape, dtype, target, out_dir, jobs=1):
         print(f"BUILD FAILED {algo} {cfg} {shape}: {resp.get('error', '')[:800]}", flush=True)
         return None
     return side
+
+
+def detect_sms():
+    """SMs of the GPU present (None without one), asked in a subprocess so that the build
+    step needs no CUDA context."""
+    p = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_properties(0)"
+                        ".multi_processor_count if torch.cuda.is_available() else '')"],
+                       capture_output=True, text=True)
+    out = p.stdout.strip().splitlines()
+    return int(out[-1]) if p.returncode == 0 and out and out[-1].isdigit() else None
 
 
 def bench_fn(fn, inputs, warmup=5, reps=20):
@@ -124,6 +152,11 @@ def main():
     ap.add_argument("--tf32", action="store_true", help="cuBLAS float32 baseline with TF32 on")
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--build-only", action="store_true", help="build the artifacts, measure nothing")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows already in --out; measure only the (shape, variant) pairs missing")
+    ap.add_argument("--watchdog", type=float, default=90.0,
+                    help="seconds one variant may take; past it, record a timeout row and exit 3")
     args = ap.parse_args()
 
     from lcmac.dtypes import normalize_dtype
@@ -145,15 +178,21 @@ def main():
             todo.append((tag, side, meta))
     else:
         jobs = []
+        variants = [x for v in args.variants for x in (STEPS if v == "steps" else [v])]
+        sms = detect_sms()
         for (M, N, K) in shapes:
-            for v in args.variants:
+            for v in variants:
                 algo, cfg = VARIANTS[v]
+                if sms and (cfg.get("split_group") or cfg.get("persistent")):
+                    cfg = dict(cfg, persistent_ctas=sms)    # the persistent grid fills this GPU
                 d = os.path.join(args.build_dir, f"{v.replace('^', 'sq')}-{dtype}-{M}x{N}x{K}")
                 jobs.append((v, algo, cfg, (M, N, K), d))
         t0 = time.time()
         with ThreadPoolExecutor(max_workers=args.jobs) as ex:
             sides = list(ex.map(lambda j: build_one(j[1], j[2], j[3], dtype, args.target, j[4]), jobs))
         print(f"built {len(jobs)} artifacts in {time.time() - t0:.0f}s", flush=True)
+        if args.build_only:
+            return
         for j, side in zip(jobs, sides):
             if side:
                 todo.append((f"{j[0]}", side, json.load(open(side))))
@@ -170,8 +209,29 @@ def main():
             continue
         by_shape.setdefault(tuple(meta["shape"]), []).append((tag, side, meta))
 
+    gpu_tag = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
+    out = args.out or os.path.join(ROOT, "bench", "results", f"{gpu_tag}-{dtype}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+
+    def save(rows, partial):
+        res = {"device": gpu, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+               "command": " ".join(sys.argv), "dtype": dtype, "partial": partial,
+               "torch": torch.__version__, "cublas_tf32": bool(args.tf32),
+               "lcmac_gemm_precision": "tf32" if dtype == "float32" else dtype,
+               "timing": f"CUDA events, median of {args.reps} after 5 warm-ups, inputs rotated",
+               "results": rows}
+        json.dump(res, open(out, "w"), indent=1)
+        return res
+
     rows = []
+    if args.resume and os.path.exists(out):
+        rows = json.load(open(out))["results"]
+    done = {(tuple(r["shape"]), r["variant"]) for r in rows}
+    runs = sum(1 for r in rows if r["variant"] == "cublas")
     for (M, N, K), arts in sorted(by_shape.items()):
+        arts = [a for a in arts if ((M, N, K), a[0]) not in done]
+        if not arts:
+            continue
         g = torch.Generator(device=dev).manual_seed(M * 7 + N * 3 + K)
         nset = 3 if M * N * K <= 8192 ** 3 else 2
         inputs = [(torch.randn(M, K, device=dev, generator=g).to(tdt),
@@ -182,11 +242,38 @@ def main():
         err_cub = rel_err(C_cub, ref)
         t_cub, _ = bench_fn(torch.matmul, inputs, reps=args.reps)
         flops = 2.0 * M * N * K
-        rows.append({"shape": [M, N, K], "variant": "cublas", "seconds": t_cub,
-                     "tflops": flops / t_cub / 1e12, "rel_err": err_cub, "ratio": 1.0})
+        runs += 1
+        rows.append({"shape": [M, N, K], "variant": "cublas", "seconds": t_cub, "run": runs,
+                     "tflops": flops / t_cub / 1e12, "rel_err": err_cub, "ratio": 1.0,
+                     "mode": ("tf32" if args.tf32 else "fp32 (SGEMM)") if dtype == "float32" else dtype})
+        t_other = None
+        if dtype == "float32":
+            # the other cuBLAS mode too, labelled: lcmac's GEMM stage is TF32, so TF32 cuBLAS
+            # is the like-for-like baseline and true SGEMM the precision-equivalent one
+            torch.backends.cuda.matmul.allow_tf32 = not args.tf32
+            C_o = torch.matmul(A, B)
+            t_other, _ = bench_fn(torch.matmul, inputs, reps=args.reps)
+            torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
+            rows.append({"shape": [M, N, K], "variant": "cublas-sgemm" if args.tf32 else "cublas-tf32",
+                         "seconds": t_other, "tflops": flops / t_other / 1e12,
+                         "rel_err": rel_err(C_o, ref), "ratio": t_cub / t_other,
+                         "mode": "fp32 (SGEMM)" if args.tf32 else "tf32"})
+            del C_o
         for tag, side, meta in arts:
             r = {"shape": [M, N, K], "variant": tag, "algorithm": meta.get("algorithm_name"),
-                 "config": meta.get("config")}
+                 "config": meta.get("config"), "run": runs}
+
+            def hung(r=r):
+                # a kernel that never returns (seen once: the persistent kernel without the
+                # overlapped pipeline, 4096³): keep what was measured, let the caller resume
+                r["error"] = f"timeout: no result after {args.watchdog:.0f} s (kernel hang?)"
+                rows.append(r)
+                save(rows, partial=True)
+                print(json.dumps(r), flush=True)
+                os._exit(3)
+            dog = threading.Timer(args.watchdog, hung)
+            dog.daemon = True
+            dog.start()
             try:
                 f = load_cuda(side)
                 C = torch.full((M, N), float("nan"), dtype=tdt, device=dev)
@@ -198,23 +285,20 @@ def main():
                 outs = [torch.empty(M, N, dtype=tdt, device=dev) for _ in inputs]
                 t, _ = bench_fn(lambda a, b, i=[0]: f(a, b, out=outs[0]), inputs, reps=args.reps)
                 r.update(seconds=t, tflops=flops / t / 1e12, ratio=t_cub / t)
+                if t_other is not None:
+                    r["ratio_vs_" + ("sgemm" if args.tf32 else "tf32")] = t_other / t
                 if args.stages and len(meta.get("kernels", [])) > 1:
                     r["stage_seconds"] = stage_times(f, meta, A, B, outs[0])
             except Exception as e:  # keep going: one broken variant must not hide the others
                 r["error"] = f"{type(e).__name__}: {e}"[:500]
+            dog.cancel()
             rows.append(r)
             print(json.dumps(r), flush=True)
+            save(rows, partial=True)         # a call cut off by its time limit keeps these
         del inputs, A, B, ref, C_cub
         torch.cuda.empty_cache()
 
-    res = {"device": gpu, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-           "command": " ".join(sys.argv), "dtype": dtype,
-           "torch": torch.__version__, "cublas_tf32": bool(args.tf32),
-           "lcmac_gemm_precision": "tf32" if dtype == "float32" else dtype, "results": rows}
-    gpu_tag = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
-    out = args.out or os.path.join(ROOT, "bench", "results", f"{gpu_tag}-{dtype}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    json.dump(res, open(out, "w"), indent=1)
+    res = save(rows, partial=False)
     if not args.no_plot:
         try:
             plot(res, out[:-5] + ".png")

@@ -1,7 +1,7 @@
 """CUDA back end without a GPU: generated source, launch configuration, nvcc compilation.
 
 The TileLang worker runs in a subprocess (TileLang and apache-tvm cannot share a process).
-Skipped with a reason when TileLang or nvcc is missing.  Kept to a few compiles (< 2 min).
+Skipped with a reason when TileLang or nvcc is missing.  Kept to a few compiles (< 3 min).
 """
 from __future__ import annotations
 
@@ -108,6 +108,63 @@ def test_strassen_sources_literals_and_launch(tmp_path):
     assert fu.count("__syncthreads") == 1
 
 
+@pytest.fixture(scope="module")
+def split_group_build(tmp_path_factory):
+    """One code generation (no nvcc) of the persistent split-group kernel, shared by the
+    tests below: Strassen with non-unit constants on a shape that divides nothing."""
+    if not _have_tilelang():
+        pytest.skip("tilelang is not installed")
+    alg = scaled_strassen()
+    out = tmp_path_factory.mktemp("sg")
+    cfg = {"fused": True, "split_group": True, "overlap_epilogue": True}
+    r = worker({"algorithm": alg.to_dict(), "target": "cuda-sm90a", "dtype": "bf16",
+                "shape": [1000, 1064, 1032], "config": cfg, "out_dir": str(out), "compile": False})
+    assert r["ok"], r.get("error")
+    return alg, CudaConfig.from_dict(cfg), r
+
+
+def test_split_group_launch_matches_plan(split_group_build):
+    from lcmac.costmodel.profiles import get_profile
+    from lcmac.schedules.cuda_config import persistent_plan
+    alg, cfg, r = split_group_build
+    M, N, K = r["shape"]
+    blk = Blocking(M, N, K, 2, 2, 2, 7)
+    pl = persistent_plan(blk, cfg, "bfloat16", get_profile("h100").units)
+    assert r["extra"]["persistent"] == pl.to_dict()
+    # 12 tile positions on 132 CTAs: no whole round; each group cut into 7 one-product pieces
+    assert (pl.P, pl.T, pl.rounds, pl.rem, pl.Lt, pl.split) == (132, 12, 0, 12, 1, True)
+    ks = {k["name"]: k for k in r["kernels"]}
+    assert [k["name"] for k in r["kernels"]] == ["combine_a", "combine_b", "fused_gemm_h", "split_fixup"]
+    assert ks["fused_gemm_h"]["grid"] == [pl.P, 1, 1]                 # persistent: P CTAs
+    assert ks["fused_gemm_h"]["block"] == [cfg.threads + 128, 1, 1]   # + TMA producer warpgroup
+    assert ks["fused_gemm_h"]["args"] == ["At", "Bt", "C", "Ps"]
+    assert ks["split_fixup"]["grid"] == [cfg.block_n // cfg.combine_cols,
+                                         cfg.block_m // cfg.combine_rows, pl.rem]
+    assert ks["split_fixup"]["args"] == ["Ps", "C"]                   # after the GEMM, same stream
+    ws = dict(r["workspace"])
+    slots_bytes = pl.slots * 4 * cfg.block_m * cfg.block_n * 4        # fp32 partial C tiles
+    assert r["workspace_bytes"] - ws["Ps"] >= slots_bytes
+
+
+def test_split_group_sources(split_group_build):
+    alg, cfg, r = split_group_build
+    srcs = {os.path.basename(p): open(p).read() for p in r["sources"]}
+    fu = kernel_body(srcs["lcmac_cuda_fused_gemm_h.cu"])
+    fx = kernel_body(srcs["lcmac_cuda_split_fixup.cu"])
+    for body in (fu, fx):
+        assert "__constant__" not in body and "atomic" not in body.lower()   # no atomics
+    assert "0x1p-1f" in fu and "-0x1p+0f" in fu      # W's 1/2 and −1 are literals
+    assert "wgmma" in fu and "tma_load" in fu
+    assert re.search(r"\(Ps \+ ", fu)                # non-lead pieces write their own slot
+    assert "blockIdx.y" not in fu                     # one-dimensional persistent grid
+    # the fixup only reads the slots (const) and waits for the persistent kernel first
+    # (TileLang launches with programmatic dependent launch allowed)
+    assert re.search(r"[(,] ?const float\*( __restrict__)? Ps\)", fx)
+    assert re.search(r"[(,] ?float\*( __restrict__)? Ps\)", fu)
+    for body in (fu, fx):
+        assert "cudaGridDependencySynchronize()" in body
+
+
 @needs_tilelang
 def test_unfused_and_plain_kernel_counts(tmp_path):
     r = worker({"algorithm": "winograd", "target": "cuda-sm90a", "dtype": "fp16",
@@ -125,7 +182,8 @@ def test_unfused_and_plain_kernel_counts(tmp_path):
 
 @needs_tilelang
 def test_unsupported_features_raise_clearly(tmp_path):
-    for req, word in (({"config": {"split_group": True}}, "split_group"),
+    for req, word in (({"config": {"fused": True, "split_group": True, "overlap_epilogue": True},
+                        "target": "cuda-sm80"}, "overlap_epilogue=False"),
                       ({"dtype": "fp8"}, "float8"),
                       ({"shape": [64, 100, 64]}, "multiples of 8")):
         base = {"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bf16",
@@ -145,14 +203,17 @@ def _sass(lib):
 
 @needs_tilelang
 @needs_nvcc
-@pytest.mark.parametrize("target,mma", [("cuda-sm90a", "HGMMA"), ("cuda-sm80", "HMMA")])
-def test_compiles_with_nvcc(tmp_path, target, mma):
+@pytest.mark.parametrize("target,mma,cfg", [
+    ("cuda-sm90a", "HGMMA", {"fused": True, "split_group": True, "overlap_epilogue": True}),
+    ("cuda-sm80", "HMMA", {"fused": True, "split_group": True, "cache_aware": False})])
+def test_compiles_with_nvcc(tmp_path, target, mma, cfg):
+    # the persistent split-group artifact: combines, persistent GEMM + Combine-H, fixup
     r = worker({"algorithm": "strassen", "target": target, "dtype": "bf16",
-                "shape": [512, 512, 512], "config": {"fused": True, "overlap_epilogue": True},
-                "out_dir": str(tmp_path), "jobs": 2})
+                "shape": [512, 512, 512], "config": cfg, "out_dir": str(tmp_path), "jobs": 2})
     assert r["ok"], r.get("error")
     lib = r["library"]
     assert os.path.getsize(lib) > 10_000
+    assert [k["name"] for k in r["kernels"]][-2:] == ["fused_gemm_h", "split_fixup"]
     syms = subprocess.run(["nm", "-D", lib], capture_output=True, text=True).stdout
     for s in ("lcmac_init", "lcmac_run", "lcmac_last_error", "lcmac_workspace_bytes"):
         assert re.search(rf" T {s}$", syms, re.M), s
@@ -161,3 +222,111 @@ def test_compiles_with_nvcc(tmp_path, target, mma):
     sass = _sass(lib)
     if sass is not None:
         assert mma in sass
+
+
+# ---- split-group persistent schedule: a tile-level emulation (no TileLang, no GPU) ----------
+def emulate_persistent(alg, M, N, K, cfg, units=132, seed=0):
+    """Run the persistent fused kernel's schedule on the CPU, tile by tile, the way the
+    generated kernel does (cuda_kernels.fused_gemm_h with a plan, then split_fixup): the same
+    step → (group, product) map, rasterisation, first-write / read-modify-write decisions,
+    workspace slots and fixup order.  C and the slots start as NaN, so a read of a value
+    nothing wrote shows.  Returns (C, A @ B, plan); integer inputs make both exact."""
+    from lcmac.schedules.cuda_config import (combine_h_steps, first_in_piece, persistent_plan,
+                                             r_order, raster)
+    rng = np.random.default_rng(seed)
+    A = rng.integers(-3, 4, (M, K)).astype(np.float64)
+    B = rng.integers(-3, 4, (K, N)).astype(np.float64)
+    blk = Blocking(M, N, K, alg.m, alg.k, alg.n, alg.R)
+    pl = persistent_plan(blk, cfg, "bfloat16", units)
+    bm, bn, R, Mb, Nb = cfg.block_m, cfg.block_n, alg.R, blk.Mb, blk.Nb
+    Ap = np.zeros((alg.m * Mb, alg.k * blk.Kb)); Ap[:M, :K] = A
+    Bp = np.zeros((alg.k * blk.Kb, alg.n * Nb)); Bp[:K, :N] = B
+    U, V = np.asarray(alg.U, dtype=float), np.asarray(alg.V, dtype=float)
+    H = np.zeros((R, pl.gy * bm, pl.gx * bn))
+    for r in range(R):
+        At = sum(U[r, i, l] * Ap[i * Mb:(i + 1) * Mb, l * blk.Kb:(l + 1) * blk.Kb]
+                 for i in range(alg.m) for l in range(alg.k))
+        Bt = sum(V[r, l, j] * Bp[l * blk.Kb:(l + 1) * blk.Kb, j * Nb:(j + 1) * Nb]
+                 for l in range(alg.k) for j in range(alg.n))
+        H[r, :Mb, :Nb] = At @ Bt
+    order = r_order(alg.W, cfg.r_order)
+    steps, nxt = combine_h_steps(alg.W, order)
+    C = np.full((M, N), np.nan)
+    Ps = np.full((max(pl.slots, 1), alg.m * alg.n, bm, bn), np.nan)
+    ca, Lt, F, n_main = cfg.cache_aware, pl.Lt, pl.rounds * pl.P, pl.rounds * R
+
+    def c_view(i, j, by, bx):
+        rows = np.arange(by * bm, (by + 1) * bm); cols = np.arange(bx * bn, (bx + 1) * bn)
+        rows = rows[(rows < Mb) & (i * Mb + rows < M)]; cols = cols[(cols < Nb) & (j * Nb + cols < N)]
+        return np.ix_(i * Mb + rows, j * Nb + cols), (slice(0, len(rows)), slice(0, len(cols)))
+
+    for pid in range(pl.P):
+        n = n_main + (max(min(pl.tail_steps - pid * Lt, Lt), 0) if pl.rem else 0)
+        for q in range(n):
+            # step_of and the epilogue's test, term by term (tq = -1 in the whole rounds)
+            tq = pid * Lt + q - n_main
+            if q < n_main:
+                g, jw, tq = (q // R) * pl.P + pid, q % R, -1
+            else:
+                g, jw = F + tq // R, tq % R
+            s = jw if ca else (jw + g) % R
+            by, bx = raster(g, pl.gx, pl.gy, cfg.swizzle)
+            h = H[order[s], by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn]
+            rot = 0 if ca else g % R
+            if pl.split and tq >= 0 and pid * Lt > (tq // R) * R:
+                st = (pid * Lt - (tq // R) * R + rot) % R
+                for (i, j, w, _, prev) in steps[s]:
+                    old = 0.0 if first_in_piece(s, prev, st, R) else Ps[pid, i * alg.n + j]
+                    Ps[pid, i * alg.n + j] = old + float(w) * h
+            else:
+                for (i, j, w, first0, prev) in steps[s]:
+                    first = first0 if rot == 0 else first_in_piece(s, prev, rot, R)
+                    dst, src = c_view(i, j, by, bx)
+                    C[dst] = (0.0 if first else C[dst]) + float(w) * h[src]
+    for gt in range(pl.rem if pl.split else 0):           # the fixup kernel
+        g = F + gt
+        by, bx = raster(g, pl.gx, pl.gy, cfg.swizzle)
+        rot = 0 if ca else g % R
+        u0 = gt * R // Lt
+        e0 = min((u0 + 1) * Lt - gt * R, R)
+        for i in range(alg.m):
+            for j in range(alg.n):
+                nx = nxt[(i, j)]
+                dst, src = c_view(i, j, by, bx)
+                acc = C[dst] if nx[rot % R] < e0 else 0.0
+                for k in range(pl.max_pieces - 1):
+                    u = u0 + 1 + k
+                    c = u * Lt - gt * R
+                    if c < R and nx[(c + rot) % R] < min(c + Lt, R) - c:
+                        acc = acc + Ps[min(u, pl.slots - 1), i * alg.n + j][src]
+                C[dst] = acc
+    return C, A @ B, pl
+
+
+@pytest.mark.parametrize("algo", ["strassen", "winograd"])
+@pytest.mark.parametrize("P,ca,swizzle", [(5, True, 2), (11, True, 0), (20, False, 2), (132, True, 8),
+                                          (7, False, 3)])
+def test_split_group_schedule_emulated(algo, P, ca, swizzle):
+    """Every C element written, exactly A·B, for plans with whole rounds, tails cut into
+    1..R-1-step pieces (several CTAs per group), rotated walks (cache_aware=False), short
+    last swizzle panels and shapes that do not divide the grid or the tile."""
+    from lcmac import ir
+    from lcmac.costmodel.waves import wave_analysis
+    alg = ir.get(algo)
+    M, N, K = 100, 88, 24                    # Mb = 56, Nb = 48: a 7 × 6 grid of 8 × 8 tiles
+    for split in (True, False):
+        cfg = CudaConfig(fused=True, split_group=split, persistent=not split, block_m=8,
+                         block_n=8, persistent_ctas=P, cache_aware=ca, swizzle=swizzle)
+        C, ref, pl = emulate_persistent(alg, M, N, K, cfg)
+        assert np.isfinite(C).all() and np.array_equal(C, ref), (pl, np.nanmax(abs(C - ref)))
+        # the schedule's busiest CTA matches the cost model's wave count
+        wa = wave_analysis(M, N, units=P, tile=(8, 8), m=2, n=2, R=7)
+        assert pl.waves == wa.waves("split-group" if split else "whole-group"), pl
+    if P == 20:
+        assert pl.max_pieces == 1 and persistent_plan_of(alg, M, N, K, P).max_pieces == 7
+
+
+def persistent_plan_of(alg, M, N, K, P, **kw):
+    from lcmac.schedules.cuda_config import persistent_plan
+    cfg = CudaConfig(fused=True, split_group=True, block_m=8, block_n=8, persistent_ctas=P, **kw)
+    return persistent_plan(Blocking(M, N, K, alg.m, alg.k, alg.n, alg.R), cfg, "bfloat16", 132)

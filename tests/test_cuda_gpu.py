@@ -65,6 +65,19 @@ CASES += [("strassen", (1000, 1064, 1032), {"fused": False}),
           ("strassen", (1024, 1024, 1024), {"fused": True, "r_order": "greedy", "policy": "square", "stages": 3}),
           ("strassen", (1000, 1064, 1032), {"cache_aware": False}),
           ("winograd", (640, 648, 656), {"fused": False})]
+# persistent split-group kernel (+ fixup) and the fused cache-aware ablation: 12 groups on
+# 132 CTAs (each cut into 7 one-product pieces), whole rounds + split tail at 6144x6144,
+# rotated walks, another grid size, Winograd's W
+SG = {"fused": True, "split_group": True}
+CASES += [("strassen", (1000, 1064, 1032), SG),
+          ("strassen", (1000, 1064, 1032), {**SG, "overlap_epilogue": True}),
+          ("strassen", (1000, 1064, 1032), {**SG, "overlap_epilogue": True, "cache_aware": False}),
+          ("strassen", (1000, 1064, 1032), {**SG, "persistent_ctas": 40}),
+          ("strassen", (6144, 6144, 1024), {**SG, "overlap_epilogue": True}),
+          ("strassen", (6144, 6144, 1024), {"fused": True, "persistent": True}),
+          ("winograd", (2048, 2048, 2048), {**SG, "overlap_epilogue": True}),
+          ("strassen", (1000, 1064, 1032), {"fused": True, "cache_aware": False}),
+          ("strassen", (1000, 1064, 1032), {"fused": True, "cache_aware": False, "overlap_epilogue": True})]
 DTYPE_CASES = [("strassen", (1000, 1064, 1032), "fp16"), ("gemm", (1000, 1064, 1032), "fp16"),
                ("strassen", (1024, 1024, 1024), "fp32"), ("gemm", (1024, 1024, 1024), "fp32")]
 DTYPE_CFG = {"gemm": {}, "strassen": {"fused": False}}
@@ -160,3 +173,18 @@ def test_loader_rejects_bad_arguments(artifacts):
         f(A.cpu(), A.cpu())
     with pytest.raises(ShapeError):
         f(A.t(), A)
+
+
+def test_split_group_deterministic(artifacts):
+    """No atomics: the same inputs give the same bits, run after run."""
+    from lcmac.runtime.cuda_loader import load_cuda
+    side, err = artifacts[("strassen", (6144, 6144, 1024),
+                           json.dumps({**SG, "overlap_epilogue": True}, sort_keys=True), "bf16")]
+    assert side, err
+    f = load_cuda(side)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    A = torch.randn(6144, 1024, device="cuda", generator=g).bfloat16()
+    B = torch.randn(1024, 6144, device="cuda", generator=g).bfloat16()
+    outs = [f(A, B).clone() for _ in range(3)]
+    torch.cuda.synchronize()
+    assert all(torch.equal(outs[0], o) for o in outs[1:])

@@ -49,12 +49,25 @@ class CudaConfig:
     cache_aware  CTAs resident at the same time work on the same product r and share its
                  Ã_r/B̃_r panels in L2 (FalconGEMM's cache-aware order).  Unfused: r is the
                  slowest grid index; False makes r the fastest (the ablation).  Fused: every
-                 CTA walks r in the same order; False is not supported yet.
+                 CTA walks its group's products in the same order; False starts each group's
+                 walk at a different product (rotation by the tile position, so neighbouring
+                 CTAs read R different Ã_r/B̃_r), the ablation.
     overlap_epilogue  one software pipeline over all (r, k) steps of a CTA, so the TMA producer
                  loads the next product's tiles while the consumers run the Combine-H epilogue
                  (instead of one pipeline per product with a barrier between them).
-    split_group  persistent grid where one tile position's R products may be split over two
-                 CTAs; not implemented yet (raises NotSupportedYet).
+    split_group  fused only: a persistent grid of P CTAs (``persistent_plan``).  Every CTA runs
+                 whole groups (a tile position's R products) in rounds of P; the groups of the
+                 partial last round are cut into contiguous pieces of Lt = ceil(rem·R/P)
+                 products, so that round takes Lt product-times instead of R (FalconGEMM
+                 §III-B; waves = ceil(R·T/P), lcmac.costmodel.waves).  A piece that does not
+                 start a group writes its fp32 partial C tiles to a workspace slot of its own,
+                 and a small second kernel adds those slots into C in a fixed order
+                 (deterministic, no atomics, no inter-CTA waiting).  No effect on the unfused
+                 path: its batched GEMM is already one CTA per H tile (the same wave count).
+    persistent   fused only: the persistent grid without splitting (the tail groups stay whole:
+                 ceil(T/P)·R product-times); the ablation of split_group.
+    persistent_ctas  P, the persistent grid size; 0 = SMs of the target's profile × CTAs that
+                 fit on one SM (1 for the default 128×256 tile with 4 stages).
     combine_*    tile of the element-wise combine kernels.
     """
     fused: bool = False           # measured best on H200 (bench/notes-cuda.md); True = FalconGEMM fused
@@ -69,6 +82,8 @@ class CudaConfig:
     r_order: str = "natural"
     cache_aware: bool = True
     split_group: bool = False
+    persistent: bool = False
+    persistent_ctas: int = 0
     overlap_epilogue: bool = False
     tf32_wgmma: bool = False     # float32 on sm_90a: B̃ K-major + TF32 wgmma (cp.async loads);
                                  # measured slower than the default TF32 mma.sync + TMA path
@@ -96,9 +111,8 @@ class CudaConfig:
     def check(self) -> None:
         if self.policy not in ("auto", "square", "fullrow", "fullcol"):
             raise LcmacError(f"policy must be square, fullrow or fullcol, not {self.policy!r}")
-        if self.split_group:
-            raise NotSupportedYet("split_group persistent scheduling is not supported yet by the "
-                                  "CUDA backend (set split_group=False)")
+        if self.persistent_ctas < 0:
+            raise LcmacError(f"persistent_ctas must be >= 0, not {self.persistent_ctas}")
         if self.r_order not in ("natural", "greedy"):
             raise LcmacError(f"r_order must be 'natural' or 'greedy', not {self.r_order!r}")
 
@@ -162,3 +176,127 @@ def r_order(W, order: str) -> list[int]:
         left.remove(best)
         remaining = remaining - nz[best].astype(int)
     return out
+
+
+def ctas_per_sm(cfg: CudaConfig, dtype: str, smem_per_sm: int = 227 * 1024,
+                regs_per_sm: int = 65536) -> int:
+    """CTAs of the fused kernel that fit on one SM at once (shared memory of the pipeline,
+    accumulator registers of the consumers; the TMA producer warpgroup adds 128 threads)."""
+    from ..dtypes import ITEMSIZE
+    bk = cfg.bk(dtype)
+    smem = cfg.stages * (cfg.block_m * bk + bk * cfg.block_n) * ITEMSIZE[dtype] + 1024
+    regs = cfg.threads * (cfg.block_m * cfg.block_n // cfg.threads + 40) + 128 * 40
+    return max(1, min(smem_per_sm // smem, regs_per_sm // regs, 2048 // (cfg.threads + 128)))
+
+
+@dataclass(frozen=True)
+class PersistentPlan:
+    """The static schedule of the persistent fused kernel (shape, tile, R and P are known at
+    compile time, so every index below is a constant or an affine function of the CTA id).
+
+    Groups g = 0..T-1 (one per tile position, rasterised like TileLang's 2-D row swizzle).
+    Rounds: CTA u runs groups u, u+P, … (``rounds`` of them), whole, all CTAs walking the
+    products in the same order (cache-aware).  Tail: the last ``rem`` groups form a list of
+    rem·R steps, cut into chunks of ``Lt`` steps; CTA u runs steps [u·Lt, (u+1)·Lt).  With
+    Lt < R a group spans several CTAs: its *lead* piece (the one holding its first step) adds
+    into C like a whole group, every other piece accumulates into fp32 workspace slot u (one
+    per CTA: a chunk of ≤ R steps starts mid-group at most once), and the fixup kernel adds
+    the slots of each tail group into C in CTA order."""
+    P: int
+    T: int
+    R: int
+    gx: int
+    gy: int
+    rounds: int
+    rem: int
+    Lt: int
+    split: bool
+    tail_ctas: int
+    max_pieces: int
+
+    @property
+    def tail_steps(self) -> int:
+        return self.rem * self.R
+
+    @property
+    def waves(self) -> int:
+        """Product-times (one bm×bn×K tile product each) of the busiest CTA."""
+        return self.rounds * self.R + (self.Lt if self.rem else 0)
+
+    @property
+    def slots(self) -> int:
+        return self.tail_ctas if self.split else 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(waves=self.waves, slots=self.slots)
+        return d
+
+
+def persistent_plan(blk: Blocking, cfg: CudaConfig, dtype: str, units: int) -> PersistentPlan:
+    """``units``: SMs of the GPU the artifact is built for (from the target's profile)."""
+    P = cfg.persistent_ctas or units * ctas_per_sm(cfg, dtype)
+    gx, gy = ceil_div(blk.Nb, cfg.block_n), ceil_div(blk.Mb, cfg.block_m)
+    T, R = gx * gy, blk.R
+    rounds, rem = divmod(T, P)
+    Lt = ceil_div(rem * R, P) if (cfg.split_group and rem) else R
+    split = Lt < R
+    if not split:
+        Lt = R
+    tail_ctas = ceil_div(rem * R, Lt) if rem else 0
+    mp = 1
+    if rem:
+        mp = max((gt * R + R - 1) // Lt - (gt * R) // Lt + 1 for gt in range(rem))
+    return PersistentPlan(P=P, T=T, R=R, gx=gx, gy=gy, rounds=rounds, rem=rem, Lt=Lt,
+                          split=split, tail_ctas=tail_ctas, max_pieces=mp)
+
+
+def raster(g: int, gx: int, gy: int, panel: int) -> tuple[int, int]:
+    """(row, col) tile position of linear index g: TileLang's rasterization2DRow (what
+    ``T.use_swizzle(panel)`` does to a gx × gy grid); cuda_kernels._raster emits the same."""
+    if panel <= 0:
+        return g // gx, g % gx
+    psize = panel * gx
+    off, idx = g % psize, g // psize
+    last = (gx * gy - 1) // psize
+    stride = panel if idx < last else gy - last * panel
+    col = gx - 1 - off // stride if idx % 2 == 1 else off // stride
+    return off % stride + idx * panel, col
+
+
+def combine_h_steps(W, order: list[int]):
+    """The Combine-H epilogue of the fused kernels, step by step.
+
+    Returns (steps, nxt): steps[s] = [(i, j, w, first, prev)] for the product order[s]:
+    its non-zero W[r,i,j], ``first`` = C_ij's first contribution when the walk starts at
+    step 0, ``prev`` = the previous step (cyclically) that contributes to C_ij;
+    nxt[(i, j)][s] = steps from s (cyclically) to the next one contributing to C_ij."""
+    import numpy as np
+    R = len(order)
+    W = np.asarray(W, dtype=object)
+    m, n = W.shape[1], W.shape[2]
+    at = {}
+    for s, r in enumerate(order):
+        for i in range(m):
+            for j in range(n):
+                if W[r, i, j] != 0:
+                    at.setdefault((i, j), []).append(s)
+    seen, steps = set(), []
+    for s, r in enumerate(order):
+        items = []
+        for i in range(m):
+            for j in range(n):
+                if W[r, i, j] != 0:
+                    st = at[(i, j)]
+                    items.append((i, j, W[r, i, j], (i, j) not in seen, st[st.index(s) - 1]))
+                    seen.add((i, j))
+        steps.append(items)
+    nxt = {ij: [min((t - s) % R for t in st) for s in range(R)] for ij, st in at.items()}
+    return steps, nxt
+
+
+def first_in_piece(s0: int, prev: int, st: int, R: int) -> bool:
+    """Is step s0 the first, in a walk starting at step st (st, st+1, … mod R), to add into
+    a C tile whose previous contributing step (cyclically) is ``prev``?  (prev == s0: the
+    only one.)  cuda_kernels emits the same test when st is a run-time value."""
+    return (s0 - st) % R <= (prev - st) % R

@@ -10,7 +10,11 @@ up as literals in the generated CUDA) and a ``CudaConfig``, and returns a ``T.pr
                       order it computes the H_r tile (fp32 accumulators, pipelined K loop) and
                       adds W[r,i,j]·H_r into every C_ij tile at (x, y).  C_ij tiles belong to
                       that CTA alone (no atomics); the first contribution writes, later ones
-                      read-modify-write in a fixed order (deterministic).
+                      read-modify-write in a fixed order (deterministic).  With a
+                      PersistentPlan: P persistent CTAs walk whole groups, then pieces of the
+                      last partial round (split-group); non-lead pieces accumulate into fp32
+                      workspace slots of their own
+    split_fixup       adds those slots into C in CTA order, after the persistent kernel
     batched_gemm      Algorithm 1: H_r = Ã_r·B̃_r for all r (grid z = r)
     combine_h         Algorithm 1: C_ij = Σ W[r,i,j] H_r
 """
@@ -19,8 +23,9 @@ up as literals in the generated CUDA) and a ``CudaConfig``, and returns a ``T.pr
 from fractions import Fraction
 
 import tilelang.language as T
+from tilelang.cuda.language import pdl_sync
 
-from .cuda_config import Blocking, CudaConfig, r_order
+from .cuda_config import Blocking, CudaConfig, combine_h_steps, first_in_piece, r_order
 
 ACCUM = "float32"
 
@@ -206,6 +211,8 @@ def combine_b_kmajor(prog, blk: Blocking, dtype: str, cfg: CudaConfig, P=None, Q
 # ----------------------------------------------------------------------------------------------
 def _select(values, s):
     """values[s] for a run-time s, as a chain of selects with literal values."""
+    if isinstance(s, int):
+        return values[s]
     if values == list(range(len(values))):
         return s
     e = values[-1]
@@ -214,193 +221,387 @@ def _select(values, s):
     return e
 
 
-def _contributions(alg):
-    """contrib[r] = [(i, j, W[r,i,j])] for the non-zero coefficients."""
-    out = []
-    for r in range(alg.R):
-        out.append([(i, j, alg.W[r, i, j]) for i in range(alg.m) for j in range(alg.n)
-                    if alg.W[r, i, j] != 0])
-    return out
+def _raster(g, gx: int, gy: int, panel: int):
+    """Tile position (row, col) of linear group index g >= 0: TileLang's rasterization2DRow
+    (the order ``T.use_swizzle`` gives the non-persistent grid), written out for a
+    persistent CTA that walks group indices itself.  Truncating division: g is never
+    negative, and floor division of a maybe-negative value emits a page of selects."""
+    div, mod = T.truncdiv, T.truncmod
+    if panel <= 0:
+        return div(g, gx), mod(g, gx)
+    T_ = gx * gy
+    psize = panel * gx
+    off = mod(g, psize)
+    idx = div(g, psize)
+    last = (T_ - 1) // psize                      # index of the (maybe short) last panel
+    stride = T.if_then_else(idx < last, panel, T_ // gx - last * panel)
+    col = T.if_then_else(mod(idx, 2) == 1, gx - 1 - div(off, stride), div(off, stride))
+    row = mod(off, stride) + idx * panel
+    return row, col
 
 
-def fused_gemm_h(alg, blk: Blocking, dtype: str, cfg: CudaConfig):
-    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.bk(dtype)
+def _first_in_piece(s0: int, prev: int, st, R: int):
+    """cuda_config.first_in_piece; a run-time test when the walk's start st is a variable."""
+    if isinstance(st, int):
+        return first_in_piece(s0, prev, st, R)
+    return (s0 - st + R) % R <= (prev - st + R) % R
+
+
+class _Fused:
+    """Static facts shared by the fused GEMM + Combine-H kernels and the split-group fixup."""
+
+    def __init__(self, alg, blk: Blocking, dtype: str, cfg: CudaConfig):
+        self.bm, self.bn, self.bk = cfg.block_m, cfg.block_n, cfg.bk(dtype)
+        self.M, self.N, self.R = blk.M, blk.N, blk.R
+        self.Mb, self.Nb, self.Kb = blk.Mb, blk.Nb, blk.Kb
+        self.m, self.n = alg.m, alg.n
+        self.order = r_order(alg.W, cfg.r_order)
+        # plan[s] = [(i, j, w, first from step 0, previous step into C_ij)]; nxt: see cuda_config
+        self.plan, self.nxt = combine_h_steps(alg.W, self.order)
+        self.nk = -(-self.Kb // self.bk)
+        self.full_m = self.Mb % self.bm == 0
+        self.full_n = self.Nb % self.bn == 0
+        self.rows_ok = [(i + 1) * self.Mb <= self.M for i in range(alg.m)]
+        self.cols_ok = [(j + 1) * self.Nb <= self.N for j in range(alg.n)]
+
+    def conds(self, i, j, row, col):
+        """Masks of one C_ij element (only those the shape needs)."""
+        c = []
+        if not self.full_m:
+            c.append(row < self.Mb)
+        if not self.full_n:
+            c.append(col < self.Nb)
+        if not self.rows_ok[i]:
+            c.append(i * self.Mb + row < self.M)
+        if not self.cols_ok[j]:
+            c.append(j * self.Nb + col < self.N)
+        return c
+
+
+def fused_gemm_h(alg, blk: Blocking, dtype: str, cfg: CudaConfig, plan=None, arch="sm_90a"):
+    """GEMM + Combine-H.  ``plan`` None: one CTA per tile position (grid gx × gy); a
+    ``PersistentPlan``: the persistent split-group kernel (grid P; see cuda_config)."""
+    pdl = arch == "sm_90a"
+    f = _Fused(alg, blk, dtype, cfg)
+    bm, bn, bk, nk = f.bm, f.bn, f.bk, f.nk
+    M, N, R, Mb, Nb, Kb = f.M, f.N, f.R, f.Mb, f.Nb, f.Kb
+    mn = f.m * f.n
     pol = _policy(cfg, dtype)
-    M, N, R, Mb, Nb, Kb = blk.M, blk.N, blk.R, blk.Mb, blk.Nb, blk.Kb
-    if not cfg.cache_aware:
-        from .cuda_config import NotSupportedYet
-        raise NotSupportedYet("cache_aware=False (staggered r order) is not supported yet; every "
-                              "CTA walks the products in the same order")
-    order = r_order(alg.W, cfg.r_order)
-    contrib = _contributions(alg)
-    seen = set()
-    plan = []            # (r, [(i, j, coeff, first)])
-    for r in order:
-        items = []
-        for (i, j, w) in contrib[r]:
-            items.append((i, j, w, (i, j) not in seen))
-            seen.add((i, j))
-        plan.append((r, items))
-    plan_s = [(si, items) for si, (_, items) in enumerate(plan)]
+    order = f.order
     out_dtype = dtype
-    nk = -(-Kb // bk)
-    full_m = Mb % bm == 0
-    full_n = Nb % bn == 0
-    rows_ok = [(i + 1) * Mb <= M for i in range(alg.m)]
-    cols_ok = [(j + 1) * Nb <= N for j in range(alg.n)]
+    flat = cfg.overlap_epilogue
+    ca = cfg.cache_aware
+
+    @T.macro
+    def c_update(C, H, by, bx, item, first):
+        # C_ij tile += w·H; `first` (a Python bool): the tile's first contribution in this
+        # CTA's walk writes instead (C holds the partial sums, in a fixed order)
+        i, j = item[0], item[1]
+        for x, y in T.Parallel(bm, bn):
+            row = by * bm + x
+            col = bx * bn + y
+            conds = f.conds(i, j, row, col)
+            if first:
+                val = _scaled(item[2], H[x, y])
+            else:
+                val = T.cast(C[i * Mb + row, j * Nb + col], ACCUM) + _scaled(item[2], H[x, y])
+            if conds:
+                cond = conds[0]
+                for c in conds[1:]:
+                    cond = T.And(cond, c)
+                if cond:
+                    C[i * Mb + row, j * Nb + col] = T.cast(val, out_dtype)
+            else:
+                C[i * Mb + row, j * Nb + col] = T.cast(val, out_dtype)
+
+    @T.macro
+    def c_epilogue(C, H, by, bx, sv, st):
+        # the Combine-H contributions of step sv[0] (run time) for a walk that started at st
+        # (sv: a 1-tuple, so the macro binds no new name for the loop variable)
+        for s0 in _static(R):
+            if sv[0] == s0:
+                for item in f.plan[s0]:
+                    first = item[3] if isinstance(st, int) and st == 0 else \
+                        _first_in_piece(s0, item[4], st, R)
+                    if isinstance(first, bool):
+                        c_update(C, H, by, bx, item, first)
+                    elif first:
+                        c_update(C, H, by, bx, item, True)
+                    else:
+                        c_update(C, H, by, bx, item, False)
+
+    @T.macro
+    def ws_epilogue(Ps, H, slot, sv, st):
+        # a non-lead piece of a split group accumulates its own fp32 partial of C_ij (whole
+        # tiles, no masks); its first contribution writes: the select's lazy load (a C
+        # ternary) never reads the slot's stale value, and one loop instead of two keeps
+        # the kernel's compile time down
+        for s0 in _static(R):
+            if sv[0] == s0:
+                for item in f.plan[s0]:
+                    first = _first_in_piece(s0, item[4], st, R)
+                    for x, y in T.Parallel(bm, bn):
+                        Ps[slot, item[0] * f.n + item[1], x, y] = T.if_then_else(
+                            first, T.float32(0), Ps[slot, item[0] * f.n + item[1], x, y]) \
+                            + _scaled(item[2], H[x, y])
+
+    if plan is None:
+        @T.prim_func
+        def lcmac_fused(At: T.Tensor((R, Mb, Kb), dtype), Bt: T.Tensor((R, Kb, Nb), dtype),
+                        C: T.Tensor((M, N), out_dtype)):
+            with T.Kernel(T.ceildiv(Nb, bn), T.ceildiv(Mb, bm), threads=cfg.threads) as (bx, by):
+                A_s = T.alloc_shared((bm, bk), dtype)
+                B_s = T.alloc_shared((bk, bn), dtype)
+                H = T.alloc_fragment((bm, bn), ACCUM)
+                T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
+                # cache-aware: every CTA walks the products from step 0; the ablation starts
+                # at step (bx + by) mod R, so CTAs launched together read different Ã_r, B̃_r
+                st = 0 if ca else (bx + by) % R
+                if flat:
+                    # one software pipeline over all (step, k): the TMA producer prefetches
+                    # the next product while the consumers run the epilogue
+                    for it in T.Pipelined(R * nk, num_stages=cfg.stages):
+                        s = it // nk if ca else (it // nk + st) % R
+                        ko = it % nk
+                        r = _select(order, s)
+                        T.copy(At[r, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], A_s)
+                        T.copy(Bt[r, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], B_s)
+                        T.gemm(A_s, B_s, H, policy=pol, clear_accum=ko == 0)
+                        if ca:
+                            for s0 in _static(R):
+                                if it == s0 * nk + nk - 1:
+                                    for item in f.plan[s0]:
+                                        c_update(C, H, by, bx, item, item[3])
+                        elif ko == nk - 1:
+                            c_epilogue(C, H, by, bx, (s,), st)
+                elif ca:
+                    for s in T.serial(R):
+                        r = _select(order, s)
+                        T.clear(H)
+                        for ko in T.Pipelined(T.ceildiv(Kb, bk), num_stages=cfg.stages):
+                            T.copy(At[r, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], A_s)
+                            T.copy(Bt[r, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], B_s)
+                            T.gemm(A_s, B_s, H, policy=pol)
+                        c_epilogue(C, H, by, bx, (s,), st)
+                else:
+                    for j in T.serial(R):
+                        s = (j + st) % R
+                        r = _select(order, s)
+                        T.clear(H)
+                        for ko in T.Pipelined(T.ceildiv(Kb, bk), num_stages=cfg.stages):
+                            T.copy(At[r, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], A_s)
+                            T.copy(Bt[r, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], B_s)
+                            T.gemm(A_s, B_s, H, policy=pol)
+                        c_epilogue(C, H, by, bx, (s,), st)
+
+        return lcmac_fused
+
+    # ---- persistent (split-group) kernel ---------------------------------------------------
+    P, gx, gy = plan.P, plan.gx, plan.gy
+    n_main = plan.rounds * R            # whole-group steps of every CTA
+    F = plan.rounds * P                 # first tail group
+    Lt, TS = plan.Lt, plan.tail_steps
+    slots = max(plan.slots, 1)
+    sw = cfg.swizzle
+
+    def step_of(pid, q):
+        """(group, step within the group's walk, position in the tail list or -1 in the
+        whole rounds) of the CTA's q-th step."""
+        if plan.rem == 0:
+            return (q // R) * P + pid, q % R, None
+        tq = pid * Lt + q - n_main
+        if n_main == 0:
+            return F + tq // R, tq % R, tq
+        in_tail = q >= n_main
+        g = T.if_then_else(in_tail, F + tq // R, (q // R) * P + pid)
+        jw = T.if_then_else(in_tail, tq % R, q % R)
+        # -1 in the rounds: pid·Lt + q − n_main is >= 0 there too once pid·Lt >= n_main − q
+        return g, jw, T.if_then_else(in_tail, tq, -1)
+
+    def n_steps(pid):
+        if plan.rem == 0:
+            return n_main
+        return n_main + T.max(T.min(TS - pid * Lt, Lt), 0)
+
+    @T.macro
+    def epilogue(C, Ps, H, pid, by, bx, g, tq, s):
+        rot = 0 if ca else g % R
+        if plan.split:
+            # the CTA's tail chunk starts inside group g: a non-lead piece (workspace slot pid)
+            in_ws = T.And(tq >= 0, pid * Lt > (tq // R) * R) if n_main else pid * Lt > (tq // R) * R
+            # (tq: -1 in the whole rounds, see step_of)
+            if in_ws:
+                ws_epilogue(Ps, H, pid, (s,), (pid * Lt - (tq // R) * R + rot) % R)
+            else:
+                c_epilogue(C, H, by, bx, (s,), rot)
+        else:
+            c_epilogue(C, H, by, bx, (s,), rot)
 
     @T.prim_func
-    def lcmac_fused_flat(At: T.Tensor((R, Mb, Kb), dtype), Bt: T.Tensor((R, Kb, Nb), dtype),
-                    C: T.Tensor((M, N), out_dtype)):
-        with T.Kernel(T.ceildiv(Nb, bn), T.ceildiv(Mb, bm), threads=cfg.threads) as (bx, by):
+    def lcmac_fused_persistent(At: T.Tensor((R, Mb, Kb), dtype), Bt: T.Tensor((R, Kb, Nb), dtype),
+                               C: T.Tensor((M, N), out_dtype),
+                               Ps: T.Tensor((slots, mn, bm, bn), ACCUM)):
+        with T.Kernel(P, threads=cfg.threads) as pid:
             A_s = T.alloc_shared((bm, bk), dtype)
             B_s = T.alloc_shared((bk, bn), dtype)
             H = T.alloc_fragment((bm, bn), ACCUM)
-            T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
-            for it in T.Pipelined(R * nk, num_stages=cfg.stages):
-                s = it // nk
-                ko = it % nk
-                r = _select(order, s)
-                T.copy(At[r, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], A_s)
-                T.copy(Bt[r, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], B_s)
-                T.gemm(A_s, B_s, H, policy=pol, clear_accum=ko == 0)
-                for s0, items in plan_s:
-                    if it == s0 * nk + nk - 1:
-                        for (i, j, w, first) in items:
-                            for x, y in T.Parallel(bm, bn):
-                                row = by * bm + x
-                                col = bx * bn + y
-                                conds = []
-                                if not full_m:
-                                    conds.append(row < Mb)
-                                if not full_n:
-                                    conds.append(col < Nb)
-                                if not rows_ok[i]:
-                                    conds.append(i * Mb + row < M)
-                                if not cols_ok[j]:
-                                    conds.append(j * Nb + col < N)
-                                if first:
-                                    val = _scaled(w, H[x, y])
-                                else:
-                                    val = T.cast(C[i * Mb + row, j * Nb + col], ACCUM) + _scaled(w, H[x, y])
-                                if conds:
-                                    cond = conds[0]
-                                    for c in conds[1:]:
-                                        cond = T.And(cond, c)
-                                    if cond:
-                                        C[i * Mb + row, j * Nb + col] = T.cast(val, out_dtype)
-                                else:
-                                    C[i * Mb + row, j * Nb + col] = T.cast(val, out_dtype)
-
-
-    @T.prim_func
-    def lcmac_fused(At: T.Tensor((R, Mb, Kb), dtype), Bt: T.Tensor((R, Kb, Nb), dtype),
-                    C: T.Tensor((M, N), out_dtype)):
-        with T.Kernel(T.ceildiv(Nb, bn), T.ceildiv(Mb, bm), threads=cfg.threads) as (bx, by):
-            A_s = T.alloc_shared((bm, bk), dtype)
-            B_s = T.alloc_shared((bk, bn), dtype)
-            H = T.alloc_fragment((bm, bn), ACCUM)
-            T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
-            for s in T.serial(R):
-                r = _select(order, s)
-                T.clear(H)
-                for ko in T.Pipelined(T.ceildiv(Kb, bk), num_stages=cfg.stages):
+            if pdl:
+                pdl_sync()       # Ã, B̃ of the combine kernels visible (see split_fixup)
+            # the step's indices live in scalar registers: the same values inlined into every
+            # address and epilogue mask made TileLang's passes 5-10x slower
+            gv = T.alloc_var(T.int32)
+            tv = T.alloc_var(T.int32)
+            sv = T.alloc_var(T.int32)
+            rv = T.alloc_var(T.int32)
+            yv = T.alloc_var(T.int32)
+            xv = T.alloc_var(T.int32)
+            if flat:
+                for it in T.Pipelined(n_steps(pid) * nk, num_stages=cfg.stages):
+                    # the TMA producer's addresses stay expressions of `it`: stores to the
+                    # scalar variables land in the consumer branch only (warp specialisation)
+                    ko = it % nk
+                    g, jw, tq = step_of(pid, it // nk)
+                    s = jw if ca else (jw + g) % R
+                    r = _select(order, s)
+                    by, bx = _raster(g, gx, gy, sw)
                     T.copy(At[r, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], A_s)
                     T.copy(Bt[r, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], B_s)
-                    T.gemm(A_s, B_s, H, policy=pol)
-                for s0, items in plan_s:
-                    if s == s0:
-                        for (i, j, w, first) in items:
-                            for x, y in T.Parallel(bm, bn):
-                                row = by * bm + x
-                                col = bx * bn + y
-                                conds = []
-                                if not full_m:
-                                    conds.append(row < Mb)
-                                if not full_n:
-                                    conds.append(col < Nb)
-                                if not rows_ok[i]:
-                                    conds.append(i * Mb + row < M)
-                                if not cols_ok[j]:
-                                    conds.append(j * Nb + col < N)
-                                if first:
-                                    val = _scaled(w, H[x, y])
-                                else:
-                                    val = T.cast(C[i * Mb + row, j * Nb + col], ACCUM) + _scaled(w, H[x, y])
-                                if conds:
-                                    cond = conds[0]
-                                    for c in conds[1:]:
-                                        cond = T.And(cond, c)
-                                    if cond:
-                                        C[i * Mb + row, j * Nb + col] = T.cast(val, out_dtype)
-                                else:
-                                    C[i * Mb + row, j * Nb + col] = T.cast(val, out_dtype)
+                    T.gemm(A_s, B_s, H, policy=pol, clear_accum=ko == 0)
+                    if ko == nk - 1:
+                        gv = g
+                        tv = 0 if tq is None else tq
+                        sv = s
+                        yv = by
+                        xv = bx
+                        epilogue(C, Ps, H, pid, yv, xv, gv, tv, sv)
+            else:
+                for q in T.serial(n_steps(pid)):
+                    g, jw, tq = step_of(pid, q)
+                    gv = g
+                    tv = 0 if tq is None else tq
+                    sv = jw if ca else (jw + gv) % R
+                    rv = _select(order, sv)
+                    yv, xv = _raster(gv, gx, gy, sw)
+                    T.clear(H)
+                    for ko in T.Pipelined(nk, num_stages=cfg.stages):
+                        T.copy(At[rv, yv * bm:(yv + 1) * bm, ko * bk:(ko + 1) * bk], A_s)
+                        T.copy(Bt[rv, ko * bk:(ko + 1) * bk, xv * bn:(xv + 1) * bn], B_s)
+                        T.gemm(A_s, B_s, H, policy=pol)
+                    epilogue(C, Ps, H, pid, yv, xv, gv, tv, sv)
 
-    if cfg.overlap_epilogue:
-        return lcmac_fused_flat
-    return lcmac_fused
+    return lcmac_fused_persistent
+
+
+def split_fixup(alg, blk: Blocking, dtype: str, cfg: CudaConfig, plan, arch: str = "sm_90a"):
+    """C_ij += the fp32 partials of the non-lead pieces of every split tail group, added in
+    CTA order after the lead piece's partial already in C (or instead of it where the lead
+    piece does not touch C_ij).  Runs after the persistent kernel on the same stream."""
+    f = _Fused(alg, blk, dtype, cfg)
+    bm, bn, R, M, N, Mb, Nb = f.bm, f.bn, f.R, f.M, f.N, f.Mb, f.Nb
+    m, n, mn = f.m, f.n, f.m * f.n
+    tr, tc = min(cfg.combine_rows, bm), min(cfg.combine_cols, bn)
+    assert bm % tr == 0 and bn % tc == 0, "combine tile must divide the GEMM tile"
+    Lt, F, slots = plan.Lt, plan.rounds * plan.P, plan.slots
+    ca = cfg.cache_aware
+    pdl = arch == "sm_90a"
+
+    def touched(ij, c, e, rot):
+        """Does the piece covering walk steps [c, e) contribute to C_ij?"""
+        return _select(f.nxt[ij], c if ca else (c + rot) % R) < e - c
+
+    @T.prim_func
+    def lcmac_split_fixup(Ps: T.Tensor((slots, mn, bm, bn), ACCUM), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(bn, tc), T.ceildiv(bm, tr), plan.rem,
+                      threads=cfg.combine_threads) as (cx, cy, gt):
+            if pdl:
+                # TileLang launches every kernel with programmatic dependent launch allowed;
+                # griddepcontrol.wait = the persistent kernel has finished and its partials
+                # (C, Ps) are visible here
+                pdl_sync()
+            g = F + gt
+            by, bx = _raster(g, plan.gx, plan.gy, cfg.swizzle)
+            rot = 0 if ca else g % R
+            u0 = gt * R // Lt
+            e0 = T.min((u0 + 1) * Lt - gt * R, R)
+            for x, y in T.Parallel(tr, tc):
+                xx = cy * tr + x
+                yy = cx * tc + y
+                row = by * bm + xx
+                col = bx * bn + yy
+                for i in _static(m):
+                    for j in _static(n):
+                        acc = T.if_then_else(touched((i, j), 0, e0, rot),
+                                             T.cast(C[i * Mb + row, j * Nb + col], ACCUM),
+                                             T.float32(0))
+                        for k in _static(plan.max_pieces - 1):
+                            u = u0 + 1 + k
+                            c = u * Lt - gt * R
+                            use = T.And(c < R, touched((i, j), c, T.min(c + Lt, R), rot))
+                            acc = acc + T.if_then_else(
+                                use, Ps[T.min(u, slots - 1), i * n + j, xx, yy], T.float32(0))
+                        conds = f.conds(i, j, row, col)
+                        if conds:
+                            cond = conds[0]
+                            for cc in conds[1:]:
+                                cond = T.And(cond, cc)
+                            if cond:
+                                C[i * Mb + row, j * Nb + col] = T.cast(acc, dtype)
+                        else:
+                            C[i * Mb + row, j * Nb + col] = T.cast(acc, dtype)
+
+    return lcmac_split_fixup
 
 
 # ----------------------------------------------------------------------------------------------
 def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = False):
     """H_r = Ã_r · B̃_r for every r.  cache_aware=True: r is the slowest grid index, so the CTAs
     resident together work on the same product and share its Ã_r / B̃_r panels in L2;
-    False (the ablation): r varies fastest, so neighbouring CTAs read R different panels."""
+    False (the ablation): r varies fastest, so neighbouring CTAs read R different panels.
+    kmajor_b: B̃ stored [R, Nb, Kb] (TF32 wgmma for float32 on sm_90a)."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.bk(dtype)
     pol = _policy(cfg, dtype)
     R, Mb, Nb, Kb = blk.R, blk.Mb, blk.Nb, blk.Kb
     gx, gy = -(-Nb // bn), -(-Mb // bm)
-    sdt = T.tfloat32 if dtype == "float32" else dtype   # TileLang picks wgmma only for tf32 tiles
+    # TileLang picks wgmma only for tf32 tiles
+    sdt = T.tfloat32 if (kmajor_b and dtype == "float32") else dtype
+    b_shape = (R, Nb, Kb) if kmajor_b else (R, Kb, Nb)
+    b_tile = (bn, bk) if kmajor_b else (bk, bn)
+    rfast = not kmajor_b and not cfg.cache_aware
 
-    @T.prim_func
-    def lcmac_bgemm(At: T.Tensor((R, Mb, Kb), dtype), Bt: T.Tensor((R, Kb, Nb), dtype),
-                    H: T.Tensor((R, Mb, Nb), dtype)):
-        with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
-            A_s = T.alloc_shared((bm, bk), dtype)
-            B_s = T.alloc_shared((bk, bn), dtype)
-            C_l = T.alloc_fragment((bm, bn), ACCUM)
-            T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
-            T.clear(C_l)
-            for ko in T.Pipelined(T.ceildiv(Kb, bk), num_stages=cfg.stages):
-                T.copy(At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], A_s)
-                T.copy(Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], B_s)
-                T.gemm(A_s, B_s, C_l, policy=pol)
-            T.copy(C_l, H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn])
-
-    @T.prim_func
-    def lcmac_bgemm_rfast(At: T.Tensor((R, Mb, Kb), dtype), Bt: T.Tensor((R, Kb, Nb), dtype),
-                          H: T.Tensor((R, Mb, Nb), dtype)):
-        with T.Kernel(gx * R, gy, threads=cfg.threads) as (bxr, by):
-            A_s = T.alloc_shared((bm, bk), dtype)
-            B_s = T.alloc_shared((bk, bn), dtype)
-            C_l = T.alloc_fragment((bm, bn), ACCUM)
-            bz = bxr % R
-            bx = bxr // R
-            T.clear(C_l)
-            for ko in T.Pipelined(T.ceildiv(Kb, bk), num_stages=cfg.stages):
-                T.copy(At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], A_s)
-                T.copy(Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], B_s)
-                T.gemm(A_s, B_s, C_l, policy=pol)
-            T.copy(C_l, H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn])
-
-    @T.prim_func
-    def lcmac_bgemm_kmajor(At: T.Tensor((R, Mb, Kb), dtype), Bt: T.Tensor((R, Nb, Kb), dtype),
-                           H: T.Tensor((R, Mb, Nb), dtype)):
-        with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
-            A_s = T.alloc_shared((bm, bk), sdt)
-            B_s = T.alloc_shared((bn, bk), sdt)
-            C_l = T.alloc_fragment((bm, bn), ACCUM)
-            T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
-            T.clear(C_l)
-            for ko in T.Pipelined(T.ceildiv(Kb, bk), num_stages=cfg.stages):
-                T.copy(At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], A_s)
+    @T.macro
+    def tile(At, Bt, H, bx, by, bz, A_s, B_s, C_l):
+        # one H tile: pipelined K loop from TMA-loaded shared memory, fp32 accumulators
+        T.clear(C_l)
+        for ko in T.Pipelined(T.ceildiv(Kb, bk), num_stages=cfg.stages):
+            T.copy(At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], A_s)
+            if kmajor_b:
                 T.copy(Bt[bz, bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk], B_s)
                 T.gemm(A_s, B_s, C_l, transpose_B=True, policy=pol)
-            T.copy(C_l, H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn])
+            else:
+                T.copy(Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], B_s)
+                T.gemm(A_s, B_s, C_l, policy=pol)
+        T.copy(C_l, H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn])
 
-    if kmajor_b:
-        return lcmac_bgemm_kmajor
-    return lcmac_bgemm if cfg.cache_aware else lcmac_bgemm_rfast
+    @T.prim_func
+    def lcmac_bgemm(At: T.Tensor((R, Mb, Kb), dtype), Bt: T.Tensor(b_shape, dtype),
+                    H: T.Tensor((R, Mb, Nb), dtype)):
+        if rfast:
+            with T.Kernel(gx * R, gy, threads=cfg.threads) as (bxr, by):
+                A_s = T.alloc_shared((bm, bk), sdt)
+                B_s = T.alloc_shared(b_tile, sdt)
+                C_l = T.alloc_fragment((bm, bn), ACCUM)
+                bz = bxr % R
+                bx = bxr // R
+                tile(At, Bt, H, bx, by, bz, A_s, B_s, C_l)
+        else:
+            with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
+                A_s = T.alloc_shared((bm, bk), sdt)
+                B_s = T.alloc_shared(b_tile, sdt)
+                C_l = T.alloc_fragment((bm, bn), ACCUM)
+                T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
+                tile(At, Bt, H, bx, by, bz, A_s, B_s, C_l)
+
+    return lcmac_bgemm
 
 
 def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig):

@@ -51,12 +51,13 @@ def _resolve_algorithm(spec):
     return ir.get(spec)
 
 
-def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a"):
+def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     """The kernels of one artifact: [(kname, prim_func, [buffer names])] and the workspace
-    layout [(buffer name, byte offset)] (last entry "__end__" = total bytes)."""
+    layout [(buffer name, byte offset)] (last entry "__end__" = total bytes).  ``units``: SMs
+    of the GPU the persistent kernel is sized for (default: the arch's profile)."""
     from ..dtypes import ITEMSIZE
     from ..schedules import cuda_kernels as K
-    from ..schedules.cuda_config import Blocking
+    from ..schedules.cuda_config import Blocking, persistent_plan
     M, N, K_ = shape
     # TF32 wgmma (sm_90a) needs B K-major: B̃ is written transposed by its combine kernel, and
     # the plain GEMM goes through the same path as the 1x1x1 algorithm
@@ -74,10 +75,26 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a"):
         progs, how = _programs(alg)
     blk = Blocking(M, N, K_, alg.m, alg.k, alg.n, alg.R)
     item = ITEMSIZE[dtype]
+    pplan = None
+    if cfg.fused and (cfg.split_group or cfg.persistent):
+        if arch == "sm_80" and cfg.overlap_epilogue:
+            from ..schedules.cuda_config import NotSupportedYet
+            # TileLang 0.1.15's cp.async pipeline needs a constant trip count: a run-time one
+            # (each CTA's share of the tail) fails in its CUDA codegen (Downcast Sub→IntImm)
+            raise NotSupportedYet("split_group/persistent with overlap_epilogue on sm_80 is not "
+                                  "supported yet (use overlap_epilogue=False there)")
+        if units is None:
+            from ..costmodel.profiles import get_profile
+            units = get_profile("a100" if arch == "sm_80" else "h100").units
+        pplan = persistent_plan(blk, cfg, dtype, units)
     ws, off = [], 0
-    for name, elems in blk.workspace_elems(cfg.fused).items():
+    sizes = {n: e * item for n, e in blk.workspace_elems(cfg.fused).items()}
+    if pplan is not None:
+        # fp32 partial C tiles of the split groups' non-lead pieces: one slot per tail CTA
+        sizes["Ps"] = max(pplan.slots, 1) * alg.m * alg.n * cfg.block_m * cfg.block_n * 4
+    for name, nbytes in sizes.items():
         ws.append((name, off))
-        off += -(-elems * item // 256) * 256
+        off += -(-nbytes // 256) * 256
     ws.append(("__end__", off))
     if kmajor and alg.m * alg.k == 1:
         ws = [("Bt", 0), ("__end__", -(-blk.Kb * blk.Nb * item // 256) * 256)]
@@ -97,6 +114,12 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a"):
         return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
                         "b_layout": "K-major (transposed) for TF32 wgmma"}
     ks.append(("combine_b", K.combine_ab("B", progs["B"], blk, dtype, cfg), ["B", "Bt"]))
+    if pplan is not None:
+        ks.append(("fused_gemm_h", K.fused_gemm_h(alg, blk, dtype, cfg, pplan, arch), ["At", "Bt", "C", "Ps"]))
+        if pplan.split:
+            ks.append(("split_fixup", K.split_fixup(alg, blk, dtype, cfg, pplan, arch), ["Ps", "C"]))
+        return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
+                        "persistent": pplan.to_dict()}
     if cfg.fused:
         ks.append(("fused_gemm_h", K.fused_gemm_h(alg, blk, dtype, cfg), ["At", "Bt", "C"]))
     else:
