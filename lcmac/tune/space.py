@@ -143,14 +143,20 @@ def config_from_dict(target, d: dict):
     return cls(**d)
 
 
-def default_config(target, dtype="float32"):
-    """The backend's default config (its ``default_config(target, dtype)`` or its config
-    class with no arguments), or None."""
+def default_config(target, dtype="float32", algorithm=None):
+    """The backend's default config for ``algorithm`` (what ``lcmac build`` uses with no
+    config and no log: its ``default_config(target, dtype[, algorithm])`` — on CPUs it
+    depends on the algorithm, e.g. Strassen² unfused) or its config class with no
+    arguments, or None."""
+    alg = _algorithm(algorithm) if isinstance(algorithm, str) else algorithm
     for mod in _schedule_modules(family(target)):
         fn = getattr(mod, "default_config", None)
         if callable(fn):
             try:
-                return fn(_target_obj(target), dtype)
+                try:
+                    return fn(_target_obj(target), dtype, alg)
+                except TypeError:
+                    return fn(_target_obj(target), dtype)
             except Exception:  # noqa: BLE001
                 break
     cls = config_class(family(target))
@@ -339,15 +345,29 @@ def estimate_gemm_cpu(M, N, K, dtype, p, f: dict) -> dict:
     t_compute = flops * pad / (peak * min(1.0, mk_eff) * par)
     # memory traffic
     dram = s * (M * K * _cdiv(N, nc) + K * N + 2 * M * N * _cdiv(K, kc))
-    l3 = s * K * N * _cdiv(M, mc)
     bw = p.achievable_bw()
     t_mem = dram / bw
-    t_l3 = l3 / (p.l2_bw or 4 * p.mem_bw)
+    # every mc block of rows re-reads the task's kc×nc B̃ panel: from L2 when it fits there,
+    # from the LLC while it fits in a core's share, else from DRAM (measured on the SPR VM:
+    # mc=32 with a 8 MiB kc×nc panel runs 2x slower than mc=256 with a 2 MiB one)
+    l3 = s * K * N * _cdiv(M, mc)
+    panel = s * kc * nc
+    fast = p.l2_bw or 4 * p.mem_bw
+    if panel <= 0.5 * (p.l2_bytes or 0):
+        panel_bw = fast
+    elif panel <= 0.5 * (p.l3_bytes or 0) / max(1, p.units):
+        panel_bw = 0.5 * fast
+    else:
+        panel_bw = bw
+    t_l3 = l3 / panel_bw
     # packing: A once per nc block, B once — read + write at bandwidth, not overlapped
     t_pack = 2 * s * (M * K * _cdiv(N, nc) + K * N) / bw / p.units * 0.5
     # loop overhead of tiny kc blocks (micro-kernel prologue/epilogue per kc)
     t_ovh = _cdiv(M, mr) * _cdiv(N, nr) * _cdiv(K, kc) * 40 / 2.5e9 / p.units
-    total = max(t_compute, t_mem, t_l3) + t_pack + t_ovh + p.launch_overhead_s
+    # a panel streamed from DRAM stalls the micro-kernel (its loads are not prefetched far
+    # enough ahead to hide DRAM latency): not overlapped with the FMAs
+    stall = t_l3 if panel_bw is bw else 0.0
+    total = max(t_compute, t_mem, t_l3 - stall) + stall + t_pack + t_ovh + p.launch_overhead_s
     return {"time_s": total, "compute_s": t_compute, "dram_s": t_mem, "l3_s": t_l3,
             "pack_s": t_pack, "microkernel_eff": mk_eff, "parallel_eff": par, "padding": pad,
             "dram_bytes": dram}
