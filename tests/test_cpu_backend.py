@@ -359,6 +359,11 @@ def test_config_space_and_roundtrip():
     assert default_config(get_target("x86_64-avx2"), "float64").nr == 8
     with pytest.raises(ValueError):
         CpuConfig.from_dict({"bogus": 1})
+    # 3 vectors per row of the micro-tile compile to lane-by-lane code: refused, named
+    with pytest.raises(ValueError, match="nr=48 is 3 vectors"):
+        CpuConfig(nr=48).validate(16)
+    CpuConfig(nr=64).validate(16)
+    assert all((c.nr // 16) in (1, 2, 4) for c in space)
 
 
 try:

@@ -56,6 +56,14 @@ class CpuConfig:
                 raise ValueError(f"config knob {nm}={v!r} must be a positive integer")
         if self.nr % lanes:
             raise ValueError(f"nr={self.nr} must be a multiple of the vector lanes ({lanes})")
+        nv = self.nr // lanes
+        if nv & (nv - 1):
+            # measured: nr = 3 vectors compiles to lane-by-lane shuffles (20x slower), see
+            # tuning_logs/x86_64-avx512-float32.jsonl; refuse rather than build a slow kernel
+            ok = ", ".join(str(lanes * 2 ** i) for i in range(4))
+            raise ValueError(f"nr={self.nr} is {nv} vectors of {lanes} lanes; use a power-of-two "
+                             f"number of vectors (nr in {ok}): other widths compile to "
+                             f"lane-by-lane code, measured 20x slower")
         if not isinstance(self.fused, bool) or not isinstance(self.bf16_dot, bool):
             raise ValueError("config knobs fused and bf16_dot must be true or false")
         if self.mc < self.mr or self.nc < self.nr:
