@@ -346,7 +346,10 @@ def optimized_programs(alg: Algorithm, *, effort: int = 2) -> dict[str, LinearPr
     mats = combine_matrices(alg)
     path = _disk_path(key)
     out = _disk_read(path, mats)
-    if out is None:
+    if out is not None:
+        for stage, M in mats.items():
+            _supplied(alg, stage, M)    # a cache hit still warns about a bad supplied program
+    else:
         out = {}
         for stage, M in mats.items():
             own = optimize(M, effort=effort)
