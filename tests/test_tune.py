@@ -32,7 +32,7 @@ def test_pruning_rejects_configs_that_overflow_on_chip_memory():
     assert "shared memory" in space.fit_check(GPU, "bfloat16", big_smem).reason
     assert space.fit_check(GPU, "bfloat16", ok_gpu).fits
     too_many_regs = {"mr": 16, "nr": 64, "kc": 128, "mc": 64, "nc": 1024}
-    l1_overflow = {"mr": 8, "nr": 64, "kc": 2048, "mc": 32, "nc": 1024}   # 512 KiB micro-panel
+    l1_overflow = {"mr": 8, "nr": 64, "kc": 4096, "mc": 32, "nc": 1024}   # 1 MiB micro-panel
     llc_overflow = {"mr": 8, "nr": 32, "kc": 128, "mc": 64, "nc": 65536}
     assert "register" in space.fit_check(CPU, "float32", too_many_regs).reason
     assert "L1" in space.fit_check(CPU, "float32", l1_overflow).reason

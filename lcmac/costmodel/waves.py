@@ -144,8 +144,8 @@ GPU_ACC_REG_FRACTION = 0.5
 #: the kc×nr B micro-panel and of L2 for the mc×kc A block.
 CPU_ACC_REG_FRACTION = 0.75
 CPU_L1_FRACTION = 0.5
-CPU_L2_FRACTION = 0.5
-CPU_PANEL_L2_FRACTION = 0.125
+CPU_L2_FRACTION = 1.0        # measured: an mc×kc A block of a whole L2 (mc=504, kc=1024) was fastest
+CPU_PANEL_L2_FRACTION = 0.25
 
 
 def onchip_fit(profile, dtype, config: dict) -> FitReport:

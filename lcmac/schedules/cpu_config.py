@@ -127,7 +127,7 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
     fused_opts = (True,) if alg is None else (True, False)
     # kc up to 1024: an LCMA's fused epilogue runs once per kc chunk (default_config's note)
     for (mr, nr), mc, nc, kc, ku, fu in itertools.product(
-            tiles, (32, 64, 128, 256), (256, 512, 1024, 2048), (64, 128, 256, 512, 1024), (2, 4),
+            tiles, (32, 64, 128, 256, 512, 1024), (256, 512, 1024, 2048), (64, 128, 256, 512, 1024), (2, 4),
             fused_opts):
         if mc < mr or nc < nr:
             continue
