@@ -330,3 +330,92 @@ def persistent_plan_of(alg, M, N, K, P, **kw):
     from lcmac.schedules.cuda_config import persistent_plan
     cfg = CudaConfig(fused=True, split_group=True, block_m=8, block_n=8, persistent_ctas=P, **kw)
     return persistent_plan(Blocking(M, N, K, alg.m, alg.k, alg.n, alg.R), cfg, "bfloat16", 132)
+
+
+# ---- buffers of more than 2³¹ elements: 64-bit index arithmetic ----------------------------
+def _int32_wrapped_offsets(alg, M, N, K, fused):
+    """Buffers whose compile-time-constant index offset reaches 2³¹: r·(per-product stride) for
+    an unrolled product r (Ã, B̃ written by the combines, H read by Combine-H), i·Mb·N + j·Nb
+    for a C block (and the A, B blocks the combines read).  TVM folds these in the extents'
+    type, so with int32 extents they wrapped (tile-ai/tilelang#2560)."""
+    b = Blocking(M, N, K, alg.m, alg.k, alg.n, alg.R)
+    off = {"At": (b.R - 1) * b.Mb * b.Kb, "Bt": (b.R - 1) * b.Kb * b.Nb,
+           "A": (alg.m - 1) * b.Mb * K + (alg.k - 1) * b.Kb,
+           "B": (alg.k - 1) * b.Kb * N + (alg.n - 1) * b.Nb,
+           "C": (alg.m - 1) * b.Mb * N + (alg.n - 1) * b.Nb}
+    if not fused:
+        off["H"] = (b.R - 1) * b.Mb * b.Nb
+    return sorted(k for k, v in off.items() if v >= 2**31)
+
+
+def test_logged_large_n_failures_are_int32_wraps():
+    """The H100 tuning logs' failures (Strassen² at M = 8192 and Strassen/Strassen² at
+    M = 16384 on the vocabulary projections: illegal address in combine_h, or relative error
+    ≈ 1) are exactly the artifacts with a wrapped int32 constant offset; every such buffer is
+    now declared with int64 extents (cuda_config.int64_buffers)."""
+    from lcmac import ir
+    from lcmac.schedules.cuda_config import int64_buffers
+    algs = {a: ir.get(a) for a in ("strassen", "strassen^2")}
+    seen = {"ok": 0, "error": 0}
+    for log in ("cuda-sm90a-bfloat16.jsonl", "cuda-sm90a-float32.jsonl"):
+        path = os.path.join(ROOT, "tuning_logs", log)
+        if not os.path.exists(path):
+            continue
+        for line in open(path):
+            r = json.loads(line)
+            if r["algorithm"] not in algs:
+                continue
+            alg, fused = algs[r["algorithm"]], bool(r["config"].get("fused", False))
+            wrapped = _int32_wrapped_offsets(alg, *r["shape"], fused)
+            assert bool(wrapped) == (r["status"] != "ok"), (r["algorithm"], r["shape"], r["status"], wrapped)
+            seen[r["status"] if r["status"] == "ok" else "error"] += 1
+            blk = Blocking(*r["shape"], alg.m, alg.k, alg.n, alg.R)
+            assert set(wrapped) <= set(int64_buffers(blk, fused)), (r["shape"], wrapped)
+    if seen["error"] == 0:
+        pytest.skip("no tuning logs with large-N failures present")
+
+
+def _index_exprs(body: str, name: str) -> list[str]:
+    """The offset expression of every `name + (...)` access in a kernel body."""
+    out = []
+    for m in re.finditer(rf"\b{name} \+ \(", body):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(body[i], 0)
+            i += 1
+        out.append(body[m.end():i - 1])
+    return out
+
+
+@needs_tilelang
+@pytest.mark.parametrize("cfg,wide,kernels", [
+    ({"fused": False}, ["C", "H"], {"combine_h": ("H", "C"), "batched_gemm": ("H",)}),
+    ({"fused": True, "overlap_epilogue": True}, ["C"], {"fused_gemm_h": ("C",)})])
+def test_large_buffers_index_in_64_bits(tmp_path, cfg, wide, kernels):
+    """Strassen at 16384×151936×4096 bf16 (a vocabulary projection; code generation only):
+    H [7, 8192, 75968] and C [16384, 151936] have more than 2³¹ elements.  With int32 extents
+    TVM folded Combine-H's offset of H_r, r·Mb·Nb, into a wrapped int32 literal for r ≥ 4
+    (`- 1805647872` for r = 4: the H100 read garbage or faulted there) and the fused kernel
+    addressed C in int arithmetic.  Now every access to those buffers is 64-bit."""
+    M, N, K = 16384, 151936, 4096
+    r = worker({"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bf16",
+                "shape": [M, N, K], "config": cfg, "out_dir": str(tmp_path), "compile": False})
+    assert r["ok"], r.get("error")
+    assert r["extra"]["int64_index"] == wide
+    blk = Blocking(M, N, K, 2, 2, 2, 7)
+    srcs = {os.path.basename(p): open(p).read() for p in r["sources"]}
+    for kname, bufs in kernels.items():
+        body = kernel_body(srcs[f"lcmac_cuda_{kname}.cu"])
+        for b in bufs:
+            exprs = _index_exprs(body, b)
+            assert exprs, (kname, b)
+            for e in exprs:                 # every offset computed in int64, none in int
+                assert "(int64_t)" in e and not re.search(r"(?<!int64_t\))\(\(int\)\w+\.\w\) \*", e), (kname, b, e[:300])
+        # no wrapped literal: a 64-bit constant above 2³¹ where the int32 code had a negative one
+        if kname == "combine_h":
+            for rr in (4, 5, 6):
+                off = rr * blk.Mb * blk.Nb
+                assert off > 2**31 and f"(int64_t){off}" in body and f"- {2**32 - off}" not in body
+    # the buffers that stay small keep 32-bit arithmetic
+    ca = kernel_body(srcs["lcmac_cuda_combine_a.cu"])
+    assert "int64_t" not in ca

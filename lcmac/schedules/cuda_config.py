@@ -145,6 +145,39 @@ class Blocking:
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 
+#: TileLang/TVM index arithmetic is int32 unless a buffer's extents are int64.  Flattening a
+#: buffer access folds its compile-time-constant part (r·Mb·Nb for an unrolled product index
+#: r, i·Mb·N for a C block row) in the extents' type, and an int32 fold wraps silently
+#: (tile-ai/tilelang#2560): the wrapped offset is a wrong address (an illegal access, or a
+#: wrong result when it lands inside another workspace buffer).  TileLang promotes an index
+#: to int64 only when its run-time range exceeds int32, after that fold.  So every global
+#: buffer of more than INDEX_INT32_MAX elements is declared with int64 extents.
+INDEX_INT32_MAX = 2**31 - 1
+
+
+def needs_int64(dims) -> bool:
+    """Does a buffer of these extents need 64-bit index arithmetic?"""
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n > INDEX_INT32_MAX
+
+
+def buffer_shapes(blk: "Blocking", fused: bool, kmajor_b: bool = False) -> dict[str, tuple]:
+    """The global buffers of one LCMA artifact (user operands and workspaces) and their
+    shapes, as the templates declare them."""
+    out = {"A": (blk.M, blk.K), "B": (blk.K, blk.N), "C": (blk.M, blk.N),
+           "At": (blk.R, blk.Mb, blk.Kb),
+           "Bt": (blk.R, blk.Nb, blk.Kb) if kmajor_b else (blk.R, blk.Kb, blk.Nb)}
+    if not fused:
+        out["H"] = (blk.R, blk.Mb, blk.Nb)
+    return out
+
+
+def int64_buffers(blk: "Blocking", fused: bool, kmajor_b: bool = False) -> list[str]:
+    """Names of the buffers indexed in 64 bits (more than 2³¹−1 elements)."""
+    return [k for k, v in buffer_shapes(blk, fused, kmajor_b).items() if needs_int64(v)]
+
 
 def check_shape(M: int, N: int, K: int, dtype: str) -> None:
     from ..errors import ShapeError

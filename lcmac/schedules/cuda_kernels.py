@@ -25,7 +25,8 @@ from fractions import Fraction
 import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
-from .cuda_config import Blocking, CudaConfig, combine_h_steps, first_in_piece, r_order
+from .cuda_config import (Blocking, CudaConfig, combine_h_steps, first_in_piece, needs_int64,
+                          r_order)
 
 ACCUM = "float32"
 
@@ -34,6 +35,16 @@ def _static(n: int) -> list[int]:
     """A Python list: TileLang's builder unrolls loops over lists at trace time (a `range`
     would become a TIR serial loop)."""
     return list(range(n))
+
+
+def _dims(*dims):
+    """A global buffer's shape: int64 extents when it has more than 2³¹−1 elements, so that
+    its flattened index, and the constant part TVM folds out of it (r·Mb·Nb for an unrolled
+    product r, i·Mb·N for a C block row), are computed in 64 bits; int32 extents otherwise
+    (the generated code of smaller shapes is unchanged).  See cuda_config.INDEX_INT32_MAX."""
+    if needs_int64(dims):
+        return tuple(T.int64(d) for d in dims)
+    return tuple(dims)
 
 
 def _policy(cfg, dtype="bfloat16"):
@@ -80,8 +91,8 @@ def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig):
     out_dtype = dtype
 
     @T.prim_func
-    def lcmac_gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype),
-                   C: T.Tensor((M, N), out_dtype)):
+    def lcmac_gemm(A: T.Tensor(_dims(M, K), dtype), B: T.Tensor(_dims(K, N), dtype),
+                   C: T.Tensor(_dims(M, N), out_dtype)):
         with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=cfg.threads) as (bx, by):
             A_s = T.alloc_shared((bm, bk), dtype)
             B_s = T.alloc_shared((bk, bn), dtype)
@@ -104,8 +115,8 @@ def plain_gemm_kmajor(M: int, N: int, K: int, Nb: int, Kb: int, dtype: str, cfg:
     pol = _policy(cfg, dtype)
 
     @T.prim_func
-    def lcmac_gemm_t(A: T.Tensor((M, K), dtype), Bt: T.Tensor((Nb, Kb), dtype),
-                     C: T.Tensor((M, N), dtype)):
+    def lcmac_gemm_t(A: T.Tensor(_dims(M, K), dtype), Bt: T.Tensor(_dims(Nb, Kb), dtype),
+                     C: T.Tensor(_dims(M, N), dtype)):
         with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=cfg.threads) as (bx, by):
             A_s = T.alloc_shared((bm, bk), sdt)
             B_s = T.alloc_shared((bn, bk), sdt)
@@ -135,7 +146,7 @@ def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig):
     full_cols = [(q + 1) * Cb <= cols for q in range(Q)]
 
     @T.prim_func
-    def lcmac_combine(X: T.Tensor((rows, cols), dtype), Xt: T.Tensor((R, Rb, Cb), dtype)):
+    def lcmac_combine(X: T.Tensor(_dims(rows, cols), dtype), Xt: T.Tensor(_dims(R, Rb, Cb), dtype)):
         with T.Kernel(T.ceildiv(Cb, tc), T.ceildiv(Rb, tr), threads=cfg.combine_threads) as (bx, by):
             for x, y in T.Parallel(tr, tc):
                 rr = by * tr + x
@@ -178,7 +189,7 @@ def combine_b_kmajor(prog, blk: Blocking, dtype: str, cfg: CudaConfig, P=None, Q
     full_cols = [(q + 1) * Cb <= cols for q in range(Q)]
 
     @T.prim_func
-    def lcmac_combine_t(X: T.Tensor((rows, cols), dtype), Xt: T.Tensor((R, Cb, Rb), dtype)):
+    def lcmac_combine_t(X: T.Tensor(_dims(rows, cols), dtype), Xt: T.Tensor(_dims(R, Cb, Rb), dtype)):
         with T.Kernel(T.ceildiv(Cb, t), T.ceildiv(Rb, t), threads=256) as (bx, by):
             S = T.alloc_shared((P * Q, t, t + 1), dtype)
             for p in _static(P):
@@ -347,8 +358,8 @@ def fused_gemm_h(alg, blk: Blocking, dtype: str, cfg: CudaConfig, plan=None, arc
 
     if plan is None:
         @T.prim_func
-        def lcmac_fused(At: T.Tensor((R, Mb, Kb), dtype), Bt: T.Tensor((R, Kb, Nb), dtype),
-                        C: T.Tensor((M, N), out_dtype)):
+        def lcmac_fused(At: T.Tensor(_dims(R, Mb, Kb), dtype), Bt: T.Tensor(_dims(R, Kb, Nb), dtype),
+                        C: T.Tensor(_dims(M, N), out_dtype)):
             with T.Kernel(T.ceildiv(Nb, bn), T.ceildiv(Mb, bm), threads=cfg.threads) as (bx, by):
                 A_s = T.alloc_shared((bm, bk), dtype)
                 B_s = T.alloc_shared((bk, bn), dtype)
@@ -438,9 +449,9 @@ def fused_gemm_h(alg, blk: Blocking, dtype: str, cfg: CudaConfig, plan=None, arc
             c_epilogue(C, H, by, bx, (s,), rot)
 
     @T.prim_func
-    def lcmac_fused_persistent(At: T.Tensor((R, Mb, Kb), dtype), Bt: T.Tensor((R, Kb, Nb), dtype),
-                               C: T.Tensor((M, N), out_dtype),
-                               Ps: T.Tensor((slots, mn, bm, bn), ACCUM)):
+    def lcmac_fused_persistent(At: T.Tensor(_dims(R, Mb, Kb), dtype), Bt: T.Tensor(_dims(R, Kb, Nb), dtype),
+                               C: T.Tensor(_dims(M, N), out_dtype),
+                               Ps: T.Tensor(_dims(slots, mn, bm, bn), ACCUM)):
         with T.Kernel(P, threads=cfg.threads) as pid:
             A_s = T.alloc_shared((bm, bk), dtype)
             B_s = T.alloc_shared((bk, bn), dtype)
@@ -510,7 +521,7 @@ def split_fixup(alg, blk: Blocking, dtype: str, cfg: CudaConfig, plan, arch: str
         return _select(f.nxt[ij], c if ca else (c + rot) % R) < e - c
 
     @T.prim_func
-    def lcmac_split_fixup(Ps: T.Tensor((slots, mn, bm, bn), ACCUM), C: T.Tensor((M, N), dtype)):
+    def lcmac_split_fixup(Ps: T.Tensor(_dims(slots, mn, bm, bn), ACCUM), C: T.Tensor(_dims(M, N), dtype)):
         with T.Kernel(T.ceildiv(bn, tc), T.ceildiv(bm, tr), plan.rem,
                       threads=cfg.combine_threads) as (cx, cy, gt):
             if pdl:
@@ -583,8 +594,8 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
         T.copy(C_l, H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn])
 
     @T.prim_func
-    def lcmac_bgemm(At: T.Tensor((R, Mb, Kb), dtype), Bt: T.Tensor(b_shape, dtype),
-                    H: T.Tensor((R, Mb, Nb), dtype)):
+    def lcmac_bgemm(At: T.Tensor(_dims(R, Mb, Kb), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
+                    H: T.Tensor(_dims(R, Mb, Nb), dtype)):
         if rfast:
             with T.Kernel(gx * R, gy, threads=cfg.threads) as (bxr, by):
                 A_s = T.alloc_shared((bm, bk), sdt)
@@ -612,7 +623,7 @@ def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig):
     cols_ok = [(j + 1) * Nb <= N for j in range(n)]
 
     @T.prim_func
-    def lcmac_combine_h(H: T.Tensor((R, Mb, Nb), dtype), C: T.Tensor((M, N), dtype)):
+    def lcmac_combine_h(H: T.Tensor(_dims(R, Mb, Nb), dtype), C: T.Tensor(_dims(M, N), dtype)):
         with T.Kernel(T.ceildiv(Nb, tc), T.ceildiv(Mb, tr), threads=cfg.combine_threads) as (bx, by):
             for x, y in T.Parallel(tr, tc):
                 rr = by * tr + x

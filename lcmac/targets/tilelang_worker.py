@@ -57,13 +57,16 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     of the GPU the persistent kernel is sized for (default: the arch's profile)."""
     from ..dtypes import ITEMSIZE
     from ..schedules import cuda_kernels as K
-    from ..schedules.cuda_config import Blocking, persistent_plan
+    from ..schedules.cuda_config import Blocking, int64_buffers, persistent_plan
     M, N, K_ = shape
     # TF32 wgmma (sm_90a) needs B K-major: B̃ is written transposed by its combine kernel, and
     # the plain GEMM goes through the same path as the 1x1x1 algorithm
     kmajor = dtype == "float32" and arch == "sm_90a" and cfg.tf32_wgmma
     if alg is None and not kmajor:
-        return [("gemm", K.plain_gemm(M, N, K_, dtype, cfg), ["A", "B", "C"])], [("__end__", 0)], None
+        from ..schedules.cuda_config import needs_int64
+        wide = [n for n, d in (("A", (M, K_)), ("B", (K_, N)), ("C", (M, N))) if needs_int64(d)]
+        return ([("gemm", K.plain_gemm(M, N, K_, dtype, cfg), ["A", "B", "C"])], [("__end__", 0)],
+                {"int64_index": wide} if wide else None)
     if alg is None:
         from .. import ir
         alg = ir.get("naive-1x1x1")
@@ -75,6 +78,8 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
         progs, how = _programs(alg)
     blk = Blocking(M, N, K_, alg.m, alg.k, alg.n, alg.R)
     item = ITEMSIZE[dtype]
+    # buffers of more than 2³¹−1 elements: declared with int64 extents (cuda_kernels._dims)
+    wide = int64_buffers(blk, cfg.fused and not kmajor, kmajor)
     pplan = None
     if cfg.fused and (cfg.split_group or cfg.persistent):
         if arch == "sm_80" and cfg.overlap_epilogue:
@@ -100,8 +105,9 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
         ws = [("Bt", 0), ("__end__", -(-blk.Kb * blk.Nb * item // 256) * 256)]
         ks = [("transpose_b", K.combine_b_kmajor(progs["B"], blk, dtype, cfg), ["B", "Bt"]),
               ("gemm", K.plain_gemm_kmajor(M, N, K_, blk.Nb, blk.Kb, dtype, cfg), ["A", "Bt", "C"])]
+        wide = [n for n in ("A", "Bt", "C") if n in wide]
         return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
-                        "b_layout": "K-major (transposed) for TF32 wgmma"}
+                        "b_layout": "K-major (transposed) for TF32 wgmma", "int64_index": wide}
     ks = [("combine_a", K.combine_ab("A", progs["A"], blk, dtype, cfg), ["A", "At"])]
     if kmajor:
         if cfg.fused:
@@ -112,20 +118,21 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
         ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg, kmajor_b=True), ["At", "Bt", "H"]))
         ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg), ["H", "C"]))
         return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
-                        "b_layout": "K-major (transposed) for TF32 wgmma"}
+                        "b_layout": "K-major (transposed) for TF32 wgmma", "int64_index": wide}
     ks.append(("combine_b", K.combine_ab("B", progs["B"], blk, dtype, cfg), ["B", "Bt"]))
     if pplan is not None:
         ks.append(("fused_gemm_h", K.fused_gemm_h(alg, blk, dtype, cfg, pplan, arch), ["At", "Bt", "C", "Ps"]))
         if pplan.split:
             ks.append(("split_fixup", K.split_fixup(alg, blk, dtype, cfg, pplan, arch), ["Ps", "C"]))
         return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
-                        "persistent": pplan.to_dict()}
+                        "persistent": pplan.to_dict(), "int64_index": wide}
     if cfg.fused:
         ks.append(("fused_gemm_h", K.fused_gemm_h(alg, blk, dtype, cfg), ["At", "Bt", "C"]))
     else:
         ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg), ["At", "Bt", "H"]))
         ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg), ["H", "C"]))
-    return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how}
+    return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
+                    "int64_index": wide}
 
 
 def _launch_info(code: str, kname: str) -> dict:
