@@ -296,15 +296,7 @@ def measure_artifact(path: str, target: str, dtype: str, shape, *, warmup: int =
         import torch
         sync = torch.cuda.synchronize
         sync()
-
-        def timer(fn, n):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(n):
-                fn()
-            e.record()
-            e.synchronize()
-            return s.elapsed_time(e) / 1e3
+        timer = _gpu_timer()
     if check:
         why = check_result(A, B, C, dtype)
         if why:
