@@ -209,6 +209,24 @@ _H100_SRC = ("NVIDIA H100 SXM5 datasheet: 989 TFLOP/s dense BF16/FP16, 495 TF32,
              "judgement, not measured.")
 
 
+def _cpu(name, desc, *, cores, ghz, fma_ports, vector_bits, mem_bw, l1, l2, l3, src,
+         gemm_efficiency, bandwidth_efficiency, fp16=False):
+    """A CPU profile from its datasheet numbers: fp32 peak = cores × FMA ports × fp32 lanes ×
+    2 × clock; adds at half the FMA rate; bf16 (dot products) at 2× fp32; 32 vector
+    registers; L2 read at 64 B/cycle/core at half the clock."""
+    fp32 = cores * fma_ports * (vector_bits // 32) * 2 * ghz
+    mul = {"float32": fp32, "float64": fp32 / 2, "bfloat16": 2 * fp32}
+    add = {"float32": fp32 / 2, "float64": fp32 / 4, "bfloat16": fp32 / 2}
+    if fp16:                                 # AVX512-FP16: dot products and packed adds
+        mul["float16"], add["float16"] = 2 * fp32, fp32
+    return HardwareProfile(
+        name=name, kind="cpu", description=desc, mul_flops=mul, add_flops=add, mem_bw=mem_bw,
+        units=cores, onchip_per_unit=l1, regs_per_unit=32 * (vector_bits // 8), l2_bytes=l2,
+        l3_bytes=l3, l2_bw=cores * 64 * ghz * 0.5, vector_bits=vector_bits, source=src,
+        gemm_efficiency=gemm_efficiency, bandwidth_efficiency=bandwidth_efficiency,
+        add_efficiency=0.5, launch_overhead_s=5e-6, shape_half=40.0, epilogue_overlap=0.0)
+
+
 def _build() -> dict[str, HardwareProfile]:
     P: dict[str, HardwareProfile] = {}
     P["h100"] = _hopper("h100", "NVIDIA H100 SXM5 80 GB (Hopper, sm_90a)", 3.35 * T, 132,
@@ -238,69 +256,43 @@ def _build() -> dict[str, HardwareProfile]:
         launch_overhead_s=3e-6)
 
     # This VM: Sapphire Rapids, 2 cores, 2×512-bit FMA ports, ~2.5 GHz sustained (assumed).
-    ghz = 2.5e9
-    fp32 = 2 * 2 * 16 * 2 * ghz                     # cores × ports × lanes × 2 (FMA)
-    P["spr-2core"] = HardwareProfile(
-        name="spr-2core", kind="cpu",
-        description="this machine: Intel Sapphire Rapids VM, 2 cores, AVX-512 (+BF16, FP16, AMX)",
-        mul_flops={"float32": fp32, "float64": fp32 / 2, "bfloat16": 2 * fp32, "float16": 2 * fp32},
-        add_flops={"float32": fp32 / 2, "float64": fp32 / 4, "bfloat16": fp32 / 2,
-                   "float16": fp32},
-        mem_bw=21 * G, units=2, onchip_per_unit=48 * KiB, regs_per_unit=32 * 64,
-        l2_bytes=2 * MiB, l3_bytes=8 * MiB, l2_bw=2 * 64 * ghz * 0.5, vector_bits=512,
-        source="measured here (DESIGN.md): OpenBLAS fp32 GEMM 200–290 GFLOP/s at 1024–4096, copy "
-               "bandwidth ~21 GB/s (bytes moved), one-pass Strassen Combine A at 20.5 GB/s; peak "
-               "assumes 2 FMA ports × 16 fp32 lanes at ~2.5 GHz (320 GFLOP/s). bf16/fp16 at 2× fp32 "
-               "(AVX512-BF16 / AVX512-FP16 dot products; AMX not modelled). lscpu: 48 KiB L1d, "
-               "2 MiB L2 per core; the L3 share of a 2-core VM is a guess (8 MiB).",
-        gemm_efficiency={"default": 0.85, "float32": 0.85},
-        bandwidth_efficiency=1.0, add_efficiency=0.5, launch_overhead_s=5e-6, shape_half=40.0,
-        epilogue_overlap=0.0)
-
+    P["spr-2core"] = _cpu(
+        "spr-2core", "this machine: Intel Sapphire Rapids VM, 2 cores, AVX-512 (+BF16, FP16, AMX)",
+        cores=2, ghz=2.5e9, fma_ports=2, vector_bits=512, mem_bw=21 * G, l1=48 * KiB,
+        l2=2 * MiB, l3=8 * MiB, fp16=True,
+        src="measured here (DESIGN.md): OpenBLAS fp32 GEMM 200–290 GFLOP/s at 1024–4096, copy "
+            "bandwidth ~21 GB/s (bytes moved), one-pass Strassen Combine A at 20.5 GB/s; peak "
+            "assumes 2 FMA ports × 16 fp32 lanes at ~2.5 GHz (320 GFLOP/s). bf16/fp16 at 2× fp32 "
+            "(AVX512-BF16 / AVX512-FP16 dot products; AMX not modelled). lscpu: 48 KiB L1d, "
+            "2 MiB L2 per core; the L3 share of a 2-core VM is a guess (8 MiB).",
+        gemm_efficiency={"default": 0.85, "float32": 0.85}, bandwidth_efficiency=1.0)
     # Neoverse V1 (Graviton3): 64 cores, 2.6 GHz, 2×256-bit SVE FMA pipes.
-    ghz = 2.6e9
-    fp32 = 64 * 2 * 8 * 2 * ghz
-    P["neoverse-v1"] = HardwareProfile(
-        name="neoverse-v1", kind="cpu", description="AWS Graviton3 (Neoverse V1), 64 cores, SVE 256-bit",
-        mul_flops={"float32": fp32, "float64": fp32 / 2, "bfloat16": 2 * fp32},
-        add_flops={"float32": fp32 / 2, "float64": fp32 / 4, "bfloat16": fp32 / 2},
-        mem_bw=307 * G, units=64, onchip_per_unit=64 * KiB, regs_per_unit=32 * 32,
-        l2_bytes=1 * MiB, l3_bytes=32 * MiB, l2_bw=64 * 64 * ghz * 0.5, vector_bits=256,
-        source="Arm/AWS public specs: 64 Neoverse-V1 cores at 2.6 GHz, 2×256-bit SVE FMA "
-               "(5.3 TFLOP/s fp32 peak), BFMMLA bf16 counted at 2× fp32 (conservative), "
-               "DDR5-4800 ×8 = 307 GB/s, 64 KiB L1d, 1 MiB L2, 32 MiB LLC. Efficiencies are "
-               "judgement (not measured).",
-        gemm_efficiency={"default": 0.8}, bandwidth_efficiency=0.75, launch_overhead_s=5e-6,
-        shape_half=40.0, epilogue_overlap=0.0)
-
+    P["neoverse-v1"] = _cpu(
+        "neoverse-v1", "AWS Graviton3 (Neoverse V1), 64 cores, SVE 256-bit",
+        cores=64, ghz=2.6e9, fma_ports=2, vector_bits=256, mem_bw=307 * G, l1=64 * KiB,
+        l2=1 * MiB, l3=32 * MiB,
+        src="Arm/AWS public specs: 64 Neoverse-V1 cores at 2.6 GHz, 2×256-bit SVE FMA "
+            "(5.3 TFLOP/s fp32 peak), BFMMLA bf16 counted at 2× fp32 (conservative), "
+            "DDR5-4800 ×8 = 307 GB/s, 64 KiB L1d, 1 MiB L2, 32 MiB LLC. Efficiencies are "
+            "judgement (not measured).",
+        gemm_efficiency={"default": 0.8}, bandwidth_efficiency=0.75)
     # Neoverse V2 (NVIDIA Grace, one CPU): 72 cores, 3.1 GHz, 4×128-bit SVE2 FMA pipes.
-    ghz = 3.1e9
-    fp32 = 72 * 4 * 4 * 2 * ghz
-    P["neoverse-v2"] = HardwareProfile(
-        name="neoverse-v2", kind="cpu", description="NVIDIA Grace (Neoverse V2), 72 cores, SVE2 128-bit",
-        mul_flops={"float32": fp32, "float64": fp32 / 2, "bfloat16": 2 * fp32},
-        add_flops={"float32": fp32 / 2, "float64": fp32 / 4, "bfloat16": fp32 / 2},
-        mem_bw=500 * G, units=72, onchip_per_unit=64 * KiB, regs_per_unit=32 * 16,
-        l2_bytes=1 * MiB, l3_bytes=114 * MiB, l2_bw=72 * 64 * ghz * 0.5, vector_bits=128,
-        source="NVIDIA Grace datasheet: 72 Neoverse-V2 cores at 3.1 GHz, 4×128-bit FMA pipes "
-               "(7.1 TFLOP/s fp32, 3.6 fp64), LPDDR5X ~500 GB/s, 64 KiB L1d, 1 MiB L2, 114 MiB "
-               "L3. Efficiencies are judgement.",
-        gemm_efficiency={"default": 0.8}, bandwidth_efficiency=0.8, launch_overhead_s=5e-6,
-        shape_half=40.0, epilogue_overlap=0.0)
-
-    ghz = 2.0e9
-    fp32 = 32 * 2 * 16 * 2 * ghz
-    P["generic-avx512"] = HardwareProfile(
-        name="generic-avx512", kind="cpu",
-        description="a generic AVX-512 server socket: 32 cores at 2.0 GHz AVX-512 clock, 2 FMA ports",
-        mul_flops={"float32": fp32, "float64": fp32 / 2, "bfloat16": 2 * fp32},
-        add_flops={"float32": fp32 / 2, "float64": fp32 / 4, "bfloat16": fp32 / 2},
-        mem_bw=300 * G, units=32, onchip_per_unit=48 * KiB, regs_per_unit=32 * 64,
-        l2_bytes=2 * MiB, l3_bytes=60 * MiB, l2_bw=32 * 64 * ghz * 0.5, vector_bits=512,
-        source="a made-up but typical Xeon socket (Ice Lake/Sapphire Rapids class): 4.1 TFLOP/s "
-               "fp32, 8 DDR channels ~300 GB/s. For ranking only, not any particular machine.",
-        gemm_efficiency={"default": 0.8}, bandwidth_efficiency=0.75, launch_overhead_s=5e-6,
-        shape_half=40.0, epilogue_overlap=0.0)
+    P["neoverse-v2"] = _cpu(
+        "neoverse-v2", "NVIDIA Grace (Neoverse V2), 72 cores, SVE2 128-bit",
+        cores=72, ghz=3.1e9, fma_ports=4, vector_bits=128, mem_bw=500 * G, l1=64 * KiB,
+        l2=1 * MiB, l3=114 * MiB,
+        src="NVIDIA Grace datasheet: 72 Neoverse-V2 cores at 3.1 GHz, 4×128-bit FMA pipes "
+            "(7.1 TFLOP/s fp32, 3.6 fp64), LPDDR5X ~500 GB/s, 64 KiB L1d, 1 MiB L2, 114 MiB "
+            "L3. Efficiencies are judgement.",
+        gemm_efficiency={"default": 0.8}, bandwidth_efficiency=0.8)
+    P["generic-avx512"] = _cpu(
+        "generic-avx512",
+        "a generic AVX-512 server socket: 32 cores at 2.0 GHz AVX-512 clock, 2 FMA ports",
+        cores=32, ghz=2.0e9, fma_ports=2, vector_bits=512, mem_bw=300 * G, l1=48 * KiB,
+        l2=2 * MiB, l3=60 * MiB,
+        src="a made-up but typical Xeon socket (Ice Lake/Sapphire Rapids class): 4.1 TFLOP/s "
+            "fp32, 8 DDR channels ~300 GB/s. For ranking only, not any particular machine.",
+        gemm_efficiency={"default": 0.8}, bandwidth_efficiency=0.75)
     return P
 
 
