@@ -21,9 +21,6 @@ from pathlib import Path
 from ..errors import DTypeError, ShapeError, TargetError
 from .manifest import Manifest
 
-_TORCH_NAMES = {"float32": "float32", "float64": "float64", "bfloat16": "bfloat16",
-                "float16": "float16"}
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -38,8 +35,8 @@ class Plan:
 
 
 def _dtype_name(x) -> str:
-    s = str(x.dtype).replace("torch.", "")
-    return _TORCH_NAMES.get(s, s)
+    from ..dtypes import normalize_dtype    # numpy and torch dtypes alike; unknown: DTypeError
+    return normalize_dtype(x.dtype)
 
 
 def _is_cuda(x) -> bool:
@@ -82,11 +79,11 @@ class AutoMatmul:
             self._index = self._scan()
         return self._index.get((algo, *shape, dtype, target))
 
-    def _target_for(self, A) -> str:
+    def _target_for(self, cuda: bool) -> str:
         if self.target:
             return self.target
         from ..targets import get_target
-        return get_target("cuda" if _is_cuda(A) else "host").name
+        return get_target("cuda" if cuda else "host").name
 
     # ---- the decision ---------------------------------------------------------------------
     def plan(self, M: int, N: int, K: int, dtype="float32", *, target: str | None = None) -> Plan:
@@ -94,7 +91,7 @@ class AutoMatmul:
         from ..dtypes import normalize_dtype
         from ..tune.decide import decide
         d = normalize_dtype(dtype)
-        tgt = target or self.target or self._target_for(_HostProbe())
+        tgt = target or self._target_for(cuda=False)
         key = (int(M), int(N), int(K), d, tgt)
         with self._lock:
             hit = self._plans.get(key)
@@ -135,7 +132,7 @@ class AutoMatmul:
                              f"{type(A).__name__} {_dtype_name(A)} and {type(B).__name__} {_dtype_name(B)}")
         if _is_cuda(A) != _is_cuda(B):
             raise TargetError("A and B are on different devices")
-        p = self.plan(M, N, K, _dtype_name(A), target=self._target_for(A))
+        p = self.plan(M, N, K, _dtype_name(A), target=self._target_for(_is_cuda(A)))
         if p.artifact is None:
             from ..tune.decide import vendor_matmul
             return vendor_matmul(A, B, out=out)
@@ -148,11 +145,6 @@ class AutoMatmul:
     def __repr__(self):
         return (f"<lcmac.auto artifacts={self.artifacts} target={self.target or 'by operand'} "
                 f"build={self.build} {len(self._plans)} shapes planned>")
-
-
-class _HostProbe:
-    """Stands in for a CPU operand when ``plan`` is asked without one."""
-    is_cuda = False
 
 
 def auto(artifacts=None, **kw) -> AutoMatmul:
