@@ -108,7 +108,7 @@ def _resolve_config(t, dtype: str, config, alg, plain: bool, shape):
         if config is None:
             config = _tuned_config(t, dtype, alg, plain, shape)
         try:
-            return resolve_config(t, dtype, config, None if plain else alg).to_dict()
+            return resolve_config(t, dtype, config, None if plain else alg, shape=shape).to_dict()
         except ValueError as e:
             raise TargetError(f"bad CPU config: {e}") from None
     # CUDA: the TileLang worker owns its knobs

@@ -38,6 +38,7 @@ VARIANTS = [("gemm", "gemm", {}),
             ("winograd", "winograd", {}),
             ("strassen^2", "strassen^2", {}),                    # default: unfused (16 C blocks)
             ("strassen^2-fused", "strassen^2", {"fused": True}),
+            ("winograd^2", "winograd^2", {}),                    # 15 additions a level (CSE)
             ("hopcroft-kerr", "hopcroft-kerr", {}),
             ("fgr-3x3x3-r23", "fgr-3x3x3-r23", {})]
 
@@ -123,7 +124,8 @@ def main(argv=None) -> int:
             if args.tuned and not cfg:
                 return None                     # build() then takes the tuning log's config
             alg = None if algo == "gemm" else get_algorithm(algo)
-            return {**default_config(target, "float32", alg).to_dict(), **cfg}
+            return {**default_config(target, "float32", alg, shape=(M, N, K),
+                                     threads=args.threads).to_dict(), **cfg}
         jobs = [dict(algo=algo, target=target, dtype="float32", shape=(M, N, K),
                      config=config_for(algo, cfg),
                      out_dir=art, name=f"{name.replace('^', 'p')}-{M}x{N}x{K}")
@@ -184,8 +186,8 @@ def main(argv=None) -> int:
            "device": cpu_description(), "target": target.name, "threads": args.threads,
            "rounds": args.rounds, "pause_s": args.pause,
            "configs": ("tuning log" if args.tuned else
-                       {"gemm": default_config(target, "float32").to_dict(),
-                        "lcma": default_config(target, "float32", get_algorithm("strassen")).to_dict()}), "numpy": np.__version__,
+                       "templates' defaults for each shape (see each variant's config)"),
+           "numpy": np.__version__,
            "lcmac": lcmac.__version__, "flops": "2*M*N*K (classical count)",
            "load_average": os.getloadavg(), "results": results}
     tmp = out.with_suffix(".json.tmp")

@@ -15,7 +15,7 @@ SHAPE = (96, 80, 64)          # M, N, K
 def rec(shape, t, algo):
     name, h = tdb.algo_identity(algo)
     return tdb.make_record(target=CPU, dtype="float32", algorithm=name, algorithm_hash=h,
-                           shape=shape, config={} if algo == "vendor" else {"mc": 16, "nc": 32, "kc": 16},
+                           shape=shape, config={} if algo == "vendor" else {"mc": 16, "nc": 32, "nr": 32, "kc": 16},
                            time_s=t, spread=0.01, repeats=5, device="test")
 
 
@@ -30,7 +30,7 @@ def setup(tmp_path_factory):
                rec((64, 64, 64), 1e-4, "vendor"),
                rec((48, 40, 32), 1e-4, "gemm"), rec((48, 40, 32), 4e-4, "strassen"),
                rec((48, 40, 32), 3e-4, "vendor")])
-    lcmac.build("strassen", CPU, "float32", SHAPE, config={"mc": 16, "nc": 32, "kc": 16},
+    lcmac.build("strassen", CPU, "float32", SHAPE, config={"mc": 16, "nc": 32, "nr": 32, "kc": 16},
                 out_dir=str(arts))
     return logs, arts
 

@@ -52,7 +52,7 @@ def artifacts(tmp_path_factory):
     root = tmp_path_factory.mktemp("c_api")
     keys = list(CASES)
     res = build_many([dict(algo=a, target=T512, dtype=dt, shape=shp, out_dir=root, name=k,
-                           config={"mc": 16, "nc": 32, "kc": 16})
+                           config={"mc": 16, "nc": 32, "nr": 32, "kc": 16})
                       for k, (a, dt, shp, _) in CASES.items()])
     out = {}
     for k, r in zip(keys, res):

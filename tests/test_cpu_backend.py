@@ -36,7 +36,7 @@ BF16_DOT = [  # (key, algorithm, (M, N, K), config)
     ("strassen-bf16dot", "strassen", (45, 38, 70), {**TINY, **DOT}),
     ("strassen-bf16dot-unfused", "strassen", (66, 50, 38), {**TINY, "fused": False, **DOT}),
     ("strassen2-bf16dot", "strassen^2", (70, 45, 53), {**TINY, **DOT}),
-    ("strassenxstrassen-bf16dot", "strassen*strassen", (61, 67, 59), {"mc": 16, "nc": 32, "kc": 32, **DOT}),
+    ("strassenxstrassen-bf16dot", "strassen*strassen", (61, 67, 59), {"mc": 16, "nc": 32, "nr": 32, "kc": 32, **DOT}),
     ("winograd-bf16dot", "winograd", (45, 33, 61), {**TINY, **DOT}),
 ]
 HOST_BF16 = host_supports(T512, ("avx512_bf16",))
@@ -82,23 +82,35 @@ def builds(artdir):
     for i, name in enumerate(SMALL):
         jobs[f"cat:{name}"] = dict(algo=name, target=T512, shape=_shape(i), config=TINY)
     jobs["strassen-2level"] = dict(algo="strassen", levels=2, target=T512, shape=(70, 45, 53), config=TINY)
-    jobs["strassen^2-name"] = dict(algo="strassen^2", target=T512, shape=(64, 64, 64), config={"mc": 16, "nc": 32, "kc": 16})
+    jobs["strassen^2-name"] = dict(algo="strassen^2", target=T512, shape=(64, 64, 64), config={"mc": 16, "nc": 32, "nr": 32, "kc": 16})
     jobs["strassen-unfused"] = dict(algo="strassen", target=T512, shape=(66, 50, 38), config={**TINY, "fused": False})
     jobs["laderman-unfused"] = dict(algo="laderman", target=T512, shape=(31, 40, 29), config={**TINY, "fused": False})
-    jobs["strassen-fused-even"] = dict(algo="strassen", target=T512, shape=(64, 128, 64), config={"mc": 16, "nc": 32, "kc": 16})
+    jobs["strassen-fused-even"] = dict(algo="strassen", target=T512, shape=(64, 128, 64), config={"mr": 8, "mc": 16, "nc": 32, "nr": 32, "kc": 16})
     jobs["winograd-f64"] = dict(algo="winograd", target=T512, dtype="float64", shape=(45, 33, 61), config=TINY)
     jobs["strassen-f64-unfused"] = dict(algo="strassen", target=T512, dtype="float64", shape=(32, 48, 64),
-                                        config={"fused": False, "mc": 16, "nc": 16, "kc": 16})
+                                        config={"fused": False, "mc": 16, "nc": 16, "nr": 16, "kc": 16})
     jobs["gemm-odd"] = dict(algo="gemm", target=T512, shape=(77, 51, 93), config=TINY)
+    # row tails (BM = 50 rows in tiles of 6): C written directly, A read with clamped rows
+    jobs["strassen-rowtail"] = dict(algo="strassen", target=T512, shape=(100, 128, 64),
+                                    config={"mr": 6, "nr": 64, "mc": 48, "nc": 64, "kc": 16})
+    jobs["strassen-rowtail-unfused"] = dict(algo="strassen", target=T512, shape=(100, 128, 64),
+                                            config={"mr": 6, "nr": 64, "mc": 48, "nc": 64, "kc": 16,
+                                                    "fused": False})
+    jobs["gemm-rowtail"] = dict(algo="gemm", target=T512, shape=(130, 64, 48),
+                                config={"mr": 6, "nr": 64, "mc": 66, "nc": 64, "kc": 16})
     jobs["gemm-even"] = dict(algo="gemm", target=T512, shape=(128, 128, 128))
     jobs["gemm-tiny"] = dict(algo="gemm", target=T512, shape=(1, 3, 2))
     jobs["gemm-f64"] = dict(algo="gemm", target=T512, dtype="float64", shape=(40, 24, 17))
     jobs["strassen-tiny"] = dict(algo="strassen", target=T512, shape=(1, 1, 3))
+    # a block with no valid column (N < n or K < k): its padding must be all zeros
+    for shp in ((1, 1, 3), (4, 1, 3), (3, 4, 1)):
+        jobs[f"strassen-empty-block-{shp}"] = dict(algo="strassen", target=T512, shape=shp,
+                                                   config={"mr": 8, "nr": 32, "mc": 256, "nc": 512})
     jobs["gemm-bf16"] = dict(algo="gemm", target=T512, dtype="bf16", shape=(64, 32, 48))
     jobs["strassen-bf16"] = dict(algo="strassen", target=T512, dtype="bf16", shape=(45, 38, 70), config=TINY)
     jobs["strassen-bf16-unfused"] = dict(algo="strassen", target=T512, dtype="bf16", shape=(32, 64, 32),
-                                         config={"fused": False, "mc": 16, "nc": 32, "kc": 16})
-    jobs["scaled"] = dict(algo=_scaled_strassen(), target=T512, shape=(40, 36, 20), config=TINY)
+                                         config={"fused": False, "mc": 16, "nc": 32, "nr": 32, "kc": 16})
+    jobs["scaled"] = dict(algo=_scaled_strassen(), target=T512, shape=(40, 36, 21), config=TINY)
     # bf16 on vdpbf16ps: an mcpu with AVX512-BF16 selects it (compiled anywhere, run where the
     # host has avx512_bf16); odd shapes, several tasks and kc chunks
     for key, algo, shape, cfg in BF16_DOT:
@@ -154,6 +166,74 @@ def test_fused_and_unfused(builds, key):
     src = (p.parent / m.extra["source"]).read_text()
     assert ("H = T.alloc_buffer" in src) == (not m.config["fused"])
     _check(p)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (4, 1, 3), (3, 4, 1), (5, 2, 7)])
+def test_zero_padding_writes_every_element(shape):
+    """The pad passes, run as Python on NaN-filled buffers, leave no element unwritten.  They
+    skipped the rows of a block with no valid column (N < n, K < k), and the GEMM then read
+    leftover workspace memory: strassen at 1×1×3 was wrong in about half of the calls."""
+    import types
+    from lcmac.ir import get
+    from lcmac.schedules.cpu_combine import emit_pad
+    from lcmac.schedules.cpu_config import CpuConfig
+    from lcmac.schedules.cpu_gemm import Writer, geometry
+    M, N, K = shape
+    g = geometry(get("strassen").grid, M, N, K, CpuConfig(mr=8, nr=32, mc=256, nc=512))
+    w = Writer()
+    emit_pad(w, "A", "Apad", g.m, g.k, g.rows, g.cols_k, g.BM, g.BK, g.BMP, g.BKP, "0.0")
+    emit_pad(w, "B", "Bpad", g.k, g.n, g.cols_k, g.cols, g.BK, g.BN, g.BKP, g.BNP, "0.0")
+    env = {"T": types.SimpleNamespace(parallel=range), "A": np.ones((M, K)), "B": np.ones((K, N)),
+           "Apad": np.full((g.m * g.BMP, g.k * g.BKP), np.nan),
+           "Bpad": np.full((g.k * g.BKP, g.n * g.BNP), np.nan)}
+    exec(w.text(), env)
+    for name, src in (("Apad", "A"), ("Bpad", "B")):
+        pad = env[name]
+        assert not np.isnan(pad).any(), f"{name}: {np.isnan(pad).sum()} elements never written"
+        assert pad.sum() == env[src].size      # every input element copied once, zeros elsewhere
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [(1, 1, 3), (4, 1, 3), (3, 4, 1)])
+def test_blocks_without_valid_columns(builds, shape):
+    _ = [_check(_get(builds, f"strassen-empty-block-{shape}"), seed=s) for s in range(4)]
+
+
+def _guarded(a: np.ndarray) -> np.ndarray:
+    """A copy of ``a`` whose last byte is the last byte before a PROT_NONE page: a read past
+    its end crashes instead of passing unnoticed (Combine A's clamped rows)."""
+    import ctypes
+    import mmap
+    page = mmap.PAGESIZE
+    n = a.nbytes
+    total = -(-n // page) * page + page
+    buf = mmap.mmap(-1, total)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(base + total - page), page, 0) == 0
+    out = np.frombuffer(buf, a.dtype, count=a.size, offset=total - page - n).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["strassen-rowtail", "strassen-rowtail-unfused", "gemm-rowtail"])
+def test_row_tail_writes_c_directly(builds, key):
+    """Blocks whose rows are not whole mr-row tiles: no A copy, no C workspace, no crop;
+    Combine A clamps the padded rows (A guarded after its end), the epilogue skips them."""
+    import lcmac
+    p = _get(builds, key)
+    f = lcmac.load(p)
+    m = f.manifest
+    assert m.extra["padded"] == {"A": False, "B": False, "C": False} and m.extra["direct_c"]
+    src = (p.parent / m.extra["source"]).read_text()
+    assert "T.min(" in src and "Apad" not in src and "Cw" not in src
+    rng = np.random.default_rng(3)
+    A = _guarded(rng.standard_normal((m.M, m.K)).astype(np.float32))
+    B = _guarded(rng.standard_normal((m.K, m.N)).astype(np.float32))
+    C = np.full((m.M, m.N), np.nan, np.float32)
+    f(A, B, out=C)
+    ref = A.astype(np.float64) @ B.astype(np.float64)
+    assert np.linalg.norm(C - ref) / np.linalg.norm(ref) < 1e-5
 
 
 @pytest.mark.slow
@@ -352,7 +432,18 @@ def test_config_space_and_roundtrip():
     from lcmac.targets import get_target
     t = get_target(T512)
     space = config_space(t, "float32", (1024, 1024, 1024))
-    assert space[0] == default_config(t, "float32") and len(space) > 50
+    assert space[0] == default_config(t, "float32", shape=(1024, 1024, 1024)) and len(space) > 50
+    # the default blocks divide the parallel tasks over the threads (3 tasks on 2 cores: 0.8x)
+    from lcmac.ir import get
+    from lcmac.schedules.cpu_gemm import geometry
+    for alg, shp, threads in ((None, (4096,) * 3, 2), (get("strassen"), (4096,) * 3, 2),
+                              (None, (2048, 1536, 7168), 2), (None, (4096,) * 3, 16),
+                              (get("strassen^2"), (3000, 2000, 1000), 6)):
+        c = default_config(t, "float32", alg, shape=shp, threads=threads)
+        g = geometry(alg.grid if alg else (1, 1, 1), *shp, c)
+        tasks = g.nmc * g.nnc
+        assert tasks % threads == 0 or tasks >= 8 * threads, (alg, shp, threads, c)
+        assert g.BMP * g.BNP <= 1.05 * g.BM * g.BN       # nr = 64 columns: 500 → 512
     assert all(isinstance(c, CpuConfig) and c.nr % 16 == 0 for c in space)
     c = CpuConfig(mr=6, nr=32, mc=60, fused=False)
     assert CpuConfig.from_dict(c.to_dict()) == c

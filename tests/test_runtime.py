@@ -27,7 +27,7 @@ def arts(tmp_path_factory):
     d = tmp_path_factory.mktemp("rt_artifacts")
     res = build_many([
         dict(algo="strassen", target="x86_64-avx512", shape=(M, N, K), out_dir=d, name="s",
-             config={"mc": 16, "nc": 32, "kc": 16}),
+             config={"mc": 16, "nc": 32, "nr": 32, "kc": 16}),
         dict(algo="gemm", target="x86_64-avx512", shape=(M, N, K), out_dir=d, name="g"),
     ])
     for r in res:

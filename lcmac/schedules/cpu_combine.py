@@ -85,7 +85,8 @@ def needs_pad(g: Geometry, side: str) -> bool:
     """Whether an operand's blocks are not whole padded tiles (then it is copied into a
     zero-padded buffer first)."""
     if side == "A":
-        return any(g.rows(i) != g.BMP for i in range(g.m)) or any(g.cols_k(l) != g.BKP for l in range(g.k))
+        rows = any(g.rows(i) != g.BMP for i in range(g.m)) and not g.row_tail
+        return rows or any(g.cols_k(l) != g.BKP for l in range(g.k))
     return any(g.cols_k(l) != g.BKP for l in range(g.k)) or any(g.cols(j) != g.BNP for j in range(g.n))
 
 
@@ -99,6 +100,8 @@ def emit_pad(w: Writer, src: str, dst: str, nbr: int, nbc: int, rows, cols, BR: 
     for bi in range(nbr):
         for bj in range(nbc):
             r, c = max(0, rows(bi)), max(0, cols(bj))
+            if c == 0:
+                r = 0       # a block with no valid column (N < n, K < k) is zeros, all rows
             if r > 0 and c > 0:
                 w(f"for x in T.parallel({r}):")
                 with w.indent():
@@ -132,37 +135,56 @@ def emit_combine_a(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype:
         _combine_a_pairs(w, g, prog, mr, dtype, src_dtype, padded)
         return
     w("# Combine A (group-parallel, packs Ãp)")
-    w(f"for p in T.parallel({g.BMP // mr}):")
-    with w.indent():
-        _decl_locals(w, prog, dtype, mr)
-        w(f"for kk in range({g.BKP}):")
+    for loop, clamp in _panel_loops(g, mr, padded):
+        w(loop)
         with w.indent():
-            def load(s):
-                i, l = divmod(s, g.k)
-                if padded:
-                    return _load("Apad", f"{i * g.BMP} + p * {mr} + v", f"{l * g.BKP} + kk", dtype, src_dtype)
-                return _load("A", f"{i * g.BM} + p * {mr} + v", f"{l * g.BK} + kk", dtype, src_dtype)
-            _emit_program(w, prog, dtype, mr, "v", load, lambda o: f"Ap[{o}, " + packed_offset("p", "kk", "v", g.BKP, mr) + "]")
+            _decl_locals(w, prog, dtype, mr)
+            w(f"for kk in range({g.BKP}):")
+            with w.indent():
+                def load(s, clamp=clamp):
+                    i, l = divmod(s, g.k)
+                    if padded:
+                        return _load("Apad", f"{i * g.BMP} + p * {mr} + v", f"{l * g.BKP} + kk", dtype, src_dtype)
+                    return _load("A", _a_row(g, i, mr, clamp), f"{l * g.BK} + kk", dtype, src_dtype)
+                _emit_program(w, prog, dtype, mr, "v", load, lambda o: f"Ap[{o}, " + packed_offset("p", "kk", "v", g.BKP, mr) + "]")
+
+
+def _panel_loops(g: Geometry, mr: int, padded: bool) -> list[tuple[str, bool]]:
+    """Combine A's loops over the mr-row panels of Ãp, (loop header, clamp rows).  A row
+    tail (``Geometry.row_tail``) splits off its last panels, whose padded rows read a
+    clamped row of A: their values only reach rows of C that are never stored."""
+    full = g.BMP // mr
+    if padded or not g.row_tail:
+        return [(f"for p in T.parallel({full}):", False)]
+    whole = g.BM // mr
+    return [(f"for p in T.parallel({whole}):", False),
+            (f"for p in range({whole}, {full}):", True)]
+
+
+def _a_row(g: Geometry, i: int, mr: int, clamp: bool) -> str:
+    row = f"{i * g.BM} + p * {mr} + v"
+    return f"T.min({row}, {i * g.BM + g.BM - 1})" if clamp else row
 
 
 def _combine_a_pairs(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype: str,
                      padded: bool) -> None:
     w("# Combine A (group-parallel, packs Ãp as bf16 k pairs for vdpbf16ps, rounded once)")
-    w(f"for p in T.parallel({g.BMP // mr}):")
-    with w.indent():
-        _decl_locals(w, prog, dtype, mr, pairs=True)
-        w(f"for kp in range({g.BKP // 2}):")
+    for loop, clamp in _panel_loops(g, mr, padded):
+        w(loop)
         with w.indent():
-            def load(s, e):
-                i, l = divmod(s, g.k)
-                if padded:
-                    return _load("Apad", f"{i * g.BMP} + p * {mr} + v", f"{l * g.BKP} + kp * 2 + {e}",
+            _decl_locals(w, prog, dtype, mr, pairs=True)
+            w(f"for kp in range({g.BKP // 2}):")
+            with w.indent():
+                def load(s, e, clamp=clamp):
+                    i, l = divmod(s, g.k)
+                    if padded:
+                        return _load("Apad", f"{i * g.BMP} + p * {mr} + v", f"{l * g.BKP} + kp * 2 + {e}",
+                                     dtype, src_dtype)
+                    return _load("A", _a_row(g, i, mr, clamp), f"{l * g.BK} + kp * 2 + {e}",
                                  dtype, src_dtype)
-                return _load("A", f"{i * g.BM} + p * {mr} + v", f"{l * g.BK} + kp * 2 + {e}",
-                             dtype, src_dtype)
-            _emit_program(w, prog, dtype, mr, "v", load,
-                          lambda o: f"Ap32[{o}, " + packed_offset("p", "kp", "v", g.BKP // 2, mr) + "]",
-                          pairs=True)
+                _emit_program(w, prog, dtype, mr, "v", load,
+                              lambda o: f"Ap32[{o}, " + packed_offset("p", "kp", "v", g.BKP // 2, mr) + "]",
+                              pairs=True)
 
 
 def _combine_b_pairs(w: Writer, g: Geometry, prog, nr: int, dtype: str, src_dtype: str,
@@ -220,9 +242,10 @@ def emit_combine_b(w: Writer, g: Geometry, prog, nr: int, dtype: str, src_dtype:
 
 def emit_combine_h(w: Writer, g: Geometry, prog, vl: int, dtype: str, cbuf: str,
                    crow: int, ccol: int) -> None:
-    """Algorithm 1's Combine H: C_ij rows x from every stored H_r row x."""
+    """Algorithm 1's Combine H: C_ij rows x from every stored H_r row x (the ``crow`` rows
+    of a block of ``cbuf``: C's valid rows, or the workspace's padded ones)."""
     w("# Combine H (unfused path)")
-    w(f"for x in T.parallel({g.BMP}):")
+    w(f"for x in T.parallel({crow}):")
     with w.indent():
         _decl_locals(w, prog, dtype, vl)
         w(f"for zb in range({g.BNP // vl}):")

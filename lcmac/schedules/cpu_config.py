@@ -18,6 +18,7 @@ Pure Python (no compiler import): build.py, the manifest and the tuner use it.
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import asdict, dataclass, fields
 
 from ..errors import DTypeError, TargetError
@@ -86,18 +87,74 @@ def _registers(target) -> int:
     return 16
 
 
-def default_config(target, dtype: str = "float32", algorithm=None) -> CpuConfig:
-    """Defaults per target: an accumulator tile that fills about half the register file
-    (the rest holds the B̃ row and the broadcast).  Cache blocks measured on the 2-core
-    Sapphire Rapids (noisy, ±10%): mc=256 cuts the re-reads of the B̃ panel; for an LCMA a
-    long kc matters most, since the fused epilogue updates every C block a product feeds
-    once per kc chunk (kc=128 cost 25% on strassen^2 at 4096)."""
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def default_threads() -> int:
+    """Worker threads the runtime will use (TVM's pool reads ``TVM_NUM_THREADS``, else one
+    per core): the default blocking balances its tasks over this many."""
+    try:
+        n = int(os.environ.get("TVM_NUM_THREADS") or 0)
+    except ValueError:
+        n = 0
+    return n if n > 0 else (os.cpu_count() or 1)
+
+
+def _balanced_tiles(BM: int, BN: int, mr: int, nr: int, mc: int, nc: int,
+                    threads: int) -> tuple[int, int]:
+    """(mc, nc) near the wanted sizes whose task count (tiles of a C block) keeps every thread
+    busy: a multiple of ``threads``, or at least 8 per thread (then the last round wastes at
+    most 1/8).  Measured on the 2-core VM: Strassen at 4096 with 3 tasks of 684×2048 ran
+    at 0.8x numpy, the same tiles cut into an even count at 1.1x.  Among the balanced
+    choices: least padding (in 2% steps), then fewest tasks."""
+    def tile(extent, unit, count):       # as cpu_gemm.geometry cuts a block into count tiles
+        return _ceil(_ceil(extent, count), unit) * unit
+    best = None
+    cm0, cn0 = _ceil(BM, mc), _ceil(BN, nc)
+    for cm in range(cm0, cm0 + 8 * threads + 1):
+        tm = tile(BM, mr, cm)
+        for cn in range(cn0, cn0 + 8 * threads + 1):
+            tn = tile(BN, nr, cn)
+            tasks = cm * cn
+            if tasks % threads and tasks < 8 * threads:
+                continue
+            waste = (tm * cm) * (tn * cn) / (BM * BN) - 1
+            key = (int(waste / 0.02), tasks)        # padding in 2% steps, then fewer tasks
+            if best is None or key < best[0]:
+                best = (key, tm, tn)
+            break           # more column tiles only add tasks
+    if best is None:
+        return mc, nc
+    return best[1], best[2]
+
+
+def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
+                   threads: int | None = None) -> CpuConfig:
+    """Defaults per target.  An accumulator tile that fills most of the register file; cache
+    blocks measured on the 2-core Sapphire Rapids VM (noisy, ±10%).
+
+    AVX-512: 6 × 4 vectors (24 accumulators, 4 B̃ loads and 6 broadcasts per 24 FMAs) with
+    large blocks (mc ≈ 1000, nc ≈ 2048, kc = 512): 1.0x numpy at 4096 where 8 × 2 vectors
+    with 256 × 512 blocks ran at 0.85-0.9x.  Given ``shape`` = (M, N, K), mc and nc are
+    cut so the parallel tasks divide over ``threads`` (default: ``default_threads()``).
+
+    For an LCMA a long kc matters most, since the fused epilogue updates every C block a
+    product feeds once per kc chunk (kc=128 cost 25% on strassen^2 at 4096)."""
     lanes = lanes_for(target, dtype)
     lcma = algorithm is not None and getattr(algorithm, "R", 1) > 1
     # Fused Combine H keeps a task's tile of every C block cache-resident only while there
     # are few C blocks; with many (strassen^2: 16) the fused epilogue's C traffic costs more
     # than storing H once (measured at 4096: unfused 1.15x numpy, fused 0.97x).
     fused = not lcma or algorithm.m * algorithm.n <= 4
+    if _registers(target) >= 32 and getattr(target, "family", "x86") == "x86":
+        mr, nr, mc, nc = 6, 4 * lanes, 1008, 2048
+        if shape is not None:
+            M, N, _ = shape
+            m, n = (algorithm.m, algorithm.n) if lcma else (1, 1)
+            mc, nc = _balanced_tiles(-(-M // m), -(-N // n), mr, nr, mc, nc,
+                                     threads or default_threads())
+        return CpuConfig(mr=mr, nr=nr, mc=mc, nc=nc, kc=512, ku=4, fused=fused)
     if _registers(target) >= 32:
         return CpuConfig(mr=8, nr=2 * lanes, mc=256, nc=512, kc=1024 if lcma else 512, ku=4,
                          fused=fused)
@@ -113,7 +170,7 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
         from ..ir import catalogue          # the tuner passes names: the default depends on R, m·n
         algorithm = catalogue.get(algorithm)
     alg = algorithm if not isinstance(algorithm, str) else None
-    base = default_config(target, dtype, alg)
+    base = default_config(target, dtype, alg, shape=shape)
     out = [base]
     tiles = []
     # nr = 3 vectors (48 fp32 columns) measured 8-15x slower than nr = 32 at every LLM shape
@@ -137,15 +194,15 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
     return out
 
 
-def resolve_config(target, dtype: str, config, algorithm=None) -> CpuConfig:
+def resolve_config(target, dtype: str, config, algorithm=None, shape=None) -> CpuConfig:
     """A validated CpuConfig: ``config`` (dict: knobs over the defaults, or CpuConfig) or
-    the defaults for ``algorithm``."""
+    the defaults for ``algorithm`` and ``shape``."""
     if config is None:
-        cfg = default_config(target, dtype, algorithm)
+        cfg = default_config(target, dtype, algorithm, shape=shape)
     elif isinstance(config, CpuConfig):
         cfg = config
     elif isinstance(config, dict):
-        base = default_config(target, dtype, algorithm).to_dict()
+        base = default_config(target, dtype, algorithm, shape=shape).to_dict()
         base.update(config)
         cfg = CpuConfig.from_dict(base)
     else:

@@ -85,9 +85,19 @@ class Geometry:
         return min(self.BN, self.N - j * self.BN)
 
     @property
+    def row_tail(self) -> bool:
+        """Every block row has BM valid rows, but whole mr-row tiles pad it to BMP.  Row x of
+        Ã_r only feeds row x of H_r and of C, so the padded rows need no zeros: Combine A
+        reads a clamped row there, the GEMM computes rows nobody stores, and the epilogue
+        writes C directly with a row test (no A copy, no C workspace, no crop: at 4096 with
+        mr = 6 those passes cost several percent)."""
+        return self.BMP > self.BM and self.M == self.m * self.BM
+
+    @property
     def direct_c(self) -> bool:
-        """C's blocks are whole tiles: the GEMM writes C itself, no workspace, no crop."""
-        return (self.BMP == self.BM and self.BNP == self.BN and self.M == self.m * self.BM
+        """The GEMM writes C itself (no workspace, no crop): C's columns are whole tiles and
+        its rows are, or are a row tail (stores row-tested)."""
+        return (self.BNP == self.BN and self.M == self.m * self.BM
                 and self.N == self.n * self.BN)
 
     def to_dict(self) -> dict:
@@ -243,11 +253,15 @@ def emit_microkernel(w: Writer, g: Geometry, cfg: CpuConfig, r, acc_dtype: str,
 
 
 def emit_tile_store(w: Writer, cfg: CpuConfig, dst: str, coef, acc_dtype: str,
-                    accumulate: bool) -> None:
-    """dst[v, u] (=|+=) coef · acc[v, u] over the register tile."""
+                    accumulate: bool, row_guard: str | None = None) -> None:
+    """dst[v, u] (=|+=) coef · acc[v, u] over the register tile; ``row_guard`` (a condition
+    on v) skips the padded rows of a row tail (``Geometry.row_tail``)."""
     val = "acc[v, u]" if coef == 1 else ("-acc[v, u]" if coef == -1 else
                                         f"{literal(coef, acc_dtype)} * acc[v, u]")
     w(f"for v in T.unroll({cfg.mr}):")
+    if row_guard:
+        w.depth += 1
+        w(f"if {row_guard}:")
     with w.indent():
         w(f"for u in T.vectorized({cfg.nr}):")
         with w.indent():
@@ -258,6 +272,8 @@ def emit_tile_store(w: Writer, cfg: CpuConfig, dst: str, coef, acc_dtype: str,
                     w(f"{dst} = {dst} + {val}")
             else:
                 w(f"{dst} = {val}")
+    if row_guard:
+        w.depth -= 1
 
 
 def emit_gemm_stage(w: Writer, g: Geometry, cfg: CpuConfig, R: int, acc_dtype: str,

@@ -117,18 +117,22 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
                 dst = f"H[{r}, " + tile.format(base=0, cbase=0) + "]"
                 _store(w, True, dst, 1)
 
+        # a row tail written straight into C: the padded rows' stores are skipped
+        guard = (f"tm * {g.MC} + ir * {cfg.mr} + v < {g.BM}"
+                 if direct and g.BMP > g.BM else None)
+
         def _store(w, is_first, dst, c):
             if is_first and g.nkc == 1:
-                emit_tile_store(w, cfg, dst, c, acc, accumulate=False)
+                emit_tile_store(w, cfg, dst, c, acc, accumulate=False, row_guard=guard)
             elif is_first:
                 w("if kc == 0:")
                 with w.indent():
-                    emit_tile_store(w, cfg, dst, c, acc, accumulate=False)
+                    emit_tile_store(w, cfg, dst, c, acc, accumulate=False, row_guard=guard)
                 w("else:")
                 with w.indent():
-                    emit_tile_store(w, cfg, dst, c, acc, accumulate=True)
+                    emit_tile_store(w, cfg, dst, c, acc, accumulate=True, row_guard=guard)
             else:
-                emit_tile_store(w, cfg, dst, c, acc, accumulate=True)
+                emit_tile_store(w, cfg, dst, c, acc, accumulate=True, row_guard=guard)
 
         w("# GEMM stage" + (" with fused Combine H" if cfg.fused else " (H stored)"))
         # blocks of C that no product feeds are zero (cannot happen for a correct algorithm

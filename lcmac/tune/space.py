@@ -143,20 +143,23 @@ def config_from_dict(target, d: dict):
     return cls(**d)
 
 
-def default_config(target, dtype="float32", algorithm=None):
+def default_config(target, dtype="float32", algorithm=None, shape=None):
     """The backend's default config for ``algorithm`` (what ``lcmac build`` uses with no
-    config and no log: its ``default_config(target, dtype[, algorithm])`` — on CPUs it
-    depends on the algorithm, e.g. Strassen² unfused) or its config class with no
-    arguments, or None."""
+    config and no log: its ``default_config(target, dtype[, algorithm][, shape=])`` — on
+    CPUs it depends on the algorithm, e.g. Strassen² unfused, and on the shape, whose
+    blocks it divides over the threads) or its config class with no arguments, or None."""
     alg = _algorithm(algorithm) if isinstance(algorithm, str) else algorithm
     for mod in _schedule_modules(family(target)):
         fn = getattr(mod, "default_config", None)
         if callable(fn):
             try:
                 try:
-                    return fn(_target_obj(target), dtype, alg)
+                    return fn(_target_obj(target), dtype, alg, shape=shape)
                 except TypeError:
-                    return fn(_target_obj(target), dtype)
+                    try:
+                        return fn(_target_obj(target), dtype, alg)
+                    except TypeError:
+                        return fn(_target_obj(target), dtype)
             except Exception:  # noqa: BLE001
                 break
     cls = config_class(family(target))

@@ -367,7 +367,7 @@ def _resolved(config, dtype) -> dict:
 def _default_point(a, sp, target, dtype, shape, profile):
     """The backend's default config as a point; the ranked space's own point when one of
     them is the same kernel (so it is built and measured once)."""
-    dcfg = _space.default_config(target, dtype, a)
+    dcfg = _space.default_config(target, dtype, a, shape=shape)
     if dcfg is not None:
         want = _resolved(dcfg, dtype)
         for pt in sp.ranked:
