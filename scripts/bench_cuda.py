@@ -57,6 +57,12 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     # float32 (TF32 GEMM stage): the square warp split measured faster there (notes-cuda.md)
     "strassen-alg1-sq": ("strassen", {"fused": False, "stages": 4, "policy": "square"}),
     "strassen^2-alg1-sq": ("strassen^2", {"fused": False, "stages": 4, "policy": "square"}),
+    # L2 raster panel (T.use_swizzle panel_size): the default 8 vs narrower/wider panels
+    "tl-gemm-sw4": (None, {"stages": 4, "policy": "fullrow", "swizzle": 4}),
+    "tl-gemm-sw16": (None, {"stages": 4, "policy": "fullrow", "swizzle": 16}),
+    "strassen-alg1-sw4": ("strassen", {"fused": False, "stages": 4, "policy": "fullrow", "swizzle": 4}),
+    "strassen-alg1-sw16": ("strassen", {"fused": False, "stages": 4, "policy": "fullrow", "swizzle": 16}),
+    "strassen^2-alg1-sw16": ("strassen^2", {"fused": False, "stages": 4, "policy": "fullrow", "swizzle": 16}),
     "laderman-alg1": ("laderman", {"fused": False, "stages": 4, "policy": "fullrow"}),
     "fg-4x4x5-r61-alg1": ("fg-4x4x5-r61", {"fused": False, "stages": 4, "policy": "fullrow"}),
 }

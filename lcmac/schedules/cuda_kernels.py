@@ -31,6 +31,16 @@ from .cuda_config import (Blocking, CudaConfig, combine_h_steps, first_in_piece,
 ACCUM = "float32"
 
 
+def _pdl(arch: str) -> bool:
+    """Whether kernels for ``arch`` must begin with ``pdl_sync()`` (griddepcontrol.wait).
+    TileLang launches each kernel with programmatic dependent launch allowed
+    (cudaLaunchKernelEx + programmaticStreamSerialization), so on sm_90 a kernel may start
+    before the previous kernel in the stream (ours, or the caller's that produced A and B)
+    has finished; only griddepcontrol.wait guarantees that kernel's writes are visible.
+    sm_80 has no PDL (and TileLang refuses the instruction there)."""
+    return arch == "sm_90a"
+
+
 def _static(n: int) -> list[int]:
     """A Python list: TileLang's builder unrolls loops over lists at trace time (a `range`
     would become a TIR serial loop)."""
@@ -85,15 +95,18 @@ def _evaluate(prog, inputs):
 
 
 # ----------------------------------------------------------------------------------------------
-def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig):
+def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.bk(dtype)
     pol = _policy(cfg, dtype)
     out_dtype = dtype
 
+    pdl = _pdl(arch)
     @T.prim_func
     def lcmac_gemm(A: T.Tensor(_dims(M, K), dtype), B: T.Tensor(_dims(K, N), dtype),
                    C: T.Tensor(_dims(M, N), out_dtype)):
         with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=cfg.threads) as (bx, by):
+            if pdl:
+                pdl_sync()
             A_s = T.alloc_shared((bm, bk), dtype)
             B_s = T.alloc_shared((bk, bn), dtype)
             C_l = T.alloc_fragment((bm, bn), ACCUM)
@@ -108,16 +121,20 @@ def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig):
     return lcmac_gemm
 
 
-def plain_gemm_kmajor(M: int, N: int, K: int, Nb: int, Kb: int, dtype: str, cfg: CudaConfig):
+def plain_gemm_kmajor(M: int, N: int, K: int, Nb: int, Kb: int, dtype: str, cfg: CudaConfig,
+                      arch: str = "sm_90a"):
     """C = A · Bt^T with Bt [Nb, Kb] K-major (TF32 wgmma for float32 on sm_90a)."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.bk(dtype)
     sdt = T.tfloat32 if dtype == "float32" else dtype   # TileLang picks wgmma only for tf32 tiles
     pol = _policy(cfg, dtype)
 
+    pdl = _pdl(arch)
     @T.prim_func
     def lcmac_gemm_t(A: T.Tensor(_dims(M, K), dtype), Bt: T.Tensor(_dims(Nb, Kb), dtype),
                      C: T.Tensor(_dims(M, N), dtype)):
         with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=cfg.threads) as (bx, by):
+            if pdl:
+                pdl_sync()
             A_s = T.alloc_shared((bm, bk), sdt)
             B_s = T.alloc_shared((bn, bk), sdt)
             C_l = T.alloc_fragment((bm, bn), ACCUM)
@@ -133,7 +150,7 @@ def plain_gemm_kmajor(M: int, N: int, K: int, Nb: int, Kb: int, dtype: str, cfg:
 
 
 # ----------------------------------------------------------------------------------------------
-def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig):
+def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
     """Combine A (which="A": X=A [M,K] → Ã [R,Mb,Kb]) or Combine B (X=B [K,N] → B̃ [R,Kb,Nb])."""
     if which == "A":
         P, Q, rows, cols, Rb, Cb = blk.m, blk.k, blk.M, blk.K, blk.Mb, blk.Kb
@@ -145,9 +162,12 @@ def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig):
     full_rows = [(p + 1) * Rb <= rows for p in range(P)]
     full_cols = [(q + 1) * Cb <= cols for q in range(Q)]
 
+    pdl = _pdl(arch)
     @T.prim_func
     def lcmac_combine(X: T.Tensor(_dims(rows, cols), dtype), Xt: T.Tensor(_dims(R, Rb, Cb), dtype)):
         with T.Kernel(T.ceildiv(Cb, tc), T.ceildiv(Rb, tr), threads=cfg.combine_threads) as (bx, by):
+            if pdl:
+                pdl_sync()
             for x, y in T.Parallel(tr, tc):
                 rr = by * tr + x
                 cc = bx * tc + y
@@ -173,7 +193,7 @@ def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig):
 
 
 def combine_b_kmajor(prog, blk: Blocking, dtype: str, cfg: CudaConfig, P=None, Q=None, R=None,
-                     rows=None, cols=None, Rb=None, Cb=None):
+                     rows=None, cols=None, Rb=None, Cb=None, arch: str = "sm_90a"):
     """Combine B writing B̃ transposed, [R, Nb, Kb] (K contiguous): TF32 wgmma reads both
     operands K-major.  The m·k... input tiles are staged in shared memory once, then every
     output is written with K as the contiguous (coalesced) index."""
@@ -188,9 +208,12 @@ def combine_b_kmajor(prog, blk: Blocking, dtype: str, cfg: CudaConfig, P=None, Q
     full_rows = [(p + 1) * Rb <= rows for p in range(P)]
     full_cols = [(q + 1) * Cb <= cols for q in range(Q)]
 
+    pdl = _pdl(arch)
     @T.prim_func
     def lcmac_combine_t(X: T.Tensor(_dims(rows, cols), dtype), Xt: T.Tensor(_dims(R, Cb, Rb), dtype)):
         with T.Kernel(T.ceildiv(Cb, t), T.ceildiv(Rb, t), threads=256) as (bx, by):
+            if pdl:
+                pdl_sync()
             S = T.alloc_shared((P * Q, t, t + 1), dtype)
             for p in _static(P):
                 for q in _static(Q):
@@ -292,7 +315,7 @@ class _Fused:
 def fused_gemm_h(alg, blk: Blocking, dtype: str, cfg: CudaConfig, plan=None, arch="sm_90a"):
     """GEMM + Combine-H.  ``plan`` None: one CTA per tile position (grid gx × gy); a
     ``PersistentPlan``: the persistent split-group kernel (grid P; see cuda_config)."""
-    pdl = arch == "sm_90a"
+    pdl = _pdl(arch)
     f = _Fused(alg, blk, dtype, cfg)
     bm, bn, bk, nk = f.bm, f.bn, f.bk, f.nk
     M, N, R, Mb, Nb, Kb = f.M, f.N, f.R, f.Mb, f.Nb, f.Kb
@@ -361,6 +384,8 @@ def fused_gemm_h(alg, blk: Blocking, dtype: str, cfg: CudaConfig, plan=None, arc
         def lcmac_fused(At: T.Tensor(_dims(R, Mb, Kb), dtype), Bt: T.Tensor(_dims(R, Kb, Nb), dtype),
                         C: T.Tensor(_dims(M, N), out_dtype)):
             with T.Kernel(T.ceildiv(Nb, bn), T.ceildiv(Mb, bm), threads=cfg.threads) as (bx, by):
+                if pdl:
+                    pdl_sync()
                 A_s = T.alloc_shared((bm, bk), dtype)
                 B_s = T.alloc_shared((bk, bn), dtype)
                 H = T.alloc_fragment((bm, bn), ACCUM)
@@ -457,7 +482,7 @@ def fused_gemm_h(alg, blk: Blocking, dtype: str, cfg: CudaConfig, plan=None, arc
             B_s = T.alloc_shared((bk, bn), dtype)
             H = T.alloc_fragment((bm, bn), ACCUM)
             if pdl:
-                pdl_sync()       # Ã, B̃ of the combine kernels visible (see split_fixup)
+                pdl_sync()
             # the step's indices live in scalar registers: the same values inlined into every
             # address and epilogue mask made TileLang's passes 5-10x slower
             gv = T.alloc_var(T.int32)
@@ -514,20 +539,18 @@ def split_fixup(alg, blk: Blocking, dtype: str, cfg: CudaConfig, plan, arch: str
     assert bm % tr == 0 and bn % tc == 0, "combine tile must divide the GEMM tile"
     Lt, F, slots = plan.Lt, plan.rounds * plan.P, plan.slots
     ca = cfg.cache_aware
-    pdl = arch == "sm_90a"
 
     def touched(ij, c, e, rot):
         """Does the piece covering walk steps [c, e) contribute to C_ij?"""
         return _select(f.nxt[ij], c if ca else (c + rot) % R) < e - c
 
+    pdl = _pdl(arch)
     @T.prim_func
     def lcmac_split_fixup(Ps: T.Tensor(_dims(slots, mn, bm, bn), ACCUM), C: T.Tensor(_dims(M, N), dtype)):
         with T.Kernel(T.ceildiv(bn, tc), T.ceildiv(bm, tr), plan.rem,
                       threads=cfg.combine_threads) as (cx, cy, gt):
+            # the persistent kernel has finished and its partials (C, Ps) are visible
             if pdl:
-                # TileLang launches every kernel with programmatic dependent launch allowed;
-                # griddepcontrol.wait = the persistent kernel has finished and its partials
-                # (C, Ps) are visible here
                 pdl_sync()
             g = F + gt
             by, bx = _raster(g, plan.gx, plan.gy, cfg.swizzle)
@@ -564,7 +587,8 @@ def split_fixup(alg, blk: Blocking, dtype: str, cfg: CudaConfig, plan, arch: str
 
 
 # ----------------------------------------------------------------------------------------------
-def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = False):
+def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = False,
+                 arch: str = "sm_90a"):
     """H_r = Ã_r · B̃_r for every r.  cache_aware=True: r is the slowest grid index, so the CTAs
     resident together work on the same product and share its Ã_r / B̃_r panels in L2;
     False (the ablation): r varies fastest, so neighbouring CTAs read R different panels.
@@ -593,11 +617,14 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
                 T.gemm(A_s, B_s, C_l, policy=pol)
         T.copy(C_l, H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn])
 
+    pdl = _pdl(arch)
     @T.prim_func
     def lcmac_bgemm(At: T.Tensor(_dims(R, Mb, Kb), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
                     H: T.Tensor(_dims(R, Mb, Nb), dtype)):
         if rfast:
             with T.Kernel(gx * R, gy, threads=cfg.threads) as (bxr, by):
+                if pdl:
+                    pdl_sync()
                 A_s = T.alloc_shared((bm, bk), sdt)
                 B_s = T.alloc_shared(b_tile, sdt)
                 C_l = T.alloc_fragment((bm, bn), ACCUM)
@@ -606,6 +633,8 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
                 tile(At, Bt, H, bx, by, bz, A_s, B_s, C_l)
         else:
             with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
+                if pdl:
+                    pdl_sync()
                 A_s = T.alloc_shared((bm, bk), sdt)
                 B_s = T.alloc_shared(b_tile, sdt)
                 C_l = T.alloc_fragment((bm, bn), ACCUM)
@@ -615,16 +644,19 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
     return lcmac_bgemm
 
 
-def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig):
+def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
     R, Mb, Nb, M, N = blk.R, blk.Mb, blk.Nb, blk.M, blk.N
     tr, tc = cfg.combine_rows, cfg.combine_cols
     m, n = alg.m, alg.n
     rows_ok = [(i + 1) * Mb <= M for i in range(m)]
     cols_ok = [(j + 1) * Nb <= N for j in range(n)]
 
+    pdl = _pdl(arch)
     @T.prim_func
     def lcmac_combine_h(H: T.Tensor(_dims(R, Mb, Nb), dtype), C: T.Tensor(_dims(M, N), dtype)):
         with T.Kernel(T.ceildiv(Nb, tc), T.ceildiv(Mb, tr), threads=cfg.combine_threads) as (bx, by):
+            if pdl:
+                pdl_sync()
             for x, y in T.Parallel(tr, tc):
                 rr = by * tr + x
                 cc = bx * tc + y

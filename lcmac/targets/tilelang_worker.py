@@ -65,7 +65,7 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     if alg is None and not kmajor:
         from ..schedules.cuda_config import needs_int64
         wide = [n for n, d in (("A", (M, K_)), ("B", (K_, N)), ("C", (M, N))) if needs_int64(d)]
-        return ([("gemm", K.plain_gemm(M, N, K_, dtype, cfg), ["A", "B", "C"])], [("__end__", 0)],
+        return ([("gemm", K.plain_gemm(M, N, K_, dtype, cfg, arch), ["A", "B", "C"])], [("__end__", 0)],
                 {"int64_index": wide} if wide else None)
     if alg is None:
         from .. import ir
@@ -103,23 +103,23 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     ws.append(("__end__", off))
     if kmajor and alg.m * alg.k == 1:
         ws = [("Bt", 0), ("__end__", -(-blk.Kb * blk.Nb * item // 256) * 256)]
-        ks = [("transpose_b", K.combine_b_kmajor(progs["B"], blk, dtype, cfg), ["B", "Bt"]),
-              ("gemm", K.plain_gemm_kmajor(M, N, K_, blk.Nb, blk.Kb, dtype, cfg), ["A", "Bt", "C"])]
+        ks = [("transpose_b", K.combine_b_kmajor(progs["B"], blk, dtype, cfg, arch=arch), ["B", "Bt"]),
+              ("gemm", K.plain_gemm_kmajor(M, N, K_, blk.Nb, blk.Kb, dtype, cfg, arch), ["A", "Bt", "C"])]
         wide = [n for n in ("A", "Bt", "C") if n in wide]
         return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
                         "b_layout": "K-major (transposed) for TF32 wgmma", "int64_index": wide}
-    ks = [("combine_a", K.combine_ab("A", progs["A"], blk, dtype, cfg), ["A", "At"])]
+    ks = [("combine_a", K.combine_ab("A", progs["A"], blk, dtype, cfg, arch), ["A", "At"])]
     if kmajor:
         if cfg.fused:
             from ..schedules.cuda_config import NotSupportedYet
             raise NotSupportedYet("the fused kernel for float32 on sm_90a is not supported yet "
                                   "(use fused=False: TF32 wgmma path)")
-        ks.append(("combine_b", K.combine_b_kmajor(progs["B"], blk, dtype, cfg), ["B", "Bt"]))
-        ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg, kmajor_b=True), ["At", "Bt", "H"]))
-        ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg), ["H", "C"]))
+        ks.append(("combine_b", K.combine_b_kmajor(progs["B"], blk, dtype, cfg, arch=arch), ["B", "Bt"]))
+        ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg, kmajor_b=True, arch=arch), ["At", "Bt", "H"]))
+        ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
         return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
                         "b_layout": "K-major (transposed) for TF32 wgmma", "int64_index": wide}
-    ks.append(("combine_b", K.combine_ab("B", progs["B"], blk, dtype, cfg), ["B", "Bt"]))
+    ks.append(("combine_b", K.combine_ab("B", progs["B"], blk, dtype, cfg, arch), ["B", "Bt"]))
     if pplan is not None:
         ks.append(("fused_gemm_h", K.fused_gemm_h(alg, blk, dtype, cfg, pplan, arch), ["At", "Bt", "C", "Ps"]))
         if pplan.split:
@@ -127,10 +127,10 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
         return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
                         "persistent": pplan.to_dict(), "int64_index": wide}
     if cfg.fused:
-        ks.append(("fused_gemm_h", K.fused_gemm_h(alg, blk, dtype, cfg), ["At", "Bt", "C"]))
+        ks.append(("fused_gemm_h", K.fused_gemm_h(alg, blk, dtype, cfg, arch=arch), ["At", "Bt", "C"]))
     else:
-        ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg), ["At", "Bt", "H"]))
-        ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg), ["H", "C"]))
+        ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg, arch=arch), ["At", "Bt", "H"]))
+        ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
     return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
                     "int64_index": wide}
 

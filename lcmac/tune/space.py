@@ -181,7 +181,11 @@ def default_space(fam: str, dtype: str, shape, algorithm=None) -> list:
     CUDA (``CudaConfig``): output tile × k slab (32/64/128) × pipeline depth (2–5) × consumer
     threads (128 = one warpgroup, 256 = two), and for an LCMA the fused or unfused Combine H;
     the rest (warp policy, swizzle, combine tiles) stays at the backend's measured defaults.
-    168 GEMM configs before pruning (about 100 fit on an H100 in bf16)."""
+    168 GEMM configs before pruning (about 100 fit on an H100 in bf16).  For an LCMA the
+    FalconGEMM schedule switches are in the space too, on the default tile (their effect
+    does not depend much on the tile): the fused kernel's split-group persistent grid, its
+    persistent grid without splitting, and the cache-aware order off (fused and unfused) —
+    each a config the tuner measures when the model ranks it high enough."""
     out: list = []
     if fam == "cuda":
         lcma = algorithm not in (None, _db.GEMM)
@@ -192,6 +196,14 @@ def default_space(fam: str, dtype: str, shape, algorithm=None) -> list:
                 if fu is not None:
                     d["fused"] = fu
                 out.append(d)
+        if lcma:
+            base = {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 4, "threads": 256}
+            for sched in ({"split_group": True}, {"persistent": True}, {}):
+                for ca in (True, False):
+                    if sched or not ca:
+                        out.append({**base, "fused": True, "overlap_epilogue": True, **sched,
+                                    "cache_aware": ca})
+            out.append({**base, "fused": False, "cache_aware": False})
     else:
         for mr, nr, kc, mc, nc in itertools.product((4, 8, 16), (16, 32, 64), (64, 128, 256, 512),
                                                     (32, 64, 128, 256), (256, 1024, 4096)):
@@ -417,6 +429,10 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     tile_t = 2.0 * bm * bn * K / (per_sm * tile_eff * _STAGE_EFF.get(stages, 0.97) * occ
                                   * warp_eff * wg_eff * (0.7 + 0.3 * k_eff))
     t_compute = waves * tile_t
+    if f.get("split_group") or f.get("persistent"):
+        # TileLang's persistent form of the fused kernel: 13-26% slower per product-time
+        # than the grid kernel with as many waves (H100, bench/notes-cuda.md v6; not located)
+        t_compute *= 1.18
     # loads (after Triton's L2 model): every CTA streams its A row-band and B column-band
     # through L2 (gn·|A| + gm·|B| bytes at L2 speed); DRAM sees the compulsory bytes plus a
     # re-read share that grows when the operands overflow L2.
@@ -425,6 +441,11 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     reread = 0.05 if (M * K + K * N) * s <= p.l2_bytes else 0.2
     dram = (a_bytes + b_bytes) * (1 + reread)
     l2 = a_bytes * gn + b_bytes * gm
+    if batch > 1 and f.get("cache_aware") is False:
+        # CTAs resident together read different products' panels: L2 hardly shares them,
+        # every band comes from DRAM (measured on an H100: 2.0-2.3x the cache-aware time,
+        # bench/notes-cuda.md v4/v6, which this reproduces at 16384³)
+        dram = max(dram, l2)
     t_load = max(dram / p.achievable_bw(), l2 / (p.l2_bw or 2.5 * p.mem_bw))
     t_store = M * N * s * batch / p.achievable_bw()
     # compute and loads overlap imperfectly: a smooth maximum (3-norm) keeps the smaller term
