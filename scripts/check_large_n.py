@@ -65,6 +65,7 @@ def build(algo, shape, cfg, d, jobs):
 def measure_one(side, reps):
     """One artifact (and cuBLAS) on fresh inputs; prints one JSON line."""
     import torch
+    from bench_cuda import bench_fn      # the benchmark's CUDA-event timer
     from lcmac.runtime.cuda_loader import load_cuda
     torch.backends.cuda.matmul.allow_tf32 = False
     meta = json.load(open(side))
@@ -84,19 +85,7 @@ def measure_one(side, reps):
         return (num / den) ** 0.5
 
     def timed(fn):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            ts.append(s.elapsed_time(e) * 1e-3)
-        ts.sort()
-        return ts[len(ts) // 2], ts
+        return bench_fn(fn, [()], warmup=3, reps=reps)
 
     C = torch.matmul(A, B)
     err_cub = rel_err(C)

@@ -21,6 +21,7 @@ def main():
     args = ap.parse_args()
     import torch
     import lcmac
+    from bench_cuda import bench_fn      # the benchmark's CUDA-event timer
     n = args.n
     d = tempfile.mkdtemp()
     p = lcmac.build("gemm", "cuda", "bfloat16", (n, n, n), out_dir=d,
@@ -34,15 +35,7 @@ def main():
     B2 = torch.randn(2 * n, 2 * n, device="cuda", dtype=torch.bfloat16, generator=g)
 
     def timed(fn):
-        for _ in range(3):
-            fn()
-        ts = []
-        for _ in range(args.reps):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            e0.record(); fn(); e1.record(); torch.cuda.synchronize()
-            ts.append(e0.elapsed_time(e1) / 1e3)
-        return sorted(ts)[len(ts) // 2]
+        return bench_fn(fn, [()], warmup=3, reps=args.reps)[0]
 
     fl = 2.0 * n ** 3
     rows = {

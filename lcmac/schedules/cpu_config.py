@@ -91,6 +91,12 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def tile_for_count(extent: int, unit: int, count: int) -> int:
+    """The tile (a multiple of ``unit``) that cuts ``extent`` into ``count`` tiles with the
+    least padding: how the templates cut a block (cpu_gemm.geometry)."""
+    return _ceil(_ceil(max(extent, 1), count), unit) * unit
+
+
 def default_threads() -> int:
     """Worker threads the runtime will use (TVM's pool reads ``TVM_NUM_THREADS``, else one
     per core): the default blocking balances its tasks over this many."""
@@ -108,14 +114,12 @@ def _balanced_tiles(BM: int, BN: int, mr: int, nr: int, mc: int, nc: int,
     most 1/8).  Measured on the 2-core VM: Strassen at 4096 with 3 tasks of 684×2048 ran
     at 0.8x numpy, the same tiles cut into an even count at 1.1x.  Among the balanced
     choices: least padding (in 2% steps), then fewest tasks."""
-    def tile(extent, unit, count):       # as cpu_gemm.geometry cuts a block into count tiles
-        return _ceil(_ceil(extent, count), unit) * unit
     best = None
     cm0, cn0 = _ceil(BM, mc), _ceil(BN, nc)
     for cm in range(cm0, cm0 + 8 * threads + 1):
-        tm = tile(BM, mr, cm)
+        tm = tile_for_count(BM, mr, cm)
         for cn in range(cn0, cn0 + 8 * threads + 1):
-            tn = tile(BN, nr, cn)
+            tn = tile_for_count(BN, nr, cn)
             tasks = cm * cn
             if tasks % threads and tasks < 8 * threads:
                 continue

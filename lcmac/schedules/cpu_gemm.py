@@ -30,18 +30,15 @@ copy but multiply the generated code by the number of edge cases, for R products
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .cpu_config import CpuConfig
+from .cpu_config import CpuConfig, tile_for_count
 
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _round_up(a: int, b: int) -> int:
-    return _ceil(a, b) * b
 
 
 def _tile(extent: int, want: int, unit: int) -> tuple[int, int, int]:
@@ -49,7 +46,7 @@ def _tile(extent: int, want: int, unit: int) -> tuple[int, int, int]:
     most about ``want``) covering ``extent`` with the least padding."""
     want = max(unit, want - want % unit)
     count = max(1, _ceil(extent, want))
-    tile = _round_up(_ceil(max(extent, 1), count), unit)
+    tile = tile_for_count(extent, unit, count)
     return tile, count, tile * count
 
 
@@ -134,6 +131,11 @@ class Writer:
     def __call__(self, line: str) -> "Writer":
         self.lines.append("    " * self.depth + line)
         return self
+
+    def block(self, header: str):
+        """``header`` (a ``for``/``if`` line), then the body indented under it."""
+        self(header)
+        return self.indent()
 
     def indent(self):
         w = self
@@ -258,11 +260,8 @@ def emit_tile_store(w: Writer, cfg: CpuConfig, dst: str, coef, acc_dtype: str,
     on v) skips the padded rows of a row tail (``Geometry.row_tail``)."""
     val = "acc[v, u]" if coef == 1 else ("-acc[v, u]" if coef == -1 else
                                         f"{literal(coef, acc_dtype)} * acc[v, u]")
-    w(f"for v in T.unroll({cfg.mr}):")
-    if row_guard:
-        w.depth += 1
-        w(f"if {row_guard}:")
-    with w.indent():
+    with w.block(f"for v in T.unroll({cfg.mr}):"), \
+            (w.block(f"if {row_guard}:") if row_guard else nullcontext()):
         w(f"for u in T.vectorized({cfg.nr}):")
         with w.indent():
             if accumulate:
@@ -272,8 +271,6 @@ def emit_tile_store(w: Writer, cfg: CpuConfig, dst: str, coef, acc_dtype: str,
                     w(f"{dst} = {dst} + {val}")
             else:
                 w(f"{dst} = {val}")
-    if row_guard:
-        w.depth -= 1
 
 
 def emit_gemm_stage(w: Writer, g: Geometry, cfg: CpuConfig, R: int, acc_dtype: str,

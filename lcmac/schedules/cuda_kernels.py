@@ -41,6 +41,14 @@ def _pdl(arch: str) -> bool:
     return arch == "sm_90a"
 
 
+def _all_of(conds: list):
+    """The conjunction of a kernel's bound checks (a non-empty list of conditions)."""
+    cond = conds[0]
+    for c in conds[1:]:
+        cond = T.And(cond, c)
+    return cond
+
+
 def _static(n: int) -> list[int]:
     """A Python list: TileLang's builder unrolls loops over lists at trace time (a `range`
     would become a TIR serial loop)."""
@@ -181,8 +189,7 @@ def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arc
                         if not full_cols[q]:
                             conds.append(q * Cb + cc < cols)
                         if conds:
-                            cond = conds[0] if len(conds) == 1 else T.And(conds[0], conds[1])
-                            v = T.if_then_else(cond, v, T.float32(0))
+                            v = T.if_then_else(_all_of(conds), v, T.float32(0))
                         ins.append(v)
                 outs = _evaluate(prog, ins)
                 if rr < Rb and cc < Cb:
@@ -227,8 +234,7 @@ def combine_b_kmajor(prog, blk: Blocking, dtype: str, cfg: CudaConfig, P=None, Q
                             conds.append(q * Cb + cc < cols)
                         v = X[p * Rb + rr, q * Cb + cc]
                         if conds:
-                            cond = conds[0] if len(conds) == 1 else T.And(conds[0], conds[1])
-                            v = T.if_then_else(cond, v, T.cast(0, dtype))
+                            v = T.if_then_else(_all_of(conds), v, T.cast(0, dtype))
                         S[p * Q + q, x, y] = v
             for y, x in T.Parallel(t, t):
                 cc = bx * t + y
@@ -340,10 +346,7 @@ def fused_gemm_h(alg, blk: Blocking, dtype: str, cfg: CudaConfig, plan=None, arc
             else:
                 val = T.cast(C[i * Mb + row, j * Nb + col], ACCUM) + _scaled(item[2], H[x, y])
             if conds:
-                cond = conds[0]
-                for c in conds[1:]:
-                    cond = T.And(cond, c)
-                if cond:
+                if _all_of(conds):
                     C[i * Mb + row, j * Nb + col] = T.cast(val, out_dtype)
             else:
                 C[i * Mb + row, j * Nb + col] = T.cast(val, out_dtype)
@@ -575,10 +578,7 @@ def split_fixup(alg, blk: Blocking, dtype: str, cfg: CudaConfig, plan, arch: str
                                 use, Ps[T.min(u, slots - 1), i * n + j, xx, yy], T.float32(0))
                         conds = f.conds(i, j, row, col)
                         if conds:
-                            cond = conds[0]
-                            for cc in conds[1:]:
-                                cond = T.And(cond, cc)
-                            if cond:
+                            if _all_of(conds):
                                 C[i * Mb + row, j * Nb + col] = T.cast(acc, dtype)
                         else:
                             C[i * Mb + row, j * Nb + col] = T.cast(acc, dtype)
@@ -671,8 +671,7 @@ def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str =
                             if not cols_ok[j]:
                                 conds.append(j * Nb + cc < N)
                             if conds:
-                                cond = conds[0] if len(conds) == 1 else T.And(conds[0], conds[1])
-                                if cond:
+                                if _all_of(conds):
                                     C[i * Mb + rr, j * Nb + cc] = T.cast(outs[i * n + j], dtype)
                             else:
                                 C[i * Mb + rr, j * Nb + cc] = T.cast(outs[i * n + j], dtype)
