@@ -64,6 +64,17 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "strassen-alg1-sw16": ("strassen", {"fused": False, "stages": 4, "policy": "fullrow", "swizzle": 16}),
     "strassen^2-alg1-sw16": ("strassen^2", {"fused": False, "stages": 4, "policy": "fullrow", "swizzle": 16}),
     "laderman-alg1": ("laderman", {"fused": False, "stages": 4, "policy": "fullrow"}),
+    # scaled fp16 operands (CudaConfig.operands): "f16x2" = float32 split into hi + lo fp16
+    # halves, 3 fp16 products (fp32-level error; compare with SGEMM); "f16s" = one scaled
+    # fp16 operand (bf16 LCMAs at cuBLAS-level error; float32 at TF32-class error)
+    "tl-gemm-f16x2": (None, {"operands": "fp16x2", "block_n": 128, "stages": 3, "policy": "fullrow"}),
+    "strassen-alg1-f16x2": ("strassen", {"operands": "fp16x2", "fused": False, "block_n": 128, "stages": 3, "policy": "fullrow"}),
+    "winograd-alg1-f16x2": ("winograd", {"operands": "fp16x2", "fused": False, "block_n": 128, "stages": 3, "policy": "fullrow"}),
+    "strassen^2-alg1-f16x2": ("strassen^2", {"operands": "fp16x2", "fused": False, "block_n": 128, "stages": 3, "policy": "fullrow"}),
+    "tl-gemm-f16s": (None, {"operands": "fp16", "stages": 4, "policy": "fullrow"}),
+    "strassen-alg1-f16s": ("strassen", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
+    "winograd-alg1-f16s": ("winograd", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
+    "strassen^2-alg1-f16s": ("strassen^2", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
     "fg-4x4x5-r61-alg1": ("fg-4x4x5-r61", {"fused": False, "stages": 4, "policy": "fullrow"}),
 }
 LLM_NK = [(18432, 7168), (7168, 18432), (8192, 4096), (4096, 8192), (7168, 16384)]
@@ -223,7 +234,8 @@ def main():
         res = {"device": gpu, "date": datetime.datetime.now().isoformat(timespec="seconds"),
                "command": " ".join(sys.argv), "dtype": dtype, "partial": partial,
                "torch": torch.__version__, "cublas_tf32": bool(args.tf32),
-               "lcmac_gemm_precision": "tf32" if dtype == "float32" else dtype,
+               "lcmac_gemm_precision": "per row (gemm_precision): tf32 for float32 unless the "
+                                       "operands are scaled fp16" if dtype == "float32" else dtype,
                "timing": f"CUDA events, median of {args.reps} after 5 warm-ups, inputs rotated",
                "results": rows}
         json.dump(res, open(out, "w"), indent=1)
@@ -267,7 +279,8 @@ def main():
             del C_o
         for tag, side, meta in arts:
             r = {"shape": [M, N, K], "variant": tag, "algorithm": meta.get("algorithm_name"),
-                 "config": meta.get("config"), "run": runs}
+                 "config": meta.get("config"), "gemm_precision": meta.get("gemm_precision"),
+                 "run": runs}
 
             def hung(r=r):
                 # a kernel that never returns (seen once: the persistent kernel without the

@@ -437,3 +437,125 @@ def test_large_buffers_index_in_64_bits(tmp_path, cfg, wide, kernels):
     # the buffers that stay small keep 32-bit arithmetic
     ca = kernel_body(srcs["lcmac_cuda_combine_a.cu"])
     assert "int64_t" not in ca
+
+
+# ---- scaled fp16 operands (CudaConfig.operands) ---------------------------------------------
+@needs_tilelang
+def test_scaled_operand_kernels_and_entry(tmp_path):
+    """fp16x2 Strassen: amax passes, combines writing hi and lo fp16 halves with the scale
+    built from amax's exponent bits, the GEMM stage over four fp16 operands into fp32 H,
+    Combine H; the entry clears the amax slots first.  The plain GEMM writes C directly."""
+    r = worker({"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "fp32",
+                "shape": [1000, 1064, 1032], "config": {"operands": "fp16x2", "fused": False},
+                "out_dir": str(tmp_path / "s"), "name": "lcmac", "compile": False})
+    assert r["ok"], r.get("error")
+    assert [(k["name"], k["args"]) for k in r["kernels"]] == [
+        ("amax_a", ["A", "S"]), ("amax_b", ["B", "S"]),
+        ("combine_a", ["A", "S", "At", "Al"]), ("combine_b", ["B", "S", "Bt", "Bl"]),
+        ("batched_gemm", ["At", "Al", "Bt", "Bl", "S", "H"]), ("combine_h", ["H", "C"])]
+    assert r["config"]["block_n"] == 128 and r["config"]["stages"] == 3   # fp16x2 defaults
+    gemm = r["kernels"][4]
+    assert gemm["grid"] == [ceil_div(532, 128), ceil_div(500, 128), 7]
+    assert gemm["smem_bytes"] >= 3 * 4 * 128 * 64 * 2                      # 4 fp16 tiles/stage
+    assert r["extra"]["scale_bounds"] == [2, 2]          # Strassen's rows sum to at most 2
+    src = {os.path.basename(p): open(p).read() for p in r["sources"]}
+    ca = kernel_body(src["lcmac_combine_a.cu"])
+    assert "half_t* Xl" in ca and ">> 23" in ca and "<< 23" in ca        # exponent-bit scale
+    assert re.search(r"0x1p\+11f|2048", ca)                               # lo half × 2¹¹
+    bg = kernel_body(src["lcmac_batched_gemm.cu"])
+    assert "float* Out" in bg and "kFloat16" in bg and re.search(r"0x1p-11f", bg)
+    entry = src["lcmac_entry.cu"]
+    assert entry.index("cudaMemsetAsync(bufs_S, 0, 256, s)") < entry.index("if (lcmac_amax_a_call(")
+
+    g = worker({"algorithm": None, "target": "cuda-sm90a", "dtype": "bf16",
+                "shape": [1000, 1064, 1032], "config": {"operands": "fp16"},
+                "out_dir": str(tmp_path / "g"), "compile": False})
+    assert g["ok"], g.get("error")
+    assert [(k["name"], k["args"]) for k in g["kernels"]][-1] == ("gemm", ["At", "Bt", "S", "C"])
+    assert g["gemm_precision"].startswith("fp16 (power-of-two scaled from bfloat16")
+    assert "Al" not in dict(g["workspace"])
+    h = worker({"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bf16",
+                "shape": [512, 512, 512], "config": {"operands": "fp16", "fused": False},
+                "out_dir": str(tmp_path / "h"), "name": "lcmac", "compile": False})
+    assert h["ok"], h.get("error")
+    ch = kernel_body(open(h["sources"][-2]).read())             # combine_h: H kept in fp32
+    assert "lcmac_combine_h_kernel(bfloat16_t* C, const float* H)" in ch
+
+
+@needs_tilelang
+def test_scaled_operand_errors(tmp_path):
+    base = {"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bf16",
+            "shape": [256, 256, 256], "out_dir": str(tmp_path), "compile": False}
+    for req, word in (({"config": {"operands": "fp16x2"}}, "operands='fp16'"),
+                      ({"config": {"operands": "fp16", "fused": True}}, "fused=False"),
+                      ({"config": {"operands": "int8"}}, "operands must be one of"),
+                      ({"config": {"operands": "fp16x2", "stages": 4}, "dtype": "fp32"},
+                       "shared memory"),
+                      ({"config": {"operands": "fp16x2", "stages": 3}, "dtype": "fp32",
+                        "target": "cuda-sm80"}, "fewer stages")):
+        r = worker({**base, **req})
+        assert not r["ok"] and word in r["error"], (req, r.get("error"))
+
+
+@needs_tilelang
+@needs_nvcc
+def test_scaled_gemm_compiles_with_nvcc(tmp_path):
+    r = worker({"algorithm": None, "target": "cuda-sm90a", "dtype": "fp32",
+                "shape": [512, 512, 512], "config": {"operands": "fp16x2"},
+                "out_dir": str(tmp_path), "jobs": 2})
+    assert r["ok"], r.get("error")
+    for k, v in r["ptxas"].items():
+        assert all(x == 0 for x in v["spill_stores"]), (k, v)
+    sass = _sass(r["library"])
+    if sass is not None:
+        assert "HGMMA" in sass and "F16" in sass
+
+
+# ---- the scaled-operand arithmetic of the CUDA backend (cuda_config; no TileLang) ----------
+def test_operand_scale_keeps_every_combined_value_in_fp16_range():
+    """scale_exponent: the worst combined value (every input at ±amax, the combine row with
+    the largest |coefficient| sum) lands below 2**SCALED_TOP, so below fp16's 65504, for
+    amax across float32's whole range; and 2**±e are normal floats."""
+    import numpy as np
+    from lcmac import ir
+    from lcmac.schedules.cuda_config import SCALED_TOP, bound_exponent, scale_exponent
+    for name in ("strassen", "winograd", "strassen^2", "laderman"):
+        alg = ir.get(name)
+        for coeffs in (alg.U, alg.V):
+            l = bound_exponent(coeffs)
+            worst = np.abs(np.asarray(coeffs, dtype=float).reshape(len(coeffs), -1)).sum(1).max()
+            assert worst < 2.0 ** l <= 2 * worst + 2
+            for amax in (0.0, 1e-40, 1e-30, 0.37, 1.0, 2.0, 3.0e5, 1e30, 3.4e38):
+                amax = float(np.float32(amax))
+                e = scale_exponent(amax, l)
+                assert -126 <= e <= 126
+                top = worst * amax * 2.0 ** e       # float64: no overflow in the check itself
+                assert top < 2.0 ** SCALED_TOP, (name, amax, e, top)
+                if amax >= 1e-30:      # not clamped: the scale uses fp16's range
+                    assert top >= 2.0 ** (SCALED_TOP - l - 1) * worst / 2 ** l
+
+
+def test_fp16x2_split_keeps_22_bits():
+    """The fp16x2 split the combine kernels perform (hi = fp16(v), lo = fp16((v − hi)·2¹¹),
+    v the scaled value) reconstructs v to 2⁻²² relative over 29 binades below the top,
+    where one fp16 keeps 2⁻¹¹; the product form used by the GEMM stage (hi·hi + 2⁻¹¹(hi·lo +
+    lo·hi)) matches the float64 product to about 2⁻²²."""
+    import numpy as np
+    from lcmac.schedules.cuda_config import SCALED_TOP, SPLIT_SHIFT
+    rng = np.random.default_rng(0)
+    # |v| from fp16's smallest normal (2⁻¹⁴) to the top: 29 binades
+    sign = rng.choice([-1.0, 1.0], 200000)
+    v = (sign * rng.uniform(1, 2, 200000) * 2.0 ** rng.integers(-14, SCALED_TOP, 200000)).astype(np.float32)
+    hi = v.astype(np.float16)
+    lo = ((v - hi.astype(np.float32)) * np.float32(2.0 ** SPLIT_SHIFT)).astype(np.float16)
+    rec = hi.astype(np.float64) + lo.astype(np.float64) * 2.0 ** -SPLIT_SHIFT
+    rel = np.abs(rec - v) / np.abs(v)
+    assert rel.max() < 2.0 ** -21 and np.median(rel) < 2.0 ** -23
+    assert (np.abs(hi.astype(np.float64) - v) / np.abs(v)).max() > 2.0 ** -13   # one half: ~11 bits
+    w = (rng.standard_normal(200000) * 2.0 ** 10).astype(np.float32)
+    wh = w.astype(np.float16)
+    wl = ((w - wh.astype(np.float32)) * np.float32(2.0 ** SPLIT_SHIFT)).astype(np.float16)
+    h64, l64, wh64, wl64 = (x.astype(np.float64) for x in (hi, lo, wh, wl))
+    prod = h64 * wh64 + (h64 * wl64 + l64 * wh64) * 2.0 ** -SPLIT_SHIFT
+    exact = v.astype(np.float64) * w.astype(np.float64)
+    assert np.median(np.abs(prod - exact) / np.abs(exact)) < 2.0 ** -22

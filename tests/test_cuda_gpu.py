@@ -86,6 +86,26 @@ LARGE = [("strassen", (16384, 151936, 4096), {"fused": False}),
 DTYPE_CASES = [("strassen", (1000, 1064, 1032), "fp16"), ("gemm", (1000, 1064, 1032), "fp16"),
                ("strassen", (1024, 1024, 1024), "fp32"), ("gemm", (1024, 1024, 1024), "fp32")]
 DTYPE_CFG = {"gemm": {}, "strassen": {"fused": False}}
+# scaled fp16 operands (CudaConfig.operands): (algo, shape, dtype, cfg, bound on the error as a
+# multiple of cuBLAS's on the same inputs — SGEMM's for float32, without TF32).
+# fp16x2 keeps ~22 of float32's 24 bits (plus fp32 accumulation) for the GEMM stage: the
+# plain GEMM lands at SGEMM's error, an LCMA adds its own fp32 error growth; bf16 with one
+# scaled fp16 operand: the issue's bound, 1.5x cuBLAS for one level
+X2 = {"operands": "fp16x2", "fused": False, "block_n": 128, "stages": 3}
+F16 = {"operands": "fp16", "fused": False}
+SCALED_CASES = [("gemm", (1000, 1064, 1032), "fp32", X2, 2.0),
+                ("gemm", (129, 136, 72), "fp32", X2, 2.0),
+                ("strassen", (1000, 1064, 1032), "fp32", X2, 4.0),
+                ("strassen", (257, 264, 200), "fp32", X2, 4.0),
+                ("winograd", (777, 520, 1048), "fp32", X2, 6.0),
+                ("strassen^2", (999, 1000, 1000), "fp32", X2, 8.0),
+                ("gemm", (1000, 1064, 1032), "fp32", F16, 2000.0),
+                ("strassen", (1000, 1064, 1032), "fp32", F16, 2000.0),
+                ("strassen", (1000, 1064, 1032), "bf16", F16, 1.5),
+                ("strassen", (2048, 2048, 2048), "bf16", F16, 1.5),
+                ("winograd", (777, 520, 1048), "bf16", F16, 1.5),
+                ("strassen^2", (520, 264, 1032), "bf16", F16, 2.0),
+                ("gemm", (1000, 1064, 1032), "bf16", F16, 1.5)]
 
 _BUILT: dict = {}
 
@@ -110,10 +130,15 @@ def _build(algo, shape, cfg, dtype):
     return (side if resp.get("ok") else None), resp.get("error")
 
 
-def build_all():
-    """Build every artifact the tests use (also callable outside pytest, to prebuild)."""
+def build_all(only=None):
+    """Build every artifact the tests use (also callable outside pytest, to prebuild), or
+    the (algo, shape, cfg, dtype) keys in ``only``."""
     todo = ([(a, s, c, "bf16") for a, s, c in CASES + LARGE]
-            + [(a, s, DTYPE_CFG[a], d) for a, s, d in DTYPE_CASES])
+            + [(a, s, DTYPE_CFG[a], d) for a, s, d in DTYPE_CASES]
+            + [(a, s, c, d) for a, s, d, c, _ in SCALED_CASES])
+    if only is not None:
+        want = {(a, s, json.dumps(c, sort_keys=True), d) for a, s, c, d in only}
+        todo = [t for t in todo if (t[0], t[1], json.dumps(t[2], sort_keys=True), t[3]) in want]
     jobs = int(os.environ.get("LCMAC_TEST_JOBS", "16"))
     with ThreadPoolExecutor(max_workers=jobs) as ex:
         res = list(ex.map(lambda t: _build(*t), todo))
@@ -122,9 +147,23 @@ def build_all():
     return _BUILT
 
 
+def _needed(item):
+    """The artifacts one collected test uses, for the tests that say so cheaply; None: any."""
+    p = item.callspec.params if hasattr(item, "callspec") else {}
+    if item.originalname == "test_scaled_operands_error_vs_cublas":
+        return [(p["algo"], p["shape"], p["cfg"], p["dtype"])]
+    if item.originalname == "test_scaled_operands_any_magnitude":
+        return [("strassen", (1000, 1064, 1032), p["cfg"], p["dtype"])]
+    return None
+
+
 @pytest.fixture(scope="session")
-def artifacts():
-    return build_all()
+def artifacts(request):
+    # build only what the selected tests need (``-k scaled`` should not build them all)
+    needs = [_needed(i) for i in request.session.items]
+    if any(n is None for n in needs):
+        return build_all()
+    return build_all([k for n in needs for k in n])
 
 
 def _check(artifacts, algo, shape, cfg, dtype, bound):
@@ -235,3 +274,71 @@ def test_split_group_deterministic(artifacts):
     outs = [f(A, B).clone() for _ in range(3)]
     torch.cuda.synchronize()
     assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def _inputs(M, N, K, dtype, seed, scale_a=1.0, scale_b=1.0):
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    A = (torch.randn(M, K, device="cuda", generator=g) * scale_a).to(tdt)
+    B = (torch.randn(K, N, device="cuda", generator=g) * scale_b).to(tdt)
+    return A, B
+
+
+def _cublas_highest(A, B):
+    """cuBLAS in the precision of the operands' dtype (float32: SGEMM, no TF32)."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return A @ B
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _rel(C, ref):
+    return float(torch.linalg.norm(C.double() - ref) / torch.linalg.norm(ref))
+
+
+@pytest.mark.parametrize("algo,shape,dtype,cfg,factor", SCALED_CASES,
+                         ids=[f"{a}-{'x'.join(map(str, s))}-{d}-{c['operands']}"
+                              for a, s, d, c, _ in SCALED_CASES])
+def test_scaled_operands_error_vs_cublas(artifacts, algo, shape, dtype, cfg, factor):
+    """Scaled fp16 operands: every output written, error within ``factor`` x cuBLAS's."""
+    from lcmac.runtime.cuda_loader import load_cuda
+    side, err = artifacts[(algo, shape, json.dumps(cfg, sort_keys=True), dtype)]
+    assert side, f"build failed: {err}"
+    f = load_cuda(side)
+    M, N, K = shape
+    for seed in (3, 4):
+        A, B = _inputs(M, N, K, dtype, seed * 100 + M)
+        ref = A.double() @ B.double()
+        e_cub = _rel(_cublas_highest(A, B), ref)
+        C = torch.full((M, N), float("nan"), device="cuda", dtype=A.dtype)
+        f(A, B, out=C)
+        torch.cuda.synchronize()
+        assert torch.isfinite(C).all(), "some outputs were not written (NaN poison left)"
+        e = _rel(C, ref)
+        assert e <= factor * e_cub, (algo, shape, dtype, e, e_cub, e / e_cub)
+
+
+@pytest.mark.parametrize("dtype,cfg", [("bf16", F16), ("fp32", X2)], ids=["bf16-fp16", "fp32-fp16x2"])
+def test_scaled_operands_any_magnitude(artifacts, dtype, cfg):
+    """The power-of-two scales follow the inputs: magnitudes far outside fp16's range (1e±8
+    here, and A and B of different sizes) stay finite and accurate, zeros give zeros."""
+    from lcmac.runtime.cuda_loader import load_cuda
+    shape = (1000, 1064, 1032)
+    side, err = artifacts[("strassen", shape, json.dumps(cfg, sort_keys=True), dtype)]
+    assert side, f"build failed: {err}"
+    f = load_cuda(side)
+    M, N, K = shape
+    A1, B1 = _inputs(M, N, K, dtype, 7)
+    e1 = _rel(f(A1, B1), A1.double() @ B1.double())
+    for sa, sb in ((1e8, 1e8), (1e-8, 1e-8), (1e8, 1e-12)):
+        if dtype == "bf16" or (sa * sb * K < 1e37 and sa * sb > 1e-37):
+            A, B = _inputs(M, N, K, dtype, 7, sa, sb)
+            ref = A.double() @ B.double()
+            C = f(A, B)
+            torch.cuda.synchronize()
+            assert torch.isfinite(C).all(), (sa, sb)
+            assert _rel(C, ref) < 1.5 * e1 + 1e-7, (sa, sb, _rel(C, ref), e1)
+    Z = torch.zeros_like(A1)
+    assert int(torch.count_nonzero(f(Z, B1))) == 0

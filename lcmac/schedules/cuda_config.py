@@ -69,6 +69,14 @@ class CudaConfig:
     persistent_ctas  P, the persistent grid size; 0 = SMs of the target's profile × CTAs that
                  fit on one SM (1 for the default 128×256 tile with 4 stages).
     combine_*    tile of the element-wise combine kernels.
+    operands     how the GEMM stage's operands Ã/B̃ are stored (``OPERAND_MODES``):
+                 "native": in the input dtype (float32: TF32 on the tensor cores);
+                 "fp16": fp16 scaled by a power of two from an amax pass over A and B
+                 (3 more mantissa bits than bf16; H kept fp32) — bf16 LCMAs at cuBLAS-level
+                 error, or float32 at TF32-class precision on the fp16 tensor-core rate;
+                 "fp16x2": float32 only, each operand split into hi + 2¹¹·lo fp16 halves and
+                 H = hi·hi + 2⁻¹¹(hi·lo + lo·hi) (Ootomo & Yokota 2022): fp32-level error
+                 on the fp16 tensor cores.  Algorithm 1 and the plain GEMM only.
     """
     fused: bool = False           # measured best on H200 (bench/notes-cuda.md); True = FalconGEMM fused
     block_m: int = 128
@@ -90,6 +98,7 @@ class CudaConfig:
     combine_rows: int = 16
     combine_cols: int = 256
     combine_threads: int = 256
+    operands: str = "native"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,6 +110,10 @@ class CudaConfig:
         unknown = set(d) - names
         if unknown:
             raise LcmacError(f"unknown CUDA config keys {sorted(unknown)}; known: {sorted(names)}")
+        if d.get("operands") == "fp16x2":
+            # two fp32 accumulators and four fp16 tiles per stage: the measured fit is a
+            # 128x128 tile, 3 stages (192 KB of shared memory); explicit values still win
+            d = {**SPLIT_TILE_DEFAULTS, **d}
         return cls(**d)
 
     def bk(self, dtype: str) -> int:
@@ -113,6 +126,8 @@ class CudaConfig:
             raise LcmacError(f"policy must be square, fullrow or fullcol, not {self.policy!r}")
         if self.persistent_ctas < 0:
             raise LcmacError(f"persistent_ctas must be >= 0, not {self.persistent_ctas}")
+        if self.operands not in OPERAND_MODES:
+            raise LcmacError(f"operands must be one of {OPERAND_MODES}, not {self.operands!r}")
         if self.r_order not in ("natural", "greedy"):
             raise LcmacError(f"r_order must be 'natural' or 'greedy', not {self.r_order!r}")
 
@@ -144,6 +159,49 @@ class Blocking:
 
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
+
+#: CudaConfig.operands values
+OPERAND_MODES = ("native", "fp16", "fp16x2")
+#: what CudaConfig.from_dict fills in for operands="fp16x2" where the caller is silent
+SPLIT_TILE_DEFAULTS = {"block_m": 128, "block_n": 128, "stages": 3}
+#: scaled fp16 operands: every Ã/B̃ entry is scaled below 2**SCALED_TOP (fp16's largest
+#: finite value is 65504 < 2**16; the lo half of a split is at most 2**(SCALED_TOP-11)·2**11)
+SCALED_TOP = 15
+#: the lo half of an fp16x2 split is stored multiplied by 2**SPLIT_SHIFT (fp16's mantissa
+#: width + 1), so it keeps 11 significant bits instead of falling into fp16's subnormals
+SPLIT_SHIFT = 11
+
+
+def check_operands(cfg: "CudaConfig", dtype: str) -> None:
+    """The operand modes each dtype and path supports (a clear error otherwise)."""
+    if cfg.operands == "native":
+        return
+    if cfg.operands == "fp16x2" and dtype != "float32":
+        raise LcmacError(f"operands='fp16x2' splits float32 operands; for {dtype} use "
+                         f"operands='fp16' (or 'native')")
+    if cfg.fused:
+        raise NotSupportedYet(f"operands={cfg.operands!r} runs on Algorithm 1 and the plain GEMM; "
+                              f"the fused kernel is not supported with it yet (use fused=False)")
+    if cfg.tf32_wgmma:
+        raise LcmacError(f"tf32_wgmma applies to operands='native' only, not {cfg.operands!r}")
+
+
+def bound_exponent(coeffs) -> int:
+    """l with Σ|c| < 2**l for the worst row of a combine matrix (R × ...): every combined
+    operand is then below 2**l · amax of its input, with room for fp32 rounding."""
+    import math
+    import numpy as np
+    rows = np.abs(np.asarray(coeffs, dtype=float).reshape(len(coeffs), -1)).sum(axis=1)
+    return int(math.floor(math.log2(max(float(rows.max()), 1.0)))) + 1
+
+
+def scale_exponent(amax: float, l: int) -> int:
+    """e of the power-of-two scale 2**e applied to an operand whose input has |x| ≤ amax and
+    combine bound 2**l (the kernels compute the same from amax's float32 bits: biased
+    exponent E, amax < 2**(E-126)); clamped so that 2**e and 2**-e are normal floats."""
+    import struct
+    E = struct.unpack("<i", struct.pack("<f", float(amax)))[0] >> 23
+    return max(min(SCALED_TOP + 126 - E - l, 126), -126)
 
 #: TileLang/TVM index arithmetic is int32 unless a buffer's extents are int64.  Flattening a
 #: buffer access folds its compile-time-constant part (r·Mb·Nb for an unrolled product index

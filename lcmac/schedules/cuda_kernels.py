@@ -17,6 +17,9 @@ up as literals in the generated CUDA) and a ``CudaConfig``, and returns a ``T.pr
     split_fixup       adds those slots into C in CTA order, after the persistent kernel
     batched_gemm      Algorithm 1: H_r = Ã_r·B̃_r for all r (grid z = r)
     combine_h         Algorithm 1: C_ij = Σ W[r,i,j] H_r
+    operand_amax      scaled operands (CudaConfig.operands != "native"): max |X| into S[idx]
+    scaled_gemm       H_r (or C) = Ã_r·B̃_r from scaled fp16 operands (hi/lo split or not),
+                      the scales undone in the epilogue
 """
 # (no `from __future__ import annotations`: TileLang evaluates the Tensor annotations)
 
@@ -25,8 +28,8 @@ from fractions import Fraction
 import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
-from .cuda_config import (Blocking, CudaConfig, combine_h_steps, first_in_piece, needs_int64,
-                          r_order)
+from .cuda_config import (SCALED_TOP, SPLIT_SHIFT, Blocking, CudaConfig, combine_h_steps,
+                          first_in_piece, needs_int64, r_order)
 
 ACCUM = "float32"
 
@@ -158,8 +161,13 @@ def plain_gemm_kmajor(M: int, N: int, K: int, Nb: int, Kb: int, dtype: str, cfg:
 
 
 # ----------------------------------------------------------------------------------------------
-def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
-    """Combine A (which="A": X=A [M,K] → Ã [R,Mb,Kb]) or Combine B (X=B [K,N] → B̃ [R,Kb,Nb])."""
+def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a",
+               bound: int = 1):
+    """Combine A (which="A": X=A [M,K] → Ã [R,Mb,Kb]) or Combine B (X=B [K,N] → B̃ [R,Kb,Nb]).
+
+    Scaled operands (cfg.operands "fp16" / "fp16x2"; ``bound``: cuda_config.bound_exponent
+    of the combine matrix): the outputs are fp16, multiplied by the power of two that
+    ``operand_scale`` derives from S (the amax pass); "fp16x2" also writes the lo halves Xl."""
     if which == "A":
         P, Q, rows, cols, Rb, Cb = blk.m, blk.k, blk.M, blk.K, blk.Mb, blk.Kb
     else:
@@ -171,32 +179,185 @@ def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arc
     full_cols = [(q + 1) * Cb <= cols for q in range(Q)]
 
     pdl = _pdl(arch)
-    @T.prim_func
-    def lcmac_combine(X: T.Tensor(_dims(rows, cols), dtype), Xt: T.Tensor(_dims(R, Rb, Cb), dtype)):
-        with T.Kernel(T.ceildiv(Cb, tc), T.ceildiv(Rb, tr), threads=cfg.combine_threads) as (bx, by):
-            if pdl:
-                pdl_sync()
-            for x, y in T.Parallel(tr, tc):
-                rr = by * tr + x
-                cc = bx * tc + y
-                ins = []
-                for p in _static(P):
-                    for q in _static(Q):
-                        v = T.cast(X[p * Rb + rr, q * Cb + cc], ACCUM)
-                        conds = []
-                        if not full_rows[p]:
-                            conds.append(p * Rb + rr < rows)
-                        if not full_cols[q]:
-                            conds.append(q * Cb + cc < cols)
-                        if conds:
-                            v = T.if_then_else(_all_of(conds), v, T.float32(0))
-                        ins.append(v)
-                outs = _evaluate(prog, ins)
-                if rr < Rb and cc < Cb:
-                    for r in _static(R):
+    mode = cfg.operands
+    odt = dtype if mode == "native" else OPERAND_DTYPE
+    idx = 0 if which == "A" else 1
+
+    @T.macro
+    def body(X, S, Xt, Xl, bx, by):
+        if pdl:
+            pdl_sync()
+        for x, y in T.Parallel(tr, tc):
+            rr = by * tr + x
+            cc = bx * tc + y
+            ins = []
+            for p in _static(P):
+                for q in _static(Q):
+                    v = T.cast(X[p * Rb + rr, q * Cb + cc], ACCUM)
+                    conds = []
+                    if not full_rows[p]:
+                        conds.append(p * Rb + rr < rows)
+                    if not full_cols[q]:
+                        conds.append(q * Cb + cc < cols)
+                    if conds:
+                        v = T.if_then_else(_all_of(conds), v, T.float32(0))
+                    ins.append(v)
+            outs = _evaluate(prog, ins)
+            if rr < Rb and cc < Cb:
+                for r in _static(R):
+                    if mode == "native":
                         Xt[r, rr, cc] = T.cast(outs[r], dtype)
+                    else:
+                        v = outs[r] * operand_scale(S, idx, bound, False)
+                        Xt[r, rr, cc] = T.cast(v, odt)
+                        if mode == "fp16x2":
+                            Xl[r, rr, cc] = T.cast((v - T.cast(T.cast(v, odt), ACCUM))
+                                                   * T.float32(2.0 ** SPLIT_SHIFT), odt)
+
+    grid = dict(threads=cfg.combine_threads)
+    if mode == "native":
+        @T.prim_func
+        def lcmac_combine(X: T.Tensor(_dims(rows, cols), dtype), Xt: T.Tensor(_dims(R, Rb, Cb), dtype)):
+            with T.Kernel(T.ceildiv(Cb, tc), T.ceildiv(Rb, tr), **grid) as (bx, by):
+                body(X, None, Xt, None, bx, by)
+    elif mode == "fp16":
+        @T.prim_func
+        def lcmac_combine(X: T.Tensor(_dims(rows, cols), dtype), S: T.Tensor((2,), "int32"),
+                          Xt: T.Tensor(_dims(R, Rb, Cb), odt)):
+            with T.Kernel(T.ceildiv(Cb, tc), T.ceildiv(Rb, tr), **grid) as (bx, by):
+                body(X, S, Xt, None, bx, by)
+    else:
+        @T.prim_func
+        def lcmac_combine(X: T.Tensor(_dims(rows, cols), dtype), S: T.Tensor((2,), "int32"),
+                          Xt: T.Tensor(_dims(R, Rb, Cb), odt), Xl: T.Tensor(_dims(R, Rb, Cb), odt)):
+            with T.Kernel(T.ceildiv(Cb, tc), T.ceildiv(Rb, tr), **grid) as (bx, by):
+                body(X, S, Xt, Xl, bx, by)
 
     return lcmac_combine
+
+
+# ----------------------------------------------------------------------------------------------
+# Scaled fp16 operands (CudaConfig.operands): amax pass, power-of-two scales, GEMM stage
+
+OPERAND_DTYPE = "float16"
+
+
+def operand_scale(S, idx: int, bound: int, inverse: bool):
+    """2**e (or 2**-e) for operand idx (0: A side, 1: B side) as an exact float32 built from
+    bits: E = biased exponent of amax (S[idx] holds its float bits, amax < 2**(E-126)),
+    e = SCALED_TOP + 126 − E − bound, clamped to [−126, 126] — cuda_config.scale_exponent."""
+    E = T.shift_right(S[idx], 23)
+    e = T.max(T.min(SCALED_TOP + 126 - bound - E, 126), -126)
+    if inverse:
+        e = -e
+    return T.reinterpret(T.shift_left(e + 127, 23), "float32")
+
+
+def operand_amax(rows: int, cols: int, dtype: str, idx: int, arch: str = "sm_90a",
+                 tr: int = 16, tc: int = 256, chunk: int = 8):
+    """S[idx] = max(S[idx], bits of max |X|) (S zeroed by the entry point before).  Each CTA
+    reduces a (chunk·tr) × tc strip: element-wise maxima in registers, one block reduction,
+    one atomic; |x| ≥ 0, so comparing float bits as int32 orders them."""
+    pdl = _pdl(arch)
+
+    @T.prim_func
+    def lcmac_amax(X: T.Tensor(_dims(rows, cols), dtype), S: T.Tensor((2,), "int32")):
+        with T.Kernel(T.ceildiv(cols, tc), T.ceildiv(rows, tr * chunk), threads=256) as (bx, by):
+            if pdl:
+                pdl_sync()
+            F = T.alloc_fragment((tr, tc), ACCUM)
+            mx = T.alloc_fragment((tr,), ACCUM)
+            m1 = T.alloc_fragment((1,), ACCUM)
+            T.fill(F, 0)
+            for c in T.serial(chunk):
+                for x, y in T.Parallel(tr, tc):
+                    r = (by * chunk + c) * tr + x
+                    cc = bx * tc + y
+                    F[x, y] = T.max(F[x, y], T.if_then_else(
+                        T.And(r < rows, cc < cols), T.abs(T.cast(X[r, cc], ACCUM)), T.float32(0)))
+            T.reduce_max(F, mx, dim=1)
+            T.reduce_max(mx, m1, dim=0)
+            if T.get_thread_binding(0) == 0:
+                T.atomic_max(S[idx], T.reinterpret(m1[0], "int32"))
+
+    return lcmac_amax
+
+
+def scaled_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, bounds: tuple[int, int],
+                direct: bool, arch: str = "sm_90a"):
+    """The GEMM stage on scaled fp16 operands: for every r, H_r = 2**-(eA+eB) · Ã_r·B̃_r in
+    fp32 ([R, Mb, Nb]), or C itself (``direct``: the plain GEMM, R = 1, C [M, N] in dtype).
+    fp16x2: every K step's products land in a fresh fragment (hi·lo + lo·hi, then hi·hi)
+    and are added into the fp32 accumulator by ordinary (round-to-nearest) adds: the tensor
+    cores' own fp32 accumulation over the whole K loses bits (measured on an H100: 8.4x
+    SGEMM's error at K = 16384 when it accumulated all of K; the LCMAs' shorter products
+    lost less), so it only ever sums one bk-long slice.  r is the slowest grid index
+    (cache-aware order)."""
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.bk(OPERAND_DTYPE)
+    pol = _policy(cfg, OPERAND_DTYPE)
+    R, Mb, Nb, Kb = blk.R, blk.Mb, blk.Nb, blk.Kb
+    gx, gy = -(-Nb // bn), -(-Mb // bm)
+    split = cfg.operands == "fp16x2"
+    odt = OPERAND_DTYPE
+    out_shape = (blk.M, blk.N) if direct else (R, Mb, Nb)
+    out_dtype = dtype if direct else ACCUM
+    pdl = _pdl(arch)
+    la, lb = bounds
+
+    @T.macro
+    def tile(At, Al, Bt, Bl, S, out, bx, by, bz):
+        A_s = T.alloc_shared((bm, bk), odt)
+        B_s = T.alloc_shared((bk, bn), odt)
+        C_h = T.alloc_fragment((bm, bn), ACCUM)
+        if split:
+            Al_s = T.alloc_shared((bm, bk), odt)
+            Bl_s = T.alloc_shared((bk, bn), odt)
+            C_t = T.alloc_fragment((bm, bn), ACCUM)
+        T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
+        T.clear(C_h)
+        for ko in T.Pipelined(T.ceildiv(Kb, bk), num_stages=cfg.stages):
+            T.copy(At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], A_s)
+            T.copy(Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], B_s)
+            if split:
+                T.copy(Al[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], Al_s)
+                T.copy(Bl[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], Bl_s)
+                T.gemm(A_s, Bl_s, C_t, policy=pol, clear_accum=True)
+                T.gemm(Al_s, B_s, C_t, policy=pol)
+                for x, y in T.Parallel(bm, bn):
+                    C_h[x, y] = C_h[x, y] + C_t[x, y] * T.float32(2.0 ** -SPLIT_SHIFT)
+                T.gemm(A_s, B_s, C_t, policy=pol, clear_accum=True)
+                for x, y in T.Parallel(bm, bn):
+                    C_h[x, y] = C_h[x, y] + C_t[x, y]
+            else:
+                T.gemm(A_s, B_s, C_h, policy=pol)
+        inv = operand_scale(S, 0, la, True) * operand_scale(S, 1, lb, True)
+        for x, y in T.Parallel(bm, bn):
+            C_h[x, y] = C_h[x, y] * inv
+        if direct:
+            T.copy(C_h, out[by * bm, bx * bn])
+        else:
+            T.copy(C_h, out[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn])
+
+    ops = _dims(R, Mb, Kb), _dims(R, Kb, Nb), _dims(*out_shape)
+    if split:
+        @T.prim_func
+        def lcmac_sgemm(At: T.Tensor(ops[0], odt), Al: T.Tensor(ops[0], odt),
+                        Bt: T.Tensor(ops[1], odt), Bl: T.Tensor(ops[1], odt),
+                        S: T.Tensor((2,), "int32"), Out: T.Tensor(ops[2], out_dtype)):
+            with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
+                if pdl:
+                    pdl_sync()
+                tile(At, Al, Bt, Bl, S, Out, bx, by, bz)
+    else:
+        @T.prim_func
+        def lcmac_sgemm(At: T.Tensor(ops[0], odt), Bt: T.Tensor(ops[1], odt),
+                        S: T.Tensor((2,), "int32"), Out: T.Tensor(ops[2], out_dtype)):
+            with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
+                if pdl:
+                    pdl_sync()
+                tile(At, None, Bt, None, S, Out, bx, by, bz)
+
+    return lcmac_sgemm
 
 
 def combine_b_kmajor(prog, blk: Blocking, dtype: str, cfg: CudaConfig, P=None, Q=None, R=None,
@@ -645,7 +806,9 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
 
 
 def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
+    """C_ij = Σ_r W[r,i,j] H_r; H is fp32 with scaled operands (cfg.operands), else dtype."""
     R, Mb, Nb, M, N = blk.R, blk.Mb, blk.Nb, blk.M, blk.N
+    hdt = dtype if cfg.operands == "native" else ACCUM
     tr, tc = cfg.combine_rows, cfg.combine_cols
     m, n = alg.m, alg.n
     rows_ok = [(i + 1) * Mb <= M for i in range(m)]
@@ -653,7 +816,7 @@ def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str =
 
     pdl = _pdl(arch)
     @T.prim_func
-    def lcmac_combine_h(H: T.Tensor(_dims(R, Mb, Nb), dtype), C: T.Tensor(_dims(M, N), dtype)):
+    def lcmac_combine_h(H: T.Tensor(_dims(R, Mb, Nb), hdt), C: T.Tensor(_dims(M, N), dtype)):
         with T.Kernel(T.ceildiv(Nb, tc), T.ceildiv(Mb, tr), threads=cfg.combine_threads) as (bx, by):
             if pdl:
                 pdl_sync()

@@ -68,10 +68,12 @@ def rename_launcher(code: str, func_name: str, kname: str) -> str:
     return code
 
 
-def entry_source(kernels: list[dict], workspace: list[tuple[str, int]]) -> str:
+def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
+                 zero: list[str] = ()) -> str:
     """kernels: [{"name", "args": [buffer names in call order]}] in launch order.
 
-    Buffers: A, B, C (user) and workspace slices (name, byte offset)."""
+    Buffers: A, B, C (user) and workspace slices (name, byte offset); ``zero``: workspace
+    slices cleared (cudaMemsetAsync, same stream) before the first kernel (atomic maxima)."""
     lines = ['#include <cuda_runtime.h>', '#include <cstdio>', '#include <cstring>', '']
     for k in kernels:
         params = ", ".join("void*" for _ in k["args"])
@@ -94,6 +96,12 @@ def entry_source(kernels: list[dict], workspace: list[tuple[str, int]]) -> str:
     for name, off in workspace:
         if name != "__end__":
             lines.append(f'  void* bufs_{name} = (void*)(w + {off}LL);')
+    ends = dict(zip([n for n, _ in workspace], [o for _, o in workspace][1:]))
+    for name in zero:
+        off = dict(workspace)[name]
+        lines.append(f'  if (cudaMemsetAsync(bufs_{name}, 0, {ends[name] - off}, s) != cudaSuccess) {{ '
+                     f'snprintf(lcmac_err, sizeof lcmac_err, "memset {name}: %s", '
+                     'cudaGetErrorString(cudaGetLastError())); return -2; }')
     for k in kernels:
         args = ", ".join(f"bufs_{a}" for a in k["args"])
         lines.append(f'  if ({k["name"]}_call({args}, s) != 0) {{ snprintf(lcmac_err, sizeof lcmac_err, '

@@ -59,6 +59,8 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     from ..schedules import cuda_kernels as K
     from ..schedules.cuda_config import Blocking, int64_buffers, persistent_plan
     M, N, K_ = shape
+    if cfg.operands != "native":
+        return _scaled_plan(alg, shape, dtype, cfg, programs, arch)
     # TF32 wgmma (sm_90a) needs B K-major: B̃ is written transposed by its combine kernel, and
     # the plain GEMM goes through the same path as the 1x1x1 algorithm
     kmajor = dtype == "float32" and arch == "sm_90a" and cfg.tf32_wgmma
@@ -135,6 +137,76 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
                     "int64_index": wide}
 
 
+def _scaled_plan(alg, shape, dtype, cfg, programs, arch):
+    """Kernels of an artifact with scaled fp16 operands (CudaConfig.operands): amax of A and
+    of B into S (zeroed by the entry point), combines writing scaled fp16 Ã/B̃ (hi and lo
+    halves for fp16x2), the scaled GEMM stage writing fp32 H (or C directly for the plain
+    GEMM: the 1x1x1 algorithm, whose combines only scale and split), Combine H."""
+    from ..ir.program import LinearProgram
+    from ..schedules.cuda_config import (Blocking, NotSupportedYet, bound_exponent,
+                                         check_operands, needs_int64)
+    from ..schedules import cuda_kernels as K
+    check_operands(cfg, dtype)
+    split = cfg.operands == "fp16x2"
+    bk = cfg.bk(K.OPERAND_DTYPE)
+    stage = (cfg.block_m + cfg.block_n) * bk * 2 * (2 if split else 1)
+    limit = (163 if arch == "sm_80" else 227) * 1024
+    if cfg.stages * stage > limit:
+        raise NotSupportedYet(
+            f"operands={cfg.operands!r}: {cfg.stages} stages of {stage // 1024} KB "
+            f"({'four' if split else 'two'} fp16 tiles of {cfg.block_m}x{bk} and {bk}x{cfg.block_n}) "
+            f"exceed {arch}'s {limit // 1024} KB of shared memory: use fewer stages or a smaller tile")
+    M, N, K_ = shape
+    direct = alg is None
+    if direct:
+        from .. import ir
+        alg = ir.get("naive-1x1x1")
+    if programs:
+        progs, how = {k: LinearProgram.from_dict(v) for k, v in programs.items()}, "supplied"
+    else:
+        progs, how = _programs(alg)
+    blk = Blocking(M, N, K_, alg.m, alg.k, alg.n, alg.R)
+    la, lb = bound_exponent(alg.U), bound_exponent(alg.V)
+    shapes = {"S": ((2,), 4), "At": ((blk.R, blk.Mb, blk.Kb), 2), "Bt": ((blk.R, blk.Kb, blk.Nb), 2)}
+    if split:
+        shapes["Al"], shapes["Bl"] = shapes["At"], shapes["Bt"]
+    if not direct:
+        shapes["H"] = ((blk.R, blk.Mb, blk.Nb), 4)
+    ws, off = [], 0
+    for name, (dims, item) in shapes.items():
+        ws.append((name, off))
+        n = item
+        for d in dims:
+            n *= d
+        off += -(-n // 256) * 256
+    ws.append(("__end__", off))
+    a_out = ["At", "Al"] if split else ["At"]
+    b_out = ["Bt", "Bl"] if split else ["Bt"]
+    ks = [("amax_a", K.operand_amax(M, K_, dtype, 0, arch), ["A", "S"]),
+          ("amax_b", K.operand_amax(K_, N, dtype, 1, arch), ["B", "S"]),
+          ("combine_a", K.combine_ab("A", progs["A"], blk, dtype, cfg, arch, bound=la), ["A", "S", *a_out]),
+          ("combine_b", K.combine_ab("B", progs["B"], blk, dtype, cfg, arch, bound=lb), ["B", "S", *b_out])]
+    gemm_args = (["At", "Al", "Bt", "Bl"] if split else ["At", "Bt"]) + ["S", "C" if direct else "H"]
+    ks.append(("gemm" if direct else "batched_gemm",
+               K.scaled_gemm(blk, dtype, cfg, (la, lb), direct, arch), gemm_args))
+    if not direct:
+        ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
+    dims = dict(A=(M, K_), B=(K_, N), C=(M, N), **{k: v[0] for k, v in shapes.items()})
+    wide = [n for n, d in dims.items() if needs_int64(d)]
+    return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
+                    "int64_index": wide, "operands": cfg.operands, "zero": ["S"],
+                    "scale_bounds": [la, lb]}
+
+
+def gemm_precision(dtype: str, cfg) -> str:
+    """What the GEMM stage computes in (recorded in the manifest)."""
+    if cfg.operands == "fp16x2":
+        return "fp16x2 (float32 split into hi + lo fp16 halves, 3 fp16 tensor-core products, fp32 accumulate)"
+    if cfg.operands == "fp16":
+        return f"fp16 (power-of-two scaled from {dtype}, fp32 accumulate)"
+    return "tf32" if dtype == "float32" else dtype
+
+
 def _launch_info(code: str, kname: str) -> dict:
     grid = re.search(r"config\.gridDim = dim3\(([^)]*)\)", code)
     block = re.search(r"config\.blockDim = dim3\(([^)]*)\)", code)
@@ -203,7 +275,8 @@ def build(req: dict) -> dict:
         info = _launch_info(code, kname)
         info["args"] = args
         infos.append(info)
-    entry = host.entry_source([{"name": f"{name}_{k[0]}", "args": k[2]} for k in kernels], ws)
+    entry = host.entry_source([{"name": f"{name}_{k[0]}", "args": k[2]} for k in kernels], ws,
+                              zero=(extra or {}).get("zero", []))
     epath = os.path.join(out_dir, f"{name}_entry.cu")
     with open(epath, "w") as f:
         f.write(entry)
@@ -221,7 +294,7 @@ def build(req: dict) -> dict:
                              "workspace_bytes": "lcmac_workspace_bytes"},
             "name": name, "config": cfg.to_dict(), "arch": target.arch, "target": target.name,
             "dtype": dtype, "shape": [M, N, K],
-            "gemm_precision": "tf32" if dtype == "float32" else dtype,
+            "gemm_precision": gemm_precision(dtype, cfg),
             "algorithm": alg.to_dict() if alg is not None else None,
             "algorithm_name": alg.name if alg is not None else "gemm",
             "algorithm_hash": alg.hash if alg is not None else None,
