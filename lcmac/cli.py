@@ -123,16 +123,21 @@ def cmd_select(args) -> int:
     from .costmodel import select
     M, N, K = args.shape
     source = "model"
+    dt = args.dtype
     if args.measured:
         from .tune.decide import decide
         d = decide(M, N, K, args.dtype, args.target, db=args.logs, static_b=args.static_b)
         cands, source = d.candidates, d.source
     else:
-        cands = select(M, N, K, args.dtype, args.target, static_b=args.static_b)
+        from .tune.space import model_dtype
+        # the CUDA backend's native float32 multiplies on the TF32 tensor cores
+        dt = model_dtype(args.target, args.dtype) if args.operands == "native" else args.dtype
+        cands = select(M, N, K, dt, args.target, static_b=args.static_b, operands=args.operands)
     shown = cands[: args.top]
     best = cands[0]
     if args.json:
         _dump("select", {"shape": {"M": M, "N": N, "K": K}, "dtype": args.dtype,
+                         "operands": args.operands,
                          "target": args.target, "static_b": args.static_b, "source": source,
                          "decision": best.to_dict(), "candidates": [c.to_dict() for c in shown]})
         return 0
@@ -146,7 +151,10 @@ def cmd_select(args) -> int:
            "the rest predicted"}.get(source, f"ratios measured at the {source}, the rest predicted")
     if args.measured and source == "model":
         how += "; nothing logged near this shape"
-    print(f"{M}x{N}x{K} {args.dtype} on {args.target} ({how})\n")
+    ops = "" if args.operands == "native" else f", operands {args.operands}"
+    if not args.measured and dt != args.dtype:
+        ops += f" (GEMM stage {dt})"
+    print(f"{M}x{N}x{K} {args.dtype}{ops} on {args.target} ({how})\n")
     print(_table(rows, ["algorithm", "grid", "R", "time ms", "eff TFLOP/s", "vs GEMM"]
                  + (["measured"] if args.measured else [])))
     bd = best.to_dict()
@@ -172,6 +180,9 @@ def cmd_build(args) -> int:
           f"{m.dtype} {m.M}x{m.N}x{m.K} in {dt:.1f} s")
     print(f"  library  {m.library_path(path)}  ({m.library['bytes']} bytes, sha256 {m.library['sha256'][:12]})")
     print(f"  manifest {path}")
+    precision = (m.extra or {}).get("gemm_precision")
+    if precision:                      # CUDA: what the GEMM stage multiplies in
+        print(f"  GEMM stage {precision}")
     return 0
 
 
@@ -336,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use the tuning log's measurements (lcmac tune), the vendor GEMM included, "
                         "as the decision does at run time")
     s.add_argument("--logs", default=None, metavar="DIR", help="tuning-log directory for --measured")
+    s.add_argument("--operands", default="native", choices=("native", "fp16", "fp16x2"),
+                   help="CUDA operand precision to price (CudaConfig.operands; default native: "
+                        "the dtype itself, float32 as TF32)")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-select/1)")
     s.set_defaults(func=cmd_select)
 
@@ -346,7 +360,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shape", required=True, type=parse_shape, metavar="MxNxK",
                    help="C is MxN, the inner dimension K")
     s.add_argument("--levels", type=int, default=1, help="recursion levels of the algorithm (default 1)")
-    s.add_argument("--config", default=None, metavar="JSON", help="schedule knobs as JSON, e.g. '{\"mc\": 128}'")
+    s.add_argument("--config", default=None, metavar="JSON",
+                   help="schedule knobs as JSON, e.g. '{\"mc\": 128}'; CUDA operand precision: "
+                        "'{\"operands\": \"fp16x2\"}' (float32 at fp32-level error on fp16 tensor "
+                        "cores), '{\"operands\": \"fp16\"}' (scaled fp16 Ã/B̃: bf16 LCMAs at "
+                        "cuBLAS-level error; float32 at TF32-class error)")
     s.add_argument("--mcpu", default=None, help="LLVM CPU name for CPU targets ('native' = this host)")
     s.add_argument("--name", default=None, help="artifact name (default: derived)")
     s.add_argument("-o", "--output", default=".", metavar="DIR", help="output directory (default .)")

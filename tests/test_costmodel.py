@@ -278,3 +278,33 @@ def test_errors_are_clear():
         select(1024, 1024, 1024, "float64", "cuda-sm90a")   # the target has no fp64 kernels
     # the profile itself models fp64
     assert select(1024, 1024, 1024, "float64", "h100")[0].algorithm == "gemm"
+
+
+def test_scaled_operand_modes_are_priced():
+    """CUDA operand modes (CudaConfig.operands): fp16x2 runs three fp16 products per product;
+    scaled modes add the amax reads, store H in fp32 and exist unfused only; at 16384³ on
+    the H100 the model orders fp16x2 Strassen² > Strassen > GEMM, as measured there
+    (bench/results/h100-float32-operands.json: 224, 211, 192 TFLOP/s)."""
+    from lcmac import ir
+    from lcmac.costmodel import gemm_estimate, lcma_estimate
+    from lcmac.errors import LcmacError
+    n = 16384
+    x2 = gemm_estimate(n, n, n, "float32", "h100", operands="fp16x2")
+    h1 = gemm_estimate(n, n, n, "float16", "h100")
+    assert x2.stages["gemm"].time_s == pytest.approx(3 * h1.stages["gemm"].time_s, rel=1e-9)
+    assert x2.stages["combine_a"].time_s > 0 and x2.kernels == 5
+    s1 = lcma_estimate(ir.get("strassen"), n, n, n, "float32", "h100", fused=False, operands="fp16x2")
+    s2 = lcma_estimate(ir.get("strassen^2"), n, n, n, "float32", "h100", fused=False, operands="fp16x2")
+    assert s2.time_s < s1.time_s < x2.time_s
+    nat = lcma_estimate(ir.get("strassen"), n, n, n, "bfloat16", "h100", fused=False)
+    f16 = lcma_estimate(ir.get("strassen"), n, n, n, "bfloat16", "h100", fused=False, operands="fp16")
+    assert f16.stages["combine_h"].bytes > nat.stages["combine_h"].bytes       # fp32 H
+    assert f16.stages["combine_a"].bytes > nat.stages["combine_a"].bytes       # amax read
+    with pytest.raises(LcmacError, match="fused=False"):
+        lcma_estimate(ir.get("strassen"), n, n, n, "bfloat16", "h100", fused=True, operands="fp16")
+    with pytest.raises(LcmacError, match="float32"):
+        gemm_estimate(n, n, n, "bfloat16", "h100", operands="fp16x2")
+    cands = select(n, n, n, "float32", "cuda-sm90a", operands="fp16x2",
+                   algorithms=["strassen", "strassen^2"])
+    assert {c.variant for c in cands} == {"unfused", "gemm"}
+    assert cands[0].algorithm == "strassen^2"

@@ -193,7 +193,8 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
            static_b: bool = False, levels: Iterable[int] = (1, 2), profile=None,
            measurements: Mapping[str, float] | None = None, algorithms: Iterable[str] | None = None,
            min_speedup: float = 1.0, min_block: int | None = None,
-           group_parallel: bool = True, dedupe: bool = True) -> list[Candidate]:
+           group_parallel: bool = True, dedupe: bool = True,
+           operands: str = "native") -> list[Candidate]:
     """Rank plain GEMM and the applicable LCMAs for C[M×N] = A[M×K]·B[K×N]; best first.
 
     ``target``: an lcmac target name (its default profile is used) or a profile name;
@@ -203,13 +204,15 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
     by this factor to become the decision.  ``dedupe``: of candidates with the same grid,
     rank, variant and predicted time (e.g. ``winograd^2`` and a catalogue <4,4,4;49>) keep
     the first in ``candidate_names`` order and list the others in its reason.
+    ``operands``: the CUDA backend's operand mode ("native", "fp16", "fp16x2"), priced for
+    the GEMM and every LCMA alike (scaled operands: Algorithm 1 only).
     """
     p, d = _resolve(target, dtype, profile)
     meas = dict(measurements or {})
     for key, v in meas.items():
         if not (isinstance(v, (int, float)) and v > 0):
             raise ValueError(f"measurement for {key!r} must be positive seconds, got {v!r}")
-    g = gemm_estimate(M, N, K, d, p)
+    g = gemm_estimate(M, N, K, d, p, operands=operands)
     flops = 2.0 * M * N * K
     g_time = float(meas.get("gemm", g.time_s))
     g_measured = "gemm" in meas
@@ -235,9 +238,9 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
         if min(ceil(M / am), ceil(K / ak), ceil(N / an)) < mb:
             continue
         best = None
-        for fused in (True, False):
+        for fused in ((True, False) if operands == "native" else (False,)):
             e = lcma_estimate(alg, M, N, K, d, p, fused=fused, static_b=static_b,
-                              group_parallel=group_parallel)
+                              group_parallel=group_parallel, operands=operands)
             if best is None or e.time_s < best.time_s:
                 best = e
         t = float(meas.get(nm, best.time_s))

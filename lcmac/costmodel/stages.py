@@ -300,6 +300,35 @@ def _gemm_compute(p: HardwareProfile, dtype: str, Mb: int, Nb: int, Kb: int, R: 
     return best
 
 
+# ---- scaled fp16 operands (the CUDA backend's CudaConfig.operands) ---------------------------
+#: "native": Ã/B̃ in the storage dtype; "fp16": scaled fp16 Ã/B̃ (an amax pass over A and B
+#: first), H in fp32; "fp16x2": float32 split into two fp16 halves, three fp16 products
+OPERAND_MODES = ("native", "fp16", "fp16x2")
+
+
+@dataclass(frozen=True)
+class _Operands:
+    mode: str
+    gemm_dtype: str        # whose multiply rate and tiles the GEMM stage runs at
+    products: int          # tensor-core products per LCMA product (3 for the split)
+    op_bytes: int          # bytes per stored Ã/B̃ element
+    h_bytes: int           # bytes per element of the unfused H
+    amax: bool             # one extra read of A and of B
+
+
+def _operands(mode: str, d: str) -> _Operands:
+    if mode == "native":
+        return _Operands(mode, d, 1, ITEMSIZE[d], _out_bytes(d), False)
+    if mode not in OPERAND_MODES:
+        from ..errors import LcmacError
+        raise LcmacError(f"operands must be one of {OPERAND_MODES}, not {mode!r}")
+    if mode == "fp16x2" and d not in ("float32", "tfloat32"):
+        from ..errors import LcmacError
+        raise LcmacError(f"operands='fp16x2' splits float32 operands, not {d}")
+    return _Operands(mode, "float16", 3 if mode == "fp16x2" else 1,
+                     4 if mode == "fp16x2" else 2, 4, True)
+
+
 # ---- public model -----------------------------------------------------------------------------
 def _prep(M, N, K, dtype, profile):
     p = get_profile(profile) if not isinstance(profile, HardwareProfile) else profile
@@ -324,26 +353,45 @@ def gemm_is_memory_bound(M: int, N: int, K: int, dtype, profile) -> bool:
     return gemm_intensity(M, N, K, d) < p.ridge(d)
 
 
-def gemm_estimate(M: int, N: int, K: int, dtype, profile) -> Estimate:
-    """The plain GEMM (one kernel, per-tile schedule)."""
+def gemm_estimate(M: int, N: int, K: int, dtype, profile, *, operands: str = "native") -> Estimate:
+    """The plain GEMM (one kernel, per-tile schedule).  ``operands`` (CUDA): with scaled fp16
+    operands, an amax pass and a scaling (splitting) copy of A and of B come first, priced
+    as the combine stages, and the GEMM stage runs on the fp16 rate (three products for
+    "fp16x2")."""
     p, d = _prep(M, N, K, dtype, profile)
+    o = _operands(operands, d)
     s, so = ITEMSIZE[d], _out_bytes(d)
     flops = 2.0 * M * N * K
-    nbytes = (M * K + K * N) * s + M * N * so
-    tc, det = _gemm_compute(p, d, M, N, K, 1, 1, 1, "per-tile")
-    tm = nbytes / p.achievable_bw()
+    bw = p.achievable_bw()
+    if o.mode == "native":
+        nbytes = (M * K + K * N) * s + M * N * so
+        ca = _none("combine_a", "plain GEMM")
+        cb = _none("combine_b", "plain GEMM")
+    else:
+        nbytes = (M * K + K * N) * o.op_bytes + M * N * so
+        # amax pass (one read) + the scaling pass (one read, one fp16 write per half)
+        ca = _roof("combine_a", 0.0, M * K * (2 * s + o.op_bytes), p.achievable_add(d), bw,
+                   {"operands": o.mode, "amax_pass": True})
+        cb = _roof("combine_b", 0.0, K * N * (2 * s + o.op_bytes), p.achievable_add(d), bw,
+                   {"operands": o.mode, "amax_pass": True})
+    tc, det = _gemm_compute(p, o.gemm_dtype, M, N, K, 1, 1, 1, "per-tile")
+    tc *= o.products
+    if o.mode != "native":
+        det = dict(det, operands=o.mode, tensor_core_products=o.products)
+    tm = nbytes / bw
     g = StageCost("gemm", flops, nbytes, max(tc, tm), "compute" if tc >= tm else "memory",
                   MappingProxyType(det))
-    stages = {"combine_a": _none("combine_a", "plain GEMM"),
-              "combine_b": _none("combine_b", "plain GEMM"), "gemm": g,
+    stages = {"combine_a": ca, "combine_b": cb, "gemm": g,
               "combine_h": _none("combine_h", "plain GEMM")}
+    kernels = 1 if o.mode == "native" else 5
     return Estimate("gemm", (1, 1, 1), 1, "gemm", MappingProxyType(stages),
-                    p.launch_overhead_s, 1)
+                    kernels * p.launch_overhead_s, kernels)
 
 
 def lcma_estimate(alg, M: int, N: int, K: int, dtype, profile, *, fused: bool = True,
                   group_parallel: bool = True, static_b: bool = False,
-                  schedule: str | None = None, cse: bool = False) -> Estimate:
+                  schedule: str | None = None, cse: bool = False,
+                  operands: str = "native") -> Estimate:
     """Eq. 9 (``fused=False``) or Eq. 10 (``fused=True``) for one algorithm and shape.
 
     ``alg``: an ``Algorithm`` or its ``AlgQuantities`` (``quantities``/``compose_quantities``).
@@ -352,8 +400,15 @@ def lcma_estimate(alg, M: int, N: int, K: int, dtype, profile, *, fused: bool = 
     pass (else each output is its own sum, re-reading its inputs).  ``static_b``: B is a
     weight combined offline, so Combine B costs nothing at run time.  ``schedule``: the GEMM
     stage's wave schedule on GPUs (default split-group when fused, per-tile when unfused).
+    ``operands`` (CUDA, unfused only): "fp16"/"fp16x2" add an amax read of A and of B, store
+    Ã/B̃ as fp16 (two halves for "fp16x2", whose products cost three fp16 tensor-core
+    products each) and H as fp32.
     """
     p, d = _prep(M, N, K, dtype, profile)
+    o = _operands(operands, d)
+    if o.mode != "native" and fused:
+        from ..errors import LcmacError
+        raise LcmacError(f"operands={o.mode!r} runs on Algorithm 1 only (fused=False)")
     q = quantities(alg, cse)
     m, k, n = q.grid
     R = q.R
@@ -364,21 +419,26 @@ def lcma_estimate(alg, M: int, N: int, K: int, dtype, profile, *, fused: bool = 
 
     def combine(X, blk):
         if group_parallel:
-            units = q.inputs[X] + q.materialized[X]
+            nbytes = (q.inputs[X] * s + q.materialized[X] * o.op_bytes) * blk
         else:
-            units = q.naive_bytes_units[X]
-        return _roof(f"combine_{X.lower()}", q.additions[X] * blk, units * blk * s, add, bw,
+            nbytes = q.naive_bytes_units[X] * blk * s
+        if o.amax:
+            nbytes += q.inputs[X] * blk * s
+        return _roof(f"combine_{X.lower()}", q.additions[X] * blk, nbytes, add, bw,
                      {"outputs_written": q.materialized[X], "inputs_read": q.inputs[X],
-                      "group_parallel": group_parallel})
+                      "group_parallel": group_parallel, "operands": o.mode})
 
     ca = combine("A", Mb * Kb)
     cb = _none("combine_b", "B static: combined offline") if static_b else combine("B", Kb * Nb)
 
     sched = schedule or ("split-group" if fused else "per-tile")
-    tc, det = _gemm_compute(p, d, Mb, Nb, Kb, R, m, n, sched)
+    tc, det = _gemm_compute(p, o.gemm_dtype, Mb, Nb, Kb, R, m, n, sched)
+    tc *= o.products
     gflops = 2.0 * R * Mb * Nb * Kb
-    gbytes = R * (Mb * Kb + Kb * Nb) * s + (m * n if fused else R) * Mb * Nb * so
+    gbytes = R * (Mb * Kb + Kb * Nb) * o.op_bytes + (m * n * so if fused else R * o.h_bytes) * Mb * Nb
     det = dict(det, products=R, block=[Mb, Kb, Nb])
+    if o.mode != "native":
+        det.update(operands=o.mode, tensor_core_products=o.products)
 
     if fused:
         # the epilogue accumulates each H tile into the C tiles it feeds
@@ -399,13 +459,13 @@ def lcma_estimate(alg, M: int, N: int, K: int, dtype, profile, *, fused: bool = 
                            "hidden_fraction": p.epilogue_overlap}))
     else:
         blk = Mb * Nb
-        units = (R + m * n) if group_parallel else (q.nnz["W"] + m * n)
-        ch = _roof("combine_h", q.additions["H"] * blk, units * blk * so, add, bw,
-                   {"fused": False, "group_parallel": group_parallel})
+        reads = R if group_parallel else q.nnz["W"]
+        ch = _roof("combine_h", q.additions["H"] * blk, (reads * o.h_bytes + m * n * so) * blk,
+                   add, bw, {"fused": False, "group_parallel": group_parallel})
     tm = gbytes / bw
     g = StageCost("gemm", gflops, gbytes, max(tc, tm), "compute" if tc >= tm else "memory",
                   MappingProxyType(det))
-    kernels = 1 + (0 if static_b else 1) + 1 + (0 if fused else 1)
+    kernels = 1 + (0 if static_b else 1) + 1 + (0 if fused else 1) + (2 if o.amax else 0)
     stages = {"combine_a": ca, "combine_b": cb, "gemm": g, "combine_h": ch}
     return Estimate(q.name, q.grid, R, "fused" if fused else "unfused",
                     MappingProxyType(stages), kernels * p.launch_overhead_s, kernels)
