@@ -106,7 +106,9 @@ def _resolve_config(t, dtype: str, config, alg, plain: bool, shape):
     if t.family in ("x86", "aarch64"):
         from .schedules.cpu_config import resolve_config
         if config is None:
-            config = _tuned_config(t, dtype, alg, plain, shape)
+            # CPU blocks are cut from the shape (tasks balanced over the threads): a config
+            # logged at another shape is not better than the shape-aware default
+            config = _tuned_config(t, dtype, alg, plain, shape, exact_only=True)
         try:
             return resolve_config(t, dtype, config, None if plain else alg, shape=shape).to_dict()
         except ValueError as e:
@@ -117,11 +119,17 @@ def _resolve_config(t, dtype: str, config, alg, plain: bool, shape):
     return dict(config or {})
 
 
-def _tuned_config(t, dtype, alg, plain, shape):
-    """The tuning log's best config for this case, if any (never fatal)."""
+def _tuned_config(t, dtype, alg, plain, shape, exact_only: bool = False):
+    """The tuning log's best config for this case, if any (never fatal).  ``exact_only``:
+    only a config logged at this very shape (else None: the backend's default)."""
     try:
         from .tune import db
         hit = db.best_config(t.name, dtype, "gemm" if plain else alg.hash, shape)
+        if hit and exact_only and not hit[2]:
+            print(f"lcmac build: the tuning log has this case only at other shapes (nearest "
+                  f"{'x'.join(map(str, hit[1]['shape']))}); using the shape's default config "
+                  f"(`lcmac tune` at this shape to log one)", file=sys.stderr)
+            return None
         if hit:  # say which logged config is used (exact shape or the nearest one)
             r = hit[1]
             print(f"lcmac build: using the tuned config from "

@@ -407,3 +407,26 @@ def test_decide_skips_failed_algorithms_and_uses_the_global_vendor_ratio(tmp_pat
                   rec(shape=(1024, 1024, 1024), t=1.0), rec(shape=(1024, 1024, 1024), algo="vendor", t=0.4, cfg=vcfg)])
     d = decide(*far, "float32", CPU, db=tmp_path)
     assert d.is_vendor and "ratio" in d.source
+
+
+def test_build_uses_cpu_logs_only_at_the_logged_shape(tmp_path, monkeypatch, capsys):
+    """lcmac build without a config: on a CPU the shape-aware default wins over a config
+    logged at another shape (its blocks were cut for that shape); the shape's own logged
+    config is used; CUDA still takes the nearest logged shape's config."""
+    from lcmac import build as lb
+    from lcmac.schedules.cpu_config import default_config
+    from lcmac.targets import get_target
+    monkeypatch.setenv("LCMAC_TUNING_LOGS", str(tmp_path))
+    tdb.TuningDB(tmp_path).append([rec(shape=(1024, 1024, 1024), t=0.01,
+                                       cfg={"mr": 4, "nr": 32, "kc": 128, "mc": 64, "nc": 256})])
+    t = get_target(CPU)
+    got = lb._resolve_config(t, "float32", None, None, True, (1000, 1024, 1024))
+    want = default_config(t, "float32", None, shape=(1000, 1024, 1024)).to_dict()
+    assert got == want
+    assert "only at other shapes (nearest 1024x1024x1024)" in capsys.readouterr().err
+    exact = lb._resolve_config(t, "float32", None, None, True, (1024, 1024, 1024))
+    assert (exact["mr"], exact["mc"], exact["kc"]) == (4, 64, 128)
+    tdb.TuningDB(tmp_path).append([{**rec(shape=(1024, 1024, 1024), t=0.01,
+                                          cfg={"block_n": 128}), "target": "cuda-sm90a"}])
+    cuda = lb._resolve_config(get_target("cuda-sm90a"), "float32", None, None, True, (1000, 1024, 1024))
+    assert cuda == {"block_n": 128}

@@ -106,58 +106,53 @@ def _evaluate(prog, inputs):
 
 
 # ----------------------------------------------------------------------------------------------
-def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
+def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = "sm_90a",
+               bt_shape: tuple[int, int] | None = None):
+    """C = A·B; ``bt_shape`` (Nb, Kb): B given transposed, Bt [Nb, Kb] K-major (TF32 wgmma
+    for float32 on sm_90a reads both operands K-major; TileLang picks wgmma only for tf32
+    tiles)."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.bk(dtype)
     pol = _policy(cfg, dtype)
-    out_dtype = dtype
+    kmajor = bt_shape is not None
+    sdt = T.tfloat32 if (kmajor and dtype == "float32") else dtype
+    b_dims = bt_shape if kmajor else (K, N)
+    b_tile = (bn, bk) if kmajor else (bk, bn)
 
     pdl = _pdl(arch)
-    @T.prim_func
-    def lcmac_gemm(A: T.Tensor(_dims(M, K), dtype), B: T.Tensor(_dims(K, N), dtype),
-                   C: T.Tensor(_dims(M, N), out_dtype)):
-        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=cfg.threads) as (bx, by):
-            if pdl:
-                pdl_sync()
-            A_s = T.alloc_shared((bm, bk), dtype)
-            B_s = T.alloc_shared((bk, bn), dtype)
-            C_l = T.alloc_fragment((bm, bn), ACCUM)
-            T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
-            T.clear(C_l)
-            for ko in T.Pipelined(T.ceildiv(K, bk), num_stages=cfg.stages):
-                T.copy(A[by * bm, ko * bk], A_s)
+
+    @T.macro
+    def body(A, B, C, bx, by):
+        if pdl:
+            pdl_sync()
+        A_s = T.alloc_shared((bm, bk), sdt)
+        B_s = T.alloc_shared(b_tile, sdt)
+        C_l = T.alloc_fragment((bm, bn), ACCUM)
+        T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
+        T.clear(C_l)
+        for ko in T.Pipelined(T.ceildiv(K, bk), num_stages=cfg.stages):
+            T.copy(A[by * bm, ko * bk], A_s)
+            if kmajor:
+                T.copy(B[bx * bn, ko * bk], B_s)
+                T.gemm(A_s, B_s, C_l, transpose_B=True, policy=pol)
+            else:
                 T.copy(B[ko * bk, bx * bn], B_s)
                 T.gemm(A_s, B_s, C_l, policy=pol)
-            T.copy(C_l, C[by * bm, bx * bn])
+        T.copy(C_l, C[by * bm, bx * bn])
 
-    return lcmac_gemm
+    if kmajor:
+        @T.prim_func
+        def lcmac_gemm_t(A: T.Tensor(_dims(M, K), dtype), Bt: T.Tensor(_dims(*b_dims), dtype),
+                         C: T.Tensor(_dims(M, N), dtype)):
+            with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=cfg.threads) as (bx, by):
+                body(A, Bt, C, bx, by)
+        return lcmac_gemm_t
 
-
-def plain_gemm_kmajor(M: int, N: int, K: int, Nb: int, Kb: int, dtype: str, cfg: CudaConfig,
-                      arch: str = "sm_90a"):
-    """C = A · Bt^T with Bt [Nb, Kb] K-major (TF32 wgmma for float32 on sm_90a)."""
-    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.bk(dtype)
-    sdt = T.tfloat32 if dtype == "float32" else dtype   # TileLang picks wgmma only for tf32 tiles
-    pol = _policy(cfg, dtype)
-
-    pdl = _pdl(arch)
     @T.prim_func
-    def lcmac_gemm_t(A: T.Tensor(_dims(M, K), dtype), Bt: T.Tensor(_dims(Nb, Kb), dtype),
-                     C: T.Tensor(_dims(M, N), dtype)):
+    def lcmac_gemm(A: T.Tensor(_dims(M, K), dtype), B: T.Tensor(_dims(*b_dims), dtype),
+                   C: T.Tensor(_dims(M, N), dtype)):
         with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=cfg.threads) as (bx, by):
-            if pdl:
-                pdl_sync()
-            A_s = T.alloc_shared((bm, bk), sdt)
-            B_s = T.alloc_shared((bn, bk), sdt)
-            C_l = T.alloc_fragment((bm, bn), ACCUM)
-            T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
-            T.clear(C_l)
-            for ko in T.Pipelined(T.ceildiv(K, bk), num_stages=cfg.stages):
-                T.copy(A[by * bm, ko * bk], A_s)
-                T.copy(Bt[bx * bn, ko * bk], B_s)
-                T.gemm(A_s, B_s, C_l, transpose_B=True, policy=pol)
-            T.copy(C_l, C[by * bm, bx * bn])
-
-    return lcmac_gemm_t
+            body(A, B, C, bx, by)
+    return lcmac_gemm
 
 
 # ----------------------------------------------------------------------------------------------

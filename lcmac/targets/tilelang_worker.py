@@ -106,7 +106,7 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     if kmajor and alg.m * alg.k == 1:
         ws = [("Bt", 0), ("__end__", -(-blk.Kb * blk.Nb * item // 256) * 256)]
         ks = [("transpose_b", K.combine_b_kmajor(progs["B"], blk, dtype, cfg, arch=arch), ["B", "Bt"]),
-              ("gemm", K.plain_gemm_kmajor(M, N, K_, blk.Nb, blk.Kb, dtype, cfg, arch), ["A", "Bt", "C"])]
+              ("gemm", K.plain_gemm(M, N, K_, dtype, cfg, arch, bt_shape=(blk.Nb, blk.Kb)), ["A", "Bt", "C"])]
         wide = [n for n in ("A", "Bt", "C") if n in wide]
         return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
                         "b_layout": "K-major (transposed) for TF32 wgmma", "int64_index": wide}
