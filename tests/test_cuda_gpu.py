@@ -342,3 +342,17 @@ def test_scaled_operands_any_magnitude(artifacts, dtype, cfg):
             assert _rel(C, ref) < 1.5 * e1 + 1e-7, (sa, sb, _rel(C, ref), e1)
     Z = torch.zeros_like(A1)
     assert int(torch.count_nonzero(f(Z, B1))) == 0
+
+
+def test_auto_builds_a_cuda_artifact_on_demand(tmp_path):
+    """lcmac.auto with CUDA tensors and build=True: the chosen lcmac kernel (the vendor GEMM
+    left out) is built into the artifact directory at the first call, loaded, and right."""
+    import lcmac
+    mm = lcmac.auto(tmp_path / "art", build=True, vendor=False, logs=tmp_path / "no-logs")
+    A, B = _inputs(1024, 1024, 1024, "bf16", 11)
+    C = mm(A, B)
+    torch.cuda.synchronize()
+    p = mm.plan(1024, 1024, 1024, "bfloat16", target=mm._target_for(True))
+    assert p.artifact is not None and p.artifact.exists() and p.runs != "vendor", p.why
+    ref = A.double() @ B.double()
+    assert _rel(C, ref) < 4 * _rel(A @ B, ref)

@@ -5,8 +5,8 @@ BLAS / torch.matmul = cuBLAS), lcmac's plain GEMM or an LCMA, preferring logged
 measurements over the model (issue: "the runtime's automatic choice ... falls back to plain
 GEMM when no LCMA is predicted or measured to win").  The chosen lcmac kernel comes from an
 artifact in ``artifacts`` (indexed by its manifest: algorithm, shape, dtype, target); with
-``build=True`` a missing one is compiled there first (needs the compiler, CPU targets only
-here).  When the chosen kernel has no artifact and may not be built, the call goes to the
+``build=True`` a missing one is compiled there first (needs the compilers: apache-tvm for
+CPU targets, TileLang and nvcc for CUDA; tested on an H100 with CUDA tensors).  When the chosen kernel has no artifact and may not be built, the call goes to the
 vendor GEMM and ``plan()`` says why: a missing artifact never raises, never returns garbage.
 
 Decisions are cached per (M, N, K, dtype); ``plan(M, N, K, dtype)`` shows one without
