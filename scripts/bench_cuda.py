@@ -71,6 +71,12 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "strassen-alg1-f16x2": ("strassen", {"operands": "fp16x2", "fused": False, "block_n": 128, "stages": 3, "policy": "fullrow"}),
     "winograd-alg1-f16x2": ("winograd", {"operands": "fp16x2", "fused": False, "block_n": 128, "stages": 3, "policy": "fullrow"}),
     "strassen^2-alg1-f16x2": ("strassen^2", {"operands": "fp16x2", "fused": False, "block_n": 128, "stages": 3, "policy": "fullrow"}),
+    # the fp16x2 tile sweep (2026-11-22): k slab, depth, a 128x192 tile, the square split
+    "tl-gemm-f16x2-k32s5": (None, {"operands": "fp16x2", "block_n": 128, "block_k": 32, "stages": 5, "policy": "fullrow"}),
+    "tl-gemm-f16x2-s2": (None, {"operands": "fp16x2", "block_n": 128, "stages": 2, "policy": "fullrow"}),
+    "tl-gemm-f16x2-n192k32s5": (None, {"operands": "fp16x2", "block_n": 192, "block_k": 32, "stages": 5, "policy": "fullrow"}),
+    "tl-gemm-f16x2-n192s2": (None, {"operands": "fp16x2", "block_n": 192, "stages": 2, "policy": "fullrow"}),
+    "tl-gemm-f16x2-sq": (None, {"operands": "fp16x2", "block_n": 128, "stages": 3, "policy": "square"}),
     "tl-gemm-f16s": (None, {"operands": "fp16", "stages": 4, "policy": "fullrow"}),
     "strassen-alg1-f16s": ("strassen", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
     "winograd-alg1-f16s": ("winograd", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
