@@ -113,18 +113,25 @@ def _resolve_config(t, dtype: str, config, alg, plain: bool, shape):
             return resolve_config(t, dtype, config, None if plain else alg, shape=shape).to_dict()
         except ValueError as e:
             raise TargetError(f"bad CPU config: {e}") from None
-    # CUDA: the TileLang worker owns its knobs
-    if config is None:
-        config = _tuned_config(t, dtype, alg, plain, shape)
+    # CUDA: the TileLang worker owns its knobs.  No config, or only an operand mode: the
+    # tuning log's best config of that mode (logged configs of other modes are another
+    # precision, never taken for this one)
+    if config is None or set(config) <= {"operands"}:
+        ops = (config or {}).get("operands") or "native"
+        tuned = _tuned_config(t, dtype, alg, plain, shape, operands=ops)
+        config = {**(tuned or {}), **(config or {})}
     return dict(config or {})
 
 
-def _tuned_config(t, dtype, alg, plain, shape, exact_only: bool = False):
+def _tuned_config(t, dtype, alg, plain, shape, exact_only: bool = False,
+                  operands: str = "native"):
     """The tuning log's best config for this case, if any (never fatal).  ``exact_only``:
-    only a config logged at this very shape (else None: the backend's default)."""
+    only a config logged at this very shape (else None: the backend's default).
+    ``operands``: CUDA configs of this operand mode only."""
     try:
         from .tune import db
-        hit = db.best_config(t.name, dtype, "gemm" if plain else alg.hash, shape)
+        hit = db.best_config(t.name, dtype, "gemm" if plain else alg.hash, shape,
+                             operands=operands)
         if hit and exact_only and not hit[2]:
             print(f"lcmac build: the tuning log has this case only at other shapes (nearest "
                   f"{'x'.join(map(str, hit[1]['shape']))}); using the shape's default config "

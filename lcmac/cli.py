@@ -241,6 +241,12 @@ def cmd_tune(args) -> int:
     kw = dict(budget=args.budget, patience=args.patience, db=store, top_lcmas=args.top_lcmas,
               repeats=repeats, progress=not args.quiet, measure_default=args.compare_default,
               exhaustive=args.exhaustive, tag=args.tag, vendor=args.vendor)
+    if args.operands != "native":
+        if not gpu:
+            print("lcmac tune: error: --operands is a CUDA option (scaled fp16 operands)",
+                  file=sys.stderr)
+            return 2
+        kw["operands"] = args.operands
     if gpu:
         kw.update(min_run_s=0.01, warmup=3)
     rate = 1e3 if gpu else 1.0     # GFLOP/s on CPUs, TFLOP/s on GPUs
@@ -391,6 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--budget", type=int, default=8, help="configs measured per algorithm (default 8)")
     s.add_argument("--exhaustive", action="store_true",
                    help="measure every fitting config (for the search metrics; slow)")
+    s.add_argument("--operands", default="native", choices=("native", "fp16", "fp16x2"),
+                   help="CUDA: search the configs of this operand precision (CudaConfig.operands, "
+                        "logged with it; `lcmac build --config '{\"operands\": \"fp16x2\"}'` "
+                        "then takes the best logged config of that mode)")
     s.add_argument("--patience", type=int, default=4,
                    help="stop after this many measurements without improvement (default 4)")
     s.add_argument("--jobs", type=int, default=2, help="parallel compile processes (default 2)")

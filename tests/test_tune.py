@@ -430,3 +430,54 @@ def test_build_uses_cpu_logs_only_at_the_logged_shape(tmp_path, monkeypatch, cap
                                           cfg={"block_n": 128}), "target": "cuda-sm90a"}])
     cuda = lb._resolve_config(get_target("cuda-sm90a"), "float32", None, None, True, (1000, 1024, 1024))
     assert cuda == {"block_n": 128}
+
+
+# ---- CUDA scaled operands (CudaConfig.operands) in the search and the log ------------------
+def test_operand_mode_space_fit_and_ranking():
+    """An fp16x2 search: every config is in that mode and unfused; the fit check counts the
+    hi and lo slabs and both accumulators (128x256 on 256 threads no longer fits); the
+    model ranks first the tile measured best on the H100 (the sweep of
+    bench/results/h100-float32-f16x2-sweep.json: 128x128x64, 3 stages); three products."""
+    sp = space.ranked_space(GPU, "float32", "strassen", (16384, 16384, 16384), operands="fp16x2")
+    fs = [space.features(p.config) for p in sp.ranked]
+    assert fs and all(f["operands"] == "fp16x2" and f["fused"] is False for f in fs)
+    assert not any((f["block_m"], f["block_n"], f["threads"]) == (128, 256, 256) for f in fs)
+    reasons = " ".join(r for _, r in sp.pruned)
+    assert "accumulator registers" in reasons and "shared memory" in reasons
+    top = fs[0]
+    assert (top["block_m"], top["block_n"], top["block_k"], top["stages"]) == (128, 128, 64, 3)
+    cfg = {"block_m": 128, "block_n": 128, "block_k": 64, "stages": 3, "threads": 256}
+    x2 = space.estimate(GPU, "float32", (8192,) * 3, "gemm", {**cfg, "operands": "fp16x2"})
+    f16 = space.estimate(GPU, "float32", (8192,) * 3, "gemm", {**cfg, "operands": "fp16"})
+    assert x2["compute_s"] == pytest.approx(3 * f16["compute_s"])
+    assert x2["combine_s"] > f16["combine_s"] > 0          # amax + split passes
+    d = space.default_config(GPU, "float32", "gemm", operands="fp16x2")
+    assert (d.operands, d.block_n, d.stages) == ("fp16x2", 128, 3)
+
+
+def test_log_lookups_keep_operand_modes_apart(tmp_path, monkeypatch):
+    """A faster config of another precision is never the best config of this one: the log's
+    best config, lcmac build's default and its operands-only config, and decide()."""
+    from lcmac import build as lb
+    from lcmac.targets import get_target
+    monkeypatch.setenv("LCMAC_TUNING_LOGS", str(tmp_path))
+    x2 = {"block_m": 128, "block_n": 128, "stages": 2, "operands": "fp16x2"}
+    tdb.TuningDB(tmp_path).append([
+        rec(target=GPU, shape=(4096,) * 3, t=0.004, cfg={"block_n": 256}),
+        rec(target=GPU, shape=(4096,) * 3, t=0.001, cfg=x2),
+        rec(target=GPU, shape=(4096,) * 3, t=0.0005, algo="strassen", cfg=x2),
+        rec(target=GPU, shape=(4096,) * 3, t=0.005, algo="strassen", cfg={"block_n": 256})])
+    assert tdb.best_config(GPU, "float32", "gemm", (4096,) * 3)[0] == {"block_n": 256}
+    assert tdb.best_config(GPU, "float32", "gemm", (4096,) * 3, operands="fp16x2")[0] == x2
+    t = get_target(GPU)
+    assert lb._resolve_config(t, "float32", None, None, True, (4096,) * 3) == {"block_n": 256}
+    assert lb._resolve_config(t, "float32", {"operands": "fp16x2"}, None, True, (4096,) * 3) == x2
+    d = decide(4096, 4096, 4096, "float32", GPU, db=tmp_path, vendor=False)
+    assert d.algorithm == "gemm" and d.source == "exact"      # 4 ms vs 5 ms, native only
+
+
+def test_cli_tune_operands_is_a_cuda_option(capsys):
+    from lcmac import cli
+    assert cli.main(["tune", "--algo", "gemm", "--target", CPU, "--shape", "256x256x256",
+                     "--operands", "fp16", "--dry-run"]) == 2
+    assert "CUDA option" in capsys.readouterr().err

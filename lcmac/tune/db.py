@@ -264,10 +264,13 @@ class TuningDB:
         return out
 
     def best(self, target: str, dtype: str, algorithm_hash: str | None, shape, *,
-             nearest: bool = True) -> Match | None:
+             nearest: bool = True, operands: str = "native") -> Match | None:
         """The fastest record for the exact shape; else (``nearest``) the fastest record of the
-        logged shape nearest in log space (distance = ‖log M,N,K − log M',N',K'‖₂)."""
-        recs = self.query(target, dtype, algorithm_hash=algorithm_hash)
+        logged shape nearest in log space (distance = ‖log M,N,K − log M',N',K'‖₂).  Only
+        records of one CUDA operand mode (``operands``; CPU records have none = native):
+        a faster config of another precision is not a better config of this one."""
+        recs = self.query(target, dtype, algorithm_hash=algorithm_hash,
+                          config_filter=lambda c: operands_of(c) == operands)
         if not recs:
             return None
         shape = tuple(int(x) for x in shape)
@@ -287,6 +290,11 @@ class TuningDB:
                 if r["algorithm_hash"] == algorithm_hash and tuple(r["shape"]) == tuple(shape)}
 
 
+def operands_of(config) -> str:
+    """The CUDA operand mode of a logged config (CudaConfig.operands; absent = native)."""
+    return (config or {}).get("operands") or "native"
+
+
 def config_key(config) -> str:
     return json.dumps(config_to_dict(config), sort_keys=True)
 
@@ -295,13 +303,14 @@ def shape_distance(a, b) -> float:
     return math.sqrt(sum((math.log(x) - math.log(y)) ** 2 for x, y in zip(a, b)))
 
 
-def best_config(target: str, dtype: str, algo_hash: str, shape, *, root=None):
+def best_config(target: str, dtype: str, algo_hash: str, shape, *, root=None,
+                operands: str = "native"):
     """The best logged config for ``shape`` (exact, else the nearest logged shape).
 
     Returns ``(config: dict, record: dict, exact: bool)`` or None when nothing is logged for
     this target, dtype and algorithm.  ``lcmac.build`` calls this when no config is given.
     """
-    m = TuningDB(root).best(target, dtype, algo_hash, shape)
+    m = TuningDB(root).best(target, dtype, algo_hash, shape, operands=operands)
     if m is None:
         return None
     return _known_knobs(target, m.config), m.record, m.exact

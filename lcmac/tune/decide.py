@@ -74,6 +74,8 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
     d = normalize_dtype(dtype)
     best: dict[tuple, dict[str, float]] = {}
     for r in store.records(str(target), d):
+        if _db.operands_of(r["config"]) != "native":
+            continue        # another precision (CUDA scaled operands): not what is decided here
         per = best.setdefault(tuple(r["shape"]), {})
         a = r["algorithm"]
         if a not in per or r["time_s"] < per[a]:

@@ -230,12 +230,22 @@ def _measure_gpu(call, dtype: str, shape, *, warmup, repeats, min_run_s, check,
     return out
 
 
-def vendor_config(target: str, dtype: str) -> dict:
-    """How the vendor baseline is called (the ``config`` of its log records)."""
+def _vendor_tf32(dtype: str, operands: str) -> bool:
+    """cuBLAS in the precision lcmac's kernels of this operand mode compare with: TF32 for
+    float32 native (TF32 GEMM stage) and fp16 (TF32-class), true fp32 SGEMM for fp16x2."""
+    return dtype == "float32" and operands != "fp16x2"
+
+
+def vendor_config(target: str, dtype: str, operands: str = "native") -> dict:
+    """How the vendor baseline is called (the ``config`` of its log records; a scaled
+    operand mode is recorded, so decisions among native kernels never read it)."""
     if str(target).startswith("cuda"):
         import torch
-        return {"library": "cublas", "api": "torch.matmul", "torch": torch.__version__,
-                "tf32": dtype == "float32"}
+        out = {"library": "cublas", "api": "torch.matmul", "torch": torch.__version__,
+               "tf32": _vendor_tf32(dtype, operands)}
+        if operands != "native":
+            out["operands"] = operands
+        return out
     import numpy as np
     blas = "?"
     try:
@@ -247,13 +257,13 @@ def vendor_config(target: str, dtype: str) -> dict:
 
 
 def measure_vendor(target: str, dtype: str, shape, *, warmup: int = 2, repeats: int = 5,
-                   min_run_s: float = 0.02, check: bool = True) -> dict:
+                   min_run_s: float = 0.02, check: bool = True, operands: str = "native") -> dict:
     """Time the vendor GEMM on the same operands the artifacts get: torch.matmul (cuBLAS;
-    TF32 allowed for float32, as lcmac's CUDA float32 GEMM runs TF32) on a GPU, numpy.matmul
-    (its BLAS) on a CPU."""
+    for float32 TF32 allowed, as lcmac's native CUDA float32 GEMM runs TF32, or true SGEMM
+    against the fp16x2 operand mode) on a GPU, numpy.matmul (its BLAS) on a CPU."""
     if str(target).startswith("cuda"):
         import torch
-        torch.backends.cuda.matmul.allow_tf32 = dtype == "float32"
+        torch.backends.cuda.matmul.allow_tf32 = _vendor_tf32(dtype, operands)
         out = _measure_gpu(lambda A, B, C: torch.matmul(A, B, out=C), dtype, shape, warmup=warmup,
                            repeats=repeats, min_run_s=min_run_s, check=check,
                            warm_s=2 * GPU_WARM_S)  # first at each shape, after an idle gap
@@ -270,7 +280,7 @@ def measure_vendor(target: str, dtype: str, shape, *, warmup: int = 2, repeats: 
         out = time_callable(lambda: np.matmul(A, B, out=C), warmup=warmup, repeats=repeats,
                             min_run_s=min_run_s)
         out["status"] = "ok"
-    out["config"] = vendor_config(target, dtype)
+    out["config"] = vendor_config(target, dtype, operands)
     return out
 
 

@@ -143,12 +143,14 @@ def config_from_dict(target, d: dict):
     return cls(**d)
 
 
-def default_config(target, dtype="float32", algorithm=None, shape=None):
+def default_config(target, dtype="float32", algorithm=None, shape=None, operands="native"):
     """The backend's default config for ``algorithm`` (what ``lcmac build`` uses with no
     config and no log: its ``default_config(target, dtype[, algorithm][, shape=])`` — on
     CPUs it depends on the algorithm, e.g. Strassen² unfused, and on the shape, whose
     blocks it divides over the threads) or its config class with no arguments, or None."""
     alg = _algorithm(algorithm) if isinstance(algorithm, str) else algorithm
+    if operands != "native":            # CUDA scaled operands: the mode's own defaults
+        return config_from_dict(target, {"operands": operands})
     for mod in _schedule_modules(family(target)):
         fn = getattr(mod, "default_config", None)
         if callable(fn):
@@ -174,7 +176,7 @@ def default_config(target, dtype="float32", algorithm=None, shape=None):
 CUDA_TILES = ((128, 256), (256, 128), (128, 128), (64, 256), (128, 64), (64, 128), (64, 64))
 
 
-def default_space(fam: str, dtype: str, shape, algorithm=None) -> list:
+def default_space(fam: str, dtype: str, shape, algorithm=None, operands: str = "native") -> list:
     """Built-in grid of knobs (used when the backend does not offer ``config_space``); made
     into the backend's config objects where a config class exists and accepts them.
 
@@ -185,9 +187,18 @@ def default_space(fam: str, dtype: str, shape, algorithm=None) -> list:
     FalconGEMM schedule switches are in the space too, on the default tile (their effect
     does not depend much on the tile): the fused kernel's split-group persistent grid, its
     persistent grid without splitting, and the cache-aware order off (fused and unfused) —
-    each a config the tuner measures when the model ranks it high enough."""
+    each a config the tuner measures when the model ranks it high enough.
+
+    ``operands`` (CUDA, CudaConfig.operands): a scaled fp16 mode searches the same tiles, k
+    slabs, depths and threads, unfused (the only path it has), each config in that mode —
+    one precision per search, so the log never ranks one precision against another."""
     out: list = []
-    if fam == "cuda":
+    if fam == "cuda" and operands != "native":
+        for (bm, bn), bk, st, th in itertools.product(CUDA_TILES, (32, 64, 128), (2, 3, 4, 5),
+                                                      (128, 256)):
+            out.append({"block_m": bm, "block_n": bn, "block_k": bk, "stages": st,
+                        "threads": th, "fused": False, "operands": operands})
+    elif fam == "cuda":
         lcma = algorithm not in (None, _db.GEMM)
         for (bm, bn), bk, st, th in itertools.product(CUDA_TILES, (32, 64, 128), (2, 3, 4, 5),
                                                       (128, 256)):
@@ -237,9 +248,11 @@ def _target_obj(target):
         return target
 
 
-def enumerate_configs(target, dtype, shape, algorithm=None) -> tuple[list, str]:
+def enumerate_configs(target, dtype, shape, algorithm=None, operands="native") -> tuple[list, str]:
     """(configs, source) for this case; source says whose space it is."""
     fam = family(target)
+    if operands != "native":
+        return default_space(fam, dtype, shape, algorithm, operands), "lcmac.tune.space.default_space"
     fn = _backend_config_space(fam)
     if fn is not None:
         tobj = _target_obj(target)
@@ -277,25 +290,29 @@ def fit_check(target, dtype, config, profile=None) -> Fit:
     fam = family(target) if p.kind != "gpu" else "cuda"
     if fam == "cuda":
         need = ("block_m", "block_n", "block_k")
+        ops = _operand_terms(f)
+        sdt = ops["dtype"] or dtype           # scaled operands: fp16 slabs
         if all(k in f for k in need) and onchip_fit is not None:
             f = dict(f)
             if not int(f["block_k"]):  # CudaConfig's 0 = the dtype's default k slab
-                f["block_k"] = 32 if _db_itemsize(dtype) >= 4 else 64
+                f["block_k"] = 32 if _db_itemsize(sdt) >= 4 else 64
             # lcmac's TileLang templates write C from the accumulator registers (no shared-
             # memory staging of the C tile): only the pipeline's A/B slabs live in shared memory
-            r = onchip_fit(p, dtype, {**f, "stages": f.get("stages", 3), "epilogue_smem": False})
+            r = onchip_fit(p, sdt, {**f, "stages": f.get("stages", 3), "epilogue_smem": False})
             detail.update(r.to_dict())
+            smem = r.onchip_bytes * ops["halves"]       # fp16x2: hi and lo slabs
             if not r.fits:
                 reasons.append(r.reason)
-            elif r.onchip_bytes > GPU_SMEM_PER_CTA.get(p.name, p.onchip_per_unit):
-                reasons.append(f"shared memory {r.onchip_bytes} B > "
+            elif smem > GPU_SMEM_PER_CTA.get(p.name, p.onchip_per_unit):
+                reasons.append(f"shared memory {smem} B > "
                                f"{GPU_SMEM_PER_CTA.get(p.name, p.onchip_per_unit)} B per CTA")
         th = int(f.get("threads", 128))
         if th > 1024 or th % 32:
             reasons.append(f"{th} threads per CTA (must be a multiple of 32, at most 1024)")
         elif all(k in f for k in need):
             # registers: 65536 32-bit registers per SM, at most 255 per thread
-            acc_regs = int(f["block_m"]) * int(f["block_n"]) // th  # fp32 accumulators per thread
+            # fp32 accumulators per thread (fp16x2: the accumulator and the slice fragment)
+            acc_regs = int(f["block_m"]) * int(f["block_n"]) // th * ops["halves"]
             if acc_regs > 224:
                 reasons.append(f"{acc_regs} accumulator registers per thread > 224 "
                                f"({f['block_m']}x{f['block_n']} tile on {th} threads)")
@@ -391,7 +408,20 @@ def estimate_gemm_cpu(M, N, K, dtype, p, f: dict) -> dict:
 _STAGE_EFF = {1: 0.45, 2: 0.8, 3: 0.95, 4: 1.0, 5: 1.0, 6: 0.99, 7: 0.98}
 
 
-def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="per-tile") -> dict:
+def _operand_terms(f: dict) -> dict:
+    """What a CUDA config's operand mode (CudaConfig.operands) changes in the estimate: the
+    GEMM stage's dtype (None: the case's own), tensor-core products per product, operand
+    halves (slabs, accumulators, bytes) and the bytes of an unfused H element."""
+    mode = f.get("operands") or "native"
+    if mode == "native":
+        return {"mode": mode, "dtype": None, "products": 1, "halves": 1, "h_bytes": None}
+    split = mode == "fp16x2"
+    return {"mode": mode, "dtype": "float16", "products": 3 if split else 1,
+            "halves": 2 if split else 1, "h_bytes": 4}
+
+
+def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="per-tile",
+                      out_bytes: int | None = None) -> dict:
     """Triton-style estimate of ``batch`` independent M×N×K products on a GPU.
 
     Per-config efficiency factors (priors, not fitted to the tuning logs): the output tile's
@@ -400,6 +430,9 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     epilogue; a warpgroup owning fewer than 64 rows cannot issue full m64 wgmma), accumulator
     registers per thread, and the k slab's row length (< 128 B: more barriers per flop)."""
     from ..costmodel.waves import wave_analysis
+    ops = _operand_terms(f)
+    dtype = ops["dtype"] or dtype
+    halves = ops["halves"]
     s = _db_itemsize(dtype)
     bm, bn = int(f.get("block_m", 128)), int(f.get("block_n", 128))
     bk = int(f.get("block_k", 64)) or (32 if s >= 4 else 64)
@@ -409,8 +442,8 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     waves = wa.waves(schedule)
     # occupancy: CTAs per SM by shared memory (pipeline slabs only: C leaves from registers)
     # and threads (a producer warpgroup is added on Hopper)
-    smem = stages * (bm + bn) * bk * s
-    acc = bm * bn // threads
+    smem = stages * (bm + bn) * bk * s * halves
+    acc = bm * bn // threads * halves
     regs = threads * (acc + 40) + 128 * 40   # consumers: accumulators + ~40; producer ~40
     ctas = max(1, min(p.onchip_per_unit // max(smem, 1), 2048 // (threads + 128), 65536 // regs))
     wgs = max(1, threads // 128)
@@ -428,7 +461,7 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     per_sm = p.peak_mul(dtype) * p.gemm_eff(dtype) / p.units
     tile_t = 2.0 * bm * bn * K / (per_sm * tile_eff * _STAGE_EFF.get(stages, 0.97) * occ
                                   * warp_eff * wg_eff * (0.7 + 0.3 * k_eff))
-    t_compute = waves * tile_t
+    t_compute = waves * tile_t * ops["products"]
     if f.get("split_group") or f.get("persistent"):
         # TileLang's persistent form of the fused kernel: 13-26% slower per product-time
         # than the grid kernel with as many waves (H100, bench/notes-cuda.md v6; not located)
@@ -437,7 +470,7 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     # through L2 (gn·|A| + gm·|B| bytes at L2 speed); DRAM sees the compulsory bytes plus a
     # re-read share that grows when the operands overflow L2.
     gm, gn = _cdiv(M, bm), _cdiv(N, bn)
-    a_bytes, b_bytes = M * K * s * batch, K * N * s * batch
+    a_bytes, b_bytes = M * K * s * batch * halves, K * N * s * batch * halves
     reread = 0.05 if (M * K + K * N) * s <= p.l2_bytes else 0.2
     dram = (a_bytes + b_bytes) * (1 + reread)
     l2 = a_bytes * gn + b_bytes * gm
@@ -447,7 +480,7 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
         # bench/notes-cuda.md v4/v6, which this reproduces at 16384³)
         dram = max(dram, l2)
     t_load = max(dram / p.achievable_bw(), l2 / (p.l2_bw or 2.5 * p.mem_bw))
-    t_store = M * N * s * batch / p.achievable_bw()
+    t_store = M * N * (out_bytes or s) * batch / p.achievable_bw()
     # compute and loads overlap imperfectly: a smooth maximum (3-norm) keeps the smaller term
     # visible, so compute-side knobs still rank when the loads are the larger term
     body = (t_compute ** 3 + t_load ** 3) ** (1 / 3)
@@ -468,22 +501,31 @@ def _algorithm(name):
 FUSED_RMW_BW_FRACTION = 0.45
 
 
-def combine_time(alg, M, N, K, dtype, p, *, fused_h: bool = False) -> float:
+def combine_time(alg, M, N, K, dtype, p, *, fused_h: bool = False, operands: str = "native") -> float:
     """Seconds of the memory-bound combine stages of an LCMA (0 for GEMM): every output of
     Combine A/B/H written once, every input block read once (FalconGEMM's traffic count).
     With ``fused_h`` on a GPU there is no H round trip, but every product r read-modifies-
     writes the nnz(W_r) C blocks it feeds (the first touch of a block is a plain write):
-    (2·nnz(W) − m·n) block transfers at ``FUSED_RMW_BW_FRACTION`` of the bandwidth."""
-    if alg is None:
-        return 0.0
+    (2·nnz(W) − m·n) block transfers at ``FUSED_RMW_BW_FRACTION`` of the bandwidth.
+    Scaled fp16 ``operands``: an amax read of A and of B first, Ã/B̃ written as fp16 (two
+    halves for fp16x2), H read as fp32; the plain GEMM then has its amax and scaling passes."""
+    ops = _operand_terms({"operands": operands})
     s = _db_itemsize(dtype)
+    if alg is None:
+        if ops["mode"] == "native":
+            return 0.0
+        so = 2 * ops["halves"]
+        return ((M * K + K * N) * (2 * s + so) / p.achievable_bw()
+                + 4 * p.launch_overhead_s)
     m, k, n, R = alg.m, alg.k, alg.n, alg.R
     bm_, bk_, bn_ = M / m, K / k, N / n
-    a = (M * K + R * bm_ * bk_) * s           # read A, write R Ã blocks
-    b = (K * N + R * bk_ * bn_) * s
-    t = (a + b) / p.achievable_bw() + 2 * p.launch_overhead_s
+    so = s if ops["mode"] == "native" else 2 * ops["halves"]
+    reads = 1 if ops["mode"] == "native" else 2           # + the amax pass
+    a = M * K * s * reads + R * bm_ * bk_ * so             # read A, write R Ã blocks
+    b = K * N * s * reads + R * bk_ * bn_ * so
+    t = (a + b) / p.achievable_bw() + (2 if reads == 1 else 4) * p.launch_overhead_s
     if not fused_h:
-        h = (R * bm_ * bn_ + M * N) * s       # read H, write C
+        h = R * bm_ * bn_ * (ops["h_bytes"] or s) + M * N * s   # read H, write C
         return t + h / p.achievable_bw() + p.launch_overhead_s
     if p.kind == "gpu":
         import numpy as np
@@ -503,21 +545,27 @@ def estimate(target, dtype, shape, algorithm, config, profile=None) -> dict:
     M, N, K = (int(x) for x in shape)
     alg = _algorithm(algorithm)
     gpu = p.kind == "gpu"
+    operands = f.get("operands") or "native"
     if alg is None:
-        g = estimate_gemm_gpu(M, N, K, dtype, p, f) if gpu else estimate_gemm_cpu(M, N, K, dtype, p, f)
-        return {**g, "combine_s": 0.0, "gemm_s": g["time_s"]}
+        if not gpu:
+            g = estimate_gemm_cpu(M, N, K, dtype, p, f)
+            return {**g, "combine_s": 0.0, "gemm_s": g["time_s"]}
+        g = estimate_gemm_gpu(M, N, K, dtype, p, f, out_bytes=_db_itemsize(dtype))
+        comb = combine_time(None, M, N, K, dtype, p, operands=operands)
+        return {**g, "time_s": g["time_s"] + comb, "combine_s": comb, "gemm_s": g["time_s"]}
     sm, sn, sk = _cdiv(M, alg.m), _cdiv(N, alg.n), _cdiv(K, alg.k)
     fused = bool(f.get("fused", f.get("fused_h", f.get("fuse_h", False))))
     if gpu:
         # the fused kernel: one CTA per tile position walks all R products (whole group);
         # Algorithm 1's batched GEMM: R × tiles CTAs in one grid (r slowest)
         sched = "split-group" if f.get("split_group") else ("whole-group" if fused else "per-tile")
-        g = estimate_gemm_gpu(sm, sn, sk, dtype, p, f, batch=alg.R, schedule=sched)
+        g = estimate_gemm_gpu(sm, sn, sk, dtype, p, f, batch=alg.R, schedule=sched,
+                              out_bytes=_operand_terms(f)["h_bytes"])
         gemm = g["time_s"]
     else:
         g = estimate_gemm_cpu(sm, sn, sk, dtype, p, f)
         gemm = alg.R * g["time_s"]
-    comb = combine_time(alg, M, N, K, dtype, p, fused_h=fused)
+    comb = combine_time(alg, M, N, K, dtype, p, fused_h=fused, operands=operands)
     if fused and not gpu:
         comb += cpu_fused_epilogue_s(alg, sm, sn, sk, dtype, p, f)
     return {**g, "time_s": gemm + comb, "gemm_s": gemm, "combine_s": comb}
@@ -571,11 +619,13 @@ class Space:
         return len(self.ranked)
 
 
-def ranked_space(target, dtype, algorithm, shape, *, profile=None, configs=None) -> Space:
+def ranked_space(target, dtype, algorithm, shape, *, profile=None, configs=None,
+                 operands="native") -> Space:
     """Enumerate, prune (on-chip fit) and rank (analytic estimate) the configs of one case."""
     name, h = _db.algo_identity(algorithm)
     if configs is None:
-        configs, source = enumerate_configs(target, dtype, shape, None if h == _db.GEMM else name)
+        configs, source = enumerate_configs(target, dtype, shape, None if h == _db.GEMM else name,
+                                            operands)
     else:
         source = "given"
     ranked, pruned, seen = [], [], set()

@@ -364,10 +364,10 @@ def _resolved(config, dtype) -> dict:
     return d
 
 
-def _default_point(a, sp, target, dtype, shape, profile):
+def _default_point(a, sp, target, dtype, shape, profile, operands="native"):
     """The backend's default config as a point; the ranked space's own point when one of
     them is the same kernel (so it is built and measured once)."""
-    dcfg = _space.default_config(target, dtype, a, shape=shape)
+    dcfg = _space.default_config(target, dtype, a, shape=shape, operands=operands)
     if dcfg is not None:
         want = _resolved(dcfg, dtype)
         for pt in sp.ranked:
@@ -380,7 +380,8 @@ def _default_point(a, sp, target, dtype, shape, profile):
 
 def plan_points(algo, target: str, dtype: str, shape, budget: int = 8, *, db=None,
                 reuse_log: bool = True, top_lcmas: int = 2, profile=None, configs=None,
-                exhaustive: bool = False, measure_default: bool = False) -> list:
+                exhaustive: bool = False, measure_default: bool = False,
+                operands: str = "native") -> list:
     """The points ``tune`` with the same arguments would build, in its order: per algorithm
     the first ``budget`` configs of the ranked space that are not logged yet for this case
     (all of them with ``exhaustive``), after the default config when ``measure_default``.
@@ -391,13 +392,14 @@ def plan_points(algo, target: str, dtype: str, shape, budget: int = 8, *, db=Non
     store = db if isinstance(db, _db.TuningDB) else _db.TuningDB(db)
     out = []
     for a in _algorithms(algo, target, dtype, shape, top_lcmas, profile):
-        sp = _space.ranked_space(target, dtype, a, shape, profile=profile, configs=configs)
+        sp = _space.ranked_space(target, dtype, a, shape, profile=profile, configs=configs,
+                                 operands=operands)
         if not sp.ranked:
             continue
         done = store.measured_configs(target, dtype, sp.ranked[0].algorithm_hash, shape) \
             if reuse_log else set()
         if measure_default:
-            dpt = _default_point(a, sp, target, dtype, shape, profile)
+            dpt = _default_point(a, sp, target, dtype, shape, profile, operands)
             if dpt.config is not None and dpt.key not in done:
                 out.append(dpt)
         n = len(sp.ranked) if exhaustive else budget
@@ -412,7 +414,8 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
          reuse_log: bool = True, log: bool = True, progress: bool | Progress = False,
          profile=None, configs=None, measure_default: bool = False,
          work_dir: str | None = None, vendor: bool = False, exhaustive: bool = False,
-         tag: str | None = None, worker=None, prebuilt: Callable | None = None) -> TuneResult:
+         tag: str | None = None, worker=None, prebuilt: Callable | None = None,
+         operands: str = "native") -> TuneResult:
     """Tune one shape (see the module doc).  ``algo``: ``"gemm"``, a catalogue expression
     (``"strassen"``, ``"strassen^2"``), a list of them, or ``"auto"``.  ``budget``: configs
     measured per algorithm (at most).  ``jobs``: parallel compile processes.  ``db``: a
@@ -425,7 +428,8 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
     speed-up.  ``vendor``: also time the vendor GEMM (cuBLAS / numpy) on the same operands and
     log it as algorithm ``"vendor"``.  ``exhaustive``: measure every fitting config (no budget,
     no early stop).  ``tag``: stored in every record.  ``worker``: a ``MeasureWorker`` shared
-    between calls (kept open)."""
+    between calls (kept open).  ``operands``: the CUDA operand mode searched
+    (CudaConfig.operands; one precision per search)."""
     shape = tuple(int(x) for x in shape)
     from ..costmodel.profiles import normalize_dtype
     dtype = normalize_dtype(dtype)
@@ -434,7 +438,8 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
     res = TuneResult(target, dtype, shape)
     spaces = {}
     for a in algos:
-        sp = _space.ranked_space(target, dtype, a, shape, profile=profile, configs=configs)
+        sp = _space.ranked_space(target, dtype, a, shape, profile=profile, configs=configs,
+                                 operands=operands)
         spaces[a] = sp
         res.space_sizes[a] = (len(sp.ranked), len(sp.pruned))
     if exhaustive:
@@ -527,6 +532,8 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
     try:
         if vendor:
             vcfg = {"library": "vendor"}
+            if operands != "native":
+                vcfg["operands"] = operands
             if measure_fn is not None:
                 vpt = _space.Point(_db.VENDOR, _db.VENDOR, vcfg, math.nan, {})
                 try:
@@ -535,7 +542,8 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
                     m = {"status": "error", "error": f"{type(e).__name__}: {e}"}
             else:
                 m = get_worker().measure_vendor(target, dtype, shape, warmup=warmup,
-                                                repeats=repeats, min_run_s=min_run_s)
+                                                repeats=repeats, min_run_s=min_run_s,
+                                                operands=operands)
             vcfg = m.pop("config", None) or vcfg
             if m.get("status", "ok") == "ok":
                 res.vendor_time, res.vendor_config = float(m["time_s"]), vcfg
@@ -549,7 +557,7 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
                 res.stopped[a] = "no config fits on chip"
                 continue
             if measure_default:
-                dpt = _default_point(a, sp, target, dtype, shape, profile)
+                dpt = _default_point(a, sp, target, dtype, shape, profile, operands)
                 prev = [r for r in store.query(target, dtype, algorithm_hash=dpt.algorithm_hash,
                                                shape=shape)
                         if _db.config_key(r["config"]) == dpt.key] if reuse_log else []
@@ -626,7 +634,8 @@ def tune_many(cases, algo, target: str, dtype: str, budget: int = 8, *, jobs: in
               db=None, prebuilt: str | None = None, build_dir: str | None = None,
               build_only: bool = False, exhaustive: bool = False, measure_default: bool = False,
               top_lcmas: int = 2, profile=None, configs=None, reuse_log: bool = True,
-              on_result: Callable | None = None, **kw) -> list[TuneResult]:
+              on_result: Callable | None = None, operands: str = "native",
+              **kw) -> list[TuneResult]:
     """Tune several shapes (``cases``: [(label, (M, N, K))]) with one shared measuring
     process.  Compiling overlaps measuring (see the module doc): every planned point goes to
     one ``Prebuilder`` of ``jobs`` threads at once, in case order, and each case is measured
@@ -648,7 +657,8 @@ def tune_many(cases, algo, target: str, dtype: str, budget: int = 8, *, jobs: in
         for _, shape in cases:
             for pt in plan_points(algo, target, dtype, shape, budget, db=store, reuse_log=reuse_log,
                                   top_lcmas=top_lcmas, profile=profile, configs=configs,
-                                  exhaustive=exhaustive, measure_default=measure_default):
+                                  exhaustive=exhaustive, measure_default=measure_default,
+                                  operands=operands):
                 if old is None or old(pt, target, dtype, shape) is None:
                     pre.submit(pt, target, dtype, shape)
         if build_only:
@@ -669,7 +679,7 @@ def tune_many(cases, algo, target: str, dtype: str, budget: int = 8, *, jobs: in
             r = tune(algo, target, dtype, shape, budget, jobs=1, db=store, worker=worker,
                      prebuilt=lookup, exhaustive=exhaustive, measure_default=measure_default,
                      top_lcmas=top_lcmas, profile=profile, configs=configs, reuse_log=reuse_log,
-                     **kw)
+                     operands=operands, **kw)
             results.append(r)
             if on_result is not None:
                 on_result(label, r)
