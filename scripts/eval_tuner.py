@@ -126,7 +126,9 @@ def evaluate(path, plots_dir=None):
         store = tdb.TuningDB(os.path.dirname(path))
         allrec = list(store.records(include_errors=True))
     name = os.path.basename(path)
-    records = [r for r in allrec if tdb.log_path("", r["target"], r["dtype"]).name == name]
+    # one precision: the native kernels (CUDA scaled-operand searches are logged beside them)
+    records = [r for r in allrec if tdb.log_path("", r["target"], r["dtype"]).name == name
+               and tdb.operands_of(r["config"]) == "native"]
     if not records:
         return None
     target, dtype = records[0]["target"], records[0]["dtype"]

@@ -295,7 +295,7 @@ def fit_check(target, dtype, config, profile=None) -> Fit:
         if all(k in f for k in need) and onchip_fit is not None:
             f = dict(f)
             if not int(f["block_k"]):  # CudaConfig's 0 = the dtype's default k slab
-                f["block_k"] = 32 if _db_itemsize(sdt) >= 4 else 64
+                f["block_k"] = default_block_k(f, dtype)
             # lcmac's TileLang templates write C from the accumulator registers (no shared-
             # memory staging of the C tile): only the pipeline's A/B slabs live in shared memory
             r = onchip_fit(p, sdt, {**f, "stages": f.get("stages", 3), "epilogue_smem": False})
@@ -408,6 +408,13 @@ def estimate_gemm_cpu(M, N, K, dtype, p, f: dict) -> dict:
 _STAGE_EFF = {1: 0.45, 2: 0.8, 3: 0.95, 4: 1.0, 5: 1.0, 6: 0.99, 7: 0.98}
 
 
+def default_block_k(f: dict, dtype) -> int:
+    """CudaConfig's k slab for block_k = 0: 32 for 4-byte operands, 64 for 2-byte ones —
+    of the operands the GEMM stage reads (fp16 with a scaled operand mode)."""
+    sdt = _operand_terms(f)["dtype"] or dtype
+    return 32 if _db_itemsize(sdt) >= 4 else 64
+
+
 def _operand_terms(f: dict) -> dict:
     """What a CUDA config's operand mode (CudaConfig.operands) changes in the estimate: the
     GEMM stage's dtype (None: the case's own), tensor-core products per product, operand
@@ -462,6 +469,11 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     tile_t = 2.0 * bm * bn * K / (per_sm * tile_eff * _STAGE_EFF.get(stages, 0.97) * occ
                                   * warp_eff * wg_eff * (0.7 + 0.3 * k_eff))
     t_compute = waves * tile_t * ops["products"]
+    if halves == 2:
+        # fp16x2: each k slab's products are added into the fp32 accumulator by ordinary
+        # adds (2·bm·bn per slab, after the wgmma wait): their time against the slab's
+        # 3·2·bm·bn·bk tensor-core flops, at the fp32 add and fp16 multiply rates
+        t_compute *= 1.0 + p.peak_mul(dtype) / (3.0 * bk * p.peak_add("float32"))
     if f.get("split_group") or f.get("persistent"):
         # TileLang's persistent form of the fused kernel: 13-26% slower per product-time
         # than the grid kernel with as many waves (H100, bench/notes-cuda.md v6; not located)

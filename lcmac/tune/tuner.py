@@ -360,7 +360,7 @@ def _resolved(config, dtype) -> dict:
     """A config dict with the backend's "0 = the dtype's default" k slab spelled out."""
     d = _db.config_to_dict(config)
     if d.get("block_k") == 0:
-        d["block_k"] = 32 if _space._db_itemsize(dtype) >= 4 else 64
+        d["block_k"] = _space.default_block_k(d, dtype)
     return d
 
 
