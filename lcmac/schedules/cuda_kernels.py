@@ -105,6 +105,21 @@ def _evaluate(prog, inputs):
     return [_lin(o, slots) for o in prog.outputs]
 
 
+@T.macro
+def _k_loop(a_slab, b_slab, A_s, B_s, C_l, nk, stages: int, pol, kmajor: bool):
+    """One output tile's pipelined K loop (TMA/cp.async slabs into shared memory, fp32
+    accumulators): ``a_slab(ko)``/``b_slab(ko)`` give the global regions of the ko-th A and B
+    slabs (B K-major when ``kmajor``)."""
+    T.clear(C_l)
+    for ko in T.Pipelined(nk, num_stages=stages):
+        T.copy(a_slab(ko), A_s)
+        T.copy(b_slab(ko), B_s)
+        if kmajor:
+            T.gemm(A_s, B_s, C_l, transpose_B=True, policy=pol)
+        else:
+            T.gemm(A_s, B_s, C_l, policy=pol)
+
+
 # ----------------------------------------------------------------------------------------------
 def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = "sm_90a",
                bt_shape: tuple[int, int] | None = None):
@@ -128,15 +143,9 @@ def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = 
         B_s = T.alloc_shared(b_tile, sdt)
         C_l = T.alloc_fragment((bm, bn), ACCUM)
         T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
-        T.clear(C_l)
-        for ko in T.Pipelined(T.ceildiv(K, bk), num_stages=cfg.stages):
-            T.copy(A[by * bm, ko * bk], A_s)
-            if kmajor:
-                T.copy(B[bx * bn, ko * bk], B_s)
-                T.gemm(A_s, B_s, C_l, transpose_B=True, policy=pol)
-            else:
-                T.copy(B[ko * bk, bx * bn], B_s)
-                T.gemm(A_s, B_s, C_l, policy=pol)
+        _k_loop(lambda ko: A[by * bm, ko * bk],
+                (lambda ko: B[bx * bn, ko * bk]) if kmajor else (lambda ko: B[ko * bk, bx * bn]),
+                A_s, B_s, C_l, T.ceildiv(K, bk), cfg.stages, pol, kmajor)
         T.copy(C_l, C[by * bm, bx * bn])
 
     if kmajor:
@@ -761,16 +770,11 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
 
     @T.macro
     def tile(At, Bt, H, bx, by, bz, A_s, B_s, C_l):
-        # one H tile: pipelined K loop from TMA-loaded shared memory, fp32 accumulators
-        T.clear(C_l)
-        for ko in T.Pipelined(T.ceildiv(Kb, bk), num_stages=cfg.stages):
-            T.copy(At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], A_s)
-            if kmajor_b:
-                T.copy(Bt[bz, bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk], B_s)
-                T.gemm(A_s, B_s, C_l, transpose_B=True, policy=pol)
-            else:
-                T.copy(Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], B_s)
-                T.gemm(A_s, B_s, C_l, policy=pol)
+        # one H tile
+        _k_loop(lambda ko: At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk],
+                (lambda ko: Bt[bz, bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk]) if kmajor_b
+                else (lambda ko: Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn]),
+                A_s, B_s, C_l, T.ceildiv(Kb, bk), cfg.stages, pol, kmajor_b)
         T.copy(C_l, H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn])
 
     pdl = _pdl(arch)
