@@ -183,6 +183,9 @@ def cmd_build(args) -> int:
     precision = (m.extra or {}).get("gemm_precision")
     if precision:                      # CUDA: what the GEMM stage multiplies in
         print(f"  GEMM stage {precision}")
+        if precision == "tf32":
+            print("  (float32 at fp32-level error on the tensor cores: --config "
+                  "'{\"operands\": \"fp16x2\"}'; README, precision of the CUDA GEMM stage)")
     return 0
 
 

@@ -500,13 +500,16 @@ def test_scaled_operand_errors(tmp_path):
 @needs_tilelang
 @needs_nvcc
 def test_scaled_gemm_compiles_with_nvcc(tmp_path):
-    r = worker({"algorithm": None, "target": "cuda-sm90a", "dtype": "fp32",
-                "shape": [512, 512, 512], "config": {"operands": "fp16x2"},
-                "out_dir": str(tmp_path), "jobs": 2})
-    assert r["ok"], r.get("error")
-    for k, v in r["ptxas"].items():
+    """lcmac.build of an fp16x2 float32 GEMM: no spills, fp16 HGMMA in the cubin, and the
+    loaded artifact (no GPU needed to load) says what its GEMM stage computes in."""
+    import lcmac
+    path = lcmac.build("gemm", "cuda-sm90a", "float32", (512, 512, 512),
+                       config={"operands": "fp16x2"}, out_dir=str(tmp_path))
+    f = lcmac.load(path)
+    assert f.gemm_precision.startswith("fp16x2") and "fp16x2" in repr(f)
+    for k, v in f.manifest.extra["ptxas"].items():
         assert all(x == 0 for x in v["spill_stores"]), (k, v)
-    sass = _sass(r["library"])
+    sass = _sass(f.lib_path)
     if sass is not None:
         assert "HGMMA" in sass and "F16" in sass
 

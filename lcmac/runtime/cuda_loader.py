@@ -48,6 +48,15 @@ class CudaMatmul:
         self._lib = None
         self._ws = {}
 
+    @property
+    def gemm_precision(self) -> str:
+        """What the GEMM stage multiplies in (e.g. "tf32" for native float32, "fp16x2 (...)")."""
+        return self.meta.get("gemm_precision") or ("tf32" if self.dtype == "float32" else self.dtype)
+
+    def __repr__(self):
+        return (f"<lcmac CUDA artifact {self.meta.get('algorithm_name', '?')} {self.arch} {self.dtype} "
+                f"{self.M}x{self.N}x{self.K}, GEMM stage {self.gemm_precision}>")
+
     # -- loading -------------------------------------------------------------------------
     def _open(self, device):
         if self._lib is not None:
@@ -154,7 +163,7 @@ def load(man, man_path) -> CudaMatmul:
             "workspace_bytes": info.get("workspace_bytes", 0),
             "workspace": info.get("workspace", []), "kernels": info.get("kernels", []),
             "name": info.get("name", "lcmac"), "algorithm_name": man.algorithm.get("name"),
-            "config": man.config}
+            "config": man.config, "gemm_precision": info.get("gemm_precision")}
     f = CudaMatmul(meta, str(lib))
     f.manifest = man
     return f
