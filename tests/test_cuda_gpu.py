@@ -152,7 +152,8 @@ def _needed(item):
     p = item.callspec.params if hasattr(item, "callspec") else {}
     if item.originalname == "test_scaled_operands_error_vs_cublas":
         return [(p["algo"], p["shape"], p["cfg"], p["dtype"])]
-    if item.originalname == "test_scaled_operands_any_magnitude":
+    if item.originalname in ("test_scaled_operands_any_magnitude",
+                             "test_scaled_operands_keep_finite_outputs_beside_an_inf"):
         return [("strassen", (1000, 1064, 1032), p["cfg"], p["dtype"])]
     return None
 
@@ -356,3 +357,29 @@ def test_auto_builds_a_cuda_artifact_on_demand(tmp_path):
     assert p.artifact is not None and p.artifact.exists() and p.runs != "vendor", p.why
     ref = A.double() @ B.double()
     assert _rel(C, ref) < 4 * _rel(A @ B, ref)
+
+
+@pytest.mark.parametrize("dtype,cfg", [("bf16", F16), ("fp32", X2)], ids=["bf16-fp16", "fp32-fp16x2"])
+def test_scaled_operands_keep_finite_outputs_beside_an_inf(artifacts, dtype, cfg):
+    """One inf in A: the outputs it cannot reach stay finite and accurate (the amax leaves
+    non-finite values out; with the inf in it, the scale flushed every finite operand to
+    zero); those it reaches are inf/NaN — for Strassen two rows of C (row i of C11/C12 and
+    of C22), where a GEMM would have one."""
+    from lcmac.runtime.cuda_loader import load_cuda
+    shape = (1000, 1064, 1032)
+    side, err = artifacts[("strassen", shape, json.dumps(cfg, sort_keys=True), dtype)]
+    assert side, f"build failed: {err}"
+    f = load_cuda(side)
+    M, N, K = shape
+    A, B = _inputs(M, N, K, dtype, 9)
+    e1 = _rel(f(A, B), A.double() @ B.double())
+    A[10, 20] = float("inf")
+    ref = A.double() @ B.double()
+    C = f(A, B)
+    torch.cuda.synchronize()
+    fin = torch.isfinite(C)
+    assert int((~fin).sum()) <= 2 * N, int((~fin).sum())
+    both = fin & torch.isfinite(ref)
+    assert int(both.sum()) >= M * N - 2 * N
+    d = (C.double() - ref)[both]
+    assert float(torch.linalg.norm(d) / torch.linalg.norm(ref[both])) < 1.5 * e1

@@ -259,9 +259,12 @@ def operand_scale(S, idx: int, bound: int, inverse: bool):
 
 def operand_amax(rows: int, cols: int, dtype: str, idx: int, arch: str = "sm_90a",
                  tr: int = 16, tc: int = 256, chunk: int = 8):
-    """S[idx] = max(S[idx], bits of max |X|) (S zeroed by the entry point before).  Each CTA
-    reduces a (chunk·tr) × tc strip: element-wise maxima in registers, one block reduction,
-    one atomic; |x| ≥ 0, so comparing float bits as int32 orders them."""
+    """S[idx] = max(S[idx], bits of max |X| over the finite elements) (S zeroed by the entry
+    point before).  Each CTA reduces a (chunk·tr) × tc strip: element-wise maxima in
+    registers, one block reduction, one atomic; |x| ≥ 0, so comparing float bits as int32
+    orders them.  ±inf and NaN are left out: one inf would set a scale of 2⁻¹¹⁰ or so and
+    flush every finite operand to zero (silently wrong outputs); left out, they stay inf/NaN
+    in Ã/B̃ and reach only the outputs they reach in the native path."""
     pdl = _pdl(arch)
 
     @T.prim_func
@@ -277,8 +280,9 @@ def operand_amax(rows: int, cols: int, dtype: str, idx: int, arch: str = "sm_90a
                 for x, y in T.Parallel(tr, tc):
                     r = (by * chunk + c) * tr + x
                     cc = bx * tc + y
+                    v = T.abs(T.cast(X[r, cc], ACCUM))
                     F[x, y] = T.max(F[x, y], T.if_then_else(
-                        T.And(r < rows, cc < cols), T.abs(T.cast(X[r, cc], ACCUM)), T.float32(0)))
+                        T.And(T.And(r < rows, cc < cols), v < T.infinity(ACCUM)), v, T.float32(0)))
             T.reduce_max(F, mx, dim=1)
             T.reduce_max(mx, m1, dim=0)
             if T.get_thread_binding(0) == 0:
