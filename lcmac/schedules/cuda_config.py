@@ -160,6 +160,9 @@ class Blocking:
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 
+#: dynamic shared memory one CTA may use, per architecture (bytes)
+SMEM_PER_CTA = {"sm_90a": 227 * 1024, "sm_80": 163 * 1024}
+
 #: CudaConfig.operands values
 OPERAND_MODES = ("native", "fp16", "fp16x2")
 #: what CudaConfig.from_dict fills in for operands="fp16x2" where the caller is silent
@@ -269,7 +272,7 @@ def r_order(W, order: str) -> list[int]:
     return out
 
 
-def ctas_per_sm(cfg: CudaConfig, dtype: str, smem_per_sm: int = 227 * 1024,
+def ctas_per_sm(cfg: CudaConfig, dtype: str, smem_per_sm: int = SMEM_PER_CTA["sm_90a"],
                 regs_per_sm: int = 65536) -> int:
     """CTAs of the fused kernel that fit on one SM at once (shared memory of the pipeline,
     accumulator registers of the consumers; the TMA producer warpgroup adds 128 threads)."""

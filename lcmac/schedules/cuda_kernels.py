@@ -120,6 +120,23 @@ def _k_loop(a_slab, b_slab, A_s, B_s, C_l, nk, stages: int, pol, kmajor: bool):
             T.gemm(A_s, B_s, C_l, policy=pol)
 
 
+@T.macro
+def _gemm_tile(a_slab, b_slab, c_out, sdt, b_tile, bm: int, bn: int, bk: int, nk, cfg: CudaConfig,
+               pol, kmajor: bool, pdl: bool, swizzle: bool):
+    """One CTA's whole output tile of a plain or batched GEMM: wait for the previous kernel
+    (PDL), the shared-memory slabs and fp32 accumulators, the rasterisation (``swizzle``),
+    the K loop, the store to the global region ``c_out``."""
+    if pdl:
+        pdl_sync()
+    A_s = T.alloc_shared((bm, bk), sdt)
+    B_s = T.alloc_shared(b_tile, sdt)
+    C_l = T.alloc_fragment((bm, bn), ACCUM)
+    if swizzle:
+        T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
+    _k_loop(a_slab, b_slab, A_s, B_s, C_l, nk, cfg.stages, pol, kmajor)
+    T.copy(C_l, c_out)
+
+
 # ----------------------------------------------------------------------------------------------
 def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = "sm_90a",
                bt_shape: tuple[int, int] | None = None):
@@ -137,16 +154,10 @@ def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = 
 
     @T.macro
     def body(A, B, C, bx, by):
-        if pdl:
-            pdl_sync()
-        A_s = T.alloc_shared((bm, bk), sdt)
-        B_s = T.alloc_shared(b_tile, sdt)
-        C_l = T.alloc_fragment((bm, bn), ACCUM)
-        T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
-        _k_loop(lambda ko: A[by * bm, ko * bk],
-                (lambda ko: B[bx * bn, ko * bk]) if kmajor else (lambda ko: B[ko * bk, bx * bn]),
-                A_s, B_s, C_l, T.ceildiv(K, bk), cfg.stages, pol, kmajor)
-        T.copy(C_l, C[by * bm, bx * bn])
+        _gemm_tile(lambda ko: A[by * bm, ko * bk],
+                   (lambda ko: B[bx * bn, ko * bk]) if kmajor else (lambda ko: B[ko * bk, bx * bn]),
+                   C[by * bm, bx * bn], sdt, b_tile, bm, bn, bk, T.ceildiv(K, bk), cfg, pol,
+                   kmajor, pdl, True)
 
     if kmajor:
         @T.prim_func
@@ -322,13 +333,15 @@ def scaled_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, bounds: tuple[int, i
             Bl_s = T.alloc_shared((bk, bn), odt)
             C_t = T.alloc_fragment((bm, bn), ACCUM)
         T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
-        T.clear(C_h)
-        for ko in T.Pipelined(T.ceildiv(Kb, bk), num_stages=cfg.stages):
-            T.copy(At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], A_s)
-            T.copy(Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], B_s)
-            if split:
-                T.copy(Al[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], Al_s)
-                T.copy(Bl[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], Bl_s)
+        a_slab = lambda X, ko: X[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk]  # noqa: E731
+        b_slab = lambda X, ko: X[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn]  # noqa: E731
+        if split:
+            T.clear(C_h)
+            for ko in T.Pipelined(T.ceildiv(Kb, bk), num_stages=cfg.stages):
+                T.copy(a_slab(At, ko), A_s)
+                T.copy(b_slab(Bt, ko), B_s)
+                T.copy(a_slab(Al, ko), Al_s)
+                T.copy(b_slab(Bl, ko), Bl_s)
                 T.gemm(A_s, Bl_s, C_t, policy=pol, clear_accum=True)
                 T.gemm(Al_s, B_s, C_t, policy=pol)
                 for x, y in T.Parallel(bm, bn):
@@ -336,8 +349,9 @@ def scaled_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, bounds: tuple[int, i
                 T.gemm(A_s, B_s, C_t, policy=pol, clear_accum=True)
                 for x, y in T.Parallel(bm, bn):
                     C_h[x, y] = C_h[x, y] + C_t[x, y]
-            else:
-                T.gemm(A_s, B_s, C_h, policy=pol)
+        else:
+            _k_loop(lambda ko: a_slab(At, ko), lambda ko: b_slab(Bt, ko), A_s, B_s, C_h,
+                    T.ceildiv(Kb, bk), cfg.stages, pol, False)
         inv = operand_scale(S, 0, la, True) * operand_scale(S, 1, lb, True)
         for x, y in T.Parallel(bm, bn):
             C_h[x, y] = C_h[x, y] * inv
@@ -772,38 +786,27 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
     b_tile = (bn, bk) if kmajor_b else (bk, bn)
     rfast = not kmajor_b and not cfg.cache_aware
 
-    @T.macro
-    def tile(At, Bt, H, bx, by, bz, A_s, B_s, C_l):
-        # one H tile
-        _k_loop(lambda ko: At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk],
-                (lambda ko: Bt[bz, bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk]) if kmajor_b
-                else (lambda ko: Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn]),
-                A_s, B_s, C_l, T.ceildiv(Kb, bk), cfg.stages, pol, kmajor_b)
-        T.copy(C_l, H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn])
-
     pdl = _pdl(arch)
+
+    @T.macro
+    def tile(At, Bt, H, bx, by, bz, swizzle):
+        # one H tile
+        _gemm_tile(lambda ko: At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk],
+                   (lambda ko: Bt[bz, bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk]) if kmajor_b
+                   else (lambda ko: Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn]),
+                   H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn], sdt, b_tile, bm, bn, bk,
+                   T.ceildiv(Kb, bk), cfg, pol, kmajor_b, pdl, swizzle)
+
     @T.prim_func
     def lcmac_bgemm(At: T.Tensor(_dims(R, Mb, Kb), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
                     H: T.Tensor(_dims(R, Mb, Nb), dtype)):
         if rfast:
+            # r fastest (the ablation); no rasterisation, which would remap bxr and undo it
             with T.Kernel(gx * R, gy, threads=cfg.threads) as (bxr, by):
-                if pdl:
-                    pdl_sync()
-                A_s = T.alloc_shared((bm, bk), sdt)
-                B_s = T.alloc_shared(b_tile, sdt)
-                C_l = T.alloc_fragment((bm, bn), ACCUM)
-                bz = bxr % R
-                bx = bxr // R
-                tile(At, Bt, H, bx, by, bz, A_s, B_s, C_l)
+                tile(At, Bt, H, bxr // R, by, bxr % R, False)
         else:
             with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
-                if pdl:
-                    pdl_sync()
-                A_s = T.alloc_shared((bm, bk), sdt)
-                B_s = T.alloc_shared(b_tile, sdt)
-                C_l = T.alloc_fragment((bm, bn), ACCUM)
-                T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
-                tile(At, Bt, H, bx, by, bz, A_s, B_s, C_l)
+                tile(At, Bt, H, bx, by, bz, True)
 
     return lcmac_bgemm
 

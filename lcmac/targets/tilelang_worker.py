@@ -51,6 +51,24 @@ def _resolve_algorithm(spec):
     return ir.get(spec)
 
 
+def _workspace(sizes: dict) -> list:
+    """Workspace layout [(buffer name, byte offset)] of {name: bytes}, each buffer 256-byte
+    aligned; the last entry ("__end__", total bytes)."""
+    ws, off = [], 0
+    for name, nbytes in sizes.items():
+        ws.append((name, off))
+        off += -(-nbytes // 256) * 256
+    return ws + [("__end__", off)]
+
+
+def _alg_programs(alg, programs):
+    """(combine programs, how they were obtained): supplied by the caller, else CSE'd here."""
+    if programs:
+        from ..ir.program import LinearProgram
+        return {k: LinearProgram.from_dict(v) for k, v in programs.items()}, "supplied"
+    return _programs(alg)
+
+
 def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     """The kernels of one artifact: [(kname, prim_func, [buffer names])] and the workspace
     layout [(buffer name, byte offset)] (last entry "__end__" = total bytes).  ``units``: SMs
@@ -73,11 +91,7 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
         from .. import ir
         alg = ir.get("naive-1x1x1")
         cfg = type(cfg).from_dict(dict(cfg.to_dict(), fused=False))
-    if programs:
-        from ..ir.program import LinearProgram
-        progs, how = {k: LinearProgram.from_dict(v) for k, v in programs.items()}, "supplied"
-    else:
-        progs, how = _programs(alg)
+    progs, how = _alg_programs(alg, programs)
     blk = Blocking(M, N, K_, alg.m, alg.k, alg.n, alg.R)
     item = ITEMSIZE[dtype]
     # buffers of more than 2³¹−1 elements: declared with int64 extents (cuda_kernels._dims)
@@ -94,17 +108,13 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
             from ..costmodel.profiles import get_profile
             units = get_profile("a100" if arch == "sm_80" else "h100").units
         pplan = persistent_plan(blk, cfg, dtype, units)
-    ws, off = [], 0
     sizes = {n: e * item for n, e in blk.workspace_elems(cfg.fused).items()}
     if pplan is not None:
         # fp32 partial C tiles of the split groups' non-lead pieces: one slot per tail CTA
         sizes["Ps"] = max(pplan.slots, 1) * alg.m * alg.n * cfg.block_m * cfg.block_n * 4
-    for name, nbytes in sizes.items():
-        ws.append((name, off))
-        off += -(-nbytes // 256) * 256
-    ws.append(("__end__", off))
+    ws = _workspace(sizes)
     if kmajor and alg.m * alg.k == 1:
-        ws = [("Bt", 0), ("__end__", -(-blk.Kb * blk.Nb * item // 256) * 256)]
+        ws = _workspace({"Bt": blk.Kb * blk.Nb * item})
         ks = [("transpose_b", K.combine_b_kmajor(progs["B"], blk, dtype, cfg, arch=arch), ["B", "Bt"]),
               ("gemm", K.plain_gemm(M, N, K_, dtype, cfg, arch, bt_shape=(blk.Nb, blk.Kb)), ["A", "Bt", "C"])]
         wide = [n for n in ("A", "Bt", "C") if n in wide]
@@ -142,15 +152,15 @@ def _scaled_plan(alg, shape, dtype, cfg, programs, arch):
     of B into S (zeroed by the entry point), combines writing scaled fp16 Ã/B̃ (hi and lo
     halves for fp16x2), the scaled GEMM stage writing fp32 H (or C directly for the plain
     GEMM: the 1x1x1 algorithm, whose combines only scale and split), Combine H."""
-    from ..ir.program import LinearProgram
-    from ..schedules.cuda_config import (Blocking, NotSupportedYet, bound_exponent,
-                                         check_operands, needs_int64)
+    import math
+    from ..schedules.cuda_config import (SMEM_PER_CTA, Blocking, NotSupportedYet,
+                                         bound_exponent, check_operands, needs_int64)
     from ..schedules import cuda_kernels as K
     check_operands(cfg, dtype)
     split = cfg.operands == "fp16x2"
     bk = cfg.bk(K.OPERAND_DTYPE)
     stage = (cfg.block_m + cfg.block_n) * bk * 2 * (2 if split else 1)
-    limit = (163 if arch == "sm_80" else 227) * 1024
+    limit = SMEM_PER_CTA[arch]
     if cfg.stages * stage > limit:
         raise NotSupportedYet(
             f"operands={cfg.operands!r}: {cfg.stages} stages of {stage // 1024} KB "
@@ -161,10 +171,7 @@ def _scaled_plan(alg, shape, dtype, cfg, programs, arch):
     if direct:
         from .. import ir
         alg = ir.get("naive-1x1x1")
-    if programs:
-        progs, how = {k: LinearProgram.from_dict(v) for k, v in programs.items()}, "supplied"
-    else:
-        progs, how = _programs(alg)
+    progs, how = _alg_programs(alg, programs)
     blk = Blocking(M, N, K_, alg.m, alg.k, alg.n, alg.R)
     la, lb = bound_exponent(alg.U), bound_exponent(alg.V)
     shapes = {"S": ((2,), 4), "At": ((blk.R, blk.Mb, blk.Kb), 2), "Bt": ((blk.R, blk.Kb, blk.Nb), 2)}
@@ -172,14 +179,7 @@ def _scaled_plan(alg, shape, dtype, cfg, programs, arch):
         shapes["Al"], shapes["Bl"] = shapes["At"], shapes["Bt"]
     if not direct:
         shapes["H"] = ((blk.R, blk.Mb, blk.Nb), 4)
-    ws, off = [], 0
-    for name, (dims, item) in shapes.items():
-        ws.append((name, off))
-        n = item
-        for d in dims:
-            n *= d
-        off += -(-n // 256) * 256
-    ws.append(("__end__", off))
+    ws = _workspace({name: math.prod(dims) * item for name, (dims, item) in shapes.items()})
     a_out = ["At", "Al"] if split else ["At"]
     b_out = ["Bt", "Bl"] if split else ["Bt"]
     ks = [("amax_a", K.operand_amax(M, K_, dtype, 0, arch), ["A", "S"]),
