@@ -318,6 +318,7 @@ def cmd_tune(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .schedules.cuda_config import OPERAND_MODES    # a config module: no compiler
     from . import __version__
     p = argparse.ArgumentParser(prog="lcmac", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -356,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use the tuning log's measurements (lcmac tune), the vendor GEMM included, "
                         "as the decision does at run time")
     s.add_argument("--logs", default=None, metavar="DIR", help="tuning-log directory for --measured")
-    s.add_argument("--operands", default="native", choices=("native", "fp16", "fp16x2"),
+    s.add_argument("--operands", default="native", choices=OPERAND_MODES,
                    help="CUDA operand precision to price (CudaConfig.operands; default native: "
                         "the dtype itself, float32 as TF32)")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-select/1)")
@@ -400,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--budget", type=int, default=8, help="configs measured per algorithm (default 8)")
     s.add_argument("--exhaustive", action="store_true",
                    help="measure every fitting config (for the search metrics; slow)")
-    s.add_argument("--operands", default="native", choices=("native", "fp16", "fp16x2"),
+    s.add_argument("--operands", default="native", choices=OPERAND_MODES,
                    help="CUDA: search the configs of this operand precision (CudaConfig.operands, "
                         "logged with it; `lcmac build --config '{\"operands\": \"fp16x2\"}'` "
                         "then takes the best logged config of that mode)")

@@ -53,6 +53,7 @@ from math import ceil
 from types import MappingProxyType
 from typing import Mapping
 
+from ..schedules.cuda_config import OPERAND_MODES   # a config module: no compiler imported
 from .profiles import ITEMSIZE, HardwareProfile, get_profile
 from .waves import onchip_fit, wave_analysis
 
@@ -303,30 +304,33 @@ def _gemm_compute(p: HardwareProfile, dtype: str, Mb: int, Nb: int, Kb: int, R: 
 # ---- scaled fp16 operands (the CUDA backend's CudaConfig.operands) ---------------------------
 #: "native": Ã/B̃ in the storage dtype; "fp16": scaled fp16 Ã/B̃ (an amax pass over A and B
 #: first), H in fp32; "fp16x2": float32 split into two fp16 halves, three fp16 products
-OPERAND_MODES = ("native", "fp16", "fp16x2")
 
 
 @dataclass(frozen=True)
-class _Operands:
+class OperandTerms:
+    """What an operand mode changes in a price (this model's and the tuner's estimates)."""
     mode: str
-    gemm_dtype: str        # whose multiply rate and tiles the GEMM stage runs at
+    gemm_dtype: str        # whose multiply rate, tiles and slabs the GEMM stage runs at
     products: int          # tensor-core products per LCMA product (3 for the split)
+    halves: int            # fp16 halves per operand element (slabs, accumulators, bytes)
     op_bytes: int          # bytes per stored Ã/B̃ element
     h_bytes: int           # bytes per element of the unfused H
     amax: bool             # one extra read of A and of B
 
 
-def _operands(mode: str, d: str) -> _Operands:
+def operand_terms(mode: str, d: str) -> OperandTerms:
+    """The terms of operand ``mode`` for storage dtype ``d`` (a clear error for a mode that
+    does not exist or does not apply to ``d``)."""
     if mode == "native":
-        return _Operands(mode, d, 1, ITEMSIZE[d], _out_bytes(d), False)
+        return OperandTerms(mode, d, 1, 1, ITEMSIZE[d], _out_bytes(d), False)
     if mode not in OPERAND_MODES:
         from ..errors import LcmacError
         raise LcmacError(f"operands must be one of {OPERAND_MODES}, not {mode!r}")
     if mode == "fp16x2" and d not in ("float32", "tfloat32"):
         from ..errors import LcmacError
         raise LcmacError(f"operands='fp16x2' splits float32 operands, not {d}")
-    return _Operands(mode, "float16", 3 if mode == "fp16x2" else 1,
-                     4 if mode == "fp16x2" else 2, 4, True)
+    halves = 2 if mode == "fp16x2" else 1
+    return OperandTerms(mode, "float16", 3 if mode == "fp16x2" else 1, halves, 2 * halves, 4, True)
 
 
 # ---- public model -----------------------------------------------------------------------------
@@ -359,7 +363,7 @@ def gemm_estimate(M: int, N: int, K: int, dtype, profile, *, operands: str = "na
     as the combine stages, and the GEMM stage runs on the fp16 rate (three products for
     "fp16x2")."""
     p, d = _prep(M, N, K, dtype, profile)
-    o = _operands(operands, d)
+    o = operand_terms(operands, d)
     s, so = ITEMSIZE[d], _out_bytes(d)
     flops = 2.0 * M * N * K
     bw = p.achievable_bw()
@@ -405,7 +409,7 @@ def lcma_estimate(alg, M: int, N: int, K: int, dtype, profile, *, fused: bool = 
     products each) and H as fp32.
     """
     p, d = _prep(M, N, K, dtype, profile)
-    o = _operands(operands, d)
+    o = operand_terms(operands, d)
     if o.mode != "native" and fused:
         from ..errors import LcmacError
         raise LcmacError(f"operands={o.mode!r} runs on Algorithm 1 only (fused=False)")

@@ -290,8 +290,8 @@ def fit_check(target, dtype, config, profile=None) -> Fit:
     fam = family(target) if p.kind != "gpu" else "cuda"
     if fam == "cuda":
         need = ("block_m", "block_n", "block_k")
-        ops = _operand_terms(f)
-        sdt = ops["dtype"] or dtype           # scaled operands: fp16 slabs
+        ops = _operand_terms(f, dtype)
+        sdt = ops.gemm_dtype                  # scaled operands: fp16 slabs
         if all(k in f for k in need) and onchip_fit is not None:
             f = dict(f)
             if not int(f["block_k"]):  # CudaConfig's 0 = the dtype's default k slab
@@ -300,7 +300,7 @@ def fit_check(target, dtype, config, profile=None) -> Fit:
             # memory staging of the C tile): only the pipeline's A/B slabs live in shared memory
             r = onchip_fit(p, sdt, {**f, "stages": f.get("stages", 3), "epilogue_smem": False})
             detail.update(r.to_dict())
-            smem = r.onchip_bytes * ops["halves"]       # fp16x2: hi and lo slabs
+            smem = r.onchip_bytes * ops.halves          # fp16x2: hi and lo slabs
             if not r.fits:
                 reasons.append(r.reason)
             elif smem > GPU_SMEM_PER_CTA.get(p.name, p.onchip_per_unit):
@@ -312,7 +312,7 @@ def fit_check(target, dtype, config, profile=None) -> Fit:
         elif all(k in f for k in need):
             # registers: 65536 32-bit registers per SM, at most 255 per thread
             # fp32 accumulators per thread (fp16x2: the accumulator and the slice fragment)
-            acc_regs = int(f["block_m"]) * int(f["block_n"]) // th * ops["halves"]
+            acc_regs = int(f["block_m"]) * int(f["block_n"]) // th * ops.halves
             if acc_regs > 224:
                 reasons.append(f"{acc_regs} accumulator registers per thread > 224 "
                                f"({f['block_m']}x{f['block_n']} tile on {th} threads)")
@@ -411,20 +411,16 @@ _STAGE_EFF = {1: 0.45, 2: 0.8, 3: 0.95, 4: 1.0, 5: 1.0, 6: 0.99, 7: 0.98}
 def default_block_k(f: dict, dtype) -> int:
     """CudaConfig's k slab for block_k = 0: 32 for 4-byte operands, 64 for 2-byte ones —
     of the operands the GEMM stage reads (fp16 with a scaled operand mode)."""
-    sdt = _operand_terms(f)["dtype"] or dtype
-    return 32 if _db_itemsize(sdt) >= 4 else 64
+    return 32 if _db_itemsize(_operand_terms(f, dtype).gemm_dtype) >= 4 else 64
 
 
-def _operand_terms(f: dict) -> dict:
-    """What a CUDA config's operand mode (CudaConfig.operands) changes in the estimate: the
-    GEMM stage's dtype (None: the case's own), tensor-core products per product, operand
-    halves (slabs, accumulators, bytes) and the bytes of an unfused H element."""
-    mode = f.get("operands") or "native"
-    if mode == "native":
-        return {"mode": mode, "dtype": None, "products": 1, "halves": 1, "h_bytes": None}
-    split = mode == "fp16x2"
-    return {"mode": mode, "dtype": "float16", "products": 3 if split else 1,
-            "halves": 2 if split else 1, "h_bytes": 4}
+def _operand_terms(f: dict, dtype):
+    """The cost model's terms (``lcmac.costmodel.stages.operand_terms``: GEMM-stage dtype,
+    tensor-core products, fp16 halves, operand and H bytes) of a CUDA config's operand mode
+    (CudaConfig.operands; absent = native)."""
+    from ..costmodel.profiles import normalize_dtype
+    from ..costmodel.stages import operand_terms
+    return operand_terms(f.get("operands") or "native", normalize_dtype(dtype))
 
 
 def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="per-tile",
@@ -437,9 +433,9 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     epilogue; a warpgroup owning fewer than 64 rows cannot issue full m64 wgmma), accumulator
     registers per thread, and the k slab's row length (< 128 B: more barriers per flop)."""
     from ..costmodel.waves import wave_analysis
-    ops = _operand_terms(f)
-    dtype = ops["dtype"] or dtype
-    halves = ops["halves"]
+    ops = _operand_terms(f, dtype)
+    dtype = ops.gemm_dtype
+    halves = ops.halves
     s = _db_itemsize(dtype)
     bm, bn = int(f.get("block_m", 128)), int(f.get("block_n", 128))
     bk = int(f.get("block_k", 64)) or (32 if s >= 4 else 64)
@@ -468,7 +464,7 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     per_sm = p.peak_mul(dtype) * p.gemm_eff(dtype) / p.units
     tile_t = 2.0 * bm * bn * K / (per_sm * tile_eff * _STAGE_EFF.get(stages, 0.97) * occ
                                   * warp_eff * wg_eff * (0.7 + 0.3 * k_eff))
-    t_compute = waves * tile_t * ops["products"]
+    t_compute = waves * tile_t * ops.products
     if halves == 2:
         # fp16x2: each k slab's products are added into the fp32 accumulator by ordinary
         # adds (2·bm·bn per slab, after the wgmma wait): their time against the slab's
@@ -521,23 +517,21 @@ def combine_time(alg, M, N, K, dtype, p, *, fused_h: bool = False, operands: str
     (2·nnz(W) − m·n) block transfers at ``FUSED_RMW_BW_FRACTION`` of the bandwidth.
     Scaled fp16 ``operands``: an amax read of A and of B first, Ã/B̃ written as fp16 (two
     halves for fp16x2), H read as fp32; the plain GEMM then has its amax and scaling passes."""
-    ops = _operand_terms({"operands": operands})
+    ops = _operand_terms({"operands": operands}, dtype)
     s = _db_itemsize(dtype)
+    so = ops.op_bytes
+    reads = 2 if ops.amax else 1                            # + the amax pass
     if alg is None:
-        if ops["mode"] == "native":
+        if not ops.amax:
             return 0.0
-        so = 2 * ops["halves"]
-        return ((M * K + K * N) * (2 * s + so) / p.achievable_bw()
-                + 4 * p.launch_overhead_s)
+        return (M * K + K * N) * (2 * s + so) / p.achievable_bw() + 4 * p.launch_overhead_s
     m, k, n, R = alg.m, alg.k, alg.n, alg.R
     bm_, bk_, bn_ = M / m, K / k, N / n
-    so = s if ops["mode"] == "native" else 2 * ops["halves"]
-    reads = 1 if ops["mode"] == "native" else 2           # + the amax pass
     a = M * K * s * reads + R * bm_ * bk_ * so             # read A, write R Ã blocks
     b = K * N * s * reads + R * bk_ * bn_ * so
-    t = (a + b) / p.achievable_bw() + (2 if reads == 1 else 4) * p.launch_overhead_s
+    t = (a + b) / p.achievable_bw() + 2 * reads * p.launch_overhead_s
     if not fused_h:
-        h = R * bm_ * bn_ * (ops["h_bytes"] or s) + M * N * s   # read H, write C
+        h = R * bm_ * bn_ * ops.h_bytes + M * N * s          # read H, write C
         return t + h / p.achievable_bw() + p.launch_overhead_s
     if p.kind == "gpu":
         import numpy as np
@@ -572,7 +566,7 @@ def estimate(target, dtype, shape, algorithm, config, profile=None) -> dict:
         # Algorithm 1's batched GEMM: R × tiles CTAs in one grid (r slowest)
         sched = "split-group" if f.get("split_group") else ("whole-group" if fused else "per-tile")
         g = estimate_gemm_gpu(sm, sn, sk, dtype, p, f, batch=alg.R, schedule=sched,
-                              out_bytes=_operand_terms(f)["h_bytes"])
+                              out_bytes=_operand_terms(f, dtype).h_bytes)
         gemm = g["time_s"]
     else:
         g = estimate_gemm_cpu(sm, sn, sk, dtype, p, f)
