@@ -106,6 +106,8 @@ SCALED_CASES = [("gemm", (1000, 1064, 1032), "fp32", X2, 2.0),
                 ("winograd", (777, 520, 1048), "bf16", F16, 1.5),
                 ("strassen^2", (520, 264, 1032), "bf16", F16, 2.0),
                 ("gemm", (1000, 1064, 1032), "bf16", F16, 1.5)]
+#: the scaled-operand artifact the magnitude and inf tests reuse (one of SCALED_CASES)
+EDGE_CASE = ("strassen", (1000, 1064, 1032))
 
 _BUILT: dict = {}
 
@@ -154,7 +156,7 @@ def _needed(item):
         return [(p["algo"], p["shape"], p["cfg"], p["dtype"])]
     if item.originalname in ("test_scaled_operands_any_magnitude",
                              "test_scaled_operands_keep_finite_outputs_beside_an_inf"):
-        return [("strassen", (1000, 1064, 1032), p["cfg"], p["dtype"])]
+        return [(*EDGE_CASE, p["cfg"], p["dtype"])]
     return None
 
 
@@ -167,11 +169,17 @@ def artifacts(request):
     return build_all([k for n in needs for k in n])
 
 
-def _check(artifacts, algo, shape, cfg, dtype, bound):
+def _loaded(artifacts, algo, shape, cfg, dtype):
+    """One case's artifact, loaded through lcmac's CUDA loader (fails with the build error
+    when it was not built)."""
     from lcmac.runtime.cuda_loader import load_cuda
     side, err = artifacts[(algo, shape, json.dumps(cfg, sort_keys=True), dtype)]
     assert side, f"build failed: {err}"
-    f = load_cuda(side)
+    return load_cuda(side)
+
+
+def _check(artifacts, algo, shape, cfg, dtype, bound):
+    f = _loaded(artifacts, algo, shape, cfg, dtype)
     M, N, K = shape
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     errs = []
@@ -205,10 +213,7 @@ def test_other_dtypes_correct(artifacts, algo, shape, dtype):
 
 def test_loader_rejects_bad_arguments(artifacts):
     from lcmac.errors import DTypeError, ShapeError, TargetError
-    from lcmac.runtime.cuda_loader import load_cuda
-    side, err = artifacts[("gemm", (256, 256, 256), "{}", "bf16")]
-    assert side, err
-    f = load_cuda(side)
+    f = _loaded(artifacts, "gemm", (256, 256, 256), {}, "bf16")
     A = torch.randn(256, 256, device="cuda").bfloat16()
     with pytest.raises(ShapeError):
         f(A[:, :128], torch.randn(128, 256, device="cuda").bfloat16())
@@ -229,19 +234,12 @@ def test_large_buffers_correct(artifacts, algo, shape, cfg):
     M, N, K = shape
     if torch.cuda.get_device_properties(0).total_memory < 60e9:
         pytest.skip("needs about 40 GB of GPU memory")
-    from lcmac.runtime.cuda_loader import load_cuda
-    side, err = artifacts[(algo, shape, json.dumps(cfg, sort_keys=True), "bf16")]
-    assert side, f"build failed: {err}"
-    meta = json.load(open(side))
-    assert meta["extra"]["int64_index"], meta["extra"]
-    f = load_cuda(side)
+    f = _loaded(artifacts, algo, shape, cfg, "bf16")
+    assert f.meta["extra"]["int64_index"], f.meta["extra"]
     g = torch.Generator(device="cuda").manual_seed(M + N)
     A = torch.randn(M, K, device="cuda", generator=g).bfloat16()
     B = torch.randn(K, N, device="cuda", generator=g).bfloat16()
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    ref = A.float() @ B.float()
-    torch.backends.cuda.matmul.allow_tf32 = tf32
+    ref = _cublas_highest(A.float(), B.float())
 
     def rel(C):
         num = den = 0.0
@@ -264,11 +262,7 @@ def test_large_buffers_correct(artifacts, algo, shape, cfg):
 
 def test_split_group_deterministic(artifacts):
     """No atomics: the same inputs give the same bits, run after run."""
-    from lcmac.runtime.cuda_loader import load_cuda
-    side, err = artifacts[("strassen", (6144, 6144, 1024),
-                           json.dumps({**SG, "overlap_epilogue": True}, sort_keys=True), "bf16")]
-    assert side, err
-    f = load_cuda(side)
+    f = _loaded(artifacts, "strassen", (6144, 6144, 1024), {**SG, "overlap_epilogue": True}, "bf16")
     g = torch.Generator(device="cuda").manual_seed(7)
     A = torch.randn(6144, 1024, device="cuda", generator=g).bfloat16()
     B = torch.randn(1024, 6144, device="cuda", generator=g).bfloat16()
@@ -304,10 +298,7 @@ def _rel(C, ref):
                               for a, s, d, c, _ in SCALED_CASES])
 def test_scaled_operands_error_vs_cublas(artifacts, algo, shape, dtype, cfg, factor):
     """Scaled fp16 operands: every output written, error within ``factor`` x cuBLAS's."""
-    from lcmac.runtime.cuda_loader import load_cuda
-    side, err = artifacts[(algo, shape, json.dumps(cfg, sort_keys=True), dtype)]
-    assert side, f"build failed: {err}"
-    f = load_cuda(side)
+    f = _loaded(artifacts, algo, shape, cfg, dtype)
     M, N, K = shape
     for seed in (3, 4):
         A, B = _inputs(M, N, K, dtype, seed * 100 + M)
@@ -325,12 +316,8 @@ def test_scaled_operands_error_vs_cublas(artifacts, algo, shape, dtype, cfg, fac
 def test_scaled_operands_any_magnitude(artifacts, dtype, cfg):
     """The power-of-two scales follow the inputs: magnitudes far outside fp16's range (1e±8
     here, and A and B of different sizes) stay finite and accurate, zeros give zeros."""
-    from lcmac.runtime.cuda_loader import load_cuda
-    shape = (1000, 1064, 1032)
-    side, err = artifacts[("strassen", shape, json.dumps(cfg, sort_keys=True), dtype)]
-    assert side, f"build failed: {err}"
-    f = load_cuda(side)
-    M, N, K = shape
+    f = _loaded(artifacts, *EDGE_CASE, cfg, dtype)
+    M, N, K = EDGE_CASE[1]
     A1, B1 = _inputs(M, N, K, dtype, 7)
     e1 = _rel(f(A1, B1), A1.double() @ B1.double())
     for sa, sb in ((1e8, 1e8), (1e-8, 1e-8), (1e8, 1e-12)):
@@ -365,12 +352,8 @@ def test_scaled_operands_keep_finite_outputs_beside_an_inf(artifacts, dtype, cfg
     non-finite values out; with the inf in it, the scale flushed every finite operand to
     zero); those it reaches are inf/NaN — for Strassen two rows of C (row i of C11/C12 and
     of C22), where a GEMM would have one."""
-    from lcmac.runtime.cuda_loader import load_cuda
-    shape = (1000, 1064, 1032)
-    side, err = artifacts[("strassen", shape, json.dumps(cfg, sort_keys=True), dtype)]
-    assert side, f"build failed: {err}"
-    f = load_cuda(side)
-    M, N, K = shape
+    f = _loaded(artifacts, *EDGE_CASE, cfg, dtype)
+    M, N, K = EDGE_CASE[1]
     A, B = _inputs(M, N, K, dtype, 9)
     e1 = _rel(f(A, B), A.double() @ B.double())
     A[10, 20] = float("inf")
