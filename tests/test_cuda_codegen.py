@@ -514,6 +514,38 @@ def test_scaled_gemm_compiles_with_nvcc(tmp_path):
         assert "HGMMA" in sass and "F16" in sass
 
 
+def test_default_stages_fit_the_arch_shared_memory():
+    """The default 4-stage pipeline of a 128×256 tile needs 192 KB: fine on sm_90a (227 KB),
+    over sm_80's 163 KB, where a kernel compiles and then fails at launch.  With the arch
+    known, a config silent on ``stages`` gets the deepest pipeline that fits; an explicit
+    value is kept (and checked after lowering: test_sm80_build_fits_shared_memory)."""
+    from lcmac.schedules.cuda_config import SMEM_PER_CTA, stage_bytes
+    cases = [({}, "bfloat16", "sm_90a", 4), ({}, "bfloat16", "sm_80", 3), ({}, "float32", "sm_80", 3),
+             ({"operands": "fp16x2"}, "float32", "sm_90a", 3),
+             ({"operands": "fp16x2"}, "float32", "sm_80", 2),
+             ({"stages": 4}, "bfloat16", "sm_80", 4), ({}, "bfloat16", None, 4)]
+    for d, dtype, arch, want in cases:
+        cfg = CudaConfig.from_dict(d, dtype=dtype, arch=arch)
+        assert cfg.stages == want, (d, dtype, arch, cfg.stages)
+        if arch and "stages" not in d:
+            assert cfg.stages * stage_bytes(cfg, dtype) <= SMEM_PER_CTA[arch]
+            assert (cfg.stages + 1) * stage_bytes(cfg, dtype) > SMEM_PER_CTA[arch] or want == 4
+
+
+@needs_tilelang
+def test_sm80_build_fits_shared_memory(tmp_path):
+    base = {"algorithm": "strassen", "target": "cuda-sm80", "dtype": "bf16",
+            "shape": [1024, 1024, 1024], "out_dir": str(tmp_path), "compile": False}
+    r = worker(base)
+    assert r["ok"], r.get("error")
+    assert r["config"]["stages"] == 3
+    gemm = [k for k in r["kernels"] if k["name"] == "batched_gemm"][0]
+    assert 0 < gemm["smem_bytes"] <= 163 * 1024
+    r = worker({**base, "config": {"stages": 4}})
+    assert not r["ok"]
+    assert "'batched_gemm' needs 192 KB" in r["error"] and "163 KB" in r["error"], r["error"]
+
+
 # ---- the scaled-operand arithmetic of the CUDA backend (cuda_config; no TileLang) ----------
 def test_operand_scale_keeps_every_combined_value_in_fp16_range():
     """scale_exponent: the worst combined value (every input at ±amax, the combine row with

@@ -104,17 +104,26 @@ class CudaConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "CudaConfig":
+    def from_dict(cls, d: dict | None, dtype: str | None = None, arch: str | None = None) -> "CudaConfig":
+        """``dtype`` and ``arch`` given: where ``d`` is silent on ``stages``, the deepest
+        pipeline up to the default that fits the arch's shared memory (the default 4 stages
+        of a 128×256 tile need 192 KB: an sm_90a fits them, an sm_80's 163 KB does not)."""
         d = dict(d or {})
         names = {f.name for f in fields(cls)}
         unknown = set(d) - names
         if unknown:
             raise LcmacError(f"unknown CUDA config keys {sorted(unknown)}; known: {sorted(names)}")
+        fit_stages = dtype is not None and arch is not None and "stages" not in d
         if d.get("operands") == "fp16x2":
             # two fp32 accumulators and four fp16 tiles per stage: the measured fit is a
             # 128x128 tile, 3 stages (192 KB of shared memory); explicit values still win
             d = {**SPLIT_TILE_DEFAULTS, **d}
-        return cls(**d)
+        cfg = cls(**d)
+        if fit_stages:
+            fit = max(1, min(cfg.stages, SMEM_PER_CTA[arch] // max(stage_bytes(cfg, dtype), 1)))
+            if fit != cfg.stages:
+                cfg = cls(**{**d, "stages": fit})
+        return cfg
 
     def bk(self, dtype: str) -> int:
         if self.block_k:
@@ -173,6 +182,34 @@ SCALED_TOP = 15
 #: the lo half of an fp16x2 split is stored multiplied by 2**SPLIT_SHIFT (fp16's mantissa
 #: width + 1), so it keeps 11 significant bits instead of falling into fp16's subnormals
 SPLIT_SHIFT = 11
+
+
+def stage_bytes(cfg: "CudaConfig", dtype: str) -> int:
+    """Shared memory of one stage of the GEMM stage's K loop: the A and B slabs, in the
+    operand storage type (two halves each for fp16x2)."""
+    from ..dtypes import ITEMSIZE
+    if cfg.operands == "native":
+        return (cfg.block_m + cfg.block_n) * cfg.bk(dtype) * ITEMSIZE[dtype]
+    halves = 2 if cfg.operands == "fp16x2" else 1
+    return (cfg.block_m + cfg.block_n) * cfg.bk("float16") * 2 * halves
+
+
+def check_smem(kernels: list[dict], arch: str) -> None:
+    """Every kernel's dynamic shared memory (as lowered) within what one CTA may use on the
+    arch: a kernel over it compiles but fails at launch, so the build refuses it here."""
+    limit = SMEM_PER_CTA[arch]
+    over = [k for k in kernels if k.get("smem_bytes", 0) > limit]
+    if over:
+        k = over[0]
+        raise LcmacError(f"kernel {k['name']!r} needs {k['smem_bytes'] // 1024} KB of shared memory "
+                         f"per CTA, more than {arch}'s {limit // 1024} KB: use fewer stages or a "
+                         f"smaller block_m/block_n/block_k in the config")
+
+
+def default_config(target, dtype: str = "bfloat16", algorithm=None, shape=None) -> "CudaConfig":
+    """What ``lcmac build`` / the tuner use with no config: the measured defaults, with the
+    pipeline depth cut to what the target's shared memory holds."""
+    return CudaConfig.from_dict({}, dtype=dtype, arch=getattr(target, "arch", None) or "sm_90a")
 
 
 def check_operands(cfg: "CudaConfig", dtype: str) -> None:

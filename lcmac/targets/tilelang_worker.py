@@ -154,12 +154,13 @@ def _scaled_plan(alg, shape, dtype, cfg, programs, arch):
     GEMM: the 1x1x1 algorithm, whose combines only scale and split), Combine H."""
     import math
     from ..schedules.cuda_config import (SMEM_PER_CTA, Blocking, NotSupportedYet,
-                                         bound_exponent, check_operands, needs_int64)
+                                         bound_exponent, check_operands, needs_int64,
+                                         stage_bytes)
     from ..schedules import cuda_kernels as K
     check_operands(cfg, dtype)
     split = cfg.operands == "fp16x2"
     bk = cfg.bk(K.OPERAND_DTYPE)
-    stage = (cfg.block_m + cfg.block_n) * bk * 2 * (2 if split else 1)
+    stage = stage_bytes(cfg, dtype)
     limit = SMEM_PER_CTA[arch]
     if cfg.stages * stage > limit:
         raise NotSupportedYet(
@@ -238,7 +239,7 @@ def build(req: dict) -> dict:
     import tilelang
     from ..dtypes import normalize_dtype
     from ..schedules.cuda_config import (SUPPORTED_DTYPES, CudaConfig, NotSupportedYet,
-                                         check_shape)
+                                         check_shape, check_smem)
     from . import cuda as host
     from . import get_target
     from ..errors import DTypeError
@@ -254,7 +255,7 @@ def build(req: dict) -> dict:
         raise DTypeError(f"the CUDA backend supports {SUPPORTED_DTYPES}, not {dtype}")
     M, N, K = (int(x) for x in req["shape"])
     check_shape(M, N, K, dtype)
-    cfg = CudaConfig.from_dict(req.get("config"))
+    cfg = CudaConfig.from_dict(req.get("config"), dtype=dtype, arch=target.arch)
     cfg.check()
     alg = _resolve_algorithm(req.get("algorithm"))
     out_dir = os.path.abspath(req.get("out_dir", "."))
@@ -275,6 +276,7 @@ def build(req: dict) -> dict:
         info = _launch_info(code, kname)
         info["args"] = args
         infos.append(info)
+    check_smem(infos, target.arch)
     entry = host.entry_source([{"name": f"{name}_{k[0]}", "args": k[2]} for k in kernels], ws,
                               zero=(extra or {}).get("zero", []))
     epath = os.path.join(out_dir, f"{name}_entry.cu")
