@@ -77,6 +77,14 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "tl-gemm-f16x2-n192k32s5": (None, {"operands": "fp16x2", "block_n": 192, "block_k": 32, "stages": 5, "policy": "fullrow"}),
     "tl-gemm-f16x2-n192s2": (None, {"operands": "fp16x2", "block_n": 192, "stages": 2, "policy": "fullrow"}),
     "tl-gemm-f16x2-sq": (None, {"operands": "fp16x2", "block_n": 128, "stages": 3, "policy": "square"}),
+    # E4M3 operands with 1x128 block scales (CudaConfig.operands="fp8"; bf16/fp16 in and
+    # out): compared with cuBLAS's own FP8 GEMMs (cublas-fp8-* rows, --fp8-baseline)
+    "tl-gemm-fp8": (None, {"operands": "fp8"}),
+    "strassen-alg1-fp8": ("strassen", {"operands": "fp8", "fused": False}),
+    "winograd-alg1-fp8": ("winograd", {"operands": "fp8", "fused": False}),
+    "laderman-alg1-fp8": ("laderman", {"operands": "fp8", "fused": False}),
+    "tl-gemm-fp8-s6": (None, {"operands": "fp8", "stages": 6}),
+    "strassen-alg1-fp8-s6": ("strassen", {"operands": "fp8", "fused": False, "stages": 6}),
     "tl-gemm-f16s": (None, {"operands": "fp16", "stages": 4, "policy": "fullrow"}),
     "strassen-alg1-f16s": ("strassen", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
     "winograd-alg1-f16s": ("winograd", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
@@ -152,6 +160,65 @@ def stage_times(f, meta, A, B, C, reps=10):
     return out
 
 
+def _fp8_blocks(X, dim):
+    """X quantized to E4M3 with one float32 scale per 128 elements along ``dim`` (the
+    scale maps each block's amax to 448): (X8, scales with dim's extent divided by 128)."""
+    import torch
+    Xt = X.float().movedim(dim, -1)
+    blocks = Xt.reshape(*Xt.shape[:-1], -1, 128)
+    amax = blocks.abs().amax(-1, keepdim=True).clamp(min=1e-30)
+    q = (blocks * (448.0 / amax)).to(torch.float8_e4m3fn).reshape(Xt.shape).movedim(-1, dim)
+    return q, (amax.squeeze(-1) / 448.0).movedim(-1, dim)
+
+
+def cublas_fp8_modes(A, B):
+    """cuBLAS's FP8 GEMMs (torch._scaled_mm, E4M3, bf16 out) on operands quantized beforehand
+    (the quantization is not timed: that favours cuBLAS): [(mode, fn(), rel-err-ready C)].
+    "tensor": one scale per operand; "row": per row of A and column of B; "1x128": per 128 K
+    of every row of A and column of B, lcmac's own scaling, when this torch/cuBLAS has it.
+    A mode the library refuses is left out (its error is printed)."""
+    import torch
+    out = []
+    Bt = B.t().contiguous()                      # (N, K): _scaled_mm wants B column-major
+    sa_t = A.float().abs().amax() / 448.0
+    sb_t = B.float().abs().amax() / 448.0
+    a_t = (A.float() / sa_t).to(torch.float8_e4m3fn)
+    b_t = (Bt.float() / sb_t).to(torch.float8_e4m3fn)
+    sa_r = A.float().abs().amax(1, keepdim=True).clamp(min=1e-30) / 448.0
+    sb_r = Bt.float().abs().amax(1, keepdim=True).clamp(min=1e-30) / 448.0
+    a_r = (A.float() / sa_r).to(torch.float8_e4m3fn)
+    b_r = (Bt.float() / sb_r).to(torch.float8_e4m3fn)
+    a_b, sa_b = _fp8_blocks(A, 1)                # sa_b (M, K/128)
+    b_b, sb_b = _fp8_blocks(Bt, 1)               # sb_b (N, K/128)
+    tries = [("tensor", lambda: torch._scaled_mm(a_t, b_t.t(), sa_t, sb_t, out_dtype=A.dtype)),
+             ("row", lambda: torch._scaled_mm(a_r, b_r.t(), sa_r, sb_r.t(), out_dtype=A.dtype))]
+    # blockwise 1x128 × 1x128: scales "outer-dim major" (M-major / N-major), the layout
+    # cuBLAS's VEC128 mode reads; then the plain contiguous layout
+    sa_mm = sa_b.t().contiguous().t()
+    sb_nn = sb_b.t().contiguous()                # (K/128, N)
+    tries += [("1x128", lambda: torch._scaled_mm(a_b, b_b.t(), sa_mm, sb_nn, out_dtype=A.dtype)),
+              ("1x128", lambda: torch._scaled_mm(a_b, b_b.t(), sa_b, sb_b.t(), out_dtype=A.dtype))]
+    seen = set()
+    C16 = (A @ B).float()
+    for mode, fn in tries:
+        if mode in seen:
+            continue
+        try:
+            C = fn()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - a mode this torch/cuBLAS lacks
+            print(f"cuBLAS fp8 {mode}: not available ({type(e).__name__}: {str(e)[:160]})", flush=True)
+            continue
+        dev = float(torch.linalg.norm(C.float() - C16) / torch.linalg.norm(C16))
+        if dev > 0.2:      # E4M3 lands within a few % of the bf16 product: a misread scale layout
+            print(f"cuBLAS fp8 {mode}: left out, {dev:.2f} relative to the bf16 product "
+                  f"(scale layout misread)", flush=True)
+            continue
+        seen.add(mode)
+        out.append((mode, fn, C))
+    return out
+
+
 def rel_err(C, ref):
     import torch
     d = (C.double() - ref)
@@ -173,6 +240,9 @@ def main():
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--stages", action="store_true", help="also time each kernel alone")
     ap.add_argument("--tf32", action="store_true", help="cuBLAS float32 baseline with TF32 on")
+    ap.add_argument("--fp8-baseline", action="store_true",
+                    help="also time cuBLAS's FP8 GEMMs (torch._scaled_mm) on pre-quantized operands; "
+                         "on by default when a variant runs operands='fp8'")
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--build-only", action="store_true", help="build the artifacts, measure nothing")
@@ -283,6 +353,17 @@ def main():
                          "rel_err": rel_err(C_o, ref), "ratio": t_cub / t_other,
                          "mode": "fp32 (SGEMM)" if args.tf32 else "tf32"})
             del C_o
+        t_fp8 = {}
+        if args.fp8_baseline or any((m.get("config") or {}).get("operands") == "fp8" for _, _, m in arts):
+            for mode, fn, C8 in cublas_fp8_modes(A, B):
+                t8, _ = bench_fn(fn, [()], reps=args.reps)
+                t_fp8[mode] = t8
+                rows.append({"shape": [M, N, K], "variant": f"cublas-fp8-{mode}", "seconds": t8,
+                             "tflops": flops / t8 / 1e12, "rel_err": rel_err(C8, ref),
+                             "ratio": t_cub / t8, "run": runs,
+                             "mode": f"fp8 e4m3, {mode} scales (quantized before timing)"})
+                print(json.dumps(rows[-1]), flush=True)
+                del C8
         for tag, side, meta in arts:
             r = {"shape": [M, N, K], "variant": tag, "algorithm": meta.get("algorithm_name"),
                  "config": meta.get("config"), "gemm_precision": meta.get("gemm_precision"),
@@ -312,6 +393,9 @@ def main():
                 r.update(seconds=t, tflops=flops / t / 1e12, ratio=t_cub / t)
                 if t_other is not None:
                     r["ratio_vs_" + ("sgemm" if args.tf32 else "tf32")] = t_other / t
+                if (meta.get("config") or {}).get("operands") == "fp8":
+                    for mode, t8 in t_fp8.items():
+                        r[f"ratio_vs_cublas_fp8_{mode}"] = t8 / t
                 if args.stages and len(meta.get("kernels", [])) > 1:
                     r["stage_seconds"] = stage_times(f, meta, A, B, outs[0])
             except Exception as e:  # keep going: one broken variant must not hide the others

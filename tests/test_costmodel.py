@@ -308,3 +308,35 @@ def test_scaled_operand_modes_are_priced():
                    algorithms=["strassen", "strassen^2"])
     assert {c.variant for c in cands} == {"unfused", "gemm"}
     assert cands[0].algorithm == "strassen^2"
+
+
+def test_fp8_operands_are_priced():
+    """operands="fp8": the GEMM stage at the E4M3 rate, slowed by the per-slab scaling after
+    each wgmma wait (1 + peak_mul/(bk·peak_add): 1.46 on an H100; measured 1.55, its GEMM at
+    763 against cuBLAS FP8's 1183 TFLOP/s, bench/results/h100-bfloat16-fp8.json), 1-byte Ã/B̃,
+    fp32 H, no amax pass; select offers only the schemes the fp8 build takes."""
+    from lcmac import ir
+    from lcmac.costmodel import gemm_estimate, lcma_estimate
+    from lcmac.costmodel.profiles import get_profile
+    from lcmac.costmodel.stages import operand_terms
+    from lcmac.errors import LcmacError
+    from lcmac.schedules.cuda_config import FP8_MAX_COMBINE
+    o = operand_terms("fp8", "bfloat16")
+    assert (o.gemm_dtype, o.op_bytes, o.h_bytes, o.amax, o.accumulators) == ("float8_e4m3", 1, 4, False, 2)
+    assert o.slab_epilogue_factor(get_profile("h100")) == pytest.approx(1.46, abs=0.05)
+    with pytest.raises(LcmacError, match="bfloat16/float16"):
+        operand_terms("fp8", "float32")
+    n = 16384
+    f8 = gemm_estimate(n, n, n, "bfloat16", "h100", operands="fp8")
+    bf = gemm_estimate(n, n, n, "bfloat16", "h100")
+    assert f8.stages["gemm"].time_s < bf.stages["gemm"].time_s
+    s8 = lcma_estimate(ir.get("strassen"), n, n, n, "bfloat16", "h100", fused=False, operands="fp8")
+    sn = lcma_estimate(ir.get("strassen"), n, n, n, "bfloat16", "h100", fused=False)
+    assert s8.stages["combine_a"].bytes < sn.stages["combine_a"].bytes      # 1-byte Ã
+    assert s8.stages["combine_h"].bytes > sn.stages["combine_h"].bytes      # fp32 H
+    cands = select(n, n, n, "bfloat16", "cuda-sm90a", operands="fp8")
+    lcmas = [c for c in cands if c.algorithm != "gemm"]
+    assert lcmas
+    for c in lcmas:
+        a = ir.get(c.algorithm)
+        assert a.R * max(a.m * a.k, a.k * a.n) <= FP8_MAX_COMBINE, c.algorithm

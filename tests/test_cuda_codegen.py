@@ -546,6 +546,50 @@ def test_sm80_build_fits_shared_memory(tmp_path):
     assert "'batched_gemm' needs 192 KB" in r["error"] and "163 KB" in r["error"], r["error"]
 
 
+@needs_tilelang
+@needs_nvcc
+def test_fp8_artifact_layout_and_compile(tmp_path):
+    """operands="fp8": the combines write E4M3 Ã [R,Mb,Kb] and K-major B̃ [R,Nb,Kb] with a
+    float32 scale per 128 K (Kb rounded to 16 bytes for TMA), the GEMM stage is an E4M3
+    wgmma writing fp32 H, Combine H reads fp32; it compiles without spills."""
+    M, N, K = 1000, 1064, 1032
+    r = worker({"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bf16", "shape": [M, N, K],
+                "config": {"operands": "fp8"}, "out_dir": str(tmp_path), "jobs": 2})
+    assert r["ok"], r.get("error")
+    assert [k["name"] for k in r["kernels"]] == ["combine_a", "combine_b", "batched_gemm", "combine_h"]
+    assert r["gemm_precision"].startswith("fp8 e4m3 (1x128")
+    blk = Blocking(M, N, K, 2, 2, 2, 7, k_align=16)
+    assert blk.Kb == 528 and blk.Kb % 16 == 0
+    nkb = ceil_div(blk.Kb, 128)
+    ws = dict(r["workspace"])
+    sizes = {"At": 7 * blk.Mb * blk.Kb, "Bt": 7 * blk.Nb * blk.Kb,
+             "SA": 7 * nkb * ceil_div(blk.Mb, 128) * 128 * 4, "SB": 7 * nkb * ceil_div(blk.Nb, 128) * 128 * 4}
+    names = ["At", "Bt", "SA", "SB", "H"]
+    for a, b in zip(names, names[1:]):
+        assert ws[b] - ws[a] == -(-sizes[a] // 256) * 256, (a, ws)
+    src = {os.path.basename(p): open(p).read() for p in r["sources"]}
+    gemm = kernel_body(src["lcmac_cuda_batched_gemm.cu"])
+    assert "kFloat8_e4m3" in gemm and "wgmma" in gemm
+    assert "fp8_e4_t* __restrict__ Xt, float* __restrict__ SB" in src["lcmac_cuda_combine_b.cu"]
+    assert "const float* H" in kernel_body(src["lcmac_cuda_combine_h.cu"])
+    for k, v in r["ptxas"].items():
+        assert all(x == 0 for x in v["spill_stores"]), (k, v)
+
+
+@needs_tilelang
+def test_fp8_operand_errors(tmp_path):
+    base = {"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bf16",
+            "shape": [256, 256, 256], "out_dir": str(tmp_path), "compile": False,
+            "config": {"operands": "fp8"}}
+    for req, word in (({"target": "cuda-sm80"}, "FP8 tensor cores (sm_90a)"),
+                      ({"dtype": "fp32"}, "bfloat16/float16"),
+                      ({"config": {"operands": "fp8", "block_k": 64}}, "block_k=128"),
+                      ({"config": {"operands": "fp8", "fused": True}}, "fused=False"),
+                      ({"algorithm": "strassen^2"}, "use one recursion level")):
+        r = worker({**base, **req})
+        assert not r["ok"] and word in r["error"], (req, r.get("error"))
+
+
 # ---- the scaled-operand arithmetic of the CUDA backend (cuda_config; no TileLang) ----------
 def test_operand_scale_keeps_every_combined_value_in_fp16_range():
     """scale_exponent: the worst combined value (every input at ±amax, the combine row with

@@ -106,6 +106,18 @@ SCALED_CASES = [("gemm", (1000, 1064, 1032), "fp32", X2, 2.0),
                 ("winograd", (777, 520, 1048), "bf16", F16, 1.5),
                 ("strassen^2", (520, 264, 1032), "bf16", F16, 2.0),
                 ("gemm", (1000, 1064, 1032), "bf16", F16, 1.5)]
+# E4M3 operands with 1x128 block scales (operands="fp8"): (algo, shape, dtype, bound on the
+# error as a multiple of the error of quantizing A and B the same way and multiplying
+# exactly — the plain GEMM's own floor; an LCMA quantizes combined operands and adds
+# products, so it lands above it)
+FP8 = {"operands": "fp8", "fused": False}
+FP8_CASES = [("gemm", (1000, 1064, 1032), "bf16", 1.1),
+             ("gemm", (129, 136, 72), "bf16", 1.1),
+             ("gemm", (1000, 1064, 1032), "fp16", 1.1),
+             ("strassen", (1000, 1064, 1032), "bf16", 2.5),
+             ("strassen", (2048, 2048, 2048), "bf16", 2.5),
+             ("winograd", (777, 520, 1048), "bf16", 3.0),
+             ("laderman", (999, 600, 776), "bf16", 4.0)]
 #: the scaled-operand artifact the magnitude and inf tests reuse (one of SCALED_CASES)
 EDGE_CASE = ("strassen", (1000, 1064, 1032))
 
@@ -137,7 +149,8 @@ def build_all(only=None):
     the (algo, shape, cfg, dtype) keys in ``only``."""
     todo = ([(a, s, c, "bf16") for a, s, c in CASES + LARGE]
             + [(a, s, DTYPE_CFG[a], d) for a, s, d in DTYPE_CASES]
-            + [(a, s, c, d) for a, s, d, c, _ in SCALED_CASES])
+            + [(a, s, c, d) for a, s, d, c, _ in SCALED_CASES]
+            + [(a, s, FP8, d) for a, s, d, _ in FP8_CASES])
     if only is not None:
         want = {(a, s, json.dumps(c, sort_keys=True), d) for a, s, c, d in only}
         todo = [t for t in todo if (t[0], t[1], json.dumps(t[2], sort_keys=True), t[3]) in want]
@@ -154,6 +167,8 @@ def _needed(item):
     p = item.callspec.params if hasattr(item, "callspec") else {}
     if item.originalname == "test_scaled_operands_error_vs_cublas":
         return [(p["algo"], p["shape"], p["cfg"], p["dtype"])]
+    if item.originalname == "test_fp8_operands_error":
+        return [(p["algo"], p["shape"], FP8, p["dtype"])]
     if item.originalname in ("test_scaled_operands_any_magnitude",
                              "test_scaled_operands_keep_finite_outputs_beside_an_inf"):
         return [(*EDGE_CASE, p["cfg"], p["dtype"])]
@@ -312,7 +327,8 @@ def test_scaled_operands_error_vs_cublas(artifacts, algo, shape, dtype, cfg, fac
         assert e <= factor * e_cub, (algo, shape, dtype, e, e_cub, e / e_cub)
 
 
-@pytest.mark.parametrize("dtype,cfg", [("bf16", F16), ("fp32", X2)], ids=["bf16-fp16", "fp32-fp16x2"])
+@pytest.mark.parametrize("dtype,cfg", [("bf16", F16), ("fp32", X2), ("bf16", FP8)],
+                         ids=["bf16-fp16", "fp32-fp16x2", "bf16-fp8"])
 def test_scaled_operands_any_magnitude(artifacts, dtype, cfg):
     """The power-of-two scales follow the inputs: magnitudes far outside fp16's range (1e±8
     here, and A and B of different sizes) stay finite and accurate, zeros give zeros."""
@@ -346,7 +362,8 @@ def test_auto_builds_a_cuda_artifact_on_demand(tmp_path):
     assert _rel(C, ref) < 4 * _rel(A @ B, ref)
 
 
-@pytest.mark.parametrize("dtype,cfg", [("bf16", F16), ("fp32", X2)], ids=["bf16-fp16", "fp32-fp16x2"])
+@pytest.mark.parametrize("dtype,cfg", [("bf16", F16), ("fp32", X2), ("bf16", FP8)],
+                         ids=["bf16-fp16", "fp32-fp16x2", "bf16-fp8"])
 def test_scaled_operands_keep_finite_outputs_beside_an_inf(artifacts, dtype, cfg):
     """One inf in A: the outputs it cannot reach stay finite and accurate (the amax leaves
     non-finite values out; with the inf in it, the scale flushed every finite operand to
@@ -366,3 +383,37 @@ def test_scaled_operands_keep_finite_outputs_beside_an_inf(artifacts, dtype, cfg
     assert int(both.sum()) >= M * N - 2 * N
     d = (C.double() - ref)[both]
     assert float(torch.linalg.norm(d) / torch.linalg.norm(ref[both])) < 1.5 * e1
+
+
+def _fp8_quantized(X, dim):
+    """X as E4M3 with a float32 scale per 128 elements along ``dim`` (amax → 448), back in
+    float64: what lcmac's fp8 combines do to a plain GEMM's operands."""
+    Xt = X.double().movedim(dim, -1)
+    pad = (-Xt.shape[-1]) % 128
+    Xp = torch.nn.functional.pad(Xt, (0, pad))
+    blocks = Xp.reshape(*Xp.shape[:-1], -1, 128)
+    amax = blocks.abs().amax(-1, keepdim=True).clamp(min=1e-30).float()
+    s = (amax / 448.0).double()
+    q = (blocks.float() * (448.0 / amax)).to(torch.float8_e4m3fn).double() * s
+    return q.reshape(Xp.shape)[..., :Xt.shape[-1]].movedim(-1, dim)
+
+
+@pytest.mark.parametrize("algo,shape,dtype,factor", FP8_CASES,
+                         ids=[f"{a}-{'x'.join(map(str, s))}-{d}" for a, s, d, _ in FP8_CASES])
+def test_fp8_operands_error(artifacts, algo, shape, dtype, factor):
+    """E4M3 operands, 1x128 scales: every output written; the error within ``factor`` x the
+    error of the same quantization of A and B multiplied exactly (a wrong scale, block or
+    layout lands far above: one 128-block off gives O(1) errors)."""
+    f = _loaded(artifacts, algo, shape, FP8, dtype)
+    assert f.gemm_precision.startswith("fp8 e4m3")
+    M, N, K = shape
+    for seed in (5, 6):
+        A, B = _inputs(M, N, K, dtype, seed * 100 + M)
+        ref = A.double() @ B.double()
+        e_q = _rel(_fp8_quantized(A, 1) @ _fp8_quantized(B, 0), ref)
+        C = torch.full((M, N), float("nan"), device="cuda", dtype=A.dtype)
+        f(A, B, out=C)
+        torch.cuda.synchronize()
+        assert torch.isfinite(C).all(), "some outputs were not written (NaN poison left)"
+        e = _rel(C, ref)
+        assert e <= factor * e_q, (algo, shape, dtype, e, e_q, e / e_q)

@@ -489,3 +489,11 @@ def test_cli_tune_operands_is_a_cuda_option(capsys):
     assert cli.main(["tune", "--algo", "gemm", "--target", CPU, "--shape", "256x256x256",
                      "--operands", "fp16", "--dry-run"]) == 2
     assert "CUDA option" in capsys.readouterr().err
+
+
+def test_fp8_tuning_is_refused_with_a_way_out():
+    """Tuning operands="fp8" would need cuBLAS's FP8 GEMM as the baseline and an FP8-sized
+    correctness check: refused by name, pointing at the build config and the benchmark."""
+    from lcmac.schedules.cuda_config import NotSupportedYet
+    with pytest.raises(NotSupportedYet, match="operands"):
+        tuner.tune("strassen", GPU, "bfloat16", (4096, 4096, 4096), operands="fp8")

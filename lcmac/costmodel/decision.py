@@ -45,6 +45,7 @@ from typing import Iterable, Mapping
 
 from ..errors import CatalogueError, DTypeError
 from .profiles import HardwareProfile, get_profile, normalize_dtype, profile_for_target
+from ..schedules.cuda_config import FP8_MAX_COMBINE
 from .stages import (STAGES, AlgQuantities, Estimate, StageCost, compose_quantities,
                      gemm_estimate, gemm_intensity, lcma_estimate, orbit_quantities,
                      quantities)
@@ -204,8 +205,9 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
     by this factor to become the decision.  ``dedupe``: of candidates with the same grid,
     rank, variant and predicted time (e.g. ``winograd^2`` and a catalogue <4,4,4;49>) keep
     the first in ``candidate_names`` order and list the others in its reason.
-    ``operands``: the CUDA backend's operand mode ("native", "fp16", "fp16x2"), priced for
-    the GEMM and every LCMA alike (scaled operands: Algorithm 1 only).
+    ``operands``: the CUDA backend's operand mode ("native", "fp16", "fp16x2", "fp8"), priced
+    for the GEMM and every LCMA alike (scaled operands: Algorithm 1 only; fp8: the schemes its
+    build takes, cuda_config.FP8_MAX_COMBINE).
     """
     p, d = _resolve(target, dtype, profile)
     meas = dict(measurements or {})
@@ -237,6 +239,8 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
             continue
         if min(ceil(M / am), ceil(K / ak), ceil(N / an)) < mb:
             continue
+        if operands == "fp8" and alg.R * max(am * ak, ak * an) > FP8_MAX_COMBINE:
+            continue            # the fp8 build refuses it (tilelang_worker._fp8_plan)
         best = None
         for fused in ((True, False) if operands == "native" else (False,)):
             e = lcma_estimate(alg, M, N, K, d, p, fused=fused, static_b=static_b,

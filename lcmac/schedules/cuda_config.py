@@ -114,6 +114,8 @@ class CudaConfig:
         if unknown:
             raise LcmacError(f"unknown CUDA config keys {sorted(unknown)}; known: {sorted(names)}")
         fit_stages = dtype is not None and arch is not None and "stages" not in d
+        if d.get("operands") == "fp8":
+            d = {**FP8_TILE_DEFAULTS, **d}
         if d.get("operands") == "fp16x2":
             # two fp32 accumulators and four fp16 tiles per stage: the measured fit is a
             # 128x128 tile, 3 stages (192 KB of shared memory); explicit values still win
@@ -151,13 +153,14 @@ class Blocking:
     k: int
     n: int
     R: int
+    k_align: int = 8          # 16 for 1-byte (fp8) operands: TMA rows are multiples of 16 bytes
     Mb: int = field(init=False)
     Kb: int = field(init=False)
     Nb: int = field(init=False)
 
     def __post_init__(self):
         object.__setattr__(self, "Mb", round_up(ceil_div(self.M, self.m), 8))
-        object.__setattr__(self, "Kb", round_up(ceil_div(self.K, self.k), 8))
+        object.__setattr__(self, "Kb", round_up(ceil_div(self.K, self.k), self.k_align))
         object.__setattr__(self, "Nb", round_up(ceil_div(self.N, self.n), 8))
 
     def workspace_elems(self, fused: bool) -> dict[str, int]:
@@ -173,7 +176,17 @@ SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 SMEM_PER_CTA = {"sm_90a": 227 * 1024, "sm_80": 163 * 1024}
 
 #: CudaConfig.operands values
-OPERAND_MODES = ("native", "fp16", "fp16x2")
+OPERAND_MODES = ("native", "fp16", "fp16x2", "fp8")
+#: operands="fp8": E4M3 with one float32 scale per 1×128 block along K (Ã: per row, B̃: per
+#: column), each block scaled so that its largest |value| maps to E4M3's largest, 448
+FP8_BLOCK = 128
+FP8_MAX = 448.0
+#: what CudaConfig.from_dict fills in for operands="fp8": a 128×128 tile (two fp32
+#: accumulators: the K slab's wgmma result and the scaled running sum), a 128-wide K slab
+#: (one scale block), 4 stages of 32 KB
+#: largest R × (blocks per combine input) an fp8 artifact is built for (tilelang_worker._fp8_plan)
+FP8_MAX_COMBINE = 256
+FP8_TILE_DEFAULTS = {"block_m": 128, "block_n": 128, "block_k": 128, "stages": 4}
 #: what CudaConfig.from_dict fills in for operands="fp16x2" where the caller is silent
 SPLIT_TILE_DEFAULTS = {"block_m": 128, "block_n": 128, "stages": 3}
 #: scaled fp16 operands: every Ã/B̃ entry is scaled below 2**SCALED_TOP (fp16's largest
@@ -190,6 +203,8 @@ def stage_bytes(cfg: "CudaConfig", dtype: str) -> int:
     from ..dtypes import ITEMSIZE
     if cfg.operands == "native":
         return (cfg.block_m + cfg.block_n) * cfg.bk(dtype) * ITEMSIZE[dtype]
+    if cfg.operands == "fp8":
+        return (cfg.block_m + cfg.block_n) * cfg.bk("float8_e4m3") + 4 * (cfg.block_m + cfg.block_n)
     halves = 2 if cfg.operands == "fp16x2" else 1
     return (cfg.block_m + cfg.block_n) * cfg.bk("float16") * 2 * halves
 
@@ -216,6 +231,12 @@ def check_operands(cfg: "CudaConfig", dtype: str) -> None:
     """The operand modes each dtype and path supports (a clear error otherwise)."""
     if cfg.operands == "native":
         return
+    if cfg.operands == "fp8":
+        if dtype not in ("bfloat16", "float16"):
+            raise LcmacError(f"operands='fp8' quantizes bfloat16/float16 operands, not {dtype}")
+        if cfg.bk("float8_e4m3") != FP8_BLOCK:
+            raise LcmacError(f"operands='fp8' needs block_k={FP8_BLOCK} (one scale block per K "
+                             f"slab), not {cfg.block_k}")
     if cfg.operands == "fp16x2" and dtype != "float32":
         raise LcmacError(f"operands='fp16x2' splits float32 operands; for {dtype} use "
                          f"operands='fp16' (or 'native')")

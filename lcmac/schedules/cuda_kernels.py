@@ -20,6 +20,9 @@ up as literals in the generated CUDA) and a ``CudaConfig``, and returns a ``T.pr
     operand_amax      scaled operands (CudaConfig.operands != "native"): max |X| into S[idx]
     scaled_gemm       H_r (or C) = Ã_r·B̃_r from scaled fp16 operands (hi/lo split or not),
                       the scales undone in the epilogue
+    fp8_combine_a/_b  operands="fp8": the combines quantizing Ã (per row) and B̃ (per column,
+                      written K-major) to E4M3 with one float32 scale per 128 K
+    fp8_gemm          H_r (or C) = Σ_kb sa·sb·(Ã_r·B̃_r over the kb-th 128 K), fp8 wgmma
 """
 # (no `from __future__ import annotations`: TileLang evaluates the Tensor annotations)
 
@@ -28,8 +31,8 @@ from fractions import Fraction
 import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
-from .cuda_config import (SCALED_TOP, SPLIT_SHIFT, Blocking, CudaConfig, combine_h_steps,
-                          first_in_piece, needs_int64, r_order)
+from .cuda_config import (FP8_BLOCK, FP8_MAX, SCALED_TOP, SPLIT_SHIFT, Blocking, CudaConfig,
+                          combine_h_steps, first_in_piece, needs_int64, r_order)
 
 ACCUM = "float32"
 
@@ -380,6 +383,159 @@ def scaled_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, bounds: tuple[int, i
                 tile(At, None, Bt, None, S, Out, bx, by, bz)
 
     return lcmac_sgemm
+
+
+# ----------------------------------------------------------------------------------------------
+# FP8 operands (CudaConfig.operands == "fp8"): E4M3 with 1×128 block scales along K
+
+FP8 = "float8_e4m3"
+#: smallest block amax scaled to FP8_MAX: 448/1e-30 is a finite float32, and an all-zero
+#: block gets a finite scale (its zeros stay zeros, never 0·inf)
+FP8_TINY = 1e-30
+
+
+def fp8_scale_shapes(blk: Blocking, cfg: CudaConfig) -> dict:
+    """Scale buffers: SA [R, nkb, Mb'] (one per Ã row and K block), SB [R, nkb, Nb'] (one
+    per B̃ column and K block), rows padded to whole GEMM tiles so the GEMM never reads past
+    them (the padding's values only meet rows/columns that are never stored)."""
+    nkb = -(-blk.Kb // FP8_BLOCK)
+    mp = -(-blk.Mb // cfg.block_m) * cfg.block_m
+    np_ = -(-blk.Nb // cfg.block_n) * cfg.block_n
+    return {"SA": (blk.R, nkb, mp), "SB": (blk.R, nkb, np_)}
+
+
+@T.macro
+def _quantize_rows(F, amax, Xt, Sc, r, rows0, cols0, kb, nrows, ncols, rlim, clim):
+    """Quantize the fp32 tile F (nrows × 128 along K) row by row: Sc[r, kb, row] = block
+    amax / 448, Xt[r, row, col] = E4M3(F · 448 / amax) for the rows < rlim, cols < clim."""
+    T.reduce_absmax(F, amax, dim=1)
+    for x in T.Parallel(nrows):
+        amax[x] = T.max(amax[x], T.float32(FP8_TINY))
+    for x, y in T.Parallel(nrows, ncols):
+        if rows0 + x < rlim and cols0 + y < clim:
+            Xt[r, rows0 + x, cols0 + y] = T.cast(F[x, y] * (T.float32(FP8_MAX) / amax[x]), FP8)
+    for x in T.Parallel(nrows):
+        if rows0 + x < rlim:
+            Sc[r, kb, rows0 + x] = amax[x] * T.float32(1.0 / FP8_MAX)
+
+
+def fp8_combine_a(prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a",
+                  tr: int = 16):
+    """Combine A quantizing to E4M3: Ã [R, Mb, Kb] and SA (fp8_scale_shapes).  A CTA owns
+    tr rows × one 128-wide K block of every block A_pq (staged in shared memory once) and
+    writes that block of all R outputs."""
+    P, Q, R = blk.m, blk.k, blk.R
+    rows, cols, Rb, Cb = blk.M, blk.K, blk.Mb, blk.Kb
+    tc = FP8_BLOCK
+    sh = fp8_scale_shapes(blk, cfg)
+    pdl = _pdl(arch)
+
+    @T.prim_func
+    def lcmac_combine_fp8(X: T.Tensor(_dims(rows, cols), dtype), Xt: T.Tensor(_dims(R, Rb, Cb), FP8),
+                          SA: T.Tensor(_dims(*sh["SA"]), ACCUM)):
+        with T.Kernel(T.ceildiv(Cb, tc), T.ceildiv(Rb, tr), threads=128) as (bx, by):
+            if pdl:
+                pdl_sync()
+            S = T.alloc_shared((P * Q, tr, tc), dtype)
+            F = T.alloc_fragment((tr, tc), ACCUM)
+            amax = T.alloc_fragment((tr,), ACCUM)
+            for p in _static(P):
+                for q in _static(Q):
+                    for x, y in T.Parallel(tr, tc):
+                        rr, cc = by * tr + x, bx * tc + y
+                        S[p * Q + q, x, y] = T.if_then_else(
+                            T.And(T.And(p * Rb + rr < rows, rr < Rb), T.And(q * Cb + cc < cols, cc < Cb)),
+                            X[p * Rb + rr, q * Cb + cc], T.cast(0, dtype))
+            for r in _static(R):
+                for x, y in T.Parallel(tr, tc):
+                    ins = [T.cast(S[i, x, y], ACCUM) for i in _static(P * Q)]
+                    F[x, y] = _evaluate(prog, ins)[r]
+                _quantize_rows(F, amax, Xt, SA, r, by * tr, bx * tc, bx, tr, tc, Rb, Cb)
+
+    return lcmac_combine_fp8
+
+
+def fp8_combine_b(prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a",
+                  tn: int = 32):
+    """Combine B quantizing to E4M3, written K-major (fp8 wgmma reads both operands
+    K-major): B̃ [R, Nb, Kb] and SB [R, nkb, Nb'] (one scale per column and 128 K).  A CTA
+    stages 128 K × tn N of every block B_pq in shared memory, transposed, then quantizes
+    each output column's 128-long K block and writes it with K contiguous."""
+    P, Q, R = blk.k, blk.n, blk.R
+    rows, cols, Rb, Cb = blk.K, blk.N, blk.Kb, blk.Nb
+    tk = FP8_BLOCK
+    sh = fp8_scale_shapes(blk, cfg)
+    pdl = _pdl(arch)
+
+    @T.prim_func
+    def lcmac_combine_fp8_t(X: T.Tensor(_dims(rows, cols), dtype), Xt: T.Tensor(_dims(R, Cb, Rb), FP8),
+                            SB: T.Tensor(_dims(*sh["SB"]), ACCUM)):
+        with T.Kernel(T.ceildiv(Cb, tn), T.ceildiv(Rb, tk), threads=128) as (bx, by):
+            if pdl:
+                pdl_sync()
+            S = T.alloc_shared((P * Q, tn, tk + 2), dtype)     # +2: fewer bank conflicts
+            F = T.alloc_fragment((tn, tk), ACCUM)
+            amax = T.alloc_fragment((tn,), ACCUM)
+            for p in _static(P):
+                for q in _static(Q):
+                    for x, y in T.Parallel(tk, tn):          # coalesced along N
+                        kk, nn = by * tk + x, bx * tn + y
+                        S[p * Q + q, y, x] = T.if_then_else(
+                            T.And(T.And(p * Rb + kk < rows, kk < Rb), T.And(q * Cb + nn < cols, nn < Cb)),
+                            X[p * Rb + kk, q * Cb + nn], T.cast(0, dtype))
+            for r in _static(R):
+                for y, x in T.Parallel(tn, tk):
+                    ins = [T.cast(S[i, y, x], ACCUM) for i in _static(P * Q)]
+                    F[y, x] = _evaluate(prog, ins)[r]
+                _quantize_rows(F, amax, Xt, SB, r, bx * tn, by * tk, by, tn, tk, Cb, Rb)
+
+    return lcmac_combine_fp8_t
+
+
+def fp8_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, direct: bool, arch: str = "sm_90a"):
+    """The GEMM stage on E4M3 operands with 1×128 scales: for every 128-wide K slab, the
+    wgmma product lands in a fresh fp32 fragment and is added into the running sum times
+    SA[row]·SB[col] (the scales of that slab), so no scale is ever folded into an fp8 value.
+    Writes fp32 H [R, Mb, Nb], or C [M, N] in dtype (``direct``: the plain GEMM, R = 1)."""
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.bk(FP8)
+    pol = _policy(cfg, FP8)
+    R, Mb, Nb, Kb = blk.R, blk.Mb, blk.Nb, blk.Kb
+    gx, gy = -(-Nb // bn), -(-Mb // bm)
+    sh = fp8_scale_shapes(blk, cfg)
+    out_shape = (blk.M, blk.N) if direct else (R, Mb, Nb)
+    out_dtype = dtype if direct else ACCUM
+    pdl = _pdl(arch)
+    nk = -(-Kb // bk)
+
+    @T.prim_func
+    def lcmac_fp8_gemm(At: T.Tensor(_dims(R, Mb, Kb), FP8), Bt: T.Tensor(_dims(R, Nb, Kb), FP8),
+                       SA: T.Tensor(_dims(*sh["SA"]), ACCUM), SB: T.Tensor(_dims(*sh["SB"]), ACCUM),
+                       Out: T.Tensor(_dims(*out_shape), out_dtype)):
+        with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
+            if pdl:
+                pdl_sync()
+            A_s = T.alloc_shared((bm, bk), FP8)
+            B_s = T.alloc_shared((bn, bk), FP8)
+            sa = T.alloc_shared((bm,), ACCUM)
+            sb = T.alloc_shared((bn,), ACCUM)
+            C_t = T.alloc_fragment((bm, bn), ACCUM)
+            C_h = T.alloc_fragment((bm, bn), ACCUM)
+            T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
+            T.clear(C_h)
+            for ko in T.Pipelined(nk, num_stages=cfg.stages):
+                T.copy(At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], A_s)
+                T.copy(Bt[bz, bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk], B_s)
+                T.copy(SA[bz, ko, by * bm:(by + 1) * bm], sa)
+                T.copy(SB[bz, ko, bx * bn:(bx + 1) * bn], sb)
+                T.gemm(A_s, B_s, C_t, transpose_B=True, policy=pol, clear_accum=True)
+                for x, y in T.Parallel(bm, bn):
+                    C_h[x, y] = C_h[x, y] + C_t[x, y] * (sa[x] * sb[y])
+            if direct:
+                T.copy(C_h, Out[by * bm, bx * bn])
+            else:
+                T.copy(C_h, Out[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn])
+
+    return lcmac_fp8_gemm
 
 
 def combine_b_kmajor(prog, blk: Blocking, dtype: str, cfg: CudaConfig, P=None, Q=None, R=None,

@@ -77,6 +77,8 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     from ..schedules import cuda_kernels as K
     from ..schedules.cuda_config import Blocking, int64_buffers, persistent_plan
     M, N, K_ = shape
+    if cfg.operands == "fp8":
+        return _fp8_plan(alg, shape, dtype, cfg, programs, arch)
     if cfg.operands != "native":
         return _scaled_plan(alg, shape, dtype, cfg, programs, arch)
     # TF32 wgmma (sm_90a) needs B K-major: B̃ is written transposed by its combine kernel, and
@@ -199,8 +201,59 @@ def _scaled_plan(alg, shape, dtype, cfg, programs, arch):
                     "scale_bounds": [la, lb]}
 
 
+def _fp8_plan(alg, shape, dtype, cfg, programs, arch):
+    """Kernels of an artifact with E4M3 operands (CudaConfig.operands="fp8"): the combines
+    quantize Ã (per row) and B̃ (per column, K-major) with a float32 scale per 128 K, the
+    fp8 GEMM stage writes fp32 H (or C for the plain GEMM: the 1x1x1 algorithm, whose
+    combines only quantize), Combine H."""
+    import math
+    from ..schedules.cuda_config import (FP8_MAX_COMBINE, Blocking, NotSupportedYet,
+                                         check_operands, needs_int64)
+    from ..schedules import cuda_kernels as K
+    if arch != "sm_90a":
+        raise NotSupportedYet(f"operands='fp8' needs FP8 tensor cores (sm_90a); {arch} has none")
+    check_operands(cfg, dtype)
+    M, N, K_ = shape
+    direct = alg is None
+    if direct:
+        from .. import ir
+        alg = ir.get("naive-1x1x1")
+    # each product's block amax is its own reduction in the combines (unrolled: coefficients
+    # are literals); TileLang's lowering time grows faster than linearly with their number
+    # (measured: R·m·k = 28 Strassen 11 s, 207 Laderman 93 s; Strassen², 784, not done
+    # after 10 minutes), so the larger schemes are refused here rather than hanging a build
+    size = alg.R * max(alg.m * alg.k, alg.k * alg.n)
+    if size > FP8_MAX_COMBINE:
+        raise NotSupportedYet(f"operands='fp8' supports schemes with R·(inputs per combine) ≤ "
+                              f"{FP8_MAX_COMBINE} for now; {alg.name} has {size} (TileLang's lowering "
+                              f"of its per-product block scales takes too long): use one recursion "
+                              f"level, or operands='fp16'")
+    progs, how = _alg_programs(alg, programs)
+    blk = Blocking(M, N, K_, alg.m, alg.k, alg.n, alg.R, k_align=16)
+    sc = K.fp8_scale_shapes(blk, cfg)
+    shapes = {"At": ((blk.R, blk.Mb, blk.Kb), 1), "Bt": ((blk.R, blk.Nb, blk.Kb), 1),
+              "SA": (sc["SA"], 4), "SB": (sc["SB"], 4)}
+    if not direct:
+        shapes["H"] = ((blk.R, blk.Mb, blk.Nb), 4)
+    ws = _workspace({name: math.prod(dims) * item for name, (dims, item) in shapes.items()})
+    ks = [("combine_a", K.fp8_combine_a(progs["A"], blk, dtype, cfg, arch), ["A", "At", "SA"]),
+          ("combine_b", K.fp8_combine_b(progs["B"], blk, dtype, cfg, arch), ["B", "Bt", "SB"]),
+          ("gemm" if direct else "batched_gemm", K.fp8_gemm(blk, dtype, cfg, direct, arch),
+           ["At", "Bt", "SA", "SB", "C" if direct else "H"])]
+    if not direct:
+        ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
+    dims = dict(A=(M, K_), B=(K_, N), C=(M, N), **{k: v[0] for k, v in shapes.items()})
+    wide = [n for n, d in dims.items() if needs_int64(d)]
+    return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
+                    "int64_index": wide, "operands": "fp8",
+                    "b_layout": "K-major (transposed) E4M3 for fp8 wgmma",
+                    "scales": "float32 per 1x128 block along K (A rows, B columns)"}
+
+
 def gemm_precision(dtype: str, cfg) -> str:
     """What the GEMM stage computes in (recorded in the manifest)."""
+    if cfg.operands == "fp8":
+        return f"fp8 e4m3 (1x128 block-scaled from {dtype}, fp32 accumulate)"
     if cfg.operands == "fp16x2":
         return "fp16x2 (float32 split into hi + lo fp16 halves, 3 fp16 tensor-core products, fp32 accumulate)"
     if cfg.operands == "fp16":

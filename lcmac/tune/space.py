@@ -312,7 +312,7 @@ def fit_check(target, dtype, config, profile=None) -> Fit:
         elif all(k in f for k in need):
             # registers: 65536 32-bit registers per SM, at most 255 per thread
             # fp32 accumulators per thread (fp16x2: the accumulator and the slice fragment)
-            acc_regs = int(f["block_m"]) * int(f["block_n"]) // th * ops.halves
+            acc_regs = int(f["block_m"]) * int(f["block_n"]) // th * ops.accumulators
             if acc_regs > 224:
                 reasons.append(f"{acc_regs} accumulator registers per thread > 224 "
                                f"({f['block_m']}x{f['block_n']} tile on {th} threads)")
@@ -411,7 +411,10 @@ _STAGE_EFF = {1: 0.45, 2: 0.8, 3: 0.95, 4: 1.0, 5: 1.0, 6: 0.99, 7: 0.98}
 def default_block_k(f: dict, dtype) -> int:
     """CudaConfig's k slab for block_k = 0: 32 for 4-byte operands, 64 for 2-byte ones —
     of the operands the GEMM stage reads (fp16 with a scaled operand mode)."""
-    return 32 if _db_itemsize(_operand_terms(f, dtype).gemm_dtype) >= 4 else 64
+    ops = _operand_terms(f, dtype)
+    if ops.slab_k and ops.mode == "fp8":
+        return ops.slab_k                   # one scale block per k slab
+    return 32 if _db_itemsize(ops.gemm_dtype) >= 4 else 64
 
 
 def _operand_terms(f: dict, dtype):
@@ -446,7 +449,7 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     # occupancy: CTAs per SM by shared memory (pipeline slabs only: C leaves from registers)
     # and threads (a producer warpgroup is added on Hopper)
     smem = stages * (bm + bn) * bk * s * halves
-    acc = bm * bn // threads * halves
+    acc = bm * bn // threads * ops.accumulators
     regs = threads * (acc + 40) + 128 * 40   # consumers: accumulators + ~40; producer ~40
     ctas = max(1, min(p.onchip_per_unit // max(smem, 1), 2048 // (threads + 128), 65536 // regs))
     wgs = max(1, threads // 128)
@@ -464,12 +467,9 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     per_sm = p.peak_mul(dtype) * p.gemm_eff(dtype) / p.units
     tile_t = 2.0 * bm * bn * K / (per_sm * tile_eff * _STAGE_EFF.get(stages, 0.97) * occ
                                   * warp_eff * wg_eff * (0.7 + 0.3 * k_eff))
-    t_compute = waves * tile_t * ops.products
-    if halves == 2:
-        # fp16x2: each k slab's products are added into the fp32 accumulator by ordinary
-        # adds (2·bm·bn per slab, after the wgmma wait): their time against the slab's
-        # 3·2·bm·bn·bk tensor-core flops, at the fp32 add and fp16 multiply rates
-        t_compute *= 1.0 + p.peak_mul(dtype) / (3.0 * bk * p.peak_add("float32"))
+    # fp16x2 / fp8: each k slab ends in an fp32 epilogue after the wgmma wait (the add into
+    # the accumulator; the scaling), priced against the slab's tensor-core flops
+    t_compute = waves * tile_t * ops.products * ops.slab_epilogue_factor(p, bk)
     if f.get("split_group") or f.get("persistent"):
         # TileLang's persistent form of the fused kernel: 13-26% slower per product-time
         # than the grid kernel with as many waves (H100, bench/notes-cuda.md v6; not located)
@@ -522,9 +522,9 @@ def combine_time(alg, M, N, K, dtype, p, *, fused_h: bool = False, operands: str
     so = ops.op_bytes
     reads = 2 if ops.amax else 1                            # + the amax pass
     if alg is None:
-        if not ops.amax:
+        if ops.mode == "native":
             return 0.0
-        return (M * K + K * N) * (2 * s + so) / p.achievable_bw() + 4 * p.launch_overhead_s
+        return (M * K + K * N) * (reads * s + so) / p.achievable_bw() + 2 * reads * p.launch_overhead_s
     m, k, n, R = alg.m, alg.k, alg.n, alg.R
     bm_, bk_, bn_ = M / m, K / k, N / n
     a = M * K * s * reads + R * bm_ * bk_ * so             # read A, write R Ã blocks
