@@ -193,6 +193,15 @@ def _loaded(artifacts, algo, shape, cfg, dtype):
     return load_cuda(side)
 
 
+def _written(f, A, B):
+    """f(A, B) into an output poisoned with NaN first; every element must have been written."""
+    C = torch.full((A.shape[0], B.shape[1]), float("nan"), device="cuda", dtype=A.dtype)
+    f(A, B, out=C)
+    torch.cuda.synchronize()
+    assert torch.isfinite(C).all(), "some outputs were not written (NaN poison left)"
+    return C
+
+
 def _check(artifacts, algo, shape, cfg, dtype, bound):
     f = _loaded(artifacts, algo, shape, cfg, dtype)
     M, N, K = shape
@@ -202,10 +211,7 @@ def _check(artifacts, algo, shape, cfg, dtype, bound):
         g = torch.Generator(device="cuda").manual_seed(seed * 1000 + M)
         A = torch.randn(M, K, device="cuda", generator=g).to(tdt)
         B = torch.randn(K, N, device="cuda", generator=g).to(tdt)
-        C = torch.full((M, N), float("nan"), device="cuda", dtype=tdt)
-        f(A, B, out=C)
-        torch.cuda.synchronize()
-        assert torch.isfinite(C).all(), "some outputs were not written (NaN poison left)"
+        C = _written(f, A, B)
         ref = A.double() @ B.double()
         errs.append(float(torch.linalg.norm(C.double() - ref) / torch.linalg.norm(ref)))
     assert max(errs) < bound, (algo, shape, errs)
@@ -319,11 +325,7 @@ def test_scaled_operands_error_vs_cublas(artifacts, algo, shape, dtype, cfg, fac
         A, B = _inputs(M, N, K, dtype, seed * 100 + M)
         ref = A.double() @ B.double()
         e_cub = _rel(_cublas_highest(A, B), ref)
-        C = torch.full((M, N), float("nan"), device="cuda", dtype=A.dtype)
-        f(A, B, out=C)
-        torch.cuda.synchronize()
-        assert torch.isfinite(C).all(), "some outputs were not written (NaN poison left)"
-        e = _rel(C, ref)
+        e = _rel(_written(f, A, B), ref)
         assert e <= factor * e_cub, (algo, shape, dtype, e, e_cub, e / e_cub)
 
 
@@ -411,9 +413,5 @@ def test_fp8_operands_error(artifacts, algo, shape, dtype, factor):
         A, B = _inputs(M, N, K, dtype, seed * 100 + M)
         ref = A.double() @ B.double()
         e_q = _rel(_fp8_quantized(A, 1) @ _fp8_quantized(B, 0), ref)
-        C = torch.full((M, N), float("nan"), device="cuda", dtype=A.dtype)
-        f(A, B, out=C)
-        torch.cuda.synchronize()
-        assert torch.isfinite(C).all(), "some outputs were not written (NaN poison left)"
-        e = _rel(C, ref)
+        e = _rel(_written(f, A, B), ref)
         assert e <= factor * e_q, (algo, shape, dtype, e, e_q, e / e_q)

@@ -45,7 +45,7 @@ from typing import Iterable, Mapping
 
 from ..errors import CatalogueError, DTypeError
 from .profiles import HardwareProfile, get_profile, normalize_dtype, profile_for_target
-from ..schedules.cuda_config import FP8_MAX_COMBINE
+from ..schedules.cuda_config import FP8_MAX_COMBINE, fp8_combine_size
 from .stages import (STAGES, AlgQuantities, Estimate, StageCost, compose_quantities,
                      gemm_estimate, gemm_intensity, lcma_estimate, orbit_quantities,
                      quantities)
@@ -239,7 +239,7 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
             continue
         if min(ceil(M / am), ceil(K / ak), ceil(N / an)) < mb:
             continue
-        if operands == "fp8" and alg.R * max(am * ak, ak * an) > FP8_MAX_COMBINE:
+        if operands == "fp8" and fp8_combine_size(am, ak, an, alg.R) > FP8_MAX_COMBINE:
             continue            # the fp8 build refuses it (tilelang_worker._fp8_plan)
         best = None
         for fused in ((True, False) if operands == "native" else (False,)):

@@ -184,7 +184,7 @@ FP8_MAX = 448.0
 #: what CudaConfig.from_dict fills in for operands="fp8": a 128×128 tile (two fp32
 #: accumulators: the K slab's wgmma result and the scaled running sum), a 128-wide K slab
 #: (one scale block), 4 stages of 32 KB
-#: largest R × (blocks per combine input) an fp8 artifact is built for (tilelang_worker._fp8_plan)
+#: largest R × (blocks per combine input) an fp8 artifact is built for (fp8_combine_size)
 FP8_MAX_COMBINE = 256
 FP8_TILE_DEFAULTS = {"block_m": 128, "block_n": 128, "block_k": 128, "stages": 4}
 #: what CudaConfig.from_dict fills in for operands="fp16x2" where the caller is silent
@@ -225,6 +225,14 @@ def default_config(target, dtype: str = "bfloat16", algorithm=None, shape=None) 
     """What ``lcmac build`` / the tuner use with no config: the measured defaults, with the
     pipeline depth cut to what the target's shared memory holds."""
     return CudaConfig.from_dict({}, dtype=dtype, arch=getattr(target, "arch", None) or "sm_90a")
+
+
+def fp8_combine_size(m: int, k: int, n: int, R: int) -> int:
+    """The fp8 combines' per-product block reductions, R × (blocks per combine input): each
+    is its own reduction in the unrolled kernel, and TileLang's lowering time grows faster
+    than linearly with their number (measured: 28 for Strassen 11 s, 207 for Laderman 93 s;
+    Strassen², 784, not done after 10 minutes).  Builds above FP8_MAX_COMBINE are refused."""
+    return R * max(m * k, k * n)
 
 
 def check_operands(cfg: "CudaConfig", dtype: str) -> None:

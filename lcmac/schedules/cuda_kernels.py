@@ -20,8 +20,8 @@ up as literals in the generated CUDA) and a ``CudaConfig``, and returns a ``T.pr
     operand_amax      scaled operands (CudaConfig.operands != "native"): max |X| into S[idx]
     scaled_gemm       H_r (or C) = Ã_r·B̃_r from scaled fp16 operands (hi/lo split or not),
                       the scales undone in the epilogue
-    fp8_combine_a/_b  operands="fp8": the combines quantizing Ã (per row) and B̃ (per column,
-                      written K-major) to E4M3 with one float32 scale per 128 K
+    fp8_combine       operands="fp8": Combine A / B quantizing Ã (per row) and B̃ (per
+                      column, written K-major) to E4M3 with one float32 scale per 128 K
     fp8_gemm          H_r (or C) = Σ_kb sa·sb·(Ã_r·B̃_r over the kb-th 128 K), fp8 wgmma
 """
 # (no `from __future__ import annotations`: TileLang evaluates the Tensor annotations)
@@ -419,77 +419,63 @@ def _quantize_rows(F, amax, Xt, Sc, r, rows0, cols0, kb, nrows, ncols, rlim, cli
             Sc[r, kb, rows0 + x] = amax[x] * T.float32(1.0 / FP8_MAX)
 
 
-def fp8_combine_a(prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a",
-                  tr: int = 16):
-    """Combine A quantizing to E4M3: Ã [R, Mb, Kb] and SA (fp8_scale_shapes).  A CTA owns
-    tr rows × one 128-wide K block of every block A_pq (staged in shared memory once) and
-    writes that block of all R outputs."""
-    P, Q, R = blk.m, blk.k, blk.R
-    rows, cols, Rb, Cb = blk.M, blk.K, blk.Mb, blk.Kb
-    tc = FP8_BLOCK
-    sh = fp8_scale_shapes(blk, cfg)
+def fp8_combine(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
+    """Combine A (which="A": Ã [R, Mb, Kb] and SA, one scale per row and 128 K) or Combine B
+    ("B": B̃ written K-major, [R, Nb, Kb] — fp8 wgmma reads both operands K-major — and SB,
+    one scale per column and 128 K), quantized to E4M3 (fp8_scale_shapes).  A CTA stages one
+    128-wide K block × t output rows (A: 16 rows of Ã; B: 32 columns of B̃) of every input
+    block X_pq in shared memory, laid out [output row, K] (B transposed on the way, its reads
+    coalesced along N), then quantizes that block of all R outputs, each row by its amax."""
+    if which == "A":
+        P, Q, rows, cols, Rb, Cb = blk.m, blk.k, blk.M, blk.K, blk.Mb, blk.Kb
+        t, pad, out_shape = 16, 0, (blk.R, blk.Mb, blk.Kb)
+    else:
+        P, Q, rows, cols, Rb, Cb = blk.k, blk.n, blk.K, blk.N, blk.Kb, blk.Nb
+        t, pad, out_shape = 32, 2, (blk.R, blk.Nb, blk.Kb)    # +2: fewer bank conflicts
+    R, kw = blk.R, FP8_BLOCK
+    ir, ic = (t, kw) if which == "A" else (kw, t)       # the CTA's tile of the input X
+    sc_shape = fp8_scale_shapes(blk, cfg)["SA" if which == "A" else "SB"]
     pdl = _pdl(arch)
 
-    @T.prim_func
-    def lcmac_combine_fp8(X: T.Tensor(_dims(rows, cols), dtype), Xt: T.Tensor(_dims(R, Rb, Cb), FP8),
-                          SA: T.Tensor(_dims(*sh["SA"]), ACCUM)):
-        with T.Kernel(T.ceildiv(Cb, tc), T.ceildiv(Rb, tr), threads=128) as (bx, by):
-            if pdl:
-                pdl_sync()
-            S = T.alloc_shared((P * Q, tr, tc), dtype)
-            F = T.alloc_fragment((tr, tc), ACCUM)
-            amax = T.alloc_fragment((tr,), ACCUM)
-            for p in _static(P):
-                for q in _static(Q):
-                    for x, y in T.Parallel(tr, tc):
-                        rr, cc = by * tr + x, bx * tc + y
-                        S[p * Q + q, x, y] = T.if_then_else(
-                            T.And(T.And(p * Rb + rr < rows, rr < Rb), T.And(q * Cb + cc < cols, cc < Cb)),
-                            X[p * Rb + rr, q * Cb + cc], T.cast(0, dtype))
-            for r in _static(R):
-                for x, y in T.Parallel(tr, tc):
-                    ins = [T.cast(S[i, x, y], ACCUM) for i in _static(P * Q)]
-                    F[x, y] = _evaluate(prog, ins)[r]
-                _quantize_rows(F, amax, Xt, SA, r, by * tr, bx * tc, bx, tr, tc, Rb, Cb)
+    @T.macro
+    def body(X, Xt, Sc, bx, by):
+        if pdl:
+            pdl_sync()
+        S = T.alloc_shared((P * Q, t, kw + pad), dtype)
+        F = T.alloc_fragment((t, kw), ACCUM)
+        amax = T.alloc_fragment((t,), ACCUM)
+        for p in _static(P):
+            for q in _static(Q):
+                for x, y in T.Parallel(ir, ic):
+                    rr, cc = by * ir + x, bx * ic + y
+                    so, sk = (x, y) if which == "A" else (y, x)
+                    S[p * Q + q, so, sk] = T.if_then_else(
+                        T.And(T.And(p * Rb + rr < rows, rr < Rb), T.And(q * Cb + cc < cols, cc < Cb)),
+                        X[p * Rb + rr, q * Cb + cc], T.cast(0, dtype))
+        for r in _static(R):
+            for o, k in T.Parallel(t, kw):
+                ins = [T.cast(S[i, o, k], ACCUM) for i in _static(P * Q)]
+                F[o, k] = _evaluate(prog, ins)[r]
+            if which == "A":
+                _quantize_rows(F, amax, Xt, Sc, r, by * t, bx * kw, bx, t, kw, Rb, Cb)
+            else:
+                _quantize_rows(F, amax, Xt, Sc, r, bx * t, by * kw, by, t, kw, Cb, Rb)
+
+    grid = (T.ceildiv(Cb, ic), T.ceildiv(Rb, ir))
+    if which == "A":       # two signatures only for the scale buffer's name in the source
+        @T.prim_func
+        def lcmac_combine_fp8(X: T.Tensor(_dims(rows, cols), dtype), Xt: T.Tensor(_dims(*out_shape), FP8),
+                              SA: T.Tensor(_dims(*sc_shape), ACCUM)):
+            with T.Kernel(*grid, threads=128) as (bx, by):
+                body(X, Xt, SA, bx, by)
+    else:
+        @T.prim_func
+        def lcmac_combine_fp8(X: T.Tensor(_dims(rows, cols), dtype), Xt: T.Tensor(_dims(*out_shape), FP8),
+                              SB: T.Tensor(_dims(*sc_shape), ACCUM)):
+            with T.Kernel(*grid, threads=128) as (bx, by):
+                body(X, Xt, SB, bx, by)
 
     return lcmac_combine_fp8
-
-
-def fp8_combine_b(prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a",
-                  tn: int = 32):
-    """Combine B quantizing to E4M3, written K-major (fp8 wgmma reads both operands
-    K-major): B̃ [R, Nb, Kb] and SB [R, nkb, Nb'] (one scale per column and 128 K).  A CTA
-    stages 128 K × tn N of every block B_pq in shared memory, transposed, then quantizes
-    each output column's 128-long K block and writes it with K contiguous."""
-    P, Q, R = blk.k, blk.n, blk.R
-    rows, cols, Rb, Cb = blk.K, blk.N, blk.Kb, blk.Nb
-    tk = FP8_BLOCK
-    sh = fp8_scale_shapes(blk, cfg)
-    pdl = _pdl(arch)
-
-    @T.prim_func
-    def lcmac_combine_fp8_t(X: T.Tensor(_dims(rows, cols), dtype), Xt: T.Tensor(_dims(R, Cb, Rb), FP8),
-                            SB: T.Tensor(_dims(*sh["SB"]), ACCUM)):
-        with T.Kernel(T.ceildiv(Cb, tn), T.ceildiv(Rb, tk), threads=128) as (bx, by):
-            if pdl:
-                pdl_sync()
-            S = T.alloc_shared((P * Q, tn, tk + 2), dtype)     # +2: fewer bank conflicts
-            F = T.alloc_fragment((tn, tk), ACCUM)
-            amax = T.alloc_fragment((tn,), ACCUM)
-            for p in _static(P):
-                for q in _static(Q):
-                    for x, y in T.Parallel(tk, tn):          # coalesced along N
-                        kk, nn = by * tk + x, bx * tn + y
-                        S[p * Q + q, y, x] = T.if_then_else(
-                            T.And(T.And(p * Rb + kk < rows, kk < Rb), T.And(q * Cb + nn < cols, nn < Cb)),
-                            X[p * Rb + kk, q * Cb + nn], T.cast(0, dtype))
-            for r in _static(R):
-                for y, x in T.Parallel(tn, tk):
-                    ins = [T.cast(S[i, y, x], ACCUM) for i in _static(P * Q)]
-                    F[y, x] = _evaluate(prog, ins)[r]
-                _quantize_rows(F, amax, Xt, SB, r, bx * tn, by * tk, by, tn, tk, Cb, Rb)
-
-    return lcmac_combine_fp8_t
 
 
 def fp8_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, direct: bool, arch: str = "sm_90a"):

@@ -208,7 +208,7 @@ def _fp8_plan(alg, shape, dtype, cfg, programs, arch):
     combines only quantize), Combine H."""
     import math
     from ..schedules.cuda_config import (FP8_MAX_COMBINE, Blocking, NotSupportedYet,
-                                         check_operands, needs_int64)
+                                         check_operands, fp8_combine_size, needs_int64)
     from ..schedules import cuda_kernels as K
     if arch != "sm_90a":
         raise NotSupportedYet(f"operands='fp8' needs FP8 tensor cores (sm_90a); {arch} has none")
@@ -218,11 +218,8 @@ def _fp8_plan(alg, shape, dtype, cfg, programs, arch):
     if direct:
         from .. import ir
         alg = ir.get("naive-1x1x1")
-    # each product's block amax is its own reduction in the combines (unrolled: coefficients
-    # are literals); TileLang's lowering time grows faster than linearly with their number
-    # (measured: R·m·k = 28 Strassen 11 s, 207 Laderman 93 s; Strassen², 784, not done
-    # after 10 minutes), so the larger schemes are refused here rather than hanging a build
-    size = alg.R * max(alg.m * alg.k, alg.k * alg.n)
+    # the larger schemes are refused rather than hanging a build in TileLang's lowering
+    size = fp8_combine_size(alg.m, alg.k, alg.n, alg.R)
     if size > FP8_MAX_COMBINE:
         raise NotSupportedYet(f"operands='fp8' supports schemes with R·(inputs per combine) ≤ "
                               f"{FP8_MAX_COMBINE} for now; {alg.name} has {size} (TileLang's lowering "
@@ -236,8 +233,8 @@ def _fp8_plan(alg, shape, dtype, cfg, programs, arch):
     if not direct:
         shapes["H"] = ((blk.R, blk.Mb, blk.Nb), 4)
     ws = _workspace({name: math.prod(dims) * item for name, (dims, item) in shapes.items()})
-    ks = [("combine_a", K.fp8_combine_a(progs["A"], blk, dtype, cfg, arch), ["A", "At", "SA"]),
-          ("combine_b", K.fp8_combine_b(progs["B"], blk, dtype, cfg, arch), ["B", "Bt", "SB"]),
+    ks = [("combine_a", K.fp8_combine("A", progs["A"], blk, dtype, cfg, arch), ["A", "At", "SA"]),
+          ("combine_b", K.fp8_combine("B", progs["B"], blk, dtype, cfg, arch), ["B", "Bt", "SB"]),
           ("gemm" if direct else "batched_gemm", K.fp8_gemm(blk, dtype, cfg, direct, arch),
            ["At", "Bt", "SA", "SB", "C" if direct else "H"])]
     if not direct:

@@ -412,7 +412,7 @@ def default_block_k(f: dict, dtype) -> int:
     """CudaConfig's k slab for block_k = 0: 32 for 4-byte operands, 64 for 2-byte ones —
     of the operands the GEMM stage reads (fp16 with a scaled operand mode)."""
     ops = _operand_terms(f, dtype)
-    if ops.slab_k and ops.mode == "fp8":
+    if ops.mode == "fp8":
         return ops.slab_k                   # one scale block per k slab
     return 32 if _db_itemsize(ops.gemm_dtype) >= 4 else 64
 
