@@ -143,6 +143,12 @@ def _tuned_config(t, dtype, alg, plain, shape, exact_only: bool = False,
                   f"{'this shape' if hit[2] else 'the nearest logged shape ' + 'x'.join(map(str, r['shape']))}"
                   f" ({r['time_s'] * 1e3:.3f} ms on {r.get('device', '?')}): "
                   f"{json.dumps(hit[0], sort_keys=True)}", file=sys.stderr)
+        if not hit:
+            stale = db.TuningDB().stale_count(t.name, dtype)
+            if stale:
+                print(f"lcmac build: {stale} tuning-log records for {t.name}/{dtype} were measured "
+                      f"on older templates and are ignored; using the default config "
+                      f"(`lcmac tune` logs configs for the current ones)", file=sys.stderr)
         return dict(hit[0]) if hit else None
     except Exception:  # noqa: BLE001 - no tuning log, or one from an older schema
         return None

@@ -124,7 +124,7 @@ def evaluate(path, plots_dir=None):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         store = tdb.TuningDB(os.path.dirname(path))
-        allrec = list(store.records(include_errors=True))
+        allrec = list(store.records(include_errors=True))   # what builds use: current templates
     name = os.path.basename(path)
     # one precision: the native kernels (CUDA scaled-operand searches are logged beside them)
     records = [r for r in allrec if tdb.log_path("", r["target"], r["dtype"]).name == name

@@ -88,6 +88,30 @@ def test_corrupt_and_foreign_lines_are_skipped_with_a_warning(tmp_path):
         assert tdb.best_config(CPU, "float32", "gemm", (1024, 1024, 1024), root=tmp_path)[2] is True
 
 
+def test_records_of_older_templates_are_ignored_by_builds_and_the_tuner(tmp_path):
+    from lcmac.schedules import cpu_config
+    store = tdb.TuningDB(tmp_path)
+    fresh = rec(t=0.02, cfg={"mr": 4, "nr": 64})
+    assert fresh["schedule_version"] == cpu_config.SCHEDULE_VERSION >= 2
+    old = {**rec(t=0.01, cfg={"mr": 8, "nr": 32}), "schedule_version": 1}
+    unstamped = {k: v for k, v in rec(t=0.005, cfg={"mr": 6, "nr": 64}).items()
+                 if k != "schedule_version"}              # logs written before the stamp
+    vendor = {**rec(t=0.03, algo="vendor", cfg={"api": "numpy.matmul"}), "schedule_version": 1}
+    store.append([old, unstamped, fresh, vendor])
+    # the faster but stale configs are not what a build gets, nor what the tuner skips
+    assert tdb.best_config(CPU, "float32", "gemm", (1024,) * 3, root=tmp_path)[0] == {"mr": 4, "nr": 64}
+    assert store.measured_configs(CPU, "float32", "gemm", (1024,) * 3) == {tdb.config_key(fresh["config"])}
+    assert store.stale_count(CPU, "float32") == 2
+    assert len(list(store.records(CPU, "float32", include_stale=True))) == 4
+    assert vendor in list(store.records(CPU, "float32"))    # a vendor timing never goes stale
+    # only stale records: no tuned config at all (the build then takes the default)
+    store2 = tdb.TuningDB(tmp_path / "only-old")
+    store2.append(old)
+    assert tdb.best_config(CPU, "float32", "gemm", (1024,) * 3, root=tmp_path / "only-old") is None
+    # the CUDA templates are at their first generation: the committed GPU logs stay in use
+    assert tdb.current_schedule(GPU) == 1 and store.stale_count(GPU, "bfloat16") == 0
+
+
 def test_nearest_shape_lookup_in_log_space(tmp_path):
     store = tdb.TuningDB(tmp_path)
     store.append([rec(shape=(1024, 1024, 1024), t=0.01, cfg={"mr": 1}),

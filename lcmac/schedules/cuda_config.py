@@ -171,6 +171,8 @@ class Blocking:
 
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
+#: Generation of the CUDA templates tuned configs were measured on (see cpu_config's).
+SCHEDULE_VERSION = 1
 
 #: dynamic shared memory one CTA may use, per architecture (bytes)
 SMEM_PER_CTA = {"sm_90a": 227 * 1024, "sm_80": 163 * 1024}

@@ -61,6 +61,17 @@ def _workspace(sizes: dict) -> list:
     return ws + [("__end__", off)]
 
 
+def _sized_workspace(shape, shapes: dict):
+    """Workspace layout of ``shapes`` {name: (dims, bytes per element)} and the names of the
+    buffers (A, B, C and those) declared with int64 extents (more than 2³¹−1 elements)."""
+    import math
+    from ..schedules.cuda_config import needs_int64
+    M, N, K = shape
+    ws = _workspace({name: math.prod(dims) * item for name, (dims, item) in shapes.items()})
+    dims = dict(A=(M, K), B=(K, N), C=(M, N), **{k: v[0] for k, v in shapes.items()})
+    return ws, [n for n, d in dims.items() if needs_int64(d)]
+
+
 def _alg_programs(alg, programs):
     """(combine programs, how they were obtained): supplied by the caller, else CSE'd here."""
     if programs:
@@ -85,9 +96,8 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     # the plain GEMM goes through the same path as the 1x1x1 algorithm
     kmajor = dtype == "float32" and arch == "sm_90a" and cfg.tf32_wgmma
     if alg is None and not kmajor:
-        from ..schedules.cuda_config import needs_int64
-        wide = [n for n, d in (("A", (M, K_)), ("B", (K_, N)), ("C", (M, N))) if needs_int64(d)]
-        return ([("gemm", K.plain_gemm(M, N, K_, dtype, cfg, arch), ["A", "B", "C"])], [("__end__", 0)],
+        ws, wide = _sized_workspace(shape, {})
+        return ([("gemm", K.plain_gemm(M, N, K_, dtype, cfg, arch), ["A", "B", "C"])], ws,
                 {"int64_index": wide} if wide else None)
     if alg is None:
         from .. import ir
@@ -154,10 +164,8 @@ def _scaled_plan(alg, shape, dtype, cfg, programs, arch):
     of B into S (zeroed by the entry point), combines writing scaled fp16 Ã/B̃ (hi and lo
     halves for fp16x2), the scaled GEMM stage writing fp32 H (or C directly for the plain
     GEMM: the 1x1x1 algorithm, whose combines only scale and split), Combine H."""
-    import math
     from ..schedules.cuda_config import (SMEM_PER_CTA, Blocking, NotSupportedYet,
-                                         bound_exponent, check_operands, needs_int64,
-                                         stage_bytes)
+                                         bound_exponent, check_operands, stage_bytes)
     from ..schedules import cuda_kernels as K
     check_operands(cfg, dtype)
     split = cfg.operands == "fp16x2"
@@ -182,7 +190,7 @@ def _scaled_plan(alg, shape, dtype, cfg, programs, arch):
         shapes["Al"], shapes["Bl"] = shapes["At"], shapes["Bt"]
     if not direct:
         shapes["H"] = ((blk.R, blk.Mb, blk.Nb), 4)
-    ws = _workspace({name: math.prod(dims) * item for name, (dims, item) in shapes.items()})
+    ws, wide = _sized_workspace(shape, shapes)
     a_out = ["At", "Al"] if split else ["At"]
     b_out = ["Bt", "Bl"] if split else ["Bt"]
     ks = [("amax_a", K.operand_amax(M, K_, dtype, 0, arch), ["A", "S"]),
@@ -194,8 +202,6 @@ def _scaled_plan(alg, shape, dtype, cfg, programs, arch):
                K.scaled_gemm(blk, dtype, cfg, (la, lb), direct, arch), gemm_args))
     if not direct:
         ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
-    dims = dict(A=(M, K_), B=(K_, N), C=(M, N), **{k: v[0] for k, v in shapes.items()})
-    wide = [n for n, d in dims.items() if needs_int64(d)]
     return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
                     "int64_index": wide, "operands": cfg.operands, "zero": ["S"],
                     "scale_bounds": [la, lb]}
@@ -206,9 +212,8 @@ def _fp8_plan(alg, shape, dtype, cfg, programs, arch):
     quantize Ã (per row) and B̃ (per column, K-major) with a float32 scale per 128 K, the
     fp8 GEMM stage writes fp32 H (or C for the plain GEMM: the 1x1x1 algorithm, whose
     combines only quantize), Combine H."""
-    import math
     from ..schedules.cuda_config import (FP8_MAX_COMBINE, Blocking, NotSupportedYet,
-                                         check_operands, fp8_combine_size, needs_int64)
+                                         check_operands, fp8_combine_size)
     from ..schedules import cuda_kernels as K
     if arch != "sm_90a":
         raise NotSupportedYet(f"operands='fp8' needs FP8 tensor cores (sm_90a); {arch} has none")
@@ -232,15 +237,13 @@ def _fp8_plan(alg, shape, dtype, cfg, programs, arch):
               "SA": (sc["SA"], 4), "SB": (sc["SB"], 4)}
     if not direct:
         shapes["H"] = ((blk.R, blk.Mb, blk.Nb), 4)
-    ws = _workspace({name: math.prod(dims) * item for name, (dims, item) in shapes.items()})
+    ws, wide = _sized_workspace(shape, shapes)
     ks = [("combine_a", K.fp8_combine("A", progs["A"], blk, dtype, cfg, arch), ["A", "At", "SA"]),
           ("combine_b", K.fp8_combine("B", progs["B"], blk, dtype, cfg, arch), ["B", "Bt", "SB"]),
           ("gemm" if direct else "batched_gemm", K.fp8_gemm(blk, dtype, cfg, direct, arch),
            ["At", "Bt", "SA", "SB", "C" if direct else "H"])]
     if not direct:
         ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
-    dims = dict(A=(M, K_), B=(K_, N), C=(M, N), **{k: v[0] for k, v in shapes.items()})
-    wide = [n for n, d in dims.items() if needs_int64(d)]
     return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
                     "int64_index": wide, "operands": "fp8",
                     "b_layout": "K-major (transposed) E4M3 for fp8 wgmma",

@@ -20,7 +20,13 @@ cuBLAS on a GPU, numpy.matmul on a CPU; ``config`` says which library and how it
 under algorithm and hash ``"vendor"``.  The tuner adds ``rank`` (the config's position in
 the model's ranking, 0 = predicted best), ``space_size`` (fitting configs of that space),
 ``inner`` (calls per timed run) and, when asked, ``tag`` (e.g. ``"exhaustive"``) and
-``default: true`` (the backend's default config).
+``default: true`` (the backend's default config).  ``schedule_version`` is the generation of
+the backend's templates the record was measured on (``SCHEDULE_VERSION`` in
+``lcmac/schedules/<backend>_config.py``; absent = 1).  Reading skips lcmac records of an
+older generation than the installed one — their timings describe code that no longer
+exists — so builds and the tuner never act on them (``include_stale=True`` reads them, as
+the tuner evaluation does); vendor records are timings of the vendor library and never go
+stale this way.
 
 Reading never crashes a build: a line that is not JSON, or not an lcmac-tune record, or a
 record for another target/dtype, is skipped with ``warnings.warn``.
@@ -133,7 +139,7 @@ def make_record(*, target: str, dtype: str, algorithm: str, algorithm_hash: str,
            "spread": None if spread is None else round(float(spread), 4), "repeats": int(repeats),
            "predicted_s": None if predicted_s is None else float(predicted_s),
            "status": status, "device": device or device_name(target),
-           "lcmac_version": __version__,
+           "lcmac_version": __version__, "schedule_version": current_schedule(target),
            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     if error:
         lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
@@ -142,6 +148,17 @@ def make_record(*, target: str, dtype: str, algorithm: str, algorithm_hash: str,
         rec["error"] = msg[:300] if lines else "error"
     rec.update({k: _plain(v) for k, v in extra.items()})
     return rec
+
+
+def current_schedule(target: str) -> int:
+    """The installed templates' generation for ``target``'s backend."""
+    from . import space
+    return space.schedule_version(space.family(target))
+
+
+def is_stale(rec, current: int) -> bool:
+    """An lcmac record measured on an older generation of the templates than ``current``."""
+    return rec["algorithm_hash"] != VENDOR and int(rec.get("schedule_version", 1)) < current
 
 
 def _valid(rec) -> str | None:
@@ -215,8 +232,10 @@ class TuningDB:
         return sorted(self.root.glob("*.jsonl")) if self.root.is_dir() else []
 
     def records(self, target: str | None = None, dtype: str | None = None, *,
-                include_errors: bool = False) -> Iterator[dict]:
-        """Every valid record (of one target/dtype when given); bad lines warn and are skipped."""
+                include_errors: bool = False, include_stale: bool = False) -> Iterator[dict]:
+        """Every valid record (of one target/dtype when given); bad lines warn and are skipped,
+        records of older templates (``is_stale``) are skipped unless ``include_stale``."""
+        current = {}
         if target is not None and dtype is not None:
             paths = [log_path(self.root, target, dtype)]
         else:
@@ -248,7 +267,18 @@ class TuningDB:
                         continue
                     if rec["status"] != "ok" and not include_errors:
                         continue
+                    if not include_stale:
+                        if rec["target"] not in current:
+                            current[rec["target"]] = current_schedule(rec["target"])
+                        if is_stale(rec, current[rec["target"]]):
+                            continue
                     yield rec
+
+    def stale_count(self, target: str, dtype: str) -> int:
+        """Records of this target/dtype that reading skips as measured on older templates."""
+        cur = current_schedule(target)
+        return sum(is_stale(r, cur) for r in self.records(target, dtype, include_errors=True,
+                                                             include_stale=True))
 
     def query(self, target: str, dtype: str, *, algorithm_hash: str | None = None,
               shape=None, config_filter=None) -> list[dict]:

@@ -132,6 +132,16 @@ def config_class(fam: str):
     return None
 
 
+def schedule_version(fam: str) -> int:
+    """The generation of the backend's templates (``SCHEDULE_VERSION`` of its config module;
+    1 when it has none): tuning records of an older generation timed other code."""
+    for mod in _schedule_modules(fam):
+        v = getattr(mod, "SCHEDULE_VERSION", None)
+        if v is not None:
+            return int(v)
+    return 1
+
+
 def config_from_dict(target, d: dict):
     """A logged config dict as the backend's config object (the dict itself when the
     backend has no config class)."""
