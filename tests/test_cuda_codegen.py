@@ -638,3 +638,71 @@ def test_fp16x2_split_keeps_22_bits():
     prod = h64 * wh64 + (h64 * wl64 + l64 * wh64) * 2.0 ** -SPLIT_SHIFT
     exact = v.astype(np.float64) * w.astype(np.float64)
     assert np.median(np.abs(prod - exact) / np.abs(exact)) < 2.0 ** -22
+
+
+# ---- wgmma_in_flight: one wgmma batch kept in flight across k steps -------------------------
+_TL_LOOP = """    for (int ko_1 = 0; ko_1 < 128; ++ko_1) {
+      mbarrier[(ko_1 & 3)].wait(((ko_1 & 7) >> 2));
+      {
+        tl::warpgroup_arrive();
+        tl::wgmma_ss<X>(a, b, ((uint32_t*)(C_l + 0)), 1);
+        tl::warpgroup_commit_batch();
+        tl::warpgroup_wait<0>();
+        tl::warpgroup_fence_operand(reinterpret_cast<float*>(C_l + 0), 256);
+      }
+      mbarrier[((ko_1 & 3) + 4)].arrive();
+    }
+    C[0] = C_l[0];
+"""
+
+
+def test_wgmma_in_flight_rewrites_the_consumer_loop():
+    from lcmac.errors import ToolchainError
+    from lcmac.targets.cuda import wgmma_in_flight
+    out = wgmma_in_flight(_TL_LOOP)
+    loop, after = out.split("    C[0]")[0].rsplit("    }\n", 1)
+    assert "warpgroup_wait<1>()" in loop and "warpgroup_wait<0>" not in loop
+    # the stage released is the previous step's, once that step's batch has completed
+    assert "if (ko_1 > 0) mbarrier[(((ko_1 - 1) & 3) + 4)].arrive();" in loop
+    assert "mbarrier[((ko_1 & 3) + 4)].arrive()" not in out
+    # drained before the epilogue reads the accumulators
+    assert after.startswith("    tl::warpgroup_wait<0>();\n    tl::warpgroup_fence_operand(")
+    # 3-stage pipelines index stages with %
+    assert "if (ko_1 > 0) mbarrier[(((ko_1 - 1) % 3) + 3)].arrive();" in wgmma_in_flight(
+        _TL_LOOP.replace("(ko_1 & 3) + 4", "(ko_1 % 3) + 3"))
+    # a loop of another form (e.g. a k slab's result read inside it) is refused, not half-patched
+    other = _TL_LOOP.replace("      }\n      mbarrier", "      }\n      acc += C_l[0];\n      mbarrier")
+    with pytest.raises(ToolchainError, match="wgmma_in_flight=0"):
+        wgmma_in_flight(other)
+    with pytest.raises(ToolchainError, match="found 2"):
+        wgmma_in_flight(_TL_LOOP + _TL_LOOP)
+
+
+def test_wgmma_in_flight_is_refused_where_it_does_not_apply():
+    from lcmac.schedules.cuda_config import NotSupportedYet, in_flight_kernels
+    on = {"wgmma_in_flight": 1}
+    assert in_flight_kernels(CudaConfig.from_dict(on), "bfloat16", "sm_90a") == ("gemm", "batched_gemm")
+    assert in_flight_kernels(CudaConfig.from_dict({}), "float32", "sm_80") == ()
+    for cfg, dtype, arch, word in (({}, "bfloat16", "sm_80", "sm_80"),
+                                   ({}, "float32", "sm_90a", "TF32"),
+                                   ({"operands": "fp16"}, "bfloat16", "sm_90a", "operands='fp16'"),
+                                   ({"fused": True}, "bfloat16", "sm_90a", "fused")):
+        with pytest.raises(NotSupportedYet, match=word):
+            in_flight_kernels(CudaConfig.from_dict({**on, **cfg}), dtype, arch)
+
+
+@needs_tilelang
+@needs_nvcc
+def test_wgmma_in_flight_builds(tmp_path):
+    r = worker({"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bf16",
+                "shape": [1000, 1064, 1032], "config": {"fused": False, "wgmma_in_flight": 1},
+                "out_dir": str(tmp_path), "jobs": 2})
+    assert r["ok"], r.get("error")
+    src = open([p for p in r["sources"] if p.endswith("_batched_gemm.cu")][0]).read()
+    body = kernel_body(src)
+    assert body.count("warpgroup_wait<1>()") == 1 and body.count("warpgroup_wait<0>()") == 1
+    assert re.search(r"if \(\w+ > 0\) mbarrier\[\(\(\(\w+ - 1\) [&%] \d\) \+ \d\)\]\.arrive\(\);", body)
+    for name in ("combine_a", "combine_h"):                       # other kernels untouched
+        assert "warpgroup_wait<1>" not in open([p for p in r["sources"] if p.endswith(f"_{name}.cu")][0]).read()
+    for k, v in r["ptxas"].items():
+        assert all(x == 0 for x in v["spill_stores"]), (k, v)
