@@ -90,11 +90,6 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "winograd-alg1-f16s": ("winograd", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
     "strassen^2-alg1-f16s": ("strassen^2", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
     "fg-4x4x5-r61-alg1": ("fg-4x4x5-r61", {"fused": False, "stages": 4, "policy": "fullrow"}),
-    # one wgmma batch kept in flight across k steps (CudaConfig.wgmma_in_flight)
-    "tl-gemm-wf": (None, {"stages": 4, "policy": "fullrow", "wgmma_in_flight": 1}),
-    "strassen-alg1-wf": ("strassen", {"fused": False, "stages": 4, "policy": "fullrow", "wgmma_in_flight": 1}),
-    "winograd-alg1-wf": ("winograd", {"fused": False, "stages": 4, "policy": "fullrow", "wgmma_in_flight": 1}),
-    "strassen^2-alg1-wf": ("strassen^2", {"fused": False, "stages": 4, "policy": "fullrow", "wgmma_in_flight": 1}),
 }
 LLM_NK = [(18432, 7168), (7168, 18432), (8192, 4096), (4096, 8192), (7168, 16384)]
 

@@ -77,11 +77,6 @@ class CudaConfig:
                  "fp16x2": float32 only, each operand split into hi + 2¹¹·lo fp16 halves and
                  H = hi·hi + 2⁻¹¹(hi·lo + lo·hi) (Ootomo & Yokota 2022): fp32-level error
                  on the fp16 tensor cores.  Algorithm 1 and the plain GEMM only.
-    wgmma_in_flight  1: the GEMM stage keeps one wgmma batch in flight across k steps and
-                 releases the previous step's stage (CUTLASS's Hopper mainloop); 0: TileLang's
-                 loop, which waits for every k step's wgmmas before the next (the tensor
-                 cores idle in between).  sm_90a, 2-byte native operands, plain GEMM and
-                 Algorithm 1's batched GEMM (``in_flight_kernels``).
     """
     fused: bool = False           # measured best on H200 (bench/notes-cuda.md); True = FalconGEMM fused
     block_m: int = 128
@@ -104,7 +99,6 @@ class CudaConfig:
     combine_cols: int = 256
     combine_threads: int = 256
     operands: str = "native"
-    wgmma_in_flight: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -147,23 +141,6 @@ class CudaConfig:
             raise LcmacError(f"operands must be one of {OPERAND_MODES}, not {self.operands!r}")
         if self.r_order not in ("natural", "greedy"):
             raise LcmacError(f"r_order must be 'natural' or 'greedy', not {self.r_order!r}")
-        if self.wgmma_in_flight not in (0, 1):
-            raise LcmacError(f"wgmma_in_flight must be 0 or 1, not {self.wgmma_in_flight!r}")
-
-
-def in_flight_kernels(cfg: CudaConfig, dtype: str, arch: str) -> tuple[str, ...]:
-    """Kernels whose generated wgmma loop gets ``wgmma_in_flight`` (none when it is 0); a
-    config asking for it where there is no such loop is refused by name."""
-    if not cfg.wgmma_in_flight:
-        return ()
-    why = ("sm_80 has no asynchronous wgmma" if arch != "sm_90a" else
-           "float32's GEMM stage is TF32 mma.sync" if dtype == "float32" and cfg.operands == "native" else
-           f"operands={cfg.operands!r} reads each k slab's result in the loop" if cfg.operands != "native" else
-           "the fused kernel's loop runs the Combine-H epilogue" if cfg.fused else None)
-    if why:
-        raise NotSupportedYet(f"wgmma_in_flight=1 applies to the native 2-byte GEMM stage on "
-                              f"sm_90a only: {why} (use wgmma_in_flight=0)")
-    return ("gemm", "batched_gemm")
 
 
 @dataclass(frozen=True)

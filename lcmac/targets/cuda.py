@@ -68,44 +68,6 @@ def rename_launcher(code: str, func_name: str, kname: str) -> str:
     return code
 
 
-# TileLang 0.1.15's consumer loop of a pipelined wgmma GEMM: issue the k step's wgmmas,
-# wait for *all* of them, release the stage.  The tensor cores then idle between k steps.
-_WGMMA_STEP = re.compile(
-    r"(?P<i1>[ ]*)tl::warpgroup_commit_batch\(\);\n"
-    r"[ ]*tl::warpgroup_wait<0>\(\);\n"
-    r"[ ]*tl::warpgroup_fence_operand\((?P<acc>[^;\n]*)\);\n"
-    r"(?P<i2>[ ]*)\}\n"
-    r"[ ]*mbarrier\[\(\((?P<k>\w+) (?P<op>[&%]) (?P<m>\d+)\) \+ (?P<off>\d+)\)\]\.arrive\(\);\n"
-    r"(?P<i3>[ ]*)\}\n")
-
-
-def wgmma_in_flight(code: str) -> str:
-    """Keep one wgmma batch in flight across k steps (as CUTLASS's Hopper mainloop does):
-    wait until only the step just issued is outstanding, then release the *previous* step's
-    shared-memory stage; drain once after the loop, before the epilogue reads the
-    accumulators.  Applied to TileLang's generated source of a plain/batched GEMM (whose
-    loop must have exactly the form ``_WGMMA_STEP`` matches: a different TileLang raises
-    here rather than producing a kernel that races)."""
-    found = _WGMMA_STEP.findall(code)
-    if len(found) != 1:
-        raise ToolchainError(f"wgmma_in_flight: expected one pipelined wgmma consumer loop in the "
-                             f"generated CUDA, found {len(found)} (TileLang's codegen changed?); "
-                             f"build with wgmma_in_flight=0")
-
-    def fix(mt):
-        g = mt.groupdict()
-        prev = f"((({g['k']} - 1) {g['op']} {g['m']}) + {g['off']})"
-        return (f"{g['i1']}tl::warpgroup_commit_batch();\n"
-                f"{g['i1']}tl::warpgroup_wait<1>();\n"
-                f"{g['i1']}tl::warpgroup_fence_operand({g['acc']});\n"
-                f"{g['i2']}}}\n"
-                f"{g['i2']}if ({g['k']} > 0) mbarrier[{prev}].arrive();\n"
-                f"{g['i3']}}}\n"
-                f"{g['i3']}tl::warpgroup_wait<0>();\n"
-                f"{g['i3']}tl::warpgroup_fence_operand({g['acc']});\n")
-    return _WGMMA_STEP.sub(fix, code)
-
-
 def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
                  zero: list[str] = ()) -> str:
     """kernels: [{"name", "args": [buffer names in call order]}] in launch order.
