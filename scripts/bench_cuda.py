@@ -139,6 +139,44 @@ def bench_fn(fn, inputs, warmup=5, reps=20):
     return ts[len(ts) // 2], ts
 
 
+def sustained(fn, seconds, nvml=None):
+    """Back-to-back calls for about ``seconds`` (after one call to size the run): seconds per
+    call, and with an NVML handle (probe_energy.Nvml) joules per call and the mean SM clock
+    (MHz) over the run, else None for both.  Long enough runs reach the board's power cap
+    (an H100 SXM sits at 700 W within ~0.2 s), which the median of separated calls does not."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.time()
+    fn()
+    torch.cuda.synchronize()
+    n = max(3, int(seconds / max(time.time() - t0, 1e-4)))
+    clocks, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            clocks.append(nvml.sm_clock())
+            time.sleep(0.02)
+
+    th = threading.Thread(target=sample) if nvml else None
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0 = nvml.energy_j() if nvml else None
+    if th:
+        th.start()
+    s.record()
+    for _ in range(n):
+        fn()
+    e.record()
+    e.synchronize()
+    stop.set()
+    if th:
+        th.join()
+    t = s.elapsed_time(e) * 1e-3 / n
+    if not nvml:
+        return t, None, None
+    return t, (nvml.energy_j() - e0) / n, sum(clocks) / max(len(clocks), 1)
+
+
 def stage_times(f, meta, A, B, C, reps=10):
     """Time each kernel of an artifact alone, through its exported per-kernel launchers."""
     import ctypes
@@ -239,6 +277,9 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--stages", action="store_true", help="also time each kernel alone")
+    ap.add_argument("--sustained", type=float, default=0.0, metavar="S",
+                    help="also time S seconds of back-to-back calls per variant and cuBLAS "
+                         "(the power-capped regime of long jobs; sustained_ratio)")
     ap.add_argument("--tf32", action="store_true", help="cuBLAS float32 baseline with TF32 on")
     ap.add_argument("--fp8-baseline", action="store_true",
                     help="also time cuBLAS's FP8 GEMMs (torch._scaled_mm) on pre-quantized operands; "
@@ -312,7 +353,9 @@ def main():
                "torch": torch.__version__, "cublas_tf32": bool(args.tf32),
                "lcmac_gemm_precision": "per row (gemm_precision): tf32 for float32 unless the "
                                        "operands are scaled fp16" if dtype == "float32" else dtype,
-               "timing": f"CUDA events, median of {args.reps} after 5 warm-ups, inputs rotated",
+               "timing": f"CUDA events, median of {args.reps} after 5 warm-ups, inputs rotated"
+                         + (f"; sustained: {args.sustained:g} s of back-to-back calls (first inputs)"
+                            if args.sustained else ""),
                "results": rows}
         json.dump(res, open(out, "w"), indent=1)
         return res
@@ -340,6 +383,13 @@ def main():
         rows.append({"shape": [M, N, K], "variant": "cublas", "seconds": t_cub, "run": runs,
                      "tflops": flops / t_cub / 1e12, "rel_err": err_cub, "ratio": 1.0,
                      "mode": ("tf32" if args.tf32 else "fp32 (SGEMM)") if dtype == "float32" else dtype})
+        ts_cub = None
+        if args.sustained:
+            C_s = torch.empty(M, N, dtype=tdt, device=dev)
+            ts_cub = sustained(lambda: torch.matmul(A, B, out=C_s), args.sustained)[0]
+            rows[-1].update(sustained_seconds=ts_cub, sustained_tflops=flops / ts_cub / 1e12,
+                            sustained_ratio=1.0)
+            del C_s
         t_other = None
         if dtype == "float32":
             # the other cuBLAS mode too, labelled: lcmac's GEMM stage is TF32, so TF32 cuBLAS
@@ -396,6 +446,10 @@ def main():
                 if (meta.get("config") or {}).get("operands") == "fp8":
                     for mode, t8 in t_fp8.items():
                         r[f"ratio_vs_cublas_fp8_{mode}"] = t8 / t
+                if ts_cub is not None:
+                    ts = sustained(lambda: f(A, B, out=outs[0]), args.sustained)[0]
+                    r.update(sustained_seconds=ts, sustained_tflops=flops / ts / 1e12,
+                             sustained_ratio=ts_cub / ts)
                 if args.stages and len(meta.get("kernels", [])) > 1:
                     r["stage_seconds"] = stage_times(f, meta, A, B, outs[0])
             except Exception as e:  # keep going: one broken variant must not hide the others
@@ -414,15 +468,18 @@ def main():
         except Exception as e:
             print("plot failed:", e)
     print(f"\n{gpu}  {dtype}  (TFLOP/s = 2MNK/t, median of {args.reps}; ratio = cuBLAS time / time)")
-    print(f"{'shape':>20} {'variant':>18} {'TFLOP/s':>8} {'ratio':>6} {'relerr':>9} {'err/cub':>7}")
+    print(f"{'shape':>20} {'variant':>18} {'TFLOP/s':>8} {'ratio':>6} {'relerr':>9} {'err/cub':>7}"
+          + (f" {'sust.':>6} {'ratio':>6}" if args.sustained else ""))
     for r in rows:
         s = "x".join(map(str, r["shape"]))
         if "error" in r:
             print(f"{s:>20} {r['variant']:>18} ERROR {r['error'][:80]}")
             continue
         st = " ".join(f"{k}={v * 1e3:.3f}ms" for k, v in r.get("stage_seconds", {}).items())
+        sus = (f" {r['sustained_tflops']:6.1f} {r['sustained_ratio']:6.3f}"
+               if "sustained_tflops" in r else "")
         print(f"{s:>20} {r['variant']:>18} {r['tflops']:8.1f} {r['ratio']:6.3f} "
-              f"{r['rel_err']:9.2e} {r.get('err_vs_cublas', 1.0):7.2f} {st}")
+              f"{r['rel_err']:9.2e} {r.get('err_vs_cublas', 1.0):7.2f}{sus} {st}")
     print("wrote", out)
 
 

@@ -14,7 +14,7 @@ Prints effective TFLOP/s (2MNK/t), watts, mean SM clock and TFLOP per joule.
 
     python scripts/probe_energy.py ART.json [ART.json ...] --seconds 2 --out bench/results/x.json
 """
-import argparse, ctypes, json, os, sys, threading, time
+import argparse, ctypes, json, os, sys
 from datetime import datetime, timezone
 
 
@@ -43,38 +43,6 @@ class Nvml:
         return c.value
 
 
-def sustained(fn, seconds, nvml):
-    """(seconds per call, joules per call, mean SM MHz) over ~``seconds`` of back-to-back calls."""
-    import torch
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.time()
-    fn()
-    torch.cuda.synchronize()
-    n = max(3, int(seconds / max(time.time() - t0, 1e-4)))
-    clocks, stop = [], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            clocks.append(nvml.sm_clock())
-            time.sleep(0.02)
-
-    th = threading.Thread(target=sample)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0 = nvml.energy_j()
-    th.start()
-    s.record()
-    for _ in range(n):
-        fn()
-    e.record()
-    e.synchronize()
-    stop.set()
-    th.join()
-    e1 = nvml.energy_j()
-    t = s.elapsed_time(e) * 1e-3
-    return t / n, (e1 - e0) / n, sum(clocks) / max(len(clocks), 1)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("artifacts", nargs="*")
@@ -85,6 +53,7 @@ def main():
     args = ap.parse_args()
     import torch
     import lcmac
+    from bench_cuda import sustained      # the benchmark's back-to-back timer
     nvml = Nvml()
     dev = torch.device("cuda")
     g = torch.Generator(device="cuda").manual_seed(0)

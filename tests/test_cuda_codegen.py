@@ -522,14 +522,31 @@ def test_default_stages_fit_the_arch_shared_memory():
     from lcmac.schedules.cuda_config import SMEM_PER_CTA, stage_bytes
     cases = [({}, "bfloat16", "sm_90a", 4), ({}, "bfloat16", "sm_80", 3), ({}, "float32", "sm_80", 3),
              ({"operands": "fp16x2"}, "float32", "sm_90a", 3),
-             ({"operands": "fp16x2"}, "float32", "sm_80", 2),
+             ({"operands": "fp16x2"}, "float32", "sm_80", 2),         # 128x64 there
+             ({"operands": "fp16x2", "block_n": 128}, "float32", "sm_80", 2),
              ({"stages": 4}, "bfloat16", "sm_80", 4), ({}, "bfloat16", None, 4)]
     for d, dtype, arch, want in cases:
         cfg = CudaConfig.from_dict(d, dtype=dtype, arch=arch)
         assert cfg.stages == want, (d, dtype, arch, cfg.stages)
         if arch and "stages" not in d:
             assert cfg.stages * stage_bytes(cfg, dtype) <= SMEM_PER_CTA[arch]
-            assert (cfg.stages + 1) * stage_bytes(cfg, dtype) > SMEM_PER_CTA[arch] or want == 4
+            # the deepest that fits, up to the default depth (4; fp16x2 on sm_80: 2, for spills)
+            cap = 2 if (arch, d.get("operands")) == ("sm_80", "fp16x2") else 4
+            assert (cfg.stages + 1) * stage_bytes(cfg, dtype) > SMEM_PER_CTA[arch] or want == cap
+
+
+@needs_tilelang
+@needs_nvcc
+def test_sm80_fp16x2_default_compiles_without_spills(tmp_path):
+    # the sm_90a default (128x128, 3 stages) fits only 2 stages on sm_80 and spills there, as
+    # do 128x64 and 64x128 at 3 stages on shapes with partial tiles
+    for shape in ([512, 512, 512], [1000, 1064, 1032]):
+        r = worker({"algorithm": None, "target": "cuda-sm80", "dtype": "fp32", "shape": shape,
+                    "config": {"operands": "fp16x2"}, "out_dir": str(tmp_path / str(shape[0])), "jobs": 2})
+        assert r["ok"], r.get("error")
+        assert (r["config"]["block_m"], r["config"]["block_n"], r["config"]["stages"]) == (128, 64, 2)
+        for k, v in r["ptxas"].items():
+            assert all(x == 0 for x in v["spill_stores"]), (shape, k, v)
 
 
 @needs_tilelang

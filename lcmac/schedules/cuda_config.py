@@ -119,7 +119,7 @@ class CudaConfig:
         if d.get("operands") == "fp16x2":
             # two fp32 accumulators and four fp16 tiles per stage: the measured fit is a
             # 128x128 tile, 3 stages (192 KB of shared memory); explicit values still win
-            d = {**SPLIT_TILE_DEFAULTS, **d}
+            d = {**(SPLIT_TILE_DEFAULTS_SM80 if arch == "sm_80" else SPLIT_TILE_DEFAULTS), **d}
         cfg = cls(**d)
         if fit_stages:
             fit = max(1, min(cfg.stages, SMEM_PER_CTA[arch] // max(stage_bytes(cfg, dtype), 1)))
@@ -191,6 +191,10 @@ FP8_MAX_COMBINE = 256
 FP8_TILE_DEFAULTS = {"block_m": 128, "block_n": 128, "block_k": 128, "stages": 4}
 #: what CudaConfig.from_dict fills in for operands="fp16x2" where the caller is silent
 SPLIT_TILE_DEFAULTS = {"block_m": 128, "block_n": 128, "stages": 3}
+#: sm_80 (cp.async pipeline, no warp specialisation): ptxas spills 8-28 B for the 128x128
+#: tile at 2 stages and for 128x64 / 64x128 at 3 (at 512³ and 1000x1064x1032; 0 at 4096³);
+#: 128x64 at 2 stages spills at none of the three.  Never run on an A100.
+SPLIT_TILE_DEFAULTS_SM80 = {"block_m": 128, "block_n": 64, "stages": 2}
 #: scaled fp16 operands: every Ã/B̃ entry is scaled below 2**SCALED_TOP (fp16's largest
 #: finite value is 65504 < 2**16; the lo half of a split is at most 2**(SCALED_TOP-11)·2**11)
 SCALED_TOP = 15
