@@ -177,25 +177,36 @@ def sustained(fn, seconds, nvml=None):
     return t, (nvml.energy_j() - e0) / n, sum(clocks) / max(len(clocks), 1)
 
 
-def stage_times(f, meta, A, B, C, reps=10):
-    """Time each kernel of an artifact alone, through its exported per-kernel launchers."""
+def kernel_launchers(f, A, B, C, ws_ptr=None):
+    """{kernel name: launch(stream)} for one artifact through its exported per-kernel
+    launchers, on the given workspace (default: the artifact's own)."""
     import ctypes
-    import torch
     lib = f._open(A.device)
-    ws = f.workspace(A.device)
+    meta = f.meta
+    if ws_ptr is None:
+        ws_ptr = f.workspace(A.device).data_ptr()
     bufs = {"A": A.data_ptr(), "B": B.data_ptr(), "C": C.data_ptr()}
     for name, off in meta.get("workspace", []):
-        bufs[name] = ws.data_ptr() + int(off)
-    stream = torch.cuda.current_stream().cuda_stream
+        bufs[name] = ws_ptr + int(off)
     out = {}
     for k in meta["kernels"]:
         fn = getattr(lib, f"{meta.get('name', 'lcmac')}_{k['name']}_call")
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * (len(k["args"]) + 1)
-        args = [bufs[a] for a in k["args"]] + [stream]
-        t, _ = bench_fn(lambda: fn(*args), [()], warmup=2, reps=reps)
-        out[k["name"]] = t
+
+        def launch(stream, fn=fn, args=[bufs[a] for a in k["args"]]):
+            if fn(*args, stream) != 0:
+                raise RuntimeError(f"{fn.__name__} failed")
+        out[k["name"]] = launch
     return out
+
+
+def stage_times(f, A, B, C, reps=10):
+    """Time each kernel of an artifact alone."""
+    import torch
+    stream = torch.cuda.current_stream().cuda_stream
+    return {name: bench_fn(lambda: launch(stream), [()], warmup=2, reps=reps)[0]
+            for name, launch in kernel_launchers(f, A, B, C).items()}
 
 
 def _fp8_blocks(X, dim):
@@ -451,7 +462,7 @@ def main():
                     r.update(sustained_seconds=ts, sustained_tflops=flops / ts / 1e12,
                              sustained_ratio=ts_cub / ts)
                 if args.stages and len(meta.get("kernels", [])) > 1:
-                    r["stage_seconds"] = stage_times(f, meta, A, B, outs[0])
+                    r["stage_seconds"] = stage_times(f, A, B, outs[0])
             except Exception as e:  # keep going: one broken variant must not hide the others
                 r["error"] = f"{type(e).__name__}: {e}"[:500]
             dog.cancel()

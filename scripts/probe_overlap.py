@@ -16,30 +16,8 @@ serial one bit for bit.  Optionally samples nvidia-smi (power, SM clock, throttl
 
     python scripts/probe_overlap.py ART_DIR [ART_DIR ...] --calls 6 --out bench/results/x.json
 """
-import argparse, ctypes, json, os, subprocess, sys, time
+import argparse, json, os, subprocess, sys, time
 from datetime import datetime, timezone
-
-
-def launchers(f, ws_ptr, A, B, C):
-    """{kernel name: zero-argument callable(stream)} for one workspace."""
-    lib = f._open(A.device)
-    meta = f.meta
-    bufs = {"A": A.data_ptr(), "B": B.data_ptr(), "C": C.data_ptr()}
-    for name, off in meta.get("workspace", []):
-        bufs[name] = ws_ptr + int(off)
-    out = {}
-    for k in meta["kernels"]:
-        fn = getattr(lib, f"{meta.get('name', 'lcmac')}_{k['name']}_call")
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * (len(k["args"]) + 1)
-        args = [bufs[a] for a in k["args"]]
-        out[k["name"]] = (lambda fn=fn, args=args: (lambda s: _ok(fn(*args, s), fn)))()
-    return out
-
-
-def _ok(rc, fn):
-    if rc != 0:
-        raise RuntimeError(f"{fn.__name__} returned {rc}")
 
 
 def main():
@@ -53,6 +31,7 @@ def main():
     args = ap.parse_args()
     import torch
     import lcmac
+    from bench_cuda import kernel_launchers
     smi = None
     if args.smi:
         smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,power.draw,power.limit,clocks.sm,"
@@ -74,7 +53,7 @@ def main():
         C2 = torch.empty_like(C)
         nbytes = int(f.meta["workspace_bytes"])
         wss = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(2)]
-        L = [launchers(f, w.data_ptr(), A, B, C2) for w in wss]
+        L = [kernel_launchers(f, A, B, C2, w.data_ptr()) for w in wss]
         names = [k["name"] for k in f.meta["kernels"]]
         gemm = [n for n in names if "gemm" in n]
         assert len(gemm) == 1, f"{path}: not an Algorithm 1 artifact ({names})"

@@ -23,13 +23,13 @@ from dataclasses import asdict, dataclass, fields
 
 from ..errors import DTypeError, TargetError
 
-# bits of the *compute* type per lane: bf16 inputs are computed in fp32
 #: Generation of the CPU templates a tuned config was measured on (tuning logs stamp it; the
 #: tuner and ``lcmac build`` ignore records of an older generation, whose timings describe
 #: other code).  2 (2026-11-22, eefe131): row tails write C directly, 6x4-vector AVX-512
 #: default micro-tile; 1: earlier.
 SCHEDULE_VERSION = 2
 
+# bits of the *compute* type per lane: bf16 inputs are computed in fp32
 _ITEM_BITS = {"float32": 32, "float64": 64, "bfloat16": 32}
 
 

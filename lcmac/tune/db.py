@@ -24,9 +24,9 @@ the model's ranking, 0 = predicted best), ``space_size`` (fitting configs of tha
 the backend's templates the record was measured on (``SCHEDULE_VERSION`` in
 ``lcmac/schedules/<backend>_config.py``; absent = 1).  Reading skips lcmac records of an
 older generation than the installed one — their timings describe code that no longer
-exists — so builds and the tuner never act on them (``include_stale=True`` reads them, as
-the tuner evaluation does); vendor records are timings of the vendor library and never go
-stale this way.
+exists — so builds, the tuner and ``scripts/eval_tuner.py`` never act on them
+(``include_stale=True`` reads them); vendor records are timings of the vendor library and
+never go stale this way.
 
 Reading never crashes a build: a line that is not JSON, or not an lcmac-tune record, or a
 record for another target/dtype, is skipped with ``warnings.warn``.
