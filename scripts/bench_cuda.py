@@ -177,6 +177,15 @@ def sustained(fn, seconds, nvml=None):
     return t, (nvml.energy_j() - e0) / n, sum(clocks) / max(len(clocks), 1)
 
 
+def load_artifact(path):
+    """A CUDA artifact from an ``lcmac build`` manifest or a worker response (lcmac.json)."""
+    import lcmac
+    from lcmac.runtime.cuda_loader import load_cuda
+    with open(path) as fh:
+        meta = json.load(fh)
+    return lcmac.load(path) if "format" in meta else load_cuda(path)
+
+
 def kernel_launchers(f, A, B, C, ws_ptr=None):
     """{kernel name: launch(stream)} for one artifact through its exported per-kernel
     launchers, on the given workspace (default: the artifact's own)."""
@@ -288,6 +297,9 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--stages", action="store_true", help="also time each kernel alone")
+    ap.add_argument("--prepared-b", action="store_true",
+                    help="also time calls with B combined once beforehand (f.prepare_b: static "
+                         "weights; the preparation is not timed), where the artifact supports it")
     ap.add_argument("--sustained", type=float, default=0.0, metavar="S",
                     help="also time S seconds of back-to-back calls per variant and cuBLAS "
                          "(the power-capped regime of long jobs; sustained_ratio)")
@@ -457,6 +469,20 @@ def main():
                 if (meta.get("config") or {}).get("operands") == "fp8":
                     for mode, t8 in t_fp8.items():
                         r[f"ratio_vs_cublas_fp8_{mode}"] = t8 / t
+                if args.prepared_b and "kernels" in ((meta.get("extra") or {}).get("prepared_b") or {}):
+                    preps = [f.prepare_b(b) for _, b in inputs]
+                    Cp = f(A, preps[0])
+                    torch.cuda.synchronize()
+                    r["prepared_b_same_bits"] = bool(torch.equal(Cp, C))
+                    tp, _ = bench_fn(lambda a, bp: f(a, bp, out=outs[0]),
+                                     [(a, bp) for (a, _), bp in zip(inputs, preps)], reps=args.reps)
+                    r.update(prepared_b_seconds=tp, prepared_b_tflops=flops / tp / 1e12,
+                             prepared_b_ratio=t_cub / tp)
+                    if ts_cub is not None:
+                        tps = sustained(lambda: f(A, preps[0], out=outs[0]), args.sustained)[0]
+                        r.update(prepared_b_sustained_tflops=flops / tps / 1e12,
+                                 prepared_b_sustained_ratio=ts_cub / tps)
+                    del preps, Cp
                 if ts_cub is not None:
                     ts = sustained(lambda: f(A, B, out=outs[0]), args.sustained)[0]
                     r.update(sustained_seconds=ts, sustained_tflops=flops / ts / 1e12,
@@ -489,6 +515,9 @@ def main():
         st = " ".join(f"{k}={v * 1e3:.3f}ms" for k, v in r.get("stage_seconds", {}).items())
         sus = (f" {r['sustained_tflops']:6.1f} {r['sustained_ratio']:6.3f}"
                if "sustained_tflops" in r else "")
+        if "prepared_b_ratio" in r:
+            sus += f" prepB {r['prepared_b_ratio']:.3f}" + (
+                f"/{r['prepared_b_sustained_ratio']:.3f}" if "prepared_b_sustained_ratio" in r else "")
         print(f"{s:>20} {r['variant']:>18} {r['tflops']:8.1f} {r['ratio']:6.3f} "
               f"{r['rel_err']:9.2e} {r.get('err_vs_cublas', 1.0):7.2f}{sus} {st}")
     print("wrote", out)

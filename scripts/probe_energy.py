@@ -52,8 +52,7 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import torch
-    import lcmac
-    from bench_cuda import sustained      # the benchmark's back-to-back timer
+    from bench_cuda import load_artifact, sustained      # the benchmark's timer and loader
     nvml = Nvml()
     dev = torch.device("cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -71,7 +70,7 @@ def main():
         A, B, C = ops(n, n, n)
         items[f"cublas {n}^3"] = ((n, n, n), lambda A=A, B=B, C=C: torch.matmul(A, B, out=C))
     for path in args.artifacts:
-        f = lcmac.load(path)
+        f = load_artifact(path)
         A, B, C = ops(f.M, f.N, f.K)
         shape = (f.M, f.N, f.K)
         if f"cublas {shape}" not in items:

@@ -30,8 +30,7 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import torch
-    import lcmac
-    from bench_cuda import kernel_launchers
+    from bench_cuda import kernel_launchers, load_artifact
     smi = None
     if args.smi:
         smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,power.draw,power.limit,clocks.sm,"
@@ -44,7 +43,7 @@ def main():
         marks.append((time.time(), label))
 
     for path in args.artifacts:
-        f = lcmac.load(path)
+        f = load_artifact(path)
         M, N, K = f.M, f.N, f.K
         g = torch.Generator(device="cuda").manual_seed(0)
         A = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)

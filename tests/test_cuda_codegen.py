@@ -107,6 +107,16 @@ def test_strassen_sources_literals_and_launch(tmp_path):
     assert "wgmma" in fu and "tma_load" in fu
     # one software pipeline over all (r, k) steps: no block-wide barrier between products
     assert fu.count("__syncthreads") == 1
+    # a static B can be combined once: prepare_b runs combine_b into the caller's buffer,
+    # run_prepared the rest, with B̃ read from that buffer and B never touched
+    assert r["extra"]["prepared_b"]["kernels"] == ["combine_b"]
+    assert r["extra"]["prepared_b"]["buffers"] == [["Bt", 0, dict(r["workspace"]).get("__end__", r["workspace_bytes"]) - dict(r["workspace"])["Bt"]]]
+    entry = srcs["lcmac_cuda_entry.cu"]
+    prep = entry[entry.index("int lcmac_prepare_b("):entry.index("int lcmac_run_prepared(")]
+    run_p = entry[entry.index("int lcmac_run_prepared("):]
+    assert re.findall(r"(\w+)_call\(", prep) == ["lcmac_cuda_combine_b"]
+    assert re.findall(r"(\w+)_call\(", run_p) == ["lcmac_cuda_combine_a", "lcmac_cuda_fused_gemm_h"]
+    assert "void* bufs_Bt = (void*)(p + 0LL);" in run_p and "bufs_B " not in run_p
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +243,8 @@ def test_compiles_with_nvcc(tmp_path, target, mma, cfg):
     assert os.path.getsize(lib) > 10_000
     assert [k["name"] for k in r["kernels"]][-2:] == ["fused_gemm_h", "split_fixup"]
     syms = subprocess.run(["nm", "-D", lib], capture_output=True, text=True).stdout
-    for s in ("lcmac_init", "lcmac_run", "lcmac_last_error", "lcmac_workspace_bytes"):
+    for s in ("lcmac_init", "lcmac_run", "lcmac_last_error", "lcmac_workspace_bytes",
+              "lcmac_prepared_b_bytes", "lcmac_prepare_b", "lcmac_run_prepared"):
         assert re.search(rf" T {s}$", syms, re.M), s
     for k, v in r["ptxas"].items():
         assert all(x == 0 for x in v["spill_stores"]), (k, v)
@@ -655,3 +666,24 @@ def test_fp16x2_split_keeps_22_bits():
     prod = h64 * wh64 + (h64 * wl64 + l64 * wh64) * 2.0 ** -SPLIT_SHIFT
     exact = v.astype(np.float64) * w.astype(np.float64)
     assert np.median(np.abs(prod - exact) / np.abs(exact)) < 2.0 ** -22
+
+
+def test_prepared_b_plan_splits_off_the_kernels_that_read_only_b():
+    from lcmac.targets.cuda import prepared_b_plan
+    ws = [("At", 0), ("Bt", 1024), ("H", 3072), ("__end__", 4096)]
+    alg1 = [{"name": "combine_a", "args": ["A", "At"]}, {"name": "combine_b", "args": ["B", "Bt"]},
+            {"name": "batched_gemm", "args": ["At", "Bt", "H"]}, {"name": "combine_h", "args": ["H", "C"]}]
+    assert prepared_b_plan(alg1, ws) == {"kernels": ["combine_b"], "buffers": [["Bt", 0, 2048]], "bytes": 2048}
+    # fp8: B̃ and its block scales both go to the prepared buffer, packed
+    ws8 = [("At", 0), ("Bt", 512), ("SA", 1536), ("SB", 1792), ("H", 2048), ("__end__", 4096)]
+    fp8 = [{"name": "combine_a", "args": ["A", "At", "SA"]}, {"name": "combine_b", "args": ["B", "Bt", "SB"]},
+           {"name": "batched_gemm", "args": ["At", "Bt", "SA", "SB", "H"]}, {"name": "combine_h", "args": ["H", "C"]}]
+    assert prepared_b_plan(fp8, ws8)["buffers"] == [["Bt", 0, 1024], ["SB", 1024, 256]]
+    # scaled fp16 operands: the amax slots of A and B share one buffer, zeroed per call
+    wss = [("S", 0), ("At", 256), ("Bt", 512), ("H", 768), ("__end__", 1024)]
+    scaled = [{"name": "amax_a", "args": ["A", "S"]}, {"name": "amax_b", "args": ["B", "S"]},
+              {"name": "combine_a", "args": ["A", "S", "At"]}, {"name": "combine_b", "args": ["B", "S", "Bt"]},
+              {"name": "batched_gemm", "args": ["At", "Bt", "S", "H"]}, {"name": "combine_h", "args": ["H", "C"]}]
+    assert "S are shared with the A side" in prepared_b_plan(scaled, wss, zero=["S"])["unsupported"]
+    assert "nothing to prepare" in prepared_b_plan([{"name": "gemm", "args": ["A", "B", "C"]}],
+                                                   [("__end__", 0)])["unsupported"]

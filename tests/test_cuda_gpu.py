@@ -169,6 +169,8 @@ def _needed(item):
         return [(p["algo"], p["shape"], p["cfg"], p["dtype"])]
     if item.originalname == "test_fp8_operands_error":
         return [(p["algo"], p["shape"], FP8, p["dtype"])]
+    if item.originalname == "test_prepared_b_gives_the_same_bits":
+        return [(p["algo"], p["shape"], p["cfg"], p["dtype"])]
     if item.originalname in ("test_scaled_operands_any_magnitude",
                              "test_scaled_operands_keep_finite_outputs_beside_an_inf"):
         return [(*EDGE_CASE, p["cfg"], p["dtype"])]
@@ -244,6 +246,47 @@ def test_loader_rejects_bad_arguments(artifacts):
         f(A.cpu(), A.cpu())
     with pytest.raises(ShapeError):
         f(A.t(), A)
+
+
+# B combined once and reused (CudaMatmul.prepare_b): Algorithm 1, the persistent split-group
+# kernel, fp8 operands (B̃ and its block scales), Winograd
+PREP_CASES = [("strassen", (1000, 1064, 1032), {"fused": False}, "bf16"),
+              ("strassen", (1000, 1064, 1032), SG, "bf16"),
+              ("winograd", (640, 648, 656), {"fused": False}, "bf16"),
+              ("strassen", (1000, 1064, 1032), FP8, "bf16")]
+
+
+@pytest.mark.parametrize("algo,shape,cfg,dtype", PREP_CASES,
+                         ids=[f"{a}-{'x'.join(map(str, s))}-{c}" for a, s, c, _ in PREP_CASES])
+def test_prepared_b_gives_the_same_bits(artifacts, algo, shape, cfg, dtype):
+    f = _loaded(artifacts, algo, shape, cfg, dtype)
+    M, N, K = shape
+    g = torch.Generator(device="cuda").manual_seed(11)
+    B = torch.randn(K, N, device="cuda", generator=g).to(torch.bfloat16)
+    Bp = f.prepare_b(B)
+    for _ in range(2):                      # one B, several A
+        A = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+        C = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        f(A, Bp, out=C)
+        torch.cuda.synchronize()
+        assert torch.equal(C, _written(f, A, B))
+
+
+def test_prepared_b_errors(artifacts):
+    from lcmac.errors import ArtifactError, LcmacError, ShapeError
+    f = _loaded(artifacts, "strassen", (1000, 1064, 1032), {"fused": False}, "bf16")
+    other = _loaded(artifacts, "strassen", (1000, 1064, 1032), SG, "bf16")
+    B = torch.randn(1032, 1064, device="cuda").bfloat16()
+    with pytest.raises(ShapeError):
+        f.prepare_b(B[:1000])
+    with pytest.raises(ArtifactError, match="another artifact"):
+        f(torch.randn(1000, 1032, device="cuda").bfloat16(), other.prepare_b(B))
+    g = _loaded(artifacts, "gemm", (1000, 1064, 1032), {}, "bf16")
+    with pytest.raises(LcmacError, match="nothing to prepare"):
+        g.prepare_b(B)
+    s = _loaded(artifacts, "strassen", (1000, 1064, 1032), F16, "bf16")
+    with pytest.raises(LcmacError, match="shared with the A side"):
+        s.prepare_b(B)
 
 
 @pytest.mark.parametrize("algo,shape,cfg", LARGE,

@@ -9,6 +9,14 @@ neither TileLang nor TVM.
 Every argument problem raises before anything is launched: device not CUDA, wrong dtype,
 shape other than the artifact's, non-contiguous operands, or a GPU whose compute capability
 does not run the artifact's cubin (sm_90a runs on 9.0 only; sm_80 on 8.x).
+
+A B that stays the same across calls (a weight matrix) can be combined once:
+
+    Bp = mm.prepare_b(B)                      # runs the kernels that read B alone (B -> B̃)
+    C = mm(A, Bp)                             # the others; B̃ read from Bp
+
+``Bp`` holds B̃ (not B): it is only valid for the artifact that prepared it, and must be
+prepared again when B changes.
 """
 from __future__ import annotations
 
@@ -32,6 +40,17 @@ def _cc_ok(arch: str, cc: tuple[int, int]) -> bool:
     if num.endswith("a"):           # arch-specific features: exactly this compute capability
         return cc == (major, minor)
     return cc[0] == major and cc[1] >= minor
+
+
+class PreparedB:
+    """B combined once by ``CudaMatmul.prepare_b`` (the B-side kernels' outputs, e.g. B̃)."""
+
+    def __init__(self, owner: "CudaMatmul", buf, shape, device):
+        self.owner, self.buffer, self.shape, self.device = owner, buf, tuple(shape), device
+
+    def __repr__(self):
+        return (f"<lcmac prepared B {self.shape[0]}x{self.shape[1]} for "
+                f"{self.owner.meta.get('algorithm_name', '?')}, {self.buffer.numel()} bytes>")
 
 
 class CudaMatmul:
@@ -118,6 +137,8 @@ class CudaMatmul:
 
     def __call__(self, A, B, out=None):
         import torch
+        if isinstance(B, PreparedB):
+            return self._run_prepared(A, B, out)
         self.check(A, B, out)
         if out is None:
             out = torch.empty((self.M, self.N), dtype=A.dtype, device=A.device)
@@ -128,6 +149,61 @@ class CudaMatmul:
             rc = lib.lcmac_run(A.data_ptr(), B.data_ptr(), out.data_ptr(), ws.data_ptr(), stream)
         if rc != 0:
             raise CudaRunError(f"lcmac_run failed ({rc}): {lib.lcmac_last_error().decode()}")
+        return out
+
+    # -- a B reused across calls ---------------------------------------------------------
+    def _prepared_entry(self, device):
+        lib = self._open(device)
+        if not hasattr(lib, "lcmac_prepare_b"):
+            raise ArtifactError("this artifact predates prepared B (no lcmac_prepare_b): rebuild it")
+        lib.lcmac_prepared_b_bytes.restype = ctypes.c_longlong
+        lib.lcmac_prepare_b.restype = ctypes.c_int
+        lib.lcmac_prepare_b.argtypes = [ctypes.c_void_p] * 3
+        lib.lcmac_run_prepared.restype = ctypes.c_int
+        lib.lcmac_run_prepared.argtypes = [ctypes.c_void_p] * 5
+        return lib
+
+    def prepare_b(self, B) -> PreparedB:
+        """Run the kernels that read B alone (the combines of B) once, into a buffer kept by
+        the returned object; ``self(A, prepared)`` then skips them.  Raises, naming the
+        reason, for artifacts whose B side cannot be split off (the plain GEMM, scaled
+        fp16 operands, whose per-operand scales share one slot)."""
+        import torch
+        self.check(None, B, None)
+        why = ((self.meta.get("extra") or {}).get("prepared_b") or {}).get("unsupported")
+        if why:
+            raise LcmacError(f"this artifact cannot prepare B: {why}")
+        lib = self._prepared_entry(B.device)
+        n = int(lib.lcmac_prepared_b_bytes())
+        if n < 0:
+            lib.lcmac_prepare_b(None, None, None)
+            raise LcmacError(lib.lcmac_last_error().decode())
+        buf = torch.empty(max(n, 256), dtype=torch.uint8, device=B.device)
+        stream = torch.cuda.current_stream(B.device).cuda_stream
+        with torch.cuda.device(B.device):
+            rc = lib.lcmac_prepare_b(B.data_ptr(), buf.data_ptr(), stream)
+        if rc != 0:
+            raise CudaRunError(f"lcmac_prepare_b failed ({rc}): {lib.lcmac_last_error().decode()}")
+        return PreparedB(self, buf, B.shape, B.device)
+
+    def _run_prepared(self, A, Bp: PreparedB, out):
+        import torch
+        if Bp.owner is not self:
+            raise ArtifactError("this prepared B was made by another artifact "
+                                f"({Bp.owner!r}); prepare it with this one")
+        self.check(A, None, out)
+        if A.device != Bp.device:
+            raise TargetError(f"A is on {A.device}, the prepared B on {Bp.device}")
+        if out is None:
+            out = torch.empty((self.M, self.N), dtype=A.dtype, device=A.device)
+        lib = self._prepared_entry(A.device)
+        ws = self.workspace(A.device)
+        stream = torch.cuda.current_stream(A.device).cuda_stream
+        with torch.cuda.device(A.device):
+            rc = lib.lcmac_run_prepared(A.data_ptr(), Bp.buffer.data_ptr(), out.data_ptr(),
+                                        ws.data_ptr(), stream)
+        if rc != 0:
+            raise CudaRunError(f"lcmac_run_prepared failed ({rc}): {lib.lcmac_last_error().decode()}")
         return out
 
 
@@ -163,7 +239,8 @@ def load(man, man_path) -> CudaMatmul:
             "workspace_bytes": info.get("workspace_bytes", 0),
             "workspace": info.get("workspace", []), "kernels": info.get("kernels", []),
             "name": info.get("name", "lcmac"), "algorithm_name": man.algorithm.get("name"),
-            "config": man.config, "gemm_precision": info.get("gemm_precision")}
+            "config": man.config, "gemm_precision": info.get("gemm_precision"),
+            "extra": info.get("extra")}
     f = CudaMatmul(meta, str(lib))
     f.manifest = man
     return f

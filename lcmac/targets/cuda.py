@@ -14,6 +14,13 @@ Entry points of an artifact library:
                           void* stream);                // enqueue on the stream, no sync
     const char* lcmac_last_error(void);
     long long   lcmac_workspace_bytes(void);
+    long long   lcmac_prepared_b_bytes(void);               // -1: B cannot be prepared
+    int         lcmac_prepare_b(const void* B, void* P, void* stream);   // B-side kernels → P
+    int         lcmac_run_prepared(const void* A, const void* P, void* C, void* workspace,
+                                   void* stream);       // the rest, B̃ read from P
+
+A prepared B (``prepared_b_plan``) is the output of the kernels that read B alone — the
+combines of B into B̃ — kept by the caller, so a static B (a weight matrix) is combined once.
 """
 from __future__ import annotations
 
@@ -68,12 +75,56 @@ def rename_launcher(code: str, func_name: str, kname: str) -> str:
     return code
 
 
+def prepared_b_plan(kernels: list[dict], workspace: list[tuple[str, int]],
+                    zero: list[str] = ()) -> dict:
+    """Which kernels depend on B alone, so that B can be combined once and reused (static
+    weights): ``{"kernels": [...], "buffers": [[name, offset, bytes]], "bytes": n}``, or
+    ``{"unsupported": reason}``.  A kernel is B-side when it reads B and neither A nor C;
+    its other buffers then live in the caller's prepared-B buffer instead of the workspace,
+    which is only sound when no A-side kernel (one that reads A) touches them."""
+    bside = [k for k in kernels if "B" in k["args"] and "A" not in k["args"] and "C" not in k["args"]]
+    if not bside:
+        return {"unsupported": "B is read directly by the GEMM (plain GEMM): nothing to prepare"}
+    names = sorted({a for k in bside for a in k["args"] if a != "B"}, key=[n for n, _ in workspace].index)
+    shared = sorted({a for k in kernels if "A" in k["args"] for a in k["args"] if a in names}
+                    | {n for n in zero if n in names})
+    if shared:
+        return {"unsupported": f"the B-side buffer(s) {', '.join(shared)} are shared with the A "
+                               f"side (e.g. one amax scale slot per operand in operands='fp16'/"
+                               f"'fp16x2')"}
+    ends = dict(zip([n for n, _ in workspace], [o for _, o in workspace][1:]))
+    off, bufs = 0, []
+    for n in names:
+        size = ends[n] - dict(workspace)[n]
+        bufs.append([n, off, size])
+        off += size
+    return {"kernels": [k["name"] for k in bside], "buffers": bufs, "bytes": off}
+
+
+def _launches(kernels: list[dict]) -> list[str]:
+    """C lines launching ``kernels`` in order on stream ``s`` from ``bufs_<name>`` pointers,
+    each checked (its launcher's error, then the CUDA runtime's)."""
+    lines = []
+    for k in kernels:
+        args = ", ".join(f"bufs_{a}" for a in k["args"])
+        lines.append(f'  if ({k["name"]}_call({args}, s) != 0) {{ snprintf(lcmac_err, sizeof lcmac_err, '
+                     f'"{k["name"]}: %s", {k["name"]}_get_last_error()); return -1; }}')
+        lines.append('  { cudaError_t e = cudaGetLastError(); if (e != cudaSuccess) { '
+                     f'snprintf(lcmac_err, sizeof lcmac_err, "{k["name"]}: %s", cudaGetErrorString(e)); '
+                     'return -2; } }')
+    return lines
+
+
 def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
-                 zero: list[str] = ()) -> str:
+                 zero: list[str] = (), prepared: dict | None = None) -> str:
     """kernels: [{"name", "args": [buffer names in call order]}] in launch order.
 
     Buffers: A, B, C (user) and workspace slices (name, byte offset); ``zero``: workspace
-    slices cleared (cudaMemsetAsync, same stream) before the first kernel (atomic maxima)."""
+    slices cleared (cudaMemsetAsync, same stream) before the first kernel (atomic maxima).
+    ``prepared``: ``prepared_b_plan``'s answer — ``lcmac_prepare_b`` runs the B-side kernels
+    into the caller's buffer P, ``lcmac_run_prepared`` runs the others reading them from P
+    (both return -3 with the reason when the artifact cannot prepare B)."""
+    prepared = prepared or {"unsupported": "not generated"}
     lines = ['#include <cuda_runtime.h>', '#include <cstdio>', '#include <cstring>', '']
     for k in kernels:
         params = ", ".join("void*" for _ in k["args"])
@@ -88,27 +139,45 @@ def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
     for k in kernels:
         lines.append(f'  if ({k["name"]}_init() != 0) {{ snprintf(lcmac_err, sizeof lcmac_err, '
                      f'"%s", {k["name"]}_get_last_error()); return -1; }}')
-    lines += ['  return 0;', '}', '',
-              'extern "C" int lcmac_run(const void* A, const void* B, void* C, void* ws, void* stream) {',
+    lines += ['  return 0;', '}', '']
+
+    def slices(skip=()):
+        return [f'  void* bufs_{name} = (void*)(w + {off}LL);'
+                for name, off in workspace if name != "__end__" and name not in skip]
+
+    ends = dict(zip([n for n, _ in workspace], [o for _, o in workspace][1:]))
+    memsets = []
+    for name in zero:
+        off = dict(workspace)[name]
+        memsets.append(f'  if (cudaMemsetAsync(bufs_{name}, 0, {ends[name] - off}, s) != cudaSuccess) {{ '
+                       f'snprintf(lcmac_err, sizeof lcmac_err, "memset {name}: %s", '
+                       'cudaGetErrorString(cudaGetLastError())); return -2; }')
+    lines += ['extern "C" int lcmac_run(const void* A, const void* B, void* C, void* ws, void* stream) {',
               '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
               '  char* w = (char*)ws; (void)w;',
               '  void* bufs_A = (void*)A; void* bufs_B = (void*)B; void* bufs_C = C;']
-    for name, off in workspace:
-        if name != "__end__":
-            lines.append(f'  void* bufs_{name} = (void*)(w + {off}LL);')
-    ends = dict(zip([n for n, _ in workspace], [o for _, o in workspace][1:]))
-    for name in zero:
-        off = dict(workspace)[name]
-        lines.append(f'  if (cudaMemsetAsync(bufs_{name}, 0, {ends[name] - off}, s) != cudaSuccess) {{ '
-                     f'snprintf(lcmac_err, sizeof lcmac_err, "memset {name}: %s", '
-                     'cudaGetErrorString(cudaGetLastError())); return -2; }')
-    for k in kernels:
-        args = ", ".join(f"bufs_{a}" for a in k["args"])
-        lines.append(f'  if ({k["name"]}_call({args}, s) != 0) {{ snprintf(lcmac_err, sizeof lcmac_err, '
-                     f'"{k["name"]}: %s", {k["name"]}_get_last_error()); return -1; }}')
-        lines.append('  { cudaError_t e = cudaGetLastError(); if (e != cudaSuccess) { '
-                     f'snprintf(lcmac_err, sizeof lcmac_err, "{k["name"]}: %s", cudaGetErrorString(e)); '
-                     'return -2; } }')
+    lines += slices() + memsets + _launches(kernels) + ['  return 0;', '}', '']
+    if "unsupported" in prepared:
+        why = prepared["unsupported"].replace('"', "'")
+        lines += ['extern "C" long long lcmac_prepared_b_bytes() { return -1LL; }',
+                  'extern "C" int lcmac_prepare_b(const void* B, void* P, void* stream) {',
+                  f'  snprintf(lcmac_err, sizeof lcmac_err, "cannot prepare B: %s", "{why}"); return -3;', '}',
+                  'extern "C" int lcmac_run_prepared(const void* A, const void* P, void* C, void* ws, void* stream) {',
+                  f'  snprintf(lcmac_err, sizeof lcmac_err, "cannot prepare B: %s", "{why}"); return -3;', '}', '']
+        return "\n".join(lines)
+    pb = {n: off for n, off, _ in prepared["buffers"]}
+    bnames = set(prepared["kernels"])
+    in_p = [f'  void* bufs_{n} = (void*)(p + {off}LL);' for n, off in pb.items()]
+    lines += [f'extern "C" long long lcmac_prepared_b_bytes() {{ return {prepared["bytes"]}LL; }}',
+              'extern "C" int lcmac_prepare_b(const void* B, void* P, void* stream) {',
+              '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
+              '  char* p = (char*)P; void* bufs_B = (void*)B;']
+    lines += in_p + _launches([k for k in kernels if k["name"] in bnames]) + ['  return 0;', '}', '']
+    lines += ['extern "C" int lcmac_run_prepared(const void* A, const void* P, void* C, void* ws, void* stream) {',
+              '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
+              '  char* w = (char*)ws; (void)w; char* p = (char*)P;',
+              '  void* bufs_A = (void*)A; void* bufs_C = C;']
+    lines += slices(skip=pb) + in_p + memsets + _launches([k for k in kernels if k["name"] not in bnames])
     lines += ['  return 0;', '}', '']
     return "\n".join(lines)
 

@@ -330,8 +330,13 @@ def build(req: dict) -> dict:
         info["args"] = args
         infos.append(info)
     check_smem(infos, target.arch)
-    entry = host.entry_source([{"name": f"{name}_{k[0]}", "args": k[2]} for k in kernels], ws,
-                              zero=(extra or {}).get("zero", []))
+    klist = [{"name": f"{name}_{k[0]}", "args": k[2]} for k in kernels]
+    zero = (extra or {}).get("zero", [])
+    prepared = host.prepared_b_plan(klist, ws, zero)
+    entry = host.entry_source(klist, ws, zero=zero, prepared=prepared)
+    if "kernels" in prepared:
+        prepared = dict(prepared, kernels=[k[len(name) + 1:] for k in prepared["kernels"]])
+    extra = dict(extra or {}, prepared_b=prepared)
     epath = os.path.join(out_dir, f"{name}_entry.cu")
     with open(epath, "w") as f:
         f.write(entry)
