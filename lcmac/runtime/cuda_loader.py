@@ -136,19 +136,23 @@ class CudaMatmul:
             raise TargetError(f"operands on different devices: {sorted(map(str, devs))}")
 
     def __call__(self, A, B, out=None):
-        import torch
         if isinstance(B, PreparedB):
             return self._run_prepared(A, B, out)
         self.check(A, B, out)
+        return self._run(self._open(A.device).lcmac_run, A, B.data_ptr(), out)
+
+    def _run(self, entry, A, b_ptr, out):
+        """``entry(A, b_ptr, C, workspace, stream)`` on A's device and current stream."""
+        import torch
         if out is None:
             out = torch.empty((self.M, self.N), dtype=A.dtype, device=A.device)
-        lib = self._open(A.device)
         ws = self.workspace(A.device)
         stream = torch.cuda.current_stream(A.device).cuda_stream
         with torch.cuda.device(A.device):
-            rc = lib.lcmac_run(A.data_ptr(), B.data_ptr(), out.data_ptr(), ws.data_ptr(), stream)
+            rc = entry(A.data_ptr(), b_ptr, out.data_ptr(), ws.data_ptr(), stream)
         if rc != 0:
-            raise CudaRunError(f"lcmac_run failed ({rc}): {lib.lcmac_last_error().decode()}")
+            raise CudaRunError(f"{entry.__name__} failed ({rc}): "
+                               f"{self._open(A.device).lcmac_last_error().decode()}")
         return out
 
     # -- a B reused across calls ---------------------------------------------------------
@@ -187,24 +191,14 @@ class CudaMatmul:
         return PreparedB(self, buf, B.shape, B.device)
 
     def _run_prepared(self, A, Bp: PreparedB, out):
-        import torch
         if Bp.owner is not self:
             raise ArtifactError("this prepared B was made by another artifact "
                                 f"({Bp.owner!r}); prepare it with this one")
         self.check(A, None, out)
         if A.device != Bp.device:
             raise TargetError(f"A is on {A.device}, the prepared B on {Bp.device}")
-        if out is None:
-            out = torch.empty((self.M, self.N), dtype=A.dtype, device=A.device)
-        lib = self._prepared_entry(A.device)
-        ws = self.workspace(A.device)
-        stream = torch.cuda.current_stream(A.device).cuda_stream
-        with torch.cuda.device(A.device):
-            rc = lib.lcmac_run_prepared(A.data_ptr(), Bp.buffer.data_ptr(), out.data_ptr(),
-                                        ws.data_ptr(), stream)
-        if rc != 0:
-            raise CudaRunError(f"lcmac_run_prepared failed ({rc}): {lib.lcmac_last_error().decode()}")
-        return out
+        return self._run(self._prepared_entry(A.device).lcmac_run_prepared, A,
+                         Bp.buffer.data_ptr(), out)
 
 
 def load_cuda(meta_or_path, lib_path: str | None = None) -> CudaMatmul:
