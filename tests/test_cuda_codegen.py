@@ -502,7 +502,7 @@ def test_scaled_operand_errors(tmp_path):
                       ({"config": {"operands": "int8"}}, "operands must be one of"),
                       ({"config": {"operands": "fp16x2", "stages": 4}, "dtype": "fp32"},
                        "shared memory"),
-                      ({"config": {"operands": "fp16x2", "stages": 3}, "dtype": "fp32",
+                      ({"config": {"operands": "fp16x2", "block_n": 128, "stages": 3}, "dtype": "fp32",
                         "target": "cuda-sm80"}, "fewer stages")):
         r = worker({**base, **req})
         assert not r["ok"] and word in r["error"], (req, r.get("error"))
