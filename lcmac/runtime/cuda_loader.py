@@ -174,12 +174,9 @@ class CudaMatmul:
         fp16 operands, whose per-operand scales share one slot)."""
         import torch
         self.check(None, B, None)
-        why = ((self.meta.get("extra") or {}).get("prepared_b") or {}).get("unsupported")
-        if why:
-            raise LcmacError(f"this artifact cannot prepare B: {why}")
         lib = self._prepared_entry(B.device)
         n = int(lib.lcmac_prepared_b_bytes())
-        if n < 0:
+        if n < 0:                       # the library says why (e.g. "nothing to prepare")
             lib.lcmac_prepare_b(None, None, None)
             raise LcmacError(lib.lcmac_last_error().decode())
         buf = torch.empty(max(n, 256), dtype=torch.uint8, device=B.device)

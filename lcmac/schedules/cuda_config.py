@@ -184,11 +184,11 @@ OPERAND_MODES = ("native", "fp16", "fp16x2", "fp8")
 #: column), each block scaled so that its largest |value| maps to E4M3's largest, 448
 FP8_BLOCK = 128
 FP8_MAX = 448.0
+#: largest R × (blocks per combine input) an fp8 artifact is built for (fp8_combine_size)
+FP8_MAX_COMBINE = 256
 #: what CudaConfig.from_dict fills in for operands="fp8": a 128×128 tile (two fp32
 #: accumulators: the K slab's wgmma result and the scaled running sum), a 128-wide K slab
 #: (one scale block), 4 stages of 32 KB
-#: largest R × (blocks per combine input) an fp8 artifact is built for (fp8_combine_size)
-FP8_MAX_COMBINE = 256
 FP8_TILE_DEFAULTS = {"block_m": 128, "block_n": 128, "block_k": 128, "stages": 4}
 #: what CudaConfig.from_dict fills in for operands="fp16x2" where the caller is silent
 SPLIT_TILE_DEFAULTS = {"block_m": 128, "block_n": 128, "stages": 3}

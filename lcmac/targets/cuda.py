@@ -75,6 +75,11 @@ def rename_launcher(code: str, func_name: str, kname: str) -> str:
     return code
 
 
+def _slice_bytes(workspace: list[tuple[str, int]]) -> dict[str, int]:
+    """{buffer name: bytes} of a workspace layout [(name, offset)] ending in ("__end__", total)."""
+    return {n: nxt - off for (n, off), (_, nxt) in zip(workspace, workspace[1:])}
+
+
 def prepared_b_plan(kernels: list[dict], workspace: list[tuple[str, int]],
                     zero: list[str] = ()) -> dict:
     """Which kernels depend on B alone, so that B can be combined once and reused (static
@@ -92,12 +97,11 @@ def prepared_b_plan(kernels: list[dict], workspace: list[tuple[str, int]],
         return {"unsupported": f"the B-side buffer(s) {', '.join(shared)} are shared with the A "
                                f"side (e.g. one amax scale slot per operand in operands='fp16'/"
                                f"'fp16x2')"}
-    ends = dict(zip([n for n, _ in workspace], [o for _, o in workspace][1:]))
+    size = _slice_bytes(workspace)
     off, bufs = 0, []
     for n in names:
-        size = ends[n] - dict(workspace)[n]
-        bufs.append([n, off, size])
-        off += size
+        bufs.append([n, off, size[n]])
+        off += size[n]
     return {"kernels": [k["name"] for k in bside], "buffers": bufs, "bytes": off}
 
 
@@ -145,13 +149,10 @@ def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
         return [f'  void* bufs_{name} = (void*)(w + {off}LL);'
                 for name, off in workspace if name != "__end__" and name not in skip]
 
-    ends = dict(zip([n for n, _ in workspace], [o for _, o in workspace][1:]))
-    memsets = []
-    for name in zero:
-        off = dict(workspace)[name]
-        memsets.append(f'  if (cudaMemsetAsync(bufs_{name}, 0, {ends[name] - off}, s) != cudaSuccess) {{ '
-                       f'snprintf(lcmac_err, sizeof lcmac_err, "memset {name}: %s", '
-                       'cudaGetErrorString(cudaGetLastError())); return -2; }')
+    size = _slice_bytes(workspace)
+    memsets = [f'  if (cudaMemsetAsync(bufs_{name}, 0, {size[name]}, s) != cudaSuccess) {{ '
+               f'snprintf(lcmac_err, sizeof lcmac_err, "memset {name}: %s", '
+               'cudaGetErrorString(cudaGetLastError())); return -2; }' for name in zero]
     lines += ['extern "C" int lcmac_run(const void* A, const void* B, void* C, void* ws, void* stream) {',
               '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
               '  char* w = (char*)ws; (void)w;',

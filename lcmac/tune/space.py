@@ -447,11 +447,11 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     registers per thread, and the k slab's row length (< 128 B: more barriers per flop)."""
     from ..costmodel.waves import wave_analysis
     ops = _operand_terms(f, dtype)
+    bk = int(f.get("block_k", 64)) or default_block_k(f, dtype)
     dtype = ops.gemm_dtype
     halves = ops.halves
     s = _db_itemsize(dtype)
     bm, bn = int(f.get("block_m", 128)), int(f.get("block_n", 128))
-    bk = int(f.get("block_k", 64)) or (32 if s >= 4 else 64)
     stages = int(f.get("stages", 3))
     threads = int(f.get("threads", 128))
     wa = wave_analysis(M, N, units=p.units, tile=(bm, bn), R=batch)
