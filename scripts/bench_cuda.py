@@ -89,6 +89,23 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "strassen-alg1-f16s": ("strassen", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
     "winograd-alg1-f16s": ("winograd", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
     "strassen^2-alg1-f16s": ("strassen^2", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
+    # 2-CTA clusters sharing each B slab by TMA multicast (CudaConfig.cluster)
+    "tl-gemm-c2": (None, {"stages": 4, "policy": "fullrow", "cluster": 2}),
+    "strassen-alg1-c2": ("strassen", {"fused": False, "stages": 4, "policy": "fullrow", "cluster": 2}),
+    "strassen-alg1-s3-c2": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "cluster": 2}),
+    "strassen^2-alg1-s3-c2": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "cluster": 2}),
+    "winograd-alg1-c2": ("winograd", {"fused": False, "stages": 4, "policy": "fullrow", "cluster": 2}),
+    # the output tile stored through shared memory + TMA (CudaConfig.store_via_smem)
+    "tl-gemm-smem": (None, {"stages": 4, "policy": "fullrow", "store_via_smem": True}),
+    "tl-gemm-c2-smem": (None, {"stages": 4, "policy": "fullrow", "cluster": 2, "store_via_smem": True}),
+    "strassen-alg1-s3-smem": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "store_via_smem": True}),
+    "strassen-alg1-smem": ("strassen", {"fused": False, "stages": 4, "policy": "fullrow", "store_via_smem": True}),
+    "strassen-alg1-s3-c2-smem": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "cluster": 2, "store_via_smem": True}),
+    "strassen^2-alg1-s3-smem": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "store_via_smem": True}),
+    "strassen^2-alg1-s3-c2-smem": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "cluster": 2, "store_via_smem": True}),
+    "winograd-alg1-smem": ("winograd", {"fused": False, "stages": 4, "policy": "fullrow", "store_via_smem": True}),
+    "tl-gemm-c2-sw16": (None, {"stages": 4, "policy": "fullrow", "cluster": 2, "swizzle": 16}),
+    "strassen-alg1-s3-c2-sw16": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "cluster": 2, "swizzle": 16}),
     "fg-4x4x5-r61-alg1": ("fg-4x4x5-r61", {"fused": False, "stages": 4, "policy": "fullrow"}),
 }
 LLM_NK = [(18432, 7168), (7168, 18432), (8192, 4096), (4096, 8192), (7168, 16384)]

@@ -418,7 +418,8 @@ def _index_exprs(body: str, name: str) -> list[str]:
 
 @needs_tilelang
 @pytest.mark.parametrize("cfg,wide,kernels", [
-    ({"fused": False}, ["C", "H"], {"combine_h": ("H", "C"), "batched_gemm": ("H",)}),
+    ({"fused": False, "store_via_smem": False}, ["C", "H"], {"combine_h": ("H", "C"), "batched_gemm": ("H",)}),
+    ({"fused": False}, ["C", "H"], {"combine_h": ("H", "C")}),
     ({"fused": True, "overlap_epilogue": True}, ["C"], {"fused_gemm_h": ("C",)})])
 def test_large_buffers_index_in_64_bits(tmp_path, cfg, wide, kernels):
     """Strassen at 16384×151936×4096 bf16 (a vocabulary projection; code generation only):
@@ -445,6 +446,12 @@ def test_large_buffers_index_in_64_bits(tmp_path, cfg, wide, kernels):
             for rr in (4, 5, 6):
                 off = rr * blk.Mb * blk.Nb
                 assert off > 2**31 and f"(int64_t){off}" in body and f"- {2**32 - off}" not in body
+    if cfg == {"fused": False}:
+        # the default batched GEMM stores H by TMA: 64-bit strides in the descriptor
+        src = srcs["lcmac_cuda_batched_gemm.cu"]
+        assert "tl::tma_store(H_desc" in kernel_body(src)
+        assert f"H_desc_globalDim[3]= {{{blk.Nb},{blk.Mb},7}}" in src
+        assert f"H_desc_globalStride[3]= {{2,{blk.Nb * 2},{blk.Mb * blk.Nb * 2}}}" in src
     # the buffers that stay small keep 32-bit arithmetic
     ca = kernel_body(srcs["lcmac_cuda_combine_a.cu"])
     assert "int64_t" not in ca
@@ -687,3 +694,75 @@ def test_prepared_b_plan_splits_off_the_kernels_that_read_only_b():
     assert "S are shared with the A side" in prepared_b_plan(scaled, wss, zero=["S"])["unsupported"]
     assert "nothing to prepare" in prepared_b_plan([{"name": "gemm", "args": ["A", "B", "C"]}],
                                                    [("__end__", 0)])["unsupported"]
+
+
+# ---- 2-CTA clusters sharing B slabs (CudaConfig.cluster=2) -----------------------------------
+@needs_tilelang
+@needs_nvcc
+def test_cluster_pairs_share_b_by_multicast(tmp_path):
+    r = worker({"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bf16",
+                "shape": [1000, 1064, 1032], "config": {"fused": False, "cluster": 2, "stages": 3},
+                "out_dir": str(tmp_path), "jobs": 2})
+    assert r["ok"], r.get("error")
+    srcs = {k["name"]: open(p).read() for k, p in zip(r["kernels"], r["sources"])}
+    gemm = srcs["batched_gemm"]
+    body = kernel_body(gemm)
+    # rank 0 multicasts B, A stays per CTA; barriers: cluster-wide init, rank 1's consumer
+    # warpgroups (2) also release rank 0's stages (3), both CTAs meet before exiting
+    assert "tma_load_multicast(Bt_desc" in body and "tma_load_multicast(At_desc" not in body
+    assert body.count("tl::cluster_sync();") == 2 and "__syncthreads();" not in body.split("cluster_sync")[0]
+    assert body.count("(tl::block_rank_in_cluster() == 0 ? 2 : 0)") == 3
+    assert len(re.findall(r"if \(tl::block_rank_in_cluster\(\) == 1 && \(\(\(int\)threadIdx\.x\) & 127\) == 0\) "
+                          r"mbarrier\[[^\]]+\]\.arrive\(0u\);", body)) == 1
+    assert "clusterDim = {2, 1, 1}" in gemm
+    # one CTA per tile of every product, grid x over the 4 (= 504 / 128) tile rows so that
+    # clusters pair rows; 3 (= 532 / 256) columns; 7 products; clusters rasterised whole
+    info = {k["name"]: k for k in r["kernels"]}["batched_gemm"]
+    assert info["grid"] == [4, 3, 7]
+    assert "tl::rasterization2DRowWithCluster<4, 2>()" in body
+    for name in ("combine_a", "combine_b", "combine_h"):
+        assert "cluster" not in kernel_body(srcs[name])
+    for k, v in r["ptxas"].items():
+        assert all(x == 0 for x in v["spill_stores"]), (k, v)
+
+
+@needs_tilelang
+def test_cluster_refusals_name_the_reason(tmp_path):
+    base = {"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bf16",
+            "shape": [1024, 1024, 1024], "out_dir": str(tmp_path), "compile": False}
+    for req, words in (({"target": "cuda-sm80", "config": {"fused": False, "cluster": 2}}, "sm_80"),
+                       ({"dtype": "fp32", "config": {"fused": False, "cluster": 2}}, "float32"),
+                       ({"config": {"fused": True, "cluster": 2}}, "fused"),
+                       ({"config": {"fused": False, "operands": "fp16", "cluster": 2}}, "operands"),
+                       ({"config": {"fused": False, "cluster": 3}}, "cluster must be 1 or 2"),
+                       ({"algorithm": None, "shape": [384, 512, 256], "config": {"cluster": 2}},
+                        "even number of tile rows, not 3")):
+        r = worker({**base, **req})
+        assert not r["ok"] and words in r["error"], (req, r.get("error"))
+
+
+def test_cluster_pipeline_refuses_an_unknown_loop():
+    from lcmac.errors import ToolchainError
+    from lcmac.targets.cuda import cluster_pipeline
+    with pytest.raises(ToolchainError, match="cluster=1"):
+        cluster_pipeline("__global__ void k() { __syncthreads(); }", 3, 256)
+
+
+@needs_tilelang
+def test_store_via_smem_writes_the_tile_with_tma_stores(tmp_path):
+    # sm_90a: stmatrix into shared memory that aliases the drained pipeline (no more than
+    # the 4-stage pipeline's 192 KB), then TMA stores; store_via_smem=False stores from
+    # registers; sm_80 builds too (vector stores)
+    r = worker({"algorithm": None, "target": "cuda-sm90a", "dtype": "bf16", "shape": [1024, 1024, 1024],
+                "config": {"store_via_smem": True}, "out_dir": str(tmp_path / "h"), "compile": False})
+    assert r["ok"], r.get("error")
+    body = kernel_body(open(r["sources"][0]).read())
+    assert "tl::ptx_stmatrix" in body and "tl::tma_store(C_desc" in body
+    assert r["kernels"][0]["smem_bytes"] == 4 * (128 * 64 + 64 * 256) * 2
+    direct = worker({"algorithm": None, "target": "cuda-sm90a", "dtype": "bf16", "shape": [1024, 1024, 1024],
+                     "config": {"store_via_smem": False}, "out_dir": str(tmp_path / "d"), "compile": False})
+    assert "tma_store" not in kernel_body(open(direct["sources"][0]).read())
+    a = worker({"algorithm": "strassen", "target": "cuda-sm80", "dtype": "bf16", "shape": [1024, 1024, 1024],
+                "config": {"fused": False, "store_via_smem": True}, "out_dir": str(tmp_path / "a"),
+                "compile": False})
+    assert a["ok"], a.get("error")

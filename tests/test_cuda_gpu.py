@@ -118,6 +118,19 @@ FP8_CASES = [("gemm", (1000, 1064, 1032), "bf16", 1.1),
              ("strassen", (2048, 2048, 2048), "bf16", 2.5),
              ("winograd", (777, 520, 1048), "bf16", 3.0),
              ("laderman", (999, 600, 776), "bf16", 4.0)]
+# GEMM-stage layouts that must not change a bit, each beside the default (output tile stored
+# through shared memory): 2-CTA clusters sharing B slabs by TMA multicast (cluster=2), the
+# tile stored from registers (store_via_smem=False), both; non-dividing shapes, several
+# waves, rank 49
+C2, DIRECT = {"cluster": 2}, {"store_via_smem": False}
+SAME_BITS_CASES = [("gemm", (1000, 1064, 1032), {}, C2),
+                   ("gemm", (1000, 1064, 1032), {}, DIRECT),
+                   ("gemm", (4096, 4096, 4096), {}, C2),
+                   ("strassen", (1000, 1064, 1032), {"fused": False}, C2),
+                   ("strassen", (1000, 1064, 1032), {"fused": False}, DIRECT),
+                   ("strassen", (4096, 4096, 4096), {"fused": False, "stages": 3}, {**C2, **DIRECT}),
+                   ("strassen^2", (999, 1000, 1000), {"fused": False}, C2),
+                   ("winograd", (2048, 2048, 2048), {"fused": False}, DIRECT)]
 #: the scaled-operand artifact the magnitude and inf tests reuse (one of SCALED_CASES)
 EDGE_CASE = ("strassen", (1000, 1064, 1032))
 
@@ -150,15 +163,18 @@ def build_all(only=None):
     todo = ([(a, s, c, "bf16") for a, s, c in CASES + LARGE]
             + [(a, s, DTYPE_CFG[a], d) for a, s, d in DTYPE_CASES]
             + [(a, s, c, d) for a, s, d, c, _ in SCALED_CASES]
-            + [(a, s, FP8, d) for a, s, d, _ in FP8_CASES])
+            + [(a, s, FP8, d) for a, s, d, _ in FP8_CASES]
+            + [(a, s, c, "bf16") for a, s, c0, d in SAME_BITS_CASES for c in (c0, {**c0, **d})])
+    key = (lambda t: (t[0], t[1], json.dumps(t[2], sort_keys=True), t[3]))
+    todo = list({key(t): t for t in todo}.values())     # one build per directory
     if only is not None:
-        want = {(a, s, json.dumps(c, sort_keys=True), d) for a, s, c, d in only}
-        todo = [t for t in todo if (t[0], t[1], json.dumps(t[2], sort_keys=True), t[3]) in want]
+        want = {key(t) for t in only}
+        todo = [t for t in todo if key(t) in want]
     jobs = int(os.environ.get("LCMAC_TEST_JOBS", "16"))
     with ThreadPoolExecutor(max_workers=jobs) as ex:
         res = list(ex.map(lambda t: _build(*t), todo))
     for t, r in zip(todo, res):
-        _BUILT[(t[0], t[1], json.dumps(t[2], sort_keys=True), t[3])] = r
+        _BUILT[key(t)] = r
     return _BUILT
 
 
@@ -169,6 +185,8 @@ def _needed(item):
         return [(p["algo"], p["shape"], p["cfg"], p["dtype"])]
     if item.originalname == "test_fp8_operands_error":
         return [(p["algo"], p["shape"], FP8, p["dtype"])]
+    if item.originalname == "test_gemm_stage_layouts_give_the_same_bits":
+        return [(p["algo"], p["shape"], c, "bf16") for c in (p["cfg"], {**p["cfg"], **p["delta"]})]
     if item.originalname == "test_prepared_b_gives_the_same_bits":
         return [(p["algo"], p["shape"], p["cfg"], p["dtype"])]
     if item.originalname in ("test_scaled_operands_any_magnitude",
@@ -250,6 +268,24 @@ def test_loader_rejects_bad_arguments(artifacts):
 
 # B combined once and reused (CudaMatmul.prepare_b): Algorithm 1, the persistent split-group
 # kernel, fp8 operands (B̃ and its block scales), Winograd
+@pytest.mark.parametrize("algo,shape,cfg,delta", SAME_BITS_CASES,
+                         ids=[f"{a}-{'x'.join(map(str, s))}-{c}-{d}" for a, s, c, d in SAME_BITS_CASES])
+def test_gemm_stage_layouts_give_the_same_bits(artifacts, algo, shape, cfg, delta):
+    # the same tiles and k order either way, so the same bits; repeated calls catch a
+    # pipeline that lets rank 0 overwrite a stage its peer is still reading
+    plain = _loaded(artifacts, algo, shape, cfg, "bf16")
+    other = _loaded(artifacts, algo, shape, {**cfg, **delta}, "bf16")
+    M, N, K = shape
+    g = torch.Generator(device="cuda").manual_seed(M + N)
+    A = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    B = torch.randn(K, N, device="cuda", generator=g).to(torch.bfloat16)
+    want = _written(plain, A, B)
+    ref = A.double() @ B.double()
+    assert float(torch.linalg.norm(want.double() - ref) / torch.linalg.norm(ref)) < 4e-2
+    for _ in range(5):
+        assert torch.equal(_written(other, A, B), want)
+
+
 PREP_CASES = [("strassen", (1000, 1064, 1032), {"fused": False}, "bf16"),
               ("strassen", (1000, 1064, 1032), SG, "bf16"),
               ("winograd", (640, 648, 656), {"fused": False}, "bf16"),

@@ -77,6 +77,18 @@ class CudaConfig:
                  "fp16x2": float32 only, each operand split into hi + 2¹¹·lo fp16 halves and
                  H = hi·hi + 2⁻¹¹(hi·lo + lo·hi) (Ootomo & Yokota 2022): fp32-level error
                  on the fp16 tensor cores.  Algorithm 1 and the plain GEMM only.
+    cluster      2: CTAs run in clusters of two that own vertically adjacent tiles (rows by,
+                 by+1 of one column) and read each B slab once from L2 by TMA multicast into
+                 both CTAs' shared memory (cuBLAS's 2x1 clusters); 1: every CTA loads its
+                 own slabs.  sm_90a, 2-byte native operands, plain GEMM and Algorithm 1's
+                 batched GEMM (``cluster_kernels``).
+    store_via_smem  native plain GEMM and batched GEMM: write the output tile through shared
+                 memory (stmatrix, then TMA stores on sm_90a; TileLang lets the tile alias
+                 the drained pipeline buffers); False: every thread stores its accumulator
+                 fragments straight to global memory (half-filled 32-byte sectors).  H100,
+                 16384³ bf16, sustained: plain GEMM 0.92x → 1.00x cuBLAS, Strassen 0.975x →
+                 1.016x (bench/results/h100-bfloat16-smem.json).  The fused, scaled and fp8
+                 templates store from registers either way.
     """
     fused: bool = False           # measured best on H200 (bench/notes-cuda.md); True = FalconGEMM fused
     block_m: int = 128
@@ -99,6 +111,8 @@ class CudaConfig:
     combine_cols: int = 256
     combine_threads: int = 256
     operands: str = "native"
+    cluster: int = 1
+    store_via_smem: bool = True
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -142,6 +156,23 @@ class CudaConfig:
             raise LcmacError(f"operands must be one of {OPERAND_MODES}, not {self.operands!r}")
         if self.r_order not in ("natural", "greedy"):
             raise LcmacError(f"r_order must be 'natural' or 'greedy', not {self.r_order!r}")
+        if self.cluster not in (1, 2):
+            raise LcmacError(f"cluster must be 1 or 2, not {self.cluster!r}")
+
+
+def cluster_kernels(cfg: CudaConfig, dtype: str, arch: str) -> tuple[str, ...]:
+    """Kernels built as 2-CTA clusters sharing B slabs by multicast (none when cluster is 1);
+    a config asking for clusters where the template has none is refused by name."""
+    if cfg.cluster == 1:
+        return ()
+    why = ("sm_80 has no thread-block clusters" if arch != "sm_90a" else
+           "float32's GEMM stage is TF32 mma.sync" if dtype == "float32" else
+           f"operands={cfg.operands!r} has its own GEMM template" if cfg.operands != "native" else
+           "the fused kernel is not clustered" if cfg.fused else None)
+    if why:
+        raise NotSupportedYet(f"cluster=2 applies to the native 2-byte GEMM stage on sm_90a "
+                              f"only: {why} (use cluster=1)")
+    return ("gemm", "batched_gemm")
 
 
 @dataclass(frozen=True)
@@ -173,7 +204,8 @@ class Blocking:
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 #: Generation of the CUDA templates tuned configs were measured on (see cpu_config's).
-SCHEDULE_VERSION = 1
+#: 2: the plain and batched GEMMs store their output tile through shared memory.
+SCHEDULE_VERSION = 2
 
 #: dynamic shared memory one CTA may use, per architecture (bytes)
 SMEM_PER_CTA = {"sm_90a": 227 * 1024, "sm_80": 163 * 1024}

@@ -32,7 +32,7 @@ import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
 from .cuda_config import (FP8_BLOCK, FP8_MAX, SCALED_TOP, SPLIT_SHIFT, Blocking, CudaConfig,
-                          combine_h_steps, first_in_piece, needs_int64, r_order)
+                          NotSupportedYet, combine_h_steps, first_in_piece, needs_int64, r_order)
 
 ACCUM = "float32"
 
@@ -109,14 +109,20 @@ def _evaluate(prog, inputs):
 
 
 @T.macro
-def _k_loop(a_slab, b_slab, A_s, B_s, C_l, nk, stages: int, pol, kmajor: bool):
+def _k_loop(a_slab, b_slab, A_s, B_s, C_l, nk, stages: int, pol, kmajor: bool,
+            multicast_b: bool = False):
     """One output tile's pipelined K loop (TMA/cp.async slabs into shared memory, fp32
     accumulators): ``a_slab(ko)``/``b_slab(ko)`` give the global regions of the ko-th A and B
-    slabs (B K-major when ``kmajor``)."""
+    slabs (B K-major when ``kmajor``).  ``multicast_b``: the CTA pair of a 2-CTA cluster
+    shares the B slab, rank 0 loads it into both (the generated loop is completed by
+    ``targets.cuda.cluster_pipeline``)."""
     T.clear(C_l)
     for ko in T.Pipelined(nk, num_stages=stages):
         T.copy(a_slab(ko), A_s)
-        T.copy(b_slab(ko), B_s)
+        if multicast_b:
+            T.copy_cluster(b_slab(ko), B_s, cluster_mask=0b11)
+        else:
+            T.copy(b_slab(ko), B_s)
         if kmajor:
             T.gemm(A_s, B_s, C_l, transpose_B=True, policy=pol)
         else:
@@ -124,11 +130,12 @@ def _k_loop(a_slab, b_slab, A_s, B_s, C_l, nk, stages: int, pol, kmajor: bool):
 
 
 @T.macro
-def _gemm_tile(a_slab, b_slab, c_out, sdt, b_tile, bm: int, bn: int, bk: int, nk, cfg: CudaConfig,
-               pol, kmajor: bool, pdl: bool, swizzle: bool):
+def _gemm_tile(a_slab, b_slab, c_out, odt, sdt, b_tile, bm: int, bn: int, bk: int, nk,
+               cfg: CudaConfig, pol, kmajor: bool, pdl: bool, swizzle: bool,
+               multicast_b: bool = False):
     """One CTA's whole output tile of a plain or batched GEMM: wait for the previous kernel
     (PDL), the shared-memory slabs and fp32 accumulators, the rasterisation (``swizzle``),
-    the K loop, the store to the global region ``c_out``."""
+    the K loop, the store to the global region ``c_out`` (dtype ``odt``)."""
     if pdl:
         pdl_sync()
     A_s = T.alloc_shared((bm, bk), sdt)
@@ -136,8 +143,13 @@ def _gemm_tile(a_slab, b_slab, c_out, sdt, b_tile, bm: int, bn: int, bk: int, nk
     C_l = T.alloc_fragment((bm, bn), ACCUM)
     if swizzle:
         T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
-    _k_loop(a_slab, b_slab, A_s, B_s, C_l, nk, cfg.stages, pol, kmajor)
-    T.copy(C_l, c_out)
+    _k_loop(a_slab, b_slab, A_s, B_s, C_l, nk, cfg.stages, pol, kmajor, multicast_b)
+    if cfg.store_via_smem:
+        C_s = T.alloc_shared((bm, bn), odt)
+        T.copy(C_l, C_s)
+        T.copy(C_s, c_out)
+    else:
+        T.copy(C_l, c_out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -159,7 +171,7 @@ def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = 
     def body(A, B, C, bx, by):
         _gemm_tile(lambda ko: A[by * bm, ko * bk],
                    (lambda ko: B[bx * bn, ko * bk]) if kmajor else (lambda ko: B[ko * bk, bx * bn]),
-                   C[by * bm, bx * bn], sdt, b_tile, bm, bn, bk, T.ceildiv(K, bk), cfg, pol,
+                   C[by * bm, bx * bn], dtype, sdt, b_tile, bm, bn, bk, T.ceildiv(K, bk), cfg, pol,
                    kmajor, pdl, True)
 
     if kmajor:
@@ -170,12 +182,39 @@ def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = 
                 body(A, Bt, C, bx, by)
         return lcmac_gemm_t
 
+    if cfg.cluster == 2:
+        gy = _cluster_rows(-(-M // bm), cfg.swizzle)
+
+        @T.prim_func
+        def lcmac_gemm_c(A: T.Tensor(_dims(M, K), dtype), B: T.Tensor(_dims(*b_dims), dtype),
+                         C: T.Tensor(_dims(M, N), dtype)):
+            # grid x runs over tile rows: a cluster is two vertically adjacent tiles
+            with T.ClusterKernel(gy, T.ceildiv(N, bn), threads=cfg.threads,
+                                 cluster_dims=(2, 1, 1)) as (by, bx):
+                _gemm_tile(lambda ko: A[by * bm, ko * bk], lambda ko: B[ko * bk, bx * bn],
+                           C[by * bm, bx * bn], dtype, sdt, b_tile, bm, bn, bk, T.ceildiv(K, bk), cfg,
+                           pol, False, pdl, True, True)
+        return lcmac_gemm_c
+
     @T.prim_func
     def lcmac_gemm(A: T.Tensor(_dims(M, K), dtype), B: T.Tensor(_dims(*b_dims), dtype),
                    C: T.Tensor(_dims(M, N), dtype)):
         with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=cfg.threads) as (bx, by):
             body(A, B, C, bx, by)
     return lcmac_gemm
+
+
+def _cluster_rows(gy: int, panel: int) -> int:
+    """Tile rows of a 2-CTA cluster grid (its x extent: clusters pair neighbours in x, and
+    TileLang's cluster-aware rasterisation swizzles whole clusters, so ``panel`` must be
+    even)."""
+    if gy % 2:
+        raise NotSupportedYet(f"cluster=2 pairs vertically adjacent tiles and needs an even "
+                              f"number of tile rows, not {gy} (use cluster=1 or another block_m)")
+    if panel % 2:
+        raise NotSupportedYet(f"cluster=2 rasterises whole clusters and needs an even swizzle "
+                              f"panel, not {panel}")
+    return gy
 
 
 # ----------------------------------------------------------------------------------------------
@@ -936,8 +975,22 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
         _gemm_tile(lambda ko: At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk],
                    (lambda ko: Bt[bz, bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk]) if kmajor_b
                    else (lambda ko: Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn]),
-                   H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn], sdt, b_tile, bm, bn, bk,
+                   H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn], dtype, sdt, b_tile, bm, bn, bk,
                    T.ceildiv(Kb, bk), cfg, pol, kmajor_b, pdl, swizzle)
+
+    if cfg.cluster == 2:
+        # cache-aware order only (r the slowest grid index); grid x runs over tile rows
+        _cluster_rows(gy, cfg.swizzle)
+
+        @T.prim_func
+        def lcmac_bgemm_c(At: T.Tensor(_dims(R, Mb, Kb), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
+                          H: T.Tensor(_dims(R, Mb, Nb), dtype)):
+            with T.ClusterKernel(gy, gx, R, threads=cfg.threads, cluster_dims=(2, 1, 1)) as (by, bx, bz):
+                _gemm_tile(lambda ko: At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk],
+                           lambda ko: Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn],
+                           H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn], dtype, sdt, b_tile, bm,
+                           bn, bk, T.ceildiv(Kb, bk), cfg, pol, False, pdl, True, True)
+        return lcmac_bgemm_c
 
     @T.prim_func
     def lcmac_bgemm(At: T.Tensor(_dims(R, Mb, Kb), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),

@@ -119,6 +119,54 @@ def _launches(kernels: list[dict]) -> list[str]:
     return lines
 
 
+# What TileLang 0.1.15 emits for a pipelined loop whose B slab is a cluster multicast
+# (T.copy_cluster): rank 0 writes each slab into both CTAs' shared memory, but its producer
+# waits only for its *own* consumers to free a stage, no CTA waits for its peer's barriers to
+# be initialised, and a CTA may exit while its peer still signals it.  cluster_pipeline
+# completes that protocol (as CUTLASS's PipelineTmaAsync does for 2x1 clusters).
+_BARRIER_INIT_SYNC = "  tl::fence_barrier_init();\n  __syncthreads();\n"
+_EMPTY_INIT = re.compile(r"mbarrier\[(\d+)\]\.init\((\d+)\);")
+# a consumer's "stage free" arrival: barrier stages + (k mod stages), or stages + k where
+# the loop is no longer than the pipeline
+_RELEASE = (r"(?P<ind>[ ]*)(?P<bar>mbarrier\[\((?:\(\w+ [&%] \d+\)|\w+) \+ {stages}\)\])"
+            r"\.arrive\(\);\n")
+_KERNEL_END = "\n}\n\n#include <cutlass/cuda_host_adapter.hpp>"
+
+
+def cluster_pipeline(code: str, stages: int, consumers: int) -> str:
+    """Make a 2-CTA multicast pipeline (``CudaConfig.cluster``) safe:
+
+    * the barriers are initialised cluster-wide before any CTA loads (cluster_sync instead of
+      __syncthreads), as rank 0's multicast completes transactions on rank 1's barriers;
+    * rank 0's "stage free" barriers also count one arrival per consumer warpgroup of rank 1
+      (their thread 0 arrives remotely after its wgmmas on the stage have retired), so rank 0
+      never overwrites a stage rank 1 is still reading;
+    * both CTAs meet at a cluster_sync before exiting (rank 1 may still be signalling rank
+      0's shared memory).
+
+    ``consumers``: consumer threads per CTA.  The generated source must have exactly the
+    form described above; anything else raises rather than producing a kernel that races."""
+    inits = [(int(i), int(n)) for i, n in _EMPTY_INIT.findall(code)]
+    empty = [i for i, n in inits if n == consumers]
+    release = re.compile(_RELEASE.format(stages=stages))
+    releases = release.findall(code)
+    if (code.count(_BARRIER_INIT_SYNC) != 1 or code.count(_KERNEL_END) != 1 or len(inits) != 2 * stages
+            or empty != list(range(stages, 2 * stages)) or len(releases) != 1
+            or "return;" in code.split(_KERNEL_END)[0]):
+        raise ToolchainError("cluster=2: TileLang's generated GEMM loop for this shape does not have "
+                             "the pipelined multicast form this build completes (a K of one slab, "
+                             "or another TileLang version); build with cluster=1")
+    code = code.replace(_BARRIER_INIT_SYNC, "  tl::fence_barrier_init();\n  tl::cluster_sync();\n")
+    peers = consumers // 128
+    for i in empty:
+        code = code.replace(f"mbarrier[{i}].init({consumers});",
+                            f"mbarrier[{i}].init({consumers} + (tl::block_rank_in_cluster() == 0 ? {peers} : 0));")
+    code = release.sub(lambda m: (f"{m['ind']}{m['bar']}.arrive();\n"
+                                   f"{m['ind']}if (tl::block_rank_in_cluster() == 1 && (((int)threadIdx.x) & 127) == 0) "
+                                   f"{m['bar']}.arrive(0u);\n"), code)
+    return code.replace(_KERNEL_END, "\n  tl::cluster_sync();" + _KERNEL_END)
+
+
 def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
                  zero: list[str] = (), prepared: dict | None = None) -> str:
     """kernels: [{"name", "args": [buffer names in call order]}] in launch order.

@@ -292,7 +292,7 @@ def build(req: dict) -> dict:
     import tilelang
     from ..dtypes import normalize_dtype
     from ..schedules.cuda_config import (SUPPORTED_DTYPES, CudaConfig, NotSupportedYet,
-                                         check_shape, check_smem)
+                                         check_shape, check_smem, cluster_kernels)
     from . import cuda as host
     from . import get_target
     from ..errors import DTypeError
@@ -315,6 +315,7 @@ def build(req: dict) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     name = req.get("name", "lcmac_cuda")
 
+    clustered = cluster_kernels(cfg, dtype, target.arch)
     kernels, ws, extra = plan(alg, (M, N, K), dtype, cfg, req.get("programs"), target.arch)
     sources, infos = [], []
     tl_root = os.path.dirname(tilelang.__file__)
@@ -322,6 +323,8 @@ def build(req: dict) -> dict:
         code = lower_to_cuda(func, target.arch)
         fname = func.attrs["global_symbol"] if "global_symbol" in func.attrs else "main"
         code = host.rename_launcher(code, str(fname), f"{name}_{kname}")
+        if kname in clustered:
+            code = host.cluster_pipeline(code, cfg.stages, cfg.threads)
         path = os.path.join(out_dir, f"{name}_{kname}.cu")
         with open(path, "w") as f:
             f.write(code)
