@@ -104,6 +104,11 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "strassen^2-alg1-s3-smem": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "store_via_smem": True}),
     "strassen^2-alg1-s3-c2-smem": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "cluster": 2, "store_via_smem": True}),
     "winograd-alg1-smem": ("winograd", {"fused": False, "stages": 4, "policy": "fullrow", "store_via_smem": True}),
+    # the output tile stored from registers (store_via_smem=False, the default before v2)
+    "tl-gemm-direct": (None, {"stages": 4, "policy": "fullrow", "store_via_smem": False}),
+    "strassen-alg1-s3-direct": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "store_via_smem": False}),
+    "tl-gemm-v1-direct": (None, dict(V1, store_via_smem=False)),
+    "strassen-alg1-sq-direct": ("strassen", {"fused": False, "stages": 4, "policy": "square", "store_via_smem": False}),
     "tl-gemm-c2-sw16": (None, {"stages": 4, "policy": "fullrow", "cluster": 2, "swizzle": 16}),
     "strassen-alg1-s3-c2-sw16": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "cluster": 2, "swizzle": 16}),
     "fg-4x4x5-r61-alg1": ("fg-4x4x5-r61", {"fused": False, "stages": 4, "policy": "fullrow"}),
