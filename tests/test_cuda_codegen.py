@@ -392,7 +392,8 @@ def test_logged_large_n_failures_are_int32_wraps():
             continue
         for line in open(path):
             r = json.loads(line)
-            if r["algorithm"] not in algs:
+            # the first-generation records were all measured before the fix (int32 extents)
+            if r["algorithm"] not in algs or r.get("schedule_version", 1) != 1:
                 continue
             alg, fused = algs[r["algorithm"]], bool(r["config"].get("fused", False))
             wrapped = _int32_wrapped_offsets(alg, *r["shape"], fused)
@@ -481,7 +482,10 @@ def test_scaled_operand_kernels_and_entry(tmp_path):
     assert "half_t* Xl" in ca and ">> 23" in ca and "<< 23" in ca        # exponent-bit scale
     assert re.search(r"0x1p\+11f|2048", ca)                               # lo half × 2¹¹
     bg = kernel_body(src["lcmac_batched_gemm.cu"])
-    assert "float* Out" in bg and "kFloat16" in bg and re.search(r"0x1p-11f", bg)
+    assert "kFloat16" in bg and re.search(r"0x1p-11f", bg)
+    # H leaves in fp32 through shared memory: a TMA store of CU_TENSOR_MAP_DATA_TYPE_FLOAT32 (7)
+    assert "tl::tma_store(Out_desc" in bg
+    assert "Out_desc_type= (CUtensorMapDataType)7;" in src["lcmac_batched_gemm.cu"]
     entry = src["lcmac_entry.cu"]
     assert entry.index("cudaMemsetAsync(bufs_S, 0, 256, s)") < entry.index("if (lcmac_amax_a_call(")
 

@@ -82,13 +82,14 @@ class CudaConfig:
                  both CTAs' shared memory (cuBLAS's 2x1 clusters); 1: every CTA loads its
                  own slabs.  sm_90a, 2-byte native operands, plain GEMM and Algorithm 1's
                  batched GEMM (``cluster_kernels``).
-    store_via_smem  native plain GEMM and batched GEMM: write the output tile through shared
-                 memory (stmatrix, then TMA stores on sm_90a; TileLang lets the tile alias
+    store_via_smem  the GEMM stage (plain, batched, scaled-operand and fp8 GEMMs) writes its
+                 output tile through shared memory (stmatrix, then TMA stores on sm_90a; TileLang lets the tile alias
                  the drained pipeline buffers); False: every thread stores its accumulator
                  fragments straight to global memory (half-filled 32-byte sectors).  H100,
                  16384³ bf16, sustained: plain GEMM 0.92x → 1.00x cuBLAS, Strassen 0.975x →
-                 1.016x (bench/results/h100-bfloat16-smem.json).  The fused, scaled and fp8
-                 templates store from registers either way.
+                 1.016x (bench/results/h100-bfloat16-smem.json); scaled fp16 operands:
+                 neutral; fp8: off by default (``FP8_TILE_DEFAULTS``).  The fused kernels (a
+                 read-modify-write Combine-H epilogue) store from registers either way.
     """
     fused: bool = False           # measured best on H200 (bench/notes-cuda.md); True = FalconGEMM fused
     block_m: int = 128
@@ -221,7 +222,10 @@ FP8_MAX_COMBINE = 256
 #: what CudaConfig.from_dict fills in for operands="fp8": a 128×128 tile (two fp32
 #: accumulators: the K slab's wgmma result and the scaled running sum), a 128-wide K slab
 #: (one scale block), 4 stages of 32 KB
-FP8_TILE_DEFAULTS = {"block_m": 128, "block_n": 128, "block_k": 128, "stages": 4}
+FP8_TILE_DEFAULTS = {"block_m": 128, "block_n": 128, "block_k": 128, "stages": 4,
+                     # H100 16384³: Strassen's fp32 H 3 % faster from registers (720 vs 698
+                     # TFLOP/s), the plain fp8 GEMM within 1 % (h100-bfloat16-operands-smem.json)
+                     "store_via_smem": False}
 #: what CudaConfig.from_dict fills in for operands="fp16x2" where the caller is silent
 SPLIT_TILE_DEFAULTS = {"block_m": 128, "block_n": 128, "stages": 3}
 #: sm_80 (cp.async pipeline, no warp specialisation): ptxas spills 8-28 B for the 128x128

@@ -130,6 +130,19 @@ def _k_loop(a_slab, b_slab, A_s, B_s, C_l, nk, stages: int, pol, kmajor: bool,
 
 
 @T.macro
+def _store_tile(C_l, c_out, odt, bm: int, bn: int, via_smem: bool):
+    """The accumulator tile ``C_l`` to the global region ``c_out`` (dtype ``odt``): through
+    shared memory (stmatrix, then TMA stores on sm_90a; TileLang lets the tile alias the
+    drained pipeline buffers) when ``via_smem``, else every thread stores its fragments."""
+    if via_smem:
+        C_s = T.alloc_shared((bm, bn), odt)
+        T.copy(C_l, C_s)
+        T.copy(C_s, c_out)
+    else:
+        T.copy(C_l, c_out)
+
+
+@T.macro
 def _gemm_tile(a_slab, b_slab, c_out, odt, sdt, b_tile, bm: int, bn: int, bk: int, nk,
                cfg: CudaConfig, pol, kmajor: bool, pdl: bool, swizzle: bool,
                multicast_b: bool = False):
@@ -144,12 +157,7 @@ def _gemm_tile(a_slab, b_slab, c_out, odt, sdt, b_tile, bm: int, bn: int, bk: in
     if swizzle:
         T.use_swizzle(panel_size=max(cfg.swizzle, 1), enable=cfg.swizzle > 0)
     _k_loop(a_slab, b_slab, A_s, B_s, C_l, nk, cfg.stages, pol, kmajor, multicast_b)
-    if cfg.store_via_smem:
-        C_s = T.alloc_shared((bm, bn), odt)
-        T.copy(C_l, C_s)
-        T.copy(C_s, c_out)
-    else:
-        T.copy(C_l, c_out)
+    _store_tile(C_l, c_out, odt, bm, bn, cfg.store_via_smem)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -398,9 +406,10 @@ def scaled_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, bounds: tuple[int, i
         for x, y in T.Parallel(bm, bn):
             C_h[x, y] = C_h[x, y] * inv
         if direct:
-            T.copy(C_h, out[by * bm, bx * bn])
+            _store_tile(C_h, out[by * bm, bx * bn], out_dtype, bm, bn, cfg.store_via_smem)
         else:
-            T.copy(C_h, out[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn])
+            _store_tile(C_h, out[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn], out_dtype,
+                        bm, bn, cfg.store_via_smem)
 
     ops = _dims(R, Mb, Kb), _dims(R, Kb, Nb), _dims(*out_shape)
     if split:
@@ -556,9 +565,10 @@ def fp8_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, direct: bool, arch: str
                 for x, y in T.Parallel(bm, bn):
                     C_h[x, y] = C_h[x, y] + C_t[x, y] * (sa[x] * sb[y])
             if direct:
-                T.copy(C_h, Out[by * bm, bx * bn])
+                _store_tile(C_h, Out[by * bm, bx * bn], out_dtype, bm, bn, cfg.store_via_smem)
             else:
-                T.copy(C_h, Out[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn])
+                _store_tile(C_h, Out[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn],
+                            out_dtype, bm, bn, cfg.store_via_smem)
 
     return lcmac_fp8_gemm
 
