@@ -112,6 +112,14 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "strassen-alg1-f16s-direct": ("strassen", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow", "store_via_smem": False}),
     "tl-gemm-fp8-direct": (None, {"operands": "fp8", "store_via_smem": False}),
     "strassen-alg1-fp8-direct": ("strassen", {"operands": "fp8", "fused": False, "store_via_smem": False}),
+    # combine tiles (combine_rows x combine_cols, 256 threads): the default 16 x 256 vs fewer /
+    # more elements per thread
+    "strassen^2-alg1-s3-cr4": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "combine_rows": 4}),
+    "strassen^2-alg1-s3-cr8": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "combine_rows": 8}),
+    "strassen^2-alg1-s3-cr32": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "combine_rows": 32}),
+    "strassen-alg1-s3-cr4": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "combine_rows": 4}),
+    "strassen-alg1-s3-cr8": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "combine_rows": 8}),
+    "strassen-alg1-s3-cr32": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "combine_rows": 32}),
     "tl-gemm-c2-sw16": (None, {"stages": 4, "policy": "fullrow", "cluster": 2, "swizzle": 16}),
     "strassen-alg1-s3-c2-sw16": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "cluster": 2, "swizzle": 16}),
     "fg-4x4x5-r61-alg1": ("fg-4x4x5-r61", {"fused": False, "stages": 4, "policy": "fullrow"}),
