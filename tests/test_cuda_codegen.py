@@ -737,6 +737,7 @@ def test_cluster_refusals_name_the_reason(tmp_path):
     for req, words in (({"target": "cuda-sm80", "config": {"fused": False, "cluster": 2}}, "sm_80"),
                        ({"dtype": "fp32", "config": {"fused": False, "cluster": 2}}, "float32"),
                        ({"config": {"fused": True, "cluster": 2}}, "fused"),
+                       ({"config": {"fused": False, "cache_aware": False, "cluster": 2}}, "cache-aware"),
                        ({"config": {"fused": False, "operands": "fp16", "cluster": 2}}, "operands"),
                        ({"config": {"fused": False, "cluster": 3}}, "cluster must be 1 or 2"),
                        ({"algorithm": None, "shape": [384, 512, 256], "config": {"cluster": 2}},

@@ -83,9 +83,10 @@ class CudaConfig:
                  own slabs.  sm_90a, 2-byte native operands, plain GEMM and Algorithm 1's
                  batched GEMM (``cluster_kernels``).
     store_via_smem  the GEMM stage (plain, batched, scaled-operand and fp8 GEMMs) writes its
-                 output tile through shared memory (stmatrix, then TMA stores on sm_90a; TileLang lets the tile alias
-                 the drained pipeline buffers); False: every thread stores its accumulator
-                 fragments straight to global memory (half-filled 32-byte sectors).  H100,
+                 output tile through shared memory (stmatrix, then TMA stores on sm_90a;
+                 TileLang lets the tile alias the drained pipeline buffers); False: every
+                 thread stores its accumulator fragments straight to global memory
+                 (half-filled 32-byte sectors).  H100,
                  16384³ bf16, sustained: plain GEMM 0.92x → 1.00x cuBLAS, Strassen 0.975x →
                  1.016x (bench/results/h100-bfloat16-smem.json); scaled fp16 operands:
                  neutral; fp8: off by default (``FP8_TILE_DEFAULTS``).  The fused kernels (a
@@ -169,7 +170,9 @@ def cluster_kernels(cfg: CudaConfig, dtype: str, arch: str) -> tuple[str, ...]:
     why = ("sm_80 has no thread-block clusters" if arch != "sm_90a" else
            "float32's GEMM stage is TF32 mma.sync" if dtype == "float32" else
            f"operands={cfg.operands!r} has its own GEMM template" if cfg.operands != "native" else
-           "the fused kernel is not clustered" if cfg.fused else None)
+           "the fused kernel is not clustered" if cfg.fused else
+           "the clustered batched GEMM runs the cache-aware order only (cache_aware=False)"
+           if not cfg.cache_aware else None)
     if why:
         raise NotSupportedYet(f"cluster=2 applies to the native 2-byte GEMM stage on sm_90a "
                               f"only: {why} (use cluster=1)")

@@ -176,11 +176,11 @@ def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = 
     pdl = _pdl(arch)
 
     @T.macro
-    def body(A, B, C, bx, by):
+    def body(A, B, C, bx, by, multicast_b: bool = False):
         _gemm_tile(lambda ko: A[by * bm, ko * bk],
                    (lambda ko: B[bx * bn, ko * bk]) if kmajor else (lambda ko: B[ko * bk, bx * bn]),
                    C[by * bm, bx * bn], dtype, sdt, b_tile, bm, bn, bk, T.ceildiv(K, bk), cfg, pol,
-                   kmajor, pdl, True)
+                   kmajor, pdl, True, multicast_b)
 
     if kmajor:
         @T.prim_func
@@ -191,17 +191,15 @@ def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = 
         return lcmac_gemm_t
 
     if cfg.cluster == 2:
-        gy = _cluster_rows(-(-M // bm), cfg.swizzle)
+        _check_cluster_grid(-(-M // bm), cfg.swizzle)
 
         @T.prim_func
         def lcmac_gemm_c(A: T.Tensor(_dims(M, K), dtype), B: T.Tensor(_dims(*b_dims), dtype),
                          C: T.Tensor(_dims(M, N), dtype)):
             # grid x runs over tile rows: a cluster is two vertically adjacent tiles
-            with T.ClusterKernel(gy, T.ceildiv(N, bn), threads=cfg.threads,
+            with T.ClusterKernel(T.ceildiv(M, bm), T.ceildiv(N, bn), threads=cfg.threads,
                                  cluster_dims=(2, 1, 1)) as (by, bx):
-                _gemm_tile(lambda ko: A[by * bm, ko * bk], lambda ko: B[ko * bk, bx * bn],
-                           C[by * bm, bx * bn], dtype, sdt, b_tile, bm, bn, bk, T.ceildiv(K, bk), cfg,
-                           pol, False, pdl, True, True)
+                body(A, B, C, bx, by, True)
         return lcmac_gemm_c
 
     @T.prim_func
@@ -212,17 +210,16 @@ def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = 
     return lcmac_gemm
 
 
-def _cluster_rows(gy: int, panel: int) -> int:
-    """Tile rows of a 2-CTA cluster grid (its x extent: clusters pair neighbours in x, and
-    TileLang's cluster-aware rasterisation swizzles whole clusters, so ``panel`` must be
-    even)."""
+def _check_cluster_grid(gy: int, panel: int) -> None:
+    """A 2-CTA cluster grid runs x over the gy tile rows (clusters pair neighbours in x), and
+    TileLang's cluster-aware rasterisation swizzles whole clusters: gy and ``panel`` must be
+    even."""
     if gy % 2:
         raise NotSupportedYet(f"cluster=2 pairs vertically adjacent tiles and needs an even "
                               f"number of tile rows, not {gy} (use cluster=1 or another block_m)")
     if panel % 2:
         raise NotSupportedYet(f"cluster=2 rasterises whole clusters and needs an even swizzle "
                               f"panel, not {panel}")
-    return gy
 
 
 # ----------------------------------------------------------------------------------------------
@@ -980,26 +977,23 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
     pdl = _pdl(arch)
 
     @T.macro
-    def tile(At, Bt, H, bx, by, bz, swizzle):
+    def tile(At, Bt, H, bx, by, bz, swizzle, multicast_b: bool = False):
         # one H tile
         _gemm_tile(lambda ko: At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk],
                    (lambda ko: Bt[bz, bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk]) if kmajor_b
                    else (lambda ko: Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn]),
                    H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn], dtype, sdt, b_tile, bm, bn, bk,
-                   T.ceildiv(Kb, bk), cfg, pol, kmajor_b, pdl, swizzle)
+                   T.ceildiv(Kb, bk), cfg, pol, kmajor_b, pdl, swizzle, multicast_b)
 
     if cfg.cluster == 2:
-        # cache-aware order only (r the slowest grid index); grid x runs over tile rows
-        _cluster_rows(gy, cfg.swizzle)
+        # the cache-aware order (r the slowest grid index); grid x runs over tile rows
+        _check_cluster_grid(gy, cfg.swizzle)
 
         @T.prim_func
         def lcmac_bgemm_c(At: T.Tensor(_dims(R, Mb, Kb), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
                           H: T.Tensor(_dims(R, Mb, Nb), dtype)):
             with T.ClusterKernel(gy, gx, R, threads=cfg.threads, cluster_dims=(2, 1, 1)) as (by, bx, bz):
-                _gemm_tile(lambda ko: At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk],
-                           lambda ko: Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn],
-                           H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn], dtype, sdt, b_tile, bm,
-                           bn, bk, T.ceildiv(Kb, bk), cfg, pol, False, pdl, True, True)
+                tile(At, Bt, H, bx, by, bz, True, True)
         return lcmac_bgemm_c
 
     @T.prim_func
