@@ -122,6 +122,12 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "strassen-alg1-s3-cr32": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "combine_rows": 32}),
     "tl-gemm-c2-sw16": (None, {"stages": 4, "policy": "fullrow", "cluster": 2, "swizzle": 16}),
     "strassen-alg1-s3-c2-sw16": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "cluster": 2, "swizzle": 16}),
+    # the persistent GEMM stage (persistent=True, unfused: one pipeline over every (tile, k)
+    # step of P CTAs; 3 stages beside the output tile's shared memory)
+    "tl-gemm-p": (None, {"stages": 3, "policy": "fullrow", "persistent": True}),
+    "strassen-alg1-p": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True}),
+    "winograd-alg1-p": ("winograd", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True}),
+    "strassen^2-alg1-p": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True}),
     "fg-4x4x5-r61-alg1": ("fg-4x4x5-r61", {"fused": False, "stages": 4, "policy": "fullrow"}),
 }
 LLM_NK = [(18432, 7168), (7168, 18432), (8192, 4096), (4096, 8192), (7168, 16384)]
@@ -373,6 +379,9 @@ def main():
         for (M, N, K) in shapes:
             for v in variants:
                 algo, cfg = VARIANTS[v]
+                # a variant silent on it keeps the grid GEMM stage it was measured with (the
+                # sm_90a default became the persistent one, the "-p" variants)
+                cfg = {"persistent": False, **cfg}
                 if sms and (cfg.get("split_group") or cfg.get("persistent")):
                     cfg = dict(cfg, persistent_ctas=sms)    # the persistent grid fills this GPU
                 d = os.path.join(args.build_dir, f"{v.replace('^', 'sq')}-{dtype}-{M}x{N}x{K}")

@@ -195,17 +195,22 @@ def test_every_sm90_kernel_waits_for_the_previous_one(tmp_path, algo, config):
 
 @needs_tilelang
 def test_unfused_and_plain_kernel_counts(tmp_path):
-    r = worker({"algorithm": "winograd", "target": "cuda-sm90a", "dtype": "fp16",
-                "shape": [512, 512, 512], "config": {"fused": False},
-                "out_dir": str(tmp_path / "u"), "compile": False})
-    assert r["ok"], r.get("error")
-    assert [k["name"] for k in r["kernels"]] == ["combine_a", "combine_b", "batched_gemm", "combine_h"]
-    assert r["kernels"][2]["grid"][2] == 7          # one grid slice per product
-    g = worker({"algorithm": None, "target": "cuda-sm90a", "dtype": "bf16",
-                "shape": [512, 768, 256], "out_dir": str(tmp_path / "g"), "compile": False})
-    assert g["ok"], g.get("error")
-    assert [k["name"] for k in g["kernels"]] == ["gemm"]
-    assert g["kernels"][0]["grid"] == [ceil_div(768, 256), ceil_div(512, 128), 1]
+    # the grid kernel: one CTA per tile of every product; the default on sm_90a, persistent:
+    # one CTA per tile up to the profile's 132 SMs (here 1 x 2 tiles x 7 products)
+    for cfg, grid in (({"fused": False, "persistent": False}, [1, 2, 7]), ({"fused": False}, [14, 1, 1])):
+        r = worker({"algorithm": "winograd", "target": "cuda-sm90a", "dtype": "fp16",
+                    "shape": [512, 512, 512], "config": cfg,
+                    "out_dir": str(tmp_path / f"u{grid[0]}"), "compile": False})
+        assert r["ok"], r.get("error")
+        assert [k["name"] for k in r["kernels"]] == ["combine_a", "combine_b", "batched_gemm", "combine_h"]
+        assert r["kernels"][2]["grid"] == grid
+    for cfg, grid in (({"persistent": False}, [ceil_div(768, 256), ceil_div(512, 128), 1]),
+                      ({}, [ceil_div(768, 256) * ceil_div(512, 128), 1, 1])):
+        g = worker({"algorithm": None, "target": "cuda-sm90a", "dtype": "bf16", "config": cfg,
+                    "shape": [512, 768, 256], "out_dir": str(tmp_path / f"g{grid[1]}"), "compile": False})
+        assert g["ok"], g.get("error")
+        assert [k["name"] for k in g["kernels"]] == ["gemm"]
+        assert g["kernels"][0]["grid"] == grid
 
 
 @needs_tilelang
@@ -541,8 +546,12 @@ def test_default_stages_fit_the_arch_shared_memory():
     over sm_80's 163 KB, where a kernel compiles and then fails at launch.  With the arch
     known, a config silent on ``stages`` gets the deepest pipeline that fits; an explicit
     value is kept (and checked after lowering: test_sm80_build_fits_shared_memory)."""
-    from lcmac.schedules.cuda_config import SMEM_PER_CTA, stage_bytes
-    cases = [({}, "bfloat16", "sm_90a", 4), ({}, "bfloat16", "sm_80", 3), ({}, "float32", "sm_80", 3),
+    from lcmac.schedules.cuda_config import SMEM_PER_CTA, persistent_tile_bytes, stage_bytes
+    # sm_90a bf16: the persistent GEMM stage (the default there) keeps its 64 KB output tile
+    # beside the pipeline: 3 stages; asked for 4, it stays a grid kernel (which fits 4)
+    cases = [({}, "bfloat16", "sm_90a", 3), ({"persistent": False}, "bfloat16", "sm_90a", 4),
+             ({"stages": 4}, "bfloat16", "sm_90a", 4), ({}, "float32", "sm_90a", 4),
+             ({}, "bfloat16", "sm_80", 3), ({}, "float32", "sm_80", 3),
              ({"operands": "fp16x2"}, "float32", "sm_90a", 3),
              ({"operands": "fp16x2"}, "float32", "sm_80", 2),         # 128x64 there
              ({"operands": "fp16x2", "block_n": 128}, "float32", "sm_80", 2),
@@ -550,11 +559,13 @@ def test_default_stages_fit_the_arch_shared_memory():
     for d, dtype, arch, want in cases:
         cfg = CudaConfig.from_dict(d, dtype=dtype, arch=arch)
         assert cfg.stages == want, (d, dtype, arch, cfg.stages)
+        assert cfg.persistent == ((d, dtype, arch) == ({}, "bfloat16", "sm_90a")), (d, dtype, arch)
         if arch and "stages" not in d:
-            assert cfg.stages * stage_bytes(cfg, dtype) <= SMEM_PER_CTA[arch]
+            room = SMEM_PER_CTA[arch] - persistent_tile_bytes(cfg, dtype)
+            assert cfg.stages * stage_bytes(cfg, dtype) <= room
             # the deepest that fits, up to the default depth (4; fp16x2 on sm_80: 2, for spills)
             cap = 2 if (arch, d.get("operands")) == ("sm_80", "fp16x2") else 4
-            assert (cfg.stages + 1) * stage_bytes(cfg, dtype) > SMEM_PER_CTA[arch] or want == cap
+            assert (cfg.stages + 1) * stage_bytes(cfg, dtype) > room or want == cap
 
 
 @needs_tilelang
@@ -759,7 +770,8 @@ def test_store_via_smem_writes_the_tile_with_tma_stores(tmp_path):
     # the 4-stage pipeline's 192 KB), then TMA stores; store_via_smem=False stores from
     # registers; sm_80 builds too (vector stores)
     r = worker({"algorithm": None, "target": "cuda-sm90a", "dtype": "bf16", "shape": [1024, 1024, 1024],
-                "config": {"store_via_smem": True}, "out_dir": str(tmp_path / "h"), "compile": False})
+                "config": {"store_via_smem": True, "persistent": False}, "out_dir": str(tmp_path / "h"),
+                "compile": False})
     assert r["ok"], r.get("error")
     body = kernel_body(open(r["sources"][0]).read())
     assert "tl::ptx_stmatrix" in body and "tl::tma_store(C_desc" in body
@@ -771,3 +783,52 @@ def test_store_via_smem_writes_the_tile_with_tma_stores(tmp_path):
                 "config": {"fused": False, "store_via_smem": True}, "out_dir": str(tmp_path / "a"),
                 "compile": False})
     assert a["ok"], a.get("error")
+
+
+# ---- persistent unfused GEMM stage (CudaConfig.persistent, fused=False) ------------------------
+@needs_tilelang
+@needs_nvcc
+def test_persistent_gemm_stage_walks_tiles_in_one_pipeline(tmp_path):
+    # Strassen on a shape no tile divides: 4 (= ceil(504 / 128)) x 3 (= ceil(532 / 256))
+    # tiles of 7 products = 84 tiles, fewer than the profile's 132 SMs: one CTA per tile;
+    # persistent_ctas=10: ceil((84 - pid) / 10) tiles each
+    for ctas, grid in ((0, 84), (10, 10)):
+        r = worker({"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bf16",
+                    "shape": [1000, 1064, 1032], "out_dir": str(tmp_path / str(ctas)), "jobs": 2,
+                    "config": {"fused": False, "persistent": True, "persistent_ctas": ctas}})
+        assert r["ok"], r.get("error")
+        srcs = {k["name"]: open(p).read() for k, p in zip(r["kernels"], r["sources"])}
+        info = {k["name"]: k for k in r["kernels"]}["batched_gemm"]
+        assert info["grid"] == [grid, 1, 1]
+        body = kernel_body(srcs["batched_gemm"])
+        # one pipelined loop per warpgroup role (producer, consumers) over the CTA's (tile, k)
+        # steps, nk = ceil(516 / 64) = 9: one tile per CTA (folded to 9), or ceil((84 - pid) / 10)
+        loops = re.findall(r"for \(int it(?:_1)? = 0; it(?:_1)? < ([^;]*);", body)
+        assert len(loops) == 2 and len(set(loops)) == 1, loops
+        assert loops[0] == ("9" if grid == 84 else "(((93 - ((int)blockIdx.x)) / 10) * 9)"), loops
+        # the output tile leaves through its own shared memory: 3 stages (the 4th does not
+        # fit beside it) of 48 KB + 64 KB
+        assert "tl::tma_store(H_desc" in body and "tl::ptx_stmatrix" in body
+        assert info["smem_bytes"] == 3 * (128 * 64 + 64 * 256) * 2 + 128 * 256 * 2
+        for name in ("combine_a", "combine_b", "combine_h"):
+            assert "blockIdx.x) / " not in kernel_body(srcs[name])
+        for k, v in r["ptxas"].items():
+            assert all(x == 0 for x in v["spill_stores"]), (k, v)
+    # the plain GEMM: 8 x 8 tiles of 1024² on 64 CTAs... or the profile's 132 (all 64 tiles)
+    g = worker({"algorithm": None, "target": "cuda-sm90a", "dtype": "fp16", "shape": [1024, 1024, 2048],
+                "config": {"persistent": True}, "out_dir": str(tmp_path / "g"), "compile": False})
+    assert g["ok"], g.get("error")
+    assert g["kernels"][0]["grid"] == [32, 1, 1]   # 8 x 4 tiles of 128 x 256
+    assert "tl::tma_store(C_desc" in kernel_body(open(g["sources"][0]).read())
+
+
+@needs_tilelang
+def test_persistent_gemm_refusals_name_the_reason(tmp_path):
+    base = {"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bf16",
+            "shape": [1024, 1024, 1024], "out_dir": str(tmp_path), "compile": False}
+    for req, words in (({"target": "cuda-sm80", "config": {"persistent": True}}, "sm_80"),
+                       ({"dtype": "fp32", "config": {"persistent": True}}, "float32"),
+                       ({"config": {"operands": "fp16", "persistent": True}}, "operands"),
+                       ({"config": {"cluster": 2, "persistent": True}}, "cluster=2")):
+        r = worker({**base, **req})
+        assert not r["ok"] and words in r["error"] and "persistent=False" in r["error"], (req, r.get("error"))

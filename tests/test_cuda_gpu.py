@@ -119,18 +119,29 @@ FP8_CASES = [("gemm", (1000, 1064, 1032), "bf16", 1.1),
              ("winograd", (777, 520, 1048), "bf16", 3.0),
              ("laderman", (999, 600, 776), "bf16", 4.0)]
 # GEMM-stage layouts that must not change a bit, each beside the default (output tile stored
-# through shared memory): 2-CTA clusters sharing B slabs by TMA multicast (cluster=2), the
+# through shared memory, grid kernel): 2-CTA clusters sharing B slabs by TMA multicast (cluster=2), the
 # tile stored from registers (store_via_smem=False), both; non-dividing shapes, several
-# waves, rank 49
-C2, DIRECT = {"cluster": 2}, {"store_via_smem": False}
-SAME_BITS_CASES = [("gemm", (1000, 1064, 1032), {}, C2),
-                   ("gemm", (1000, 1064, 1032), {}, DIRECT),
-                   ("gemm", (4096, 4096, 4096), {}, C2),
-                   ("strassen", (1000, 1064, 1032), {"fused": False}, C2),
-                   ("strassen", (1000, 1064, 1032), {"fused": False}, DIRECT),
-                   ("strassen", (4096, 4096, 4096), {"fused": False, "stages": 3}, {**C2, **DIRECT}),
-                   ("strassen^2", (999, 1000, 1000), {"fused": False}, C2),
-                   ("winograd", (2048, 2048, 2048), {"fused": False}, DIRECT)]
+# waves, rank 49; the persistent GEMM stage (persistent=True: P CTAs walking the grid's
+# tile order in one pipeline), with several tiles per CTA, r fastest, a 10-CTA grid
+C2, DIRECT, PERSIST = {"cluster": 2}, {"store_via_smem": False}, {"persistent": True}
+GRID = {"persistent": False}      # the one-tile-per-CTA grid kernel (the default on sm_90a is
+                                  # the persistent one where it applies)
+SAME_BITS_CASES = [("gemm", (1000, 1064, 1032), GRID, C2),
+                   ("gemm", (1000, 1064, 1032), GRID, DIRECT),
+                   ("gemm", (4096, 4096, 4096), GRID, C2),
+                   ("strassen", (1000, 1064, 1032), {"fused": False, **GRID}, C2),
+                   ("strassen", (1000, 1064, 1032), {"fused": False, **GRID}, DIRECT),
+                   ("strassen", (4096, 4096, 4096), {"fused": False, "stages": 3, **GRID}, {**C2, **DIRECT}),
+                   ("strassen^2", (999, 1000, 1000), {"fused": False, **GRID}, C2),
+                   ("winograd", (2048, 2048, 2048), {"fused": False, **GRID}, DIRECT),
+                   ("gemm", (1000, 1064, 1032), GRID, PERSIST),
+                   ("gemm", (4096, 4096, 4096), GRID, PERSIST),
+                   ("strassen", (1000, 1064, 1032), {"fused": False, **GRID}, PERSIST),
+                   ("strassen", (1000, 1064, 1032), {"fused": False, **GRID}, {**PERSIST, "persistent_ctas": 10}),
+                   ("strassen", (1000, 1064, 1032), {"fused": False, "cache_aware": False, **GRID}, PERSIST),
+                   ("strassen", (4096, 4096, 4096), {"fused": False, **GRID}, PERSIST),
+                   ("strassen^2", (999, 1000, 1000), {"fused": False, **GRID}, PERSIST),
+                   ("winograd", (2048, 2048, 2048), {"fused": False, **GRID}, {**PERSIST, **DIRECT})]
 #: the scaled-operand artifact the magnitude and inf tests reuse (one of SCALED_CASES)
 EDGE_CASE = ("strassen", (1000, 1064, 1032))
 

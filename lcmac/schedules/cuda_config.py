@@ -17,7 +17,7 @@ M, N are never written.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..errors import LcmacError
 
@@ -64,8 +64,18 @@ class CudaConfig:
                  and a small second kernel adds those slots into C in a fixed order
                  (deterministic, no atomics, no inter-CTA waiting).  No effect on the unfused
                  path: its batched GEMM is already one CTA per H tile (the same wave count).
-    persistent   fused only: the persistent grid without splitting (the tail groups stay whole:
-                 ceil(T/P)·R product-times); the ablation of split_group.
+    persistent   fused: the persistent grid without splitting (the tail groups stay whole:
+                 ceil(T/P)·R product-times); the ablation of split_group.  Unfused (the
+                 plain GEMM and Algorithm 1's batched GEMM; sm_90a, native 2-byte operands,
+                 ``persistent_gemm``): P CTAs walk the output tiles in the grid kernel's
+                 order (tile pid, pid + P, ...) with one software pipeline over every
+                 (tile, k) step, so the TMA producer loads the next tile's first slabs while
+                 the consumers store the last one; a one-tile CTA instead fills its pipeline
+                 after launch and drains it before the next CTA can start (about 1.7 µs per
+                 tile on an H100).  The output tile then needs shared memory of its own
+                 beside the pipeline (3 stages of the default tile).  H100, 16384³ bf16,
+                 sustained: Strassen²'s 49 products 666 → 687 TFLOP/s, Strassen's 7
+                 688 → 700 (bench/results/h100-bfloat16-persistent.json).
     persistent_ctas  P, the persistent grid size; 0 = SMs of the target's profile × CTAs that
                  fit on one SM (1 for the default 128×256 tile with 4 stages).
     combine_*    tile of the element-wise combine kernels.
@@ -121,9 +131,12 @@ class CudaConfig:
 
     @classmethod
     def from_dict(cls, d: dict | None, dtype: str | None = None, arch: str | None = None) -> "CudaConfig":
-        """``dtype`` and ``arch`` given: where ``d`` is silent on ``stages``, the deepest
+        """``dtype`` and ``arch`` given: where ``d`` is silent on ``persistent``, the unfused
+        GEMM stage is persistent wherever its template exists (``persistent_gemm``) and,
+        with the stages asked for, fits; where ``d`` is silent on ``stages``, the deepest
         pipeline up to the default that fits the arch's shared memory (the default 4 stages
-        of a 128×256 tile need 192 KB: an sm_90a fits them, an sm_80's 163 KB does not)."""
+        of a 128×256 tile need 192 KB: an sm_90a fits them, an sm_80's 163 KB does not;
+        beside a persistent kernel's output tile, 3 do)."""
         d = dict(d or {})
         names = {f.name for f in fields(cls)}
         unknown = set(d) - names
@@ -138,10 +151,17 @@ class CudaConfig:
             # 128x64, 2 stages; explicit values still win
             d = {**(SPLIT_TILE_DEFAULTS_SM80 if arch == "sm_80" else SPLIT_TILE_DEFAULTS), **d}
         cfg = cls(**d)
+        if dtype is not None and arch is not None and "persistent" not in d:
+            on = cls(**{**d, "persistent": True})
+            room = SMEM_PER_CTA[arch] - persistent_tile_bytes(on, dtype)
+            fits = fit_stages or on.stages * stage_bytes(on, dtype) <= room
+            if fits and _persistent_why(on, dtype, arch) is None:
+                cfg = on
         if fit_stages:
-            fit = max(1, min(cfg.stages, SMEM_PER_CTA[arch] // max(stage_bytes(cfg, dtype), 1)))
+            room = SMEM_PER_CTA[arch] - persistent_tile_bytes(cfg, dtype)
+            fit = max(1, min(cfg.stages, room // max(stage_bytes(cfg, dtype), 1)))
             if fit != cfg.stages:
-                cfg = cls(**{**d, "stages": fit})
+                cfg = replace(cfg, stages=fit)
         return cfg
 
     def bk(self, dtype: str) -> int:
@@ -253,6 +273,38 @@ def stage_bytes(cfg: "CudaConfig", dtype: str) -> int:
         return (cfg.block_m + cfg.block_n) * cfg.bk("float8_e4m3") + 4 * (cfg.block_m + cfg.block_n)
     halves = 2 if cfg.operands == "fp16x2" else 1
     return (cfg.block_m + cfg.block_n) * cfg.bk("float16") * 2 * halves
+
+
+def persistent_gemm(cfg: "CudaConfig", dtype: str, arch: str) -> bool:
+    """Whether the unfused GEMM stage (plain GEMM, Algorithm 1's batched GEMM) runs as a
+    persistent kernel; a config asking for it where that template has none is refused by
+    name."""
+    if not cfg.persistent or cfg.fused:
+        return False
+    why = _persistent_why(cfg, dtype, arch)
+    if why:
+        raise NotSupportedYet(f"persistent=True for the unfused GEMM stage applies to native "
+                              f"2-byte operands on sm_90a only: {why} (use persistent=False)")
+    return True
+
+
+def _persistent_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:
+    """Why the unfused GEMM stage cannot be persistent with ``cfg`` (None: it can)."""
+    return ("the fused kernel has its own persistent grid" if cfg.fused else
+            "sm_80's cp.async pipeline needs a constant trip count (TileLang 0.1.15)"
+            if arch != "sm_90a" else
+            "float32's GEMM stage is TF32" if dtype == "float32" else
+            f"operands={cfg.operands!r} has its own GEMM template" if cfg.operands != "native" else
+            "the clustered GEMM is not persistent (cluster=2)" if cfg.cluster != 1 else None)
+
+
+def persistent_tile_bytes(cfg: "CudaConfig", dtype: str) -> int:
+    """Shared memory the persistent unfused GEMM keeps for its output tile beside the
+    pipeline (a one-tile CTA's tile aliases the drained pipeline buffers instead)."""
+    from ..dtypes import ITEMSIZE
+    if not (cfg.persistent and not cfg.fused and cfg.store_via_smem):
+        return 0
+    return cfg.block_m * cfg.block_n * ITEMSIZE.get(dtype, 4)
 
 
 def check_smem(kernels: list[dict], arch: str) -> None:

@@ -160,12 +160,59 @@ def _gemm_tile(a_slab, b_slab, c_out, odt, sdt, b_tile, bm: int, bn: int, bk: in
     _store_tile(C_l, c_out, odt, bm, bn, cfg.store_via_smem)
 
 
+@T.macro
+def _persistent_tiles(a_slab, b_slab, c_out, tile_of, steps, odt, sdt, b_tile, bm: int, bn: int,
+                      bk: int, nk, cfg: CudaConfig, pol, pdl: bool):
+    """A persistent CTA's share of a plain or batched GEMM (``cfg.persistent``, unfused):
+    ``steps`` output tiles, the q-th at ``tile_of(q)`` = (r, by, bx), and one software
+    pipeline over every (tile, k) step, so the TMA producer loads the next tile's first slabs
+    while the consumers store this one.  ``a_slab(r, by, ko)`` / ``b_slab(r, bx, ko)`` /
+    ``c_out(r, by, bx)`` give the global regions.  The pipeline never drains, so the output
+    tile (``store_via_smem``) has shared memory of its own."""
+    if pdl:
+        pdl_sync()
+    A_s = T.alloc_shared((bm, bk), sdt)
+    B_s = T.alloc_shared(b_tile, sdt)
+    C_l = T.alloc_fragment((bm, bn), ACCUM)
+    if cfg.store_via_smem:
+        C_s = T.alloc_shared((bm, bn), odt)
+    for it in T.Pipelined(steps * nk, num_stages=cfg.stages):
+        ko = it % nk
+        r, by, bx = tile_of(it // nk)
+        T.copy(a_slab(r, by, ko), A_s)
+        T.copy(b_slab(r, bx, ko), B_s)
+        T.gemm(A_s, B_s, C_l, policy=pol, clear_accum=ko == 0)
+        if ko == nk - 1:
+            if cfg.store_via_smem:
+                T.copy(C_l, C_s)
+                T.copy(C_s, c_out(r, by, bx))
+            else:
+                T.copy(C_l, c_out(r, by, bx))
+
+
+def _persistent_walk(pid, ctas: int, R: int, gx: int, gy: int, panel: int, rfast: bool):
+    """(number of tiles, tile_of) of persistent CTA ``pid`` among ``ctas``: tiles pid,
+    pid + ctas, ... of the grid kernel's order (r slowest, TileLang's rasterisation within a
+    product; ``rfast``: r fastest, row-major, the cache-aware ablation)."""
+    tiles = R * gx * gy
+
+    def tile_of(q):
+        t = q * ctas + pid
+        if rfast:
+            g = t // R
+            return t % R, g // gx, g % gx
+        by, bx = _raster(t % (gx * gy), gx, gy, panel)
+        return t // (gx * gy), by, bx
+
+    return T.ceildiv(tiles - pid, ctas), tile_of
+
+
 # ----------------------------------------------------------------------------------------------
 def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = "sm_90a",
-               bt_shape: tuple[int, int] | None = None):
+               bt_shape: tuple[int, int] | None = None, ctas: int = 0):
     """C = A·B; ``bt_shape`` (Nb, Kb): B given transposed, Bt [Nb, Kb] K-major (TF32 wgmma
     for float32 on sm_90a reads both operands K-major; TileLang picks wgmma only for tf32
-    tiles)."""
+    tiles).  ``ctas`` > 0: a persistent grid of that many CTAs (``_persistent_tiles``)."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.bk(dtype)
     pol = _policy(cfg, dtype)
     kmajor = bt_shape is not None
@@ -189,6 +236,22 @@ def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = 
             with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=cfg.threads) as (bx, by):
                 body(A, Bt, C, bx, by)
         return lcmac_gemm_t
+
+    if ctas:
+        gx, gy = -(-N // bn), -(-M // bm)
+        P = min(ctas, gx * gy)
+
+        @T.prim_func
+        def lcmac_gemm_p(A: T.Tensor(_dims(M, K), dtype), B: T.Tensor(_dims(*b_dims), dtype),
+                         C: T.Tensor(_dims(M, N), dtype)):
+            with T.Kernel(P, threads=cfg.threads) as pid:
+                steps, tile_of = _persistent_walk(pid, P, 1, gx, gy, cfg.swizzle, False)
+                _persistent_tiles(lambda r, by, ko: A[by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk],
+                                  lambda r, bx, ko: B[ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn],
+                                  lambda r, by, bx: C[by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn],
+                                  tile_of, steps, dtype, sdt, b_tile, bm, bn, bk, T.ceildiv(K, bk),
+                                  cfg, pol, pdl)
+        return lcmac_gemm_p
 
     if cfg.cluster == 2:
         _check_cluster_grid(-(-M // bm), cfg.swizzle)
@@ -959,11 +1022,12 @@ def split_fixup(alg, blk: Blocking, dtype: str, cfg: CudaConfig, plan, arch: str
 
 # ----------------------------------------------------------------------------------------------
 def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = False,
-                 arch: str = "sm_90a"):
+                 arch: str = "sm_90a", ctas: int = 0):
     """H_r = Ã_r · B̃_r for every r.  cache_aware=True: r is the slowest grid index, so the CTAs
     resident together work on the same product and share its Ã_r / B̃_r panels in L2;
     False (the ablation): r varies fastest, so neighbouring CTAs read R different panels.
-    kmajor_b: B̃ stored [R, Nb, Kb] (TF32 wgmma for float32 on sm_90a)."""
+    kmajor_b: B̃ stored [R, Nb, Kb] (TF32 wgmma for float32 on sm_90a).  ``ctas`` > 0: a
+    persistent grid of that many CTAs walking the same order (``_persistent_tiles``)."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.bk(dtype)
     pol = _policy(cfg, dtype)
     R, Mb, Nb, Kb = blk.R, blk.Mb, blk.Nb, blk.Kb
@@ -984,6 +1048,21 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
                    else (lambda ko: Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn]),
                    H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn], dtype, sdt, b_tile, bm, bn, bk,
                    T.ceildiv(Kb, bk), cfg, pol, kmajor_b, pdl, swizzle, multicast_b)
+
+    if ctas:
+        P = min(ctas, R * gx * gy)
+
+        @T.prim_func
+        def lcmac_bgemm_p(At: T.Tensor(_dims(R, Mb, Kb), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
+                          H: T.Tensor(_dims(R, Mb, Nb), dtype)):
+            with T.Kernel(P, threads=cfg.threads) as pid:
+                steps, tile_of = _persistent_walk(pid, P, R, gx, gy, cfg.swizzle, rfast)
+                _persistent_tiles(
+                    lambda r, by, ko: At[r, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk],
+                    lambda r, bx, ko: Bt[r, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn],
+                    lambda r, by, bx: H[r, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn],
+                    tile_of, steps, dtype, sdt, b_tile, bm, bn, bk, T.ceildiv(Kb, bk), cfg, pol, pdl)
+        return lcmac_bgemm_p
 
     if cfg.cluster == 2:
         # the cache-aware order (r the slowest grid index); grid x runs over tile rows

@@ -80,14 +80,26 @@ def _alg_programs(alg, programs):
     return _programs(alg)
 
 
+def _profile_units(arch: str, units=None) -> int:
+    """SMs a persistent kernel is sized for: ``units`` if given, else the arch's profile."""
+    if units is not None:
+        return units
+    from ..costmodel.profiles import get_profile
+    return get_profile("a100" if arch == "sm_80" else "h100").units
+
+
 def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     """The kernels of one artifact: [(kname, prim_func, [buffer names])] and the workspace
     layout [(buffer name, byte offset)] (last entry "__end__" = total bytes).  ``units``: SMs
     of the GPU the persistent kernel is sized for (default: the arch's profile)."""
     from ..dtypes import ITEMSIZE
     from ..schedules import cuda_kernels as K
-    from ..schedules.cuda_config import Blocking, int64_buffers, persistent_plan
+    from ..schedules.cuda_config import Blocking, int64_buffers, persistent_gemm, persistent_plan
     M, N, K_ = shape
+    # the unfused GEMM stage as a persistent kernel of P CTAs (0: the grid kernel)
+    ctas = 0
+    if persistent_gemm(cfg, dtype, arch):
+        ctas = cfg.persistent_ctas or _profile_units(arch, units)
     if cfg.operands == "fp8":
         return _fp8_plan(alg, shape, dtype, cfg, programs, arch)
     if cfg.operands != "native":
@@ -97,7 +109,7 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     kmajor = dtype == "float32" and arch == "sm_90a" and cfg.tf32_wgmma
     if alg is None and not kmajor:
         ws, wide = _sized_workspace(shape, {})
-        return ([("gemm", K.plain_gemm(M, N, K_, dtype, cfg, arch), ["A", "B", "C"])], ws,
+        return ([("gemm", K.plain_gemm(M, N, K_, dtype, cfg, arch, ctas=ctas), ["A", "B", "C"])], ws,
                 {"int64_index": wide} if wide else None)
     if alg is None:
         from .. import ir
@@ -116,10 +128,7 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
             # (each CTA's share of the tail) fails in its CUDA codegen (Downcast Sub→IntImm)
             raise NotSupportedYet("split_group/persistent with overlap_epilogue on sm_80 is not "
                                   "supported yet (use overlap_epilogue=False there)")
-        if units is None:
-            from ..costmodel.profiles import get_profile
-            units = get_profile("a100" if arch == "sm_80" else "h100").units
-        pplan = persistent_plan(blk, cfg, dtype, units)
+        pplan = persistent_plan(blk, cfg, dtype, _profile_units(arch, units))
     sizes = {n: e * item for n, e in blk.workspace_elems(cfg.fused).items()}
     if pplan is not None:
         # fp32 partial C tiles of the split groups' non-lead pieces: one slot per tail CTA
@@ -153,7 +162,8 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     if cfg.fused:
         ks.append(("fused_gemm_h", K.fused_gemm_h(alg, blk, dtype, cfg, arch=arch), ["At", "Bt", "C"]))
     else:
-        ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg, arch=arch), ["At", "Bt", "H"]))
+        ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg, arch=arch, ctas=ctas),
+                   ["At", "Bt", "H"]))
         ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
     return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
                     "int64_index": wide}

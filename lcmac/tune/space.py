@@ -197,7 +197,8 @@ def default_space(fam: str, dtype: str, shape, algorithm=None, operands: str = "
     FalconGEMM schedule switches are in the space too, on the default tile (their effect
     does not depend much on the tile): the fused kernel's split-group persistent grid, its
     persistent grid without splitting, and the cache-aware order off (fused and unfused) —
-    each a config the tuner measures when the model ranks it high enough.
+    each a config the tuner measures when the model ranks it high enough.  The persistent
+    unfused GEMM stage (plain GEMM or Algorithm 1) is in the space on the default tile.
 
     ``operands`` (CUDA, CudaConfig.operands): a scaled fp16 mode searches the same tiles, k
     slabs, depths and threads, unfused (the only path it has), each config in that mode —
@@ -217,6 +218,10 @@ def default_space(fam: str, dtype: str, shape, algorithm=None, operands: str = "
                 if fu is not None:
                     d["fused"] = fu
                 out.append(d)
+        # the persistent unfused GEMM stage on the default tile (3 stages beside its output
+        # tile's shared memory); the grid kernel is every config above
+        out.append({"block_m": 128, "block_n": 256, "block_k": 64, "stages": 3, "threads": 256,
+                    "persistent": True, **({"fused": False} if lcma else {})})
         if lcma:
             base = {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 4, "threads": 256}
             for sched in ({"split_group": True}, {"persistent": True}, {}):
@@ -311,6 +316,9 @@ def fit_check(target, dtype, config, profile=None) -> Fit:
             r = onchip_fit(p, sdt, {**f, "stages": f.get("stages", 3), "epilogue_smem": False})
             detail.update(r.to_dict())
             smem = r.onchip_bytes * ops.halves          # fp16x2: hi and lo slabs
+            if f.get("persistent") and not f.get("fused") and f.get("store_via_smem", True):
+                # the persistent unfused GEMM's output tile: shared memory beside the pipeline
+                smem += int(f["block_m"]) * int(f["block_n"]) * _db_itemsize(dtype)
             if not r.fits:
                 reasons.append(r.reason)
             elif smem > GPU_SMEM_PER_CTA.get(p.name, p.onchip_per_unit):
@@ -416,6 +424,10 @@ def estimate_gemm_cpu(M, N, K, dtype, p, f: dict) -> dict:
 
 
 _STAGE_EFF = {1: 0.45, 2: 0.8, 3: 0.95, 4: 1.0, 5: 1.0, 6: 0.99, 7: 0.98}
+#: a one-tile CTA's pipeline fill and drain, per wave of tiles (H100, 128x256 tiles: Strassen²'s
+#: 49 products at 16384³, 190 waves, 10.11 → 9.81 ms persistent; Strassen's 7, 109 waves,
+#: 11.19 → 11.00 ms)
+GRID_TILE_START_S = 1.7e-6
 
 
 def default_block_k(f: dict, dtype) -> int:
@@ -480,10 +492,16 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     # fp16x2 / fp8: each k slab ends in an fp32 epilogue after the wgmma wait (the add into
     # the accumulator; the scaling), priced against the slab's tensor-core flops
     t_compute = waves * tile_t * ops.products * ops.slab_epilogue_factor(p, bk)
-    if f.get("split_group") or f.get("persistent"):
+    fused = bool(f.get("fused"))
+    if fused and (f.get("split_group") or f.get("persistent")):
         # TileLang's persistent form of the fused kernel: 13-26% slower per product-time
         # than the grid kernel with as many waves (H100, bench/notes-cuda.md v6; not located)
         t_compute *= 1.18
+    if not (f.get("persistent") and not fused):
+        # a grid of one-tile CTAs fills each CTA's pipeline after launch and drains it before
+        # the SM takes the next tile; the unfused persistent kernel overlaps both (H100:
+        # about 1.7 µs per tile wave, bench/results/h100-bfloat16-persistent.json)
+        t_compute += waves * GRID_TILE_START_S
     # loads (after Triton's L2 model): every CTA streams its A row-band and B column-band
     # through L2 (gn·|A| + gm·|B| bytes at L2 speed); DRAM sees the compulsory bytes plus a
     # re-read share that grows when the operands overflow L2.

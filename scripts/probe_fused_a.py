@@ -1,0 +1,215 @@
+#!/usr/bin/env python
+"""Probe: can the GEMM stage sum Ã_r itself (operand-side fusion) at the batched GEMM's speed?
+
+Algorithm 1 spends a third of its combine time in Combine A (write Ã, read it back).  Here the
+batched GEMM of Strassen's two-block products instead loads both A blocks' tiles (TMA), sums
+them with their ±1 coefficients into a register fragment and issues wgmma with A from
+registers (RS).  Timed on the GPU present, in one process (CUDA events):
+
+- ``ss``: lcmac's batched GEMM (Ã_r, B̃_r from memory) over the 5 two-block products;
+- ``rs``: the fused-A kernel over the same 5 products, reading A itself;
+- ``cublas``: torch.matmul at the full size, for scale.
+
+Checked first: the fused kernel's H against torch's (Ã_r rounded to bf16, as Combine A does)
+to the bit where the sums agree.
+
+    python scripts/probe_fused_a.py --n 16384 --out bench/results/h100-fused-a.json
+"""
+import argparse, json, os, sys, time
+from datetime import datetime, timezone
+
+import tilelang
+import tilelang.language as T
+from tilelang.layout import make_swizzled_layout
+
+# Strassen's two-block rows of U over A's 2x2 blocks: (i, p, coefficient) per term, for
+# M1, M2, M5, M6, M7 (M3 and M4 read one block: a direct view, no sum to fuse)
+PAIRS = [((0, 0, 1), (1, 1, 1)),     # A11 + A22
+         ((1, 0, 1), (1, 1, 1)),     # A21 + A22
+         ((0, 0, 1), (0, 1, 1)),     # A11 + A12
+         ((1, 0, 1), (0, 0, -1)),    # A21 - A11
+         ((0, 1, 1), (1, 1, -1))]    # A12 - A22
+
+
+def level2_quads():
+    """Strassen²'s four-block rows: products of two two-block rows (25 of the 49), over A's
+    4x4 blocks."""
+    return [tuple((2 * a[0] + b[0], 2 * a[1] + b[1], a[2] * b[2]) for a in p for b in q)
+            for p in PAIRS for q in PAIRS]
+
+
+def _sel(vals, s):
+    e = vals[-1]
+    for i in range(len(vals) - 2, -1, -1):
+        e = T.if_then_else(s == i, vals[i], e)
+    return e
+
+
+def fused_a_kernel(n: int, rows, bm=128, bn=256, bk=None, stages=None, swizzle=8):
+    """H_r = (Σ_t c_rt A[block_rt]) · Bt_r for the products ``rows`` (2 or 4 terms each) on
+    an n x n A split into len-appropriate square blocks."""
+    nt = len(rows[0])
+    blocks = 2 if nt == 2 else 4
+    # 192 KB of pipeline buffers, as the batched GEMM's 4 stages of 128x64 + 64x256
+    bk = bk or (64 if nt == 2 else 32)
+    stages = stages or (3 if nt == 2 else 4)
+    h = n // blocks
+    R = len(rows)
+    gx, gy, nk = h // bn, h // bm, h // bk
+    off = [[(_t[0] * h, _t[1] * h) for _t in row] for row in rows]
+
+    def a_region(A, t, bz, by, ko):
+        r0 = _sel([o[t][0] for o in off], bz) + by * bm
+        c0 = _sel([o[t][1] for o in off], bz) + ko * bk
+        return A[r0:r0 + bm, c0:c0 + bk]
+
+    def coef(t, bz):
+        return _sel([T.float32(row[t][2]) for row in rows], bz)
+
+    if nt == 2:
+        @T.prim_func
+        def fused_a2(A: T.Tensor((n, n), "bfloat16"), Bt: T.Tensor((R, h, h), "bfloat16"),
+                     H: T.Tensor((R, h, h), "bfloat16")):
+            with T.Kernel(gx, gy, R, threads=256) as (bx, by, bz):
+                A0 = T.alloc_shared((bm, bk), "bfloat16")
+                A1 = T.alloc_shared((bm, bk), "bfloat16")
+                B_s = T.alloc_shared((bk, bn), "bfloat16")
+                A_f = T.alloc_fragment((bm, bk), "bfloat16")
+                F1 = T.alloc_fragment((bm, bk), "bfloat16")
+                C_l = T.alloc_fragment((bm, bn), "float32")
+                T.use_swizzle(panel_size=swizzle)
+                # swizzled like a wgmma operand: the fragment loads are then conflict-free
+                T.annotate_layout({A0: make_swizzled_layout(A0), A1: make_swizzled_layout(A1)})
+                c0, c1 = coef(0, bz), coef(1, bz)
+                T.clear(C_l)
+                for ko in T.Pipelined(nk, num_stages=stages):
+                    T.copy(a_region(A, 0, bz, by, ko), A0)
+                    T.copy(a_region(A, 1, bz, by, ko), A1)
+                    T.copy(Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], B_s)
+                    T.copy(A0, A_f)
+                    T.copy(A1, F1)
+                    for i, j in T.Parallel(bm, bk):
+                        A_f[i, j] = T.cast(c0 * T.cast(A_f[i, j], "float32")
+                                           + c1 * T.cast(F1[i, j], "float32"), "bfloat16")
+                    T.gemm(A_f, B_s, C_l, policy=T.GemmWarpPolicy.FullRow)
+                C_s = T.alloc_shared((bm, bn), "bfloat16")
+                T.copy(C_l, C_s)
+                T.copy(C_s, H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn])
+        return fused_a2
+
+    @T.prim_func
+    def fused_a4(A: T.Tensor((n, n), "bfloat16"), Bt: T.Tensor((R, h, h), "bfloat16"),
+                 H: T.Tensor((R, h, h), "bfloat16")):
+        with T.Kernel(gx, gy, R, threads=256) as (bx, by, bz):
+            A0 = T.alloc_shared((bm, bk), "bfloat16")
+            A1 = T.alloc_shared((bm, bk), "bfloat16")
+            A2 = T.alloc_shared((bm, bk), "bfloat16")
+            A3 = T.alloc_shared((bm, bk), "bfloat16")
+            B_s = T.alloc_shared((bk, bn), "bfloat16")
+            A_f = T.alloc_fragment((bm, bk), "bfloat16")
+            F1 = T.alloc_fragment((bm, bk), "bfloat16")
+            F2 = T.alloc_fragment((bm, bk), "bfloat16")
+            F3 = T.alloc_fragment((bm, bk), "bfloat16")
+            C_l = T.alloc_fragment((bm, bn), "float32")
+            T.use_swizzle(panel_size=swizzle)
+            T.annotate_layout({A0: make_swizzled_layout(A0), A1: make_swizzled_layout(A1),
+                               A2: make_swizzled_layout(A2), A3: make_swizzled_layout(A3)})
+            c0, c1, c2, c3 = coef(0, bz), coef(1, bz), coef(2, bz), coef(3, bz)
+            T.clear(C_l)
+            for ko in T.Pipelined(nk, num_stages=stages):
+                T.copy(a_region(A, 0, bz, by, ko), A0)
+                T.copy(a_region(A, 1, bz, by, ko), A1)
+                T.copy(a_region(A, 2, bz, by, ko), A2)
+                T.copy(a_region(A, 3, bz, by, ko), A3)
+                T.copy(Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], B_s)
+                T.copy(A0, A_f)
+                T.copy(A1, F1)
+                T.copy(A2, F2)
+                T.copy(A3, F3)
+                for i, j in T.Parallel(bm, bk):
+                    A_f[i, j] = T.cast(c0 * T.cast(A_f[i, j], "float32") + c1 * T.cast(F1[i, j], "float32")
+                                       + c2 * T.cast(F2[i, j], "float32") + c3 * T.cast(F3[i, j], "float32"),
+                                       "bfloat16")
+                T.gemm(A_f, B_s, C_l, policy=T.GemmWarpPolicy.FullRow)
+            C_s = T.alloc_shared((bm, bn), "bfloat16")
+            T.copy(C_l, C_s)
+            T.copy(C_s, H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn])
+    return fused_a4
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=16384)
+    ap.add_argument("--cases", nargs="+", default=["pairs", "quads"],
+                    help="pairs: Strassen's 5 two-block products (n/2); quads: Strassen²'s 25 "
+                         "four-block products (n/4)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--sustained", type=float, default=2.0)
+    ap.add_argument("--source-only", action="store_true", help="print the generated CUDA and stop")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    n = args.n
+    cases = {"pairs": PAIRS, "quads": level2_quads()}
+    if args.source_only:
+        from lcmac.targets.tilelang_worker import lower_to_cuda
+        for c in args.cases:
+            print(lower_to_cuda(fused_a_kernel(n, cases[c]), "sm_90a"))
+        return
+    import torch
+    from bench_cuda import bench_fn, sustained
+    from lcmac.schedules.cuda_config import Blocking, CudaConfig
+    from lcmac.schedules.cuda_kernels import batched_gemm
+    tgt = {"kind": "cuda", "arch": "sm_90a"}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    A = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
+    B = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
+    C = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    out = {"probe": "fused-A batched GEMM: Ã_r summed from A's blocks in registers, wgmma RS",
+           "device": torch.cuda.get_device_name(), "n": n,
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "cases": {}}
+
+    def timed(name, fn, flops, into):
+        t = bench_fn(fn, [()], warmup=3, reps=args.reps)[0]
+        ts = sustained(fn, args.sustained)[0]
+        into[name] = {"burst_s": t, "sustained_s": ts, "burst_tflops": flops / t / 1e12,
+                      "sustained_tflops": flops / ts / 1e12}
+        print(f"{name:14s} burst {t * 1e3:8.3f} ms {flops / t / 1e12:6.1f} TFLOP/s   "
+              f"sustained {ts * 1e3:8.3f} ms {flops / ts / 1e12:6.1f} TFLOP/s", flush=True)
+
+    timed("cublas", lambda: torch.matmul(A, B, out=C), 2.0 * n ** 3, out)
+    for c in args.cases:
+        rows = cases[c]
+        R, nb = len(rows), 2 if len(rows[0]) == 2 else 4
+        h = n // nb
+        t0 = time.time()
+        rs = tilelang.compile(fused_a_kernel(n, rows), target=tgt)
+        ss = tilelang.compile(batched_gemm(Blocking(M=h * 2, N=h * 2, K=h * 2, m=2, k=2, n=2, R=R),
+                                           "bfloat16", CudaConfig()), target=tgt)
+        print(f"{c}: compiled in {time.time() - t0:.0f} s", flush=True)
+        Bt = torch.randn(R, h, h, device="cuda", dtype=torch.bfloat16, generator=g)
+        blk = lambda i, p: A[i * h:(i + 1) * h, p * h:(p + 1) * h].float()
+        # Ã_r as Combine A makes it: the fp32 sum rounded once to bf16
+        At = torch.stack([sum(blk(i, p) * s for i, p, s in row).to(torch.bfloat16) for row in rows])
+        H_rs = torch.empty(R, h, h, device="cuda", dtype=torch.bfloat16)
+        H_ss = torch.empty_like(H_rs)
+        rs(A, Bt, H_rs)
+        ss(At, Bt, H_ss)
+        torch.cuda.synchronize()
+        same = (H_rs == H_ss).float().mean().item()
+        err = ((H_rs.float() - H_ss.float()).abs().max() / H_ss.float().abs().max()).item()
+        print(f"{c}: fused-A vs batched GEMM on Ã: {same * 100:.3f} % identical, max rel diff {err:.2e}")
+        res = {"products": R, "block": h, "terms": len(rows[0]), "identical_fraction": same,
+               "max_rel_diff": err}
+        fl = 2.0 * R * h ** 3
+        timed(f"{c}-ss", lambda: ss(At, Bt, H_ss), fl, res)
+        timed(f"{c}-rs", lambda: rs(A, Bt, H_rs), fl, res)
+        out["cases"][c] = res
+        del Bt, At, H_rs, H_ss
+        torch.cuda.empty_cache()
+    if args.out:
+        open(args.out, "w").write(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
