@@ -195,7 +195,7 @@ def test_every_sm90_kernel_waits_for_the_previous_one(tmp_path, algo, config):
 
 @needs_tilelang
 def test_unfused_and_plain_kernel_counts(tmp_path):
-    # the grid kernel: one CTA per tile of every product; the default on sm_90a, persistent:
+    # the grid kernel: one CTA per tile of every product; an LCMA's default on sm_90a, persistent:
     # one CTA per tile up to the profile's 132 SMs (here 1 x 2 tiles x 7 products)
     for cfg, grid in (({"fused": False, "persistent": False}, [1, 2, 7]), ({"fused": False}, [14, 1, 1])):
         r = worker({"algorithm": "winograd", "target": "cuda-sm90a", "dtype": "fp16",
@@ -204,8 +204,9 @@ def test_unfused_and_plain_kernel_counts(tmp_path):
         assert r["ok"], r.get("error")
         assert [k["name"] for k in r["kernels"]] == ["combine_a", "combine_b", "batched_gemm", "combine_h"]
         assert r["kernels"][2]["grid"] == grid
-    for cfg, grid in (({"persistent": False}, [ceil_div(768, 256), ceil_div(512, 128), 1]),
-                      ({}, [ceil_div(768, 256) * ceil_div(512, 128), 1, 1])):
+    # the plain GEMM keeps the grid kernel unless asked
+    for cfg, grid in (({}, [ceil_div(768, 256), ceil_div(512, 128), 1]),
+                      ({"persistent": True}, [ceil_div(768, 256) * ceil_div(512, 128), 1, 1])):
         g = worker({"algorithm": None, "target": "cuda-sm90a", "dtype": "bf16", "config": cfg,
                     "shape": [512, 768, 256], "out_dir": str(tmp_path / f"g{grid[1]}"), "compile": False})
         assert g["ok"], g.get("error")
@@ -547,8 +548,9 @@ def test_default_stages_fit_the_arch_shared_memory():
     known, a config silent on ``stages`` gets the deepest pipeline that fits; an explicit
     value is kept (and checked after lowering: test_sm80_build_fits_shared_memory)."""
     from lcmac.schedules.cuda_config import SMEM_PER_CTA, persistent_tile_bytes, stage_bytes
-    # sm_90a bf16: the persistent GEMM stage (the default there) keeps its 64 KB output tile
-    # beside the pipeline: 3 stages; asked for 4, it stays a grid kernel (which fits 4)
+    # sm_90a bf16: an LCMA's persistent GEMM stage (the default there) keeps its 64 KB output
+    # tile beside the pipeline: 3 stages; asked for 4, it stays a grid kernel (which fits 4);
+    # the plain GEMM (lcma=False) keeps the grid kernel
     cases = [({}, "bfloat16", "sm_90a", 3), ({"persistent": False}, "bfloat16", "sm_90a", 4),
              ({"stages": 4}, "bfloat16", "sm_90a", 4), ({}, "float32", "sm_90a", 4),
              ({}, "bfloat16", "sm_80", 3), ({}, "float32", "sm_80", 3),
@@ -556,6 +558,8 @@ def test_default_stages_fit_the_arch_shared_memory():
              ({"operands": "fp16x2"}, "float32", "sm_80", 2),         # 128x64 there
              ({"operands": "fp16x2", "block_n": 128}, "float32", "sm_80", 2),
              ({"stages": 4}, "bfloat16", "sm_80", 4), ({}, "bfloat16", None, 4)]
+    plain = CudaConfig.from_dict({}, dtype="bfloat16", arch="sm_90a", lcma=False)
+    assert (plain.persistent, plain.stages) == (False, 4)
     for d, dtype, arch, want in cases:
         cfg = CudaConfig.from_dict(d, dtype=dtype, arch=arch)
         assert cfg.stages == want, (d, dtype, arch, cfg.stages)

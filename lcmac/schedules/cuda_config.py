@@ -75,7 +75,9 @@ class CudaConfig:
                  tile on an H100).  The output tile then needs shared memory of its own
                  beside the pipeline (3 stages of the default tile).  H100, 16384³ bf16,
                  sustained: Strassen²'s 49 products 666 → 687 TFLOP/s, Strassen's 7
-                 688 → 700 (bench/results/h100-bfloat16-persistent.json).
+                 688 → 700 (bench/results/h100-bfloat16-persistent.json).  The default for
+                 an LCMA's batched GEMM where it applies and fits (``from_dict``); the plain
+                 GEMM keeps the grid kernel unless asked.
     persistent_ctas  P, the persistent grid size; 0 = SMs of the target's profile × CTAs that
                  fit on one SM (1 for the default 128×256 tile with 4 stages).
     combine_*    tile of the element-wise combine kernels.
@@ -130,10 +132,13 @@ class CudaConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict | None, dtype: str | None = None, arch: str | None = None) -> "CudaConfig":
-        """``dtype`` and ``arch`` given: where ``d`` is silent on ``persistent``, the unfused
-        GEMM stage is persistent wherever its template exists (``persistent_gemm``) and,
-        with the stages asked for, fits; where ``d`` is silent on ``stages``, the deepest
+    def from_dict(cls, d: dict | None, dtype: str | None = None, arch: str | None = None,
+                  lcma: bool = True) -> "CudaConfig":
+        """``dtype`` and ``arch`` given: where ``d`` is silent on ``persistent``, an LCMA's
+        batched GEMM (``lcma``) is persistent wherever its template exists
+        (``persistent_gemm``) and, with the stages asked for, fits — the plain GEMM keeps the
+        grid kernel (persistent, it lost 3-5 % on wide-N LLM shapes, h100-bfloat16-llm-
+        persistent.json); where ``d`` is silent on ``stages``, the deepest
         pipeline up to the default that fits the arch's shared memory (the default 4 stages
         of a 128×256 tile need 192 KB: an sm_90a fits them, an sm_80's 163 KB does not;
         beside a persistent kernel's output tile, 3 do)."""
@@ -151,7 +156,7 @@ class CudaConfig:
             # 128x64, 2 stages; explicit values still win
             d = {**(SPLIT_TILE_DEFAULTS_SM80 if arch == "sm_80" else SPLIT_TILE_DEFAULTS), **d}
         cfg = cls(**d)
-        if dtype is not None and arch is not None and "persistent" not in d:
+        if lcma and dtype is not None and arch is not None and "persistent" not in d:
             on = cls(**{**d, "persistent": True})
             room = SMEM_PER_CTA[arch] - persistent_tile_bytes(on, dtype)
             fits = fit_stages or on.stages * stage_bytes(on, dtype) <= room
@@ -322,7 +327,17 @@ def check_smem(kernels: list[dict], arch: str) -> None:
 def default_config(target, dtype: str = "bfloat16", algorithm=None, shape=None) -> "CudaConfig":
     """What ``lcmac build`` / the tuner use with no config: the measured defaults, with the
     pipeline depth cut to what the target's shared memory holds."""
-    return CudaConfig.from_dict({}, dtype=dtype, arch=getattr(target, "arch", None) or "sm_90a")
+    return CudaConfig.from_dict({}, dtype=dtype, arch=getattr(target, "arch", None) or "sm_90a",
+                                lcma=is_lcma(algorithm))
+
+
+def is_lcma(algorithm) -> bool:
+    """Whether ``algorithm`` (None, a name, an Algorithm) is an LCMA rather than the plain
+    GEMM (None, "gemm", a 1x1x1 scheme)."""
+    if algorithm is None or algorithm == "gemm":
+        return False
+    R = getattr(algorithm, "R", None)
+    return R is None or R > 1
 
 
 def fp8_combine_size(m: int, k: int, n: int, R: int) -> int:

@@ -301,7 +301,7 @@ def lower_to_cuda(func, arch: str, pass_configs: dict | None = None) -> str:
 def build(req: dict) -> dict:
     import tilelang
     from ..dtypes import normalize_dtype
-    from ..schedules.cuda_config import (SUPPORTED_DTYPES, CudaConfig, NotSupportedYet,
+    from ..schedules.cuda_config import (SUPPORTED_DTYPES, CudaConfig, NotSupportedYet, is_lcma,
                                          check_shape, check_smem, cluster_kernels)
     from . import cuda as host
     from . import get_target
@@ -318,9 +318,10 @@ def build(req: dict) -> dict:
         raise DTypeError(f"the CUDA backend supports {SUPPORTED_DTYPES}, not {dtype}")
     M, N, K = (int(x) for x in req["shape"])
     check_shape(M, N, K, dtype)
-    cfg = CudaConfig.from_dict(req.get("config"), dtype=dtype, arch=target.arch)
-    cfg.check()
     alg = _resolve_algorithm(req.get("algorithm"))
+    cfg = CudaConfig.from_dict(req.get("config"), dtype=dtype, arch=target.arch,
+                               lcma=is_lcma(alg))
+    cfg.check()
     out_dir = os.path.abspath(req.get("out_dir", "."))
     os.makedirs(out_dir, exist_ok=True)
     name = req.get("name", "lcmac_cuda")
