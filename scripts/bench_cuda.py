@@ -216,6 +216,17 @@ def sustained(fn, seconds, nvml=None):
     return t, (nvml.energy_j() - e0) / n, sum(clocks) / max(len(clocks), 1)
 
 
+def burst_and_sustained(name, fn, flops, reps, seconds, into):
+    """``into[name]``: the median of ``reps`` separated calls and the mean over ``seconds`` of
+    back-to-back calls (``sustained``), with TFLOP/s for ``flops`` per call; printed."""
+    t = bench_fn(fn, [()], warmup=3, reps=reps)[0]
+    ts = sustained(fn, seconds)[0]
+    into[name] = {"burst_s": t, "sustained_s": ts, "burst_tflops": flops / t / 1e12,
+                  "sustained_tflops": flops / ts / 1e12}
+    print(f"{name:16s} burst {t * 1e3:8.3f} ms {flops / t / 1e12:6.1f} TFLOP/s   "
+          f"sustained {ts * 1e3:8.3f} ms {flops / ts / 1e12:6.1f} TFLOP/s", flush=True)
+
+
 def load_artifact(path):
     """A CUDA artifact from an ``lcmac build`` manifest or a worker response (lcmac.json)."""
     import lcmac

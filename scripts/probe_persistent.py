@@ -76,7 +76,7 @@ def main():
         print(lower_to_cuda(persistent_bgemm(49, n // 4, args.sms or 132), "sm_90a"))
         return
     import torch
-    from bench_cuda import bench_fn, sustained
+    from bench_cuda import burst_and_sustained
     from lcmac.schedules.cuda_config import Blocking, CudaConfig
     from lcmac.schedules.cuda_kernels import batched_gemm
     tgt = {"kind": "cuda", "arch": "sm_90a"}
@@ -91,12 +91,7 @@ def main():
            "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "levels": {}}
 
     def timed(name, fn, flops, into):
-        t = bench_fn(fn, [()], warmup=3, reps=args.reps)[0]
-        ts = sustained(fn, args.sustained)[0]
-        into[name] = {"burst_s": t, "sustained_s": ts, "burst_tflops": flops / t / 1e12,
-                      "sustained_tflops": flops / ts / 1e12}
-        print(f"{name:16s} burst {t * 1e3:8.3f} ms {flops / t / 1e12:6.1f} TFLOP/s   "
-              f"sustained {ts * 1e3:8.3f} ms {flops / ts / 1e12:6.1f} TFLOP/s", flush=True)
+        burst_and_sustained(name, fn, flops, args.reps, args.sustained, into)
 
     timed("cublas", lambda: torch.matmul(A, B, out=C), 2.0 * n ** 3, out)
     for lv in args.levels:

@@ -130,12 +130,14 @@ def _k_loop(a_slab, b_slab, A_s, B_s, C_l, nk, stages: int, pol, kmajor: bool,
 
 
 @T.macro
-def _store_tile(C_l, c_out, odt, bm: int, bn: int, via_smem: bool):
+def _store_tile(C_l, c_out, odt, bm: int, bn: int, via_smem: bool, C_s=None):
     """The accumulator tile ``C_l`` to the global region ``c_out`` (dtype ``odt``): through
     shared memory (stmatrix, then TMA stores on sm_90a; TileLang lets the tile alias the
-    drained pipeline buffers) when ``via_smem``, else every thread stores its fragments."""
+    drained pipeline buffers) when ``via_smem``, else every thread stores its fragments.
+    ``C_s``: a shared tile allocated by the caller (a pipeline that never drains)."""
     if via_smem:
-        C_s = T.alloc_shared((bm, bn), odt)
+        if C_s is None:
+            C_s = T.alloc_shared((bm, bn), odt)
         T.copy(C_l, C_s)
         T.copy(C_s, c_out)
     else:
@@ -174,8 +176,7 @@ def _persistent_tiles(a_slab, b_slab, c_out, tile_of, steps, odt, sdt, b_tile, b
     A_s = T.alloc_shared((bm, bk), sdt)
     B_s = T.alloc_shared(b_tile, sdt)
     C_l = T.alloc_fragment((bm, bn), ACCUM)
-    if cfg.store_via_smem:
-        C_s = T.alloc_shared((bm, bn), odt)
+    C_s = T.alloc_shared((bm, bn), odt) if cfg.store_via_smem else None
     for it in T.Pipelined(steps * nk, num_stages=cfg.stages):
         ko = it % nk
         r, by, bx = tile_of(it // nk)
@@ -183,11 +184,7 @@ def _persistent_tiles(a_slab, b_slab, c_out, tile_of, steps, odt, sdt, b_tile, b
         T.copy(b_slab(r, bx, ko), B_s)
         T.gemm(A_s, B_s, C_l, policy=pol, clear_accum=ko == 0)
         if ko == nk - 1:
-            if cfg.store_via_smem:
-                T.copy(C_l, C_s)
-                T.copy(C_s, c_out(r, by, bx))
-            else:
-                T.copy(C_l, c_out(r, by, bx))
+            _store_tile(C_l, c_out(r, by, bx), odt, bm, bn, cfg.store_via_smem, C_s)
 
 
 def _persistent_walk(pid, ctas: int, R: int, gx: int, gy: int, panel: int, rfast: bool):
