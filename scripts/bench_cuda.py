@@ -89,6 +89,12 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "strassen-alg1-f16s": ("strassen", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
     "winograd-alg1-f16s": ("winograd", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
     "strassen^2-alg1-f16s": ("strassen^2", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
+    # fused GEMM + Combine H with the epilogue on the TMA engine (CudaConfig.tma_reduce):
+    # no H, no Combine-H pass; 3 stages beside the shared-memory output tile
+    "strassen-tr": ("strassen", {"fused": True, "tma_reduce": True, "stages": 3, "policy": "fullrow"}),
+    "winograd-tr": ("winograd", {"fused": True, "tma_reduce": True, "stages": 3, "policy": "fullrow"}),
+    "strassen^2-tr": ("strassen^2", {"fused": True, "tma_reduce": True, "stages": 3, "policy": "fullrow"}),
+    "winograd^2-tr": ("winograd^2", {"fused": True, "tma_reduce": True, "stages": 3, "policy": "fullrow"}),
     # 2-CTA clusters sharing each B slab by TMA multicast (CudaConfig.cluster)
     "tl-gemm-c2": (None, {"stages": 4, "policy": "fullrow", "cluster": 2}),
     "strassen-alg1-c2": ("strassen", {"fused": False, "stages": 4, "policy": "fullrow", "cluster": 2}),

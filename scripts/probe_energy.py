@@ -76,6 +76,8 @@ def main():
         if f"cublas {shape}" not in items:
             items[f"cublas {shape}"] = (shape, lambda A=A, B=B, C=C: torch.matmul(A, B, out=C))
         label = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        if label in items:   # same artifact name from two build dirs: keep both
+            label = os.path.relpath(os.path.dirname(os.path.abspath(path)))
         items[label] = (shape, lambda f=f, A=A, B=B, C=C: f(A, B, out=C))
         ref = torch.matmul(A, B)
         f(A, B, out=C)

@@ -836,3 +836,75 @@ def test_persistent_gemm_refusals_name_the_reason(tmp_path):
                        ({"config": {"cluster": 2, "persistent": True}}, "cluster=2")):
         r = worker({**base, **req})
         assert not r["ok"] and words in r["error"] and "persistent=False" in r["error"], (req, r.get("error"))
+
+
+# ---- tma_reduce: the fused kernel's Combine-H epilogue on the TMA engine ------------------
+TR = {"fused": True, "tma_reduce": True, "stages": 3}
+
+
+@pytest.mark.parametrize("algo", ["strassen", "winograd", "laderman", "strassen^2"])
+def test_reduce_groups_add_up_to_combine_h(algo):
+    # the epilogue's plan, replayed on random products: the first contribution stores, the
+    # rest add, one group per coefficient -- C_ij = sum_r W[r,i,j] H_r exactly (float64)
+    from lcmac import ir
+    from lcmac.schedules.cuda_config import reduce_groups
+    alg = ir.get(algo)
+    W = np.asarray(alg.W, dtype=float)
+    H = np.random.default_rng(0).standard_normal((alg.R, 3, 5))
+    C = {}
+    for r, groups in enumerate(reduce_groups(alg.W, list(range(alg.R)))):
+        assert [w for w, _ in groups][1:].count(1) == 0 and len({w for w, _ in groups}) == len(groups)
+        for w, dests in groups:
+            for i, j, first in dests:
+                assert first == ((i, j) not in C)
+                C[(i, j)] = float(w) * H[r] + (0 if first else C[(i, j)])
+    for (i, j), c in C.items():
+        np.testing.assert_allclose(c, np.einsum("r,rxy->xy", W[:, i, j], H), rtol=1e-12, atol=1e-12)
+    assert len(C) == alg.m * alg.n
+
+
+def test_tma_reduce_refusals_name_the_reason():
+    from lcmac.schedules.cuda_config import tma_reduce_why
+    ok = CudaConfig.from_dict(TR)
+    blk = Blocking(1024, 1024, 1024, 2, 2, 2, 7)
+    assert tma_reduce_why(ok, blk, "bfloat16", "sm_90a") is None
+    for cfg, b, dtype, arch, words in (
+            (ok, blk, "bfloat16", "sm_80", "sm_80 has no TMA"),
+            (ok, blk, "float32", "sm_90a", "float32"),
+            (CudaConfig.from_dict({**TR, "operands": "fp16"}), blk, "bfloat16", "sm_90a", "operands"),
+            (CudaConfig.from_dict({**TR, "split_group": True}), blk, "bfloat16", "sm_90a", "split_group"),
+            (CudaConfig.from_dict({**TR, "r_order": "greedy"}), blk, "bfloat16", "sm_90a", "r_order"),
+            (ok, Blocking(1000, 1064, 1032, 2, 2, 2, 7), "bfloat16", "sm_90a", "whole multiples"),
+            (ok, Blocking(1024, 768, 1024, 2, 2, 2, 7), "bfloat16", "sm_90a", "384")):
+        why = tma_reduce_why(cfg, b, dtype, arch)
+        assert why and words in why, (words, why)
+
+
+def test_async_reduce_stores_refuses_an_unknown_epilogue():
+    from lcmac.errors import ToolchainError
+    from lcmac.targets.cuda import async_reduce_stores
+    with pytest.raises(ToolchainError, match="tma_reduce=False"):
+        async_reduce_stores("__global__ void k() { tl::tma_store_add(d, s, 0, 0); }")
+
+
+@needs_tilelang
+def test_tma_reduce_kernels_and_epilogue(tmp_path):
+    # Strassen on 2x2 tile positions per C block: the combines and one persistent kernel of
+    # 4 CTAs (no H, no Combine H); each product's tile is stored into its C blocks' first
+    # contributions (4) and added into the other 8 by TMA reductions that nobody waits for
+    # where they are issued; every product's epilogue first waits for all earlier bulk groups
+    # to complete, and the two mixed-sign products (M2, M5) wait for the reads of their first
+    # group before writing -H
+    r = worker({"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bf16",
+                "shape": [512, 1024, 512], "config": TR, "out_dir": str(tmp_path), "compile": False})
+    assert r["ok"], r.get("error")
+    assert [k["name"] for k in r["kernels"]] == ["combine_a", "combine_b", "reduce_gemm_h"]
+    k = r["kernels"][2]
+    assert (k["grid"], k["block"], k["args"]) == ([4, 1, 1], [384, 1, 1], ["At", "Bt", "C"])
+    assert "H" not in dict(r["workspace"])
+    body = kernel_body(open([p for p in r["sources"] if p.endswith("reduce_gemm_h.cu")][0]).read())
+    assert body.count("tl::tma_store_add(C_desc") == 8 and body.count("tl::tma_store(C_desc") == 4
+    assert not re.search(r"tma_store_add\([^;]*\);\s*\}?\s*tl::tma_store_arrive\(\);\s*tl::tma_store_wait", body)
+    assert body.count("tl::tma_store_wait<0, false>();") == 7 + 1     # per product, at exit
+    assert body.count("tl::tma_store_wait<0, true>();") == 2
+    assert "-0x1p+0f" in body and "wgmma" in body and "atomic" not in body.lower()

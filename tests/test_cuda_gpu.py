@@ -78,6 +78,17 @@ CASES += [("strassen", (1000, 1064, 1032), SG),
           ("winograd", (2048, 2048, 2048), {**SG, "overlap_epilogue": True}),
           ("strassen", (1000, 1064, 1032), {"fused": True, "cache_aware": False}),
           ("strassen", (1000, 1064, 1032), {"fused": True, "cache_aware": False, "overlap_epilogue": True})]
+# the fused kernel with its Combine-H epilogue on the TMA engine (tma_reduce: stores and
+# cp.reduce.async.bulk adds into C): one group per CTA, several groups per CTA with a tail
+# (24 tile positions on 5 CTAs), Winograd's W, rank 49 with mixed-sign products, Laderman's
+# <3,3,3;23>
+TR = {"fused": True, "tma_reduce": True, "stages": 3}
+TR_CASES = [("strassen", (1024, 1024, 1024), TR),
+            ("strassen", (2048, 1536, 1024), {**TR, "persistent_ctas": 5}),
+            ("winograd", (2048, 2048, 2048), TR),
+            ("strassen^2", (2048, 2048, 1024), TR)]
+TR_CASES += [("laderman", (768, 768, 768), TR)]
+CASES += TR_CASES
 # buffers of more than 2³¹ elements (the LLM vocabulary projections; 64-bit index arithmetic,
 # cuda_kernels._dims): H and C of Strassen, B̃ and H of Strassen² (these faulted or returned
 # garbage with int32 extents: tuning_logs/cuda-sm90a-bfloat16.jsonl)
@@ -380,6 +391,18 @@ def test_split_group_deterministic(artifacts):
     outs = [f(A, B).clone() for _ in range(3)]
     torch.cuda.synchronize()
     assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_tma_reduce_deterministic(artifacts):
+    """The TMA adds into a C tile come from one CTA, in a fixed order, each bulk group done
+    before the next: the same inputs give the same bits, run after run."""
+    f = _loaded(artifacts, "strassen", (2048, 1536, 1024), {**TR, "persistent_ctas": 5}, "bf16")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    A = torch.randn(2048, 1024, device="cuda", generator=g).bfloat16()
+    B = torch.randn(1024, 1536, device="cuda", generator=g).bfloat16()
+    want = _written(f, A, B)
+    for _ in range(5):
+        assert torch.equal(_written(f, A, B), want)
 
 
 def _inputs(M, N, K, dtype, seed, scale_a=1.0, scale_b=1.0):

@@ -80,6 +80,18 @@ class CudaConfig:
                  GEMM keeps the grid kernel unless asked.
     persistent_ctas  P, the persistent grid size; 0 = SMs of the target's profile × CTAs that
                  fit on one SM (1 for the default 128×256 tile with 4 stages).
+    tma_reduce   fused only (sm_90a, native 2-byte operands, a shape whose C blocks the
+                 tile divides exactly): the fused kernel's Combine-H epilogue runs on the
+                 TMA engine (``cuda_kernels.reduce_gemm_h``).  P persistent CTAs own whole
+                 groups, all at the same product r at a time (cache-aware); after product
+                 r's K loop the consumers put w·H_r in shared memory once per distinct
+                 coefficient and the TMA engine stores it into C_ij (the first contribution)
+                 or adds it there in L2 (cp.reduce.async.bulk .add), asynchronously to the
+                 next product's K loop.  Neither H nor a Combine-H pass exists; C holds the
+                 partial sums in its dtype, as the register epilogue does.  The fastest fused
+                 form, but not faster than Algorithm 1 on a power-capped H100/H200: 16384³
+                 sustained, Strassen 1.002x cuBLAS against 1.012x, Strassen² 0.937x against
+                 1.033x (bench/results/h100-bfloat16-tma-reduce.json; bench/notes-cuda.md).
     combine_*    tile of the element-wise combine kernels.
     operands     how the GEMM stage's operands Ã/B̃ are stored (``OPERAND_MODES``):
                  "native": in the input dtype (float32: TF32 on the tensor cores);
@@ -127,6 +139,7 @@ class CudaConfig:
     operands: str = "native"
     cluster: int = 1
     store_via_smem: bool = True
+    tma_reduce: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -307,9 +320,25 @@ def persistent_tile_bytes(cfg: "CudaConfig", dtype: str) -> int:
     """Shared memory the persistent unfused GEMM keeps for its output tile beside the
     pipeline (a one-tile CTA's tile aliases the drained pipeline buffers instead)."""
     from ..dtypes import ITEMSIZE
-    if not (cfg.persistent and not cfg.fused and cfg.store_via_smem):
+    if not cfg.store_via_smem or not (cfg.persistent and not cfg.fused or cfg.fused and cfg.tma_reduce):
         return 0
     return cfg.block_m * cfg.block_n * ITEMSIZE.get(dtype, 4)
+
+
+def tma_reduce_why(cfg: "CudaConfig", blk: "Blocking", dtype: str, arch: str) -> str | None:
+    """Why the fused kernel cannot run its epilogue on the TMA engine (None: it can)."""
+    if arch != "sm_90a":
+        return f"{arch} has no TMA"
+    if dtype not in ("bfloat16", "float16") or cfg.operands != "native":
+        return f"it stores native 2-byte outputs, not {dtype} with operands={cfg.operands!r}"
+    if cfg.split_group or cfg.cluster != 1 or not cfg.store_via_smem or cfg.r_order != "natural":
+        return ("it has its own persistent grid and product order (split_group=False, cluster=1, "
+                "store_via_smem=True, r_order='natural')")
+    # a TMA box is clipped to C, not to C_ij: a tile must not cross a block boundary
+    if blk.Mb % cfg.block_m or blk.Nb % cfg.block_n or blk.M != blk.m * blk.Mb or blk.N != blk.n * blk.Nb:
+        return (f"the C blocks ({blk.Mb}x{blk.Nb} of {blk.M}x{blk.N}) must be whole multiples of "
+                f"the {cfg.block_m}x{cfg.block_n} tile")
+    return None
 
 
 def check_smem(kernels: list[dict], arch: str) -> None:
@@ -566,6 +595,20 @@ def combine_h_steps(W, order: list[int]):
         steps.append(items)
     nxt = {ij: [min((t - s) % R for t in st) for s in range(R)] for ij, st in at.items()}
     return steps, nxt
+
+
+def reduce_groups(W, order: list[int]):
+    """The TMA epilogue of ``tma_reduce`` step by step: groups[s] = [(w, [(i, j, first)])],
+    product order[s]'s non-zero W[r,i,j] grouped by coefficient (w = 1 first), ``first`` =
+    C_ij's first contribution in a walk over the whole group (a store; the rest add)."""
+    steps, _ = combine_h_steps(W, order)
+    groups = []
+    for items in steps:
+        by_w = {}
+        for (i, j, w, first, _prev) in items:
+            by_w.setdefault(w, []).append((i, j, first))
+        groups.append(sorted(by_w.items(), key=lambda kv: kv[0] != 1))
+    return groups
 
 
 def first_in_piece(s0: int, prev: int, st: int, R: int) -> bool:

@@ -32,7 +32,8 @@ import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
 from .cuda_config import (FP8_BLOCK, FP8_MAX, SCALED_TOP, SPLIT_SHIFT, Blocking, CudaConfig,
-                          NotSupportedYet, combine_h_steps, first_in_piece, needs_int64, r_order)
+                          NotSupportedYet, combine_h_steps, first_in_piece, needs_int64, r_order,
+                          reduce_groups)
 
 ACCUM = "float32"
 
@@ -711,6 +712,16 @@ def _raster(g, gx: int, gy: int, panel: int):
     return row, col
 
 
+def _column_panels(u, gx: int, gy: int, panel: int):
+    """Tile position (row, col) of linear index u >= 0: panels of ``panel`` columns (panel
+    divides gx), each walked row by row, so the tiles running together share few A rows and
+    few B columns.  Simpler than ``_raster`` (no serpentine, no short last panel): TileLang
+    takes minutes to lower ``_raster``'s selects where the run-time epilogue repeats them."""
+    div, mod = T.truncdiv, T.truncmod
+    within = mod(u, panel * gy)
+    return div(within, panel), div(u, panel * gy) * panel + mod(within, panel)
+
+
 def _first_in_piece(s0: int, prev: int, st, R: int):
     """cuda_config.first_in_piece; a run-time test when the walk's start st is a variable."""
     if isinstance(st, int):
@@ -1084,6 +1095,81 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
                 tile(At, Bt, H, bx, by, bz, True)
 
     return lcmac_bgemm
+
+
+def reduce_gemm_h(alg, blk: Blocking, dtype: str, cfg: CudaConfig, ctas: int, arch: str = "sm_90a"):
+    """GEMM + Combine-H with the epilogue on the TMA engine (``cfg.tma_reduce``): P persistent
+    CTAs, each owns whole groups (a tile position's R products, r = 0..R-1 back to back) and
+    all CTAs run the same r at the same time (the cache-aware order).  After product r's K
+    loop the consumers put w·H_r (bf16/fp16) in shared memory once per distinct coefficient
+    w, and the TMA engine stores it into C_ij's tile (C_ij's first contribution) or adds it
+    there (cp.reduce.async.bulk .add, performed in L2) — asynchronous, so the next product's
+    K loop runs meanwhile, and neither H nor a Combine-H pass exists.  Deterministic: one CTA
+    adds into a C tile, in a fixed order, each bulk group complete before the next one starts.
+    C holds partial sums in its own dtype (as the register epilogue of ``fused_gemm_h``)."""
+    f = _Fused(alg, blk, dtype, cfg)
+    bm, bn, bk, nk = f.bm, f.bn, f.bk, f.nk
+    R, Mb, Nb, Kb, M, N = f.R, f.Mb, f.Nb, f.Kb, f.M, f.N
+    pol = _policy(cfg, dtype)
+    gx, gy = Nb // bn, Mb // bm
+    P = min(ctas, gx * gy)
+    pdl = _pdl(arch)
+    # the raster's column-panel width: the largest divisor of gx up to cfg.swizzle
+    panel = max([d for d in range(1, max(cfg.swizzle, 1) + 1) if gx % d == 0])
+    groups = reduce_groups(alg.W, list(range(R)))
+
+    @T.macro
+    def epilogue(C, C_l, C_s, r, by, bx):
+        # The bulk stores/adds are not waited for where they are issued (targets.cuda.
+        # async_reduce_stores drops the wait TileLang puts after each add), so the next
+        # product's K loop runs while the TMA engine works.  Waits instead: all of the
+        # previous product's bulk groups complete before this one writes C_s (an add into a
+        # C tile then also follows the earlier store/adds into it), and a second coefficient
+        # group waits until the first one's reads of C_s are done.
+        for s0 in _static(R):
+            if r == s0:
+                T.tma_store_wait(0, read=False)
+                for g, (w, dests) in enumerate(groups[s0]):
+                    if g:
+                        T.tma_store_wait(0, read=True)
+                    if w == 1:
+                        T.copy(C_l, C_s)
+                    else:
+                        for x, y in T.Parallel(bm, bn):
+                            C_s[x, y] = T.cast(_scaled(w, C_l[x, y]), dtype)
+                    for (i, j, first) in dests:
+                        dst = C[i * Mb + by * bm:i * Mb + (by + 1) * bm,
+                                j * Nb + bx * bn:j * Nb + (bx + 1) * bn]
+                        if first:
+                            T.tma_copy(C_s, dst)
+                        else:
+                            T.atomic_add(dst, C_s, annotations={"use_tma": 1})
+
+    @T.prim_func
+    def lcmac_reduce_gemm(At: T.Tensor(_dims(R, Mb, Kb), dtype), Bt: T.Tensor(_dims(R, Kb, Nb), dtype),
+                          C: T.Tensor(_dims(M, N), dtype)):
+        with T.Kernel(P, threads=cfg.threads) as pid:
+            if pdl:
+                pdl_sync()
+            A_s = T.alloc_shared((bm, bk), dtype)
+            B_s = T.alloc_shared((bk, bn), dtype)
+            C_l = T.alloc_fragment((bm, bn), ACCUM)
+            C_s = T.alloc_shared((bm, bn), dtype)
+            steps = T.ceildiv(gx * gy - pid, P) * R
+            for it in T.Pipelined(steps * nk, num_stages=cfg.stages):
+                ko = it % nk
+                q = it // nk
+                r = q % R
+                by, bx = _column_panels(q // R * P + pid, gx, gy, panel)
+                T.copy(At[r, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk], A_s)
+                T.copy(Bt[r, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn], B_s)
+                T.gemm(A_s, B_s, C_l, policy=pol, clear_accum=ko == 0)
+                if ko == nk - 1:
+                    epilogue(C, C_l, C_s, r, by, bx)
+            # the last bulk groups read C_s and write C: done before the CTA exits
+            T.tma_store_wait(0, read=False)
+
+    return lcmac_reduce_gemm
 
 
 def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):

@@ -167,6 +167,24 @@ def cluster_pipeline(code: str, stages: int, consumers: int) -> str:
     return code.replace(_KERNEL_END, "\n  tl::cluster_sync();" + _KERNEL_END)
 
 
+# TileLang 0.1.15 waits for every TMA reduction's reads of shared memory right after issuing
+# it (T.atomic_add(..., use_tma) has no asynchronous form, unlike T.tma_copy for stores)
+_ADD_THEN_WAIT = re.compile(r"(tl::tma_store_add\([^;]*\);\n(?:[ ]*\}\n)?[ ]*tl::tma_store_arrive\(\);\n)"
+                            r"[ ]*tl::tma_store_wait<0, true>\(\);\n")
+
+
+def async_reduce_stores(code: str) -> str:
+    """Drop the wait after each TMA reduction of ``cuda_kernels.reduce_gemm_h``'s epilogue,
+    which waits itself before it writes the shared tile again (and before the CTA exits).
+    The generated source must have that form; anything else raises."""
+    out, n = _ADD_THEN_WAIT.subn(r"\1", code)
+    if n == 0 or n != code.count("tl::tma_store_add("):
+        raise ToolchainError("tma_reduce: TileLang's generated epilogue does not have the form "
+                             "this build makes asynchronous (another TileLang version?); build "
+                             "with tma_reduce=False")
+    return out
+
+
 def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
                  zero: list[str] = (), prepared: dict | None = None) -> str:
     """kernels: [{"name", "args": [buffer names in call order]}] in launch order.

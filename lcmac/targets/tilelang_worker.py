@@ -120,6 +120,18 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     item = ITEMSIZE[dtype]
     # buffers of more than 2³¹−1 elements: declared with int64 extents (cuda_kernels._dims)
     wide = int64_buffers(blk, cfg.fused and not kmajor, kmajor)
+    if cfg.fused and cfg.tma_reduce and not kmajor:
+        from ..schedules.cuda_config import NotSupportedYet, tma_reduce_why
+        why = tma_reduce_why(cfg, blk, dtype, arch)
+        if why:
+            raise NotSupportedYet(f"tma_reduce=True: {why} (use tma_reduce=False)")
+        ws = _workspace({n: e * item for n, e in blk.workspace_elems(True).items()})
+        P = cfg.persistent_ctas or _profile_units(arch, units)
+        return ([("combine_a", K.combine_ab("A", progs["A"], blk, dtype, cfg, arch), ["A", "At"]),
+                 ("combine_b", K.combine_ab("B", progs["B"], blk, dtype, cfg, arch), ["B", "Bt"]),
+                 ("reduce_gemm_h", K.reduce_gemm_h(alg, blk, dtype, cfg, P, arch), ["At", "Bt", "C"])],
+                ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
+                     "int64_index": wide})
     pplan = None
     if cfg.fused and (cfg.split_group or cfg.persistent):
         if arch == "sm_80" and cfg.overlap_epilogue:
@@ -336,6 +348,8 @@ def build(req: dict) -> dict:
         code = host.rename_launcher(code, str(fname), f"{name}_{kname}")
         if kname in clustered:
             code = host.cluster_pipeline(code, cfg.stages, cfg.threads)
+        if kname == "reduce_gemm_h":
+            code = host.async_reduce_stores(code)
         path = os.path.join(out_dir, f"{name}_{kname}.cu")
         with open(path, "w") as f:
             f.write(code)
