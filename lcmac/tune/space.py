@@ -316,9 +316,8 @@ def fit_check(target, dtype, config, profile=None) -> Fit:
             r = onchip_fit(p, sdt, {**f, "stages": f.get("stages", 3), "epilogue_smem": False})
             detail.update(r.to_dict())
             smem = r.onchip_bytes * ops.halves          # fp16x2: hi and lo slabs
-            if f.get("persistent") and not f.get("fused") and f.get("store_via_smem", True):
-                # the persistent unfused GEMM's output tile: shared memory beside the pipeline
-                smem += int(f["block_m"]) * int(f["block_n"]) * _db_itemsize(dtype)
+            # an output tile beside a pipeline that never drains (cuda_config decides which)
+            smem += _cuda_tile_bytes(f, dtype)
             if not r.fits:
                 reasons.append(r.reason)
             elif smem > GPU_SMEM_PER_CTA.get(p.name, p.onchip_per_unit):
@@ -359,6 +358,16 @@ def fit_check(target, dtype, config, profile=None) -> Fit:
 
 #: dynamic shared memory one CTA may use (the SM has a little more): 227 KiB on Hopper
 GPU_SMEM_PER_CTA = {"h100": 227 * 1024, "h200": 227 * 1024, "h20": 227 * 1024, "a100": 163 * 1024}
+
+
+def _cuda_tile_bytes(f: dict, dtype) -> int:
+    """cuda_config.persistent_tile_bytes of the CudaConfig the feature dict ``f`` spells."""
+    from dataclasses import fields as _fields
+    from ..dtypes import normalize_dtype
+    from ..schedules.cuda_config import CudaConfig, persistent_tile_bytes
+    known = {x.name for x in _fields(CudaConfig)}
+    return persistent_tile_bytes(CudaConfig(**{k: v for k, v in f.items() if k in known}),
+                                 normalize_dtype(dtype))
 
 
 def _db_itemsize(dtype) -> int:
