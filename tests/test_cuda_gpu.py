@@ -71,7 +71,6 @@ CASES += [("strassen", (1000, 1064, 1032), {"fused": False}),
 SG = {"fused": True, "split_group": True}
 CASES += [("strassen", (1000, 1064, 1032), SG),
           ("strassen", (1000, 1064, 1032), {**SG, "overlap_epilogue": True}),
-          ("strassen", (1000, 1064, 1032), {**SG, "overlap_epilogue": True, "cache_aware": False}),
           ("strassen", (1000, 1064, 1032), {**SG, "persistent_ctas": 40}),
           ("strassen", (6144, 6144, 1024), {**SG, "overlap_epilogue": True}),
           ("strassen", (6144, 6144, 1024), {"fused": True, "persistent": True}),
