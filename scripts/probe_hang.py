@@ -16,6 +16,11 @@ CASES = {   # name → (algorithm, n, config): the forms that hung in the step-t
     "sg-nca-ov-4096": ("strassen", 4096, {"fused": True, "split_group": True, "cache_aware": False,
                                           "overlap_epilogue": True}),
     "fused-nca-ov-4096": ("strassen", 4096, {"fused": True, "cache_aware": False, "overlap_epilogue": True}),
+    # the other rotated-walk forms: persistent groups never split, split-group with one
+    # pipeline per product
+    "pw-nca-ov-4096": ("strassen", 4096, {"fused": True, "persistent": True, "cache_aware": False,
+                                          "overlap_epilogue": True}),
+    "sg-nca-4096": ("strassen", 4096, {"fused": True, "split_group": True, "cache_aware": False}),
     # controls: the cache-aware forms of the same kernels (no hang seen)
     "sg-ov-4096": ("strassen", 4096, {"fused": True, "split_group": True, "overlap_epilogue": True}),
     "fused-ov-4096": ("strassen", 4096, {"fused": True, "overlap_epilogue": True}),
@@ -55,8 +60,12 @@ def main():
         d = os.path.join(args.build_dir, name)
         req = {"algorithm": algo, "target": "cuda", "dtype": "bf16", "shape": [n, n, n], "config": cfg,
                "out_dir": d, "name": "lcmac", "jobs": 16}
-        subprocess.run([sys.executable, "-m", "lcmac.targets.tilelang_worker"], input=json.dumps(req),
-                       capture_output=True, text=True)
+        p = subprocess.run([sys.executable, "-m", "lcmac.targets.tilelang_worker"], input=json.dumps(req),
+                           capture_output=True, text=True)
+        resp = json.loads(([x for x in p.stdout.splitlines() if x.startswith("{")] or ["{}"])[-1])
+        if not resp.get("ok"):
+            note("case", name, "not built:", (resp.get("error") or p.stderr[-300:])[:300])
+            continue
         f = load_cuda(os.path.join(d, "lcmac.json"))
         A = torch.randn(n, n, device="cuda").bfloat16()
         B = torch.randn(n, n, device="cuda").bfloat16()

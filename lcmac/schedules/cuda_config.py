@@ -51,9 +51,9 @@ class CudaConfig:
                  slowest grid index; False makes r the fastest (the ablation).  Fused: every
                  CTA walks its group's products in the same order; False starts each group's
                  walk at a different product (rotation by the tile position, so neighbouring
-                 CTAs read R different Ã_r/B̃_r), the ablation.  With split_group and
-                 overlap_epilogue that ablation hangs about once in 130 calls on an H100
-                 (an open bug, scripts/probe_hang.py): the worker refuses it.
+                 CTAs read R different Ã_r/B̃_r), the ablation.  The fused ablation hangs
+                 on an H100 (persistent forms within 7-191 calls, the grid form once; an
+                 open bug, scripts/probe_hang.py): the worker refuses it.
     overlap_epilogue  one software pipeline over all (r, k) steps of a CTA, so the TMA producer
                  loads the next product's tiles while the consumers run the Combine-H epilogue
                  (instead of one pipeline per product with a barrier between them).

@@ -133,13 +133,14 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
                 ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
                      "int64_index": wide})
     pplan = None
+    if cfg.fused and not cfg.cache_aware:
+        from ..schedules.cuda_config import NotSupportedYet
+        # an open bug: scripts/probe_hang.py (bench/results/h100-fused-hang*.json)
+        raise NotSupportedYet("the fused kernel's rotated walk (cache_aware=False) hangs on an "
+                              "H100 (split-group and persistent forms within 7-191 calls, the "
+                              "grid form once; an open bug, bench/notes-cuda.md): use "
+                              "cache_aware=True, or fused=False for the unfused ablation")
     if cfg.fused and (cfg.split_group or cfg.persistent):
-        if cfg.split_group and cfg.overlap_epilogue and not cfg.cache_aware:
-            from ..schedules.cuda_config import NotSupportedYet
-            # an open bug: scripts/probe_hang.py (bench/results/h100-fused-hang.json)
-            raise NotSupportedYet("split_group with overlap_epilogue and cache_aware=False hangs "
-                                  "about once in 130 calls on an H100 (an open bug, bench/notes-"
-                                  "cuda.md): use cache_aware=True or overlap_epilogue=False")
         if arch == "sm_80" and cfg.overlap_epilogue:
             from ..schedules.cuda_config import NotSupportedYet
             # TileLang 0.1.15's cp.async pipeline needs a constant trip count: a run-time one

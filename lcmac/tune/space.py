@@ -224,12 +224,10 @@ def default_space(fam: str, dtype: str, shape, algorithm=None, operands: str = "
                     "persistent": True, **({"fused": False} if lcma else {})})
         if lcma:
             base = {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 4, "threads": 256}
-            for sched in ({"split_group": True}, {"persistent": True}, {}):
-                for ca in (True, False):
-                    # split-group without the cache-aware order hangs (refused by the worker)
-                    if (sched or not ca) and not (sched.get("split_group") and not ca):
-                        out.append({**base, "fused": True, "overlap_epilogue": True, **sched,
-                                    "cache_aware": ca})
+            # the fused kernel's persistent forms (its grid form is every fused config above);
+            # without the cache-aware order it hangs, and the worker refuses it
+            for sched in ({"split_group": True}, {"persistent": True}):
+                out.append({**base, "fused": True, "overlap_epilogue": True, **sched})
             out.append({**base, "fused": False, "cache_aware": False})
     else:
         for mr, nr, kc, mc, nc in itertools.product((4, 8, 16), (16, 32, 64), (64, 128, 256, 512),
