@@ -184,6 +184,15 @@ def bench_fn(fn, inputs, warmup=5, reps=20):
     return ts[len(ts) // 2], ts
 
 
+def probe_record(probe: str, **fields) -> dict:
+    """The head of a probe's JSON record (scripts/probe_*.py): what it measures, on which GPU,
+    when (UTC) and the command that repeats it; then ``fields``."""
+    import torch
+    return {"probe": probe, "device": torch.cuda.get_device_name(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join([os.path.basename(sys.executable)] + sys.argv), **fields}
+
+
 def sustained(fn, seconds, nvml=None):
     """Back-to-back calls for about ``seconds`` (after one call to size the run): seconds per
     call, and with an NVML handle (probe_energy.Nvml) joules per call and the mean SM clock

@@ -15,7 +15,6 @@ Prints effective TFLOP/s (2MNK/t), watts, mean SM clock and TFLOP per joule.
     python scripts/probe_energy.py ART.json [ART.json ...] --seconds 2 --out bench/results/x.json
 """
 import argparse, ctypes, json, os, sys
-from datetime import datetime, timezone
 
 
 class Nvml:
@@ -52,7 +51,7 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import torch
-    from bench_cuda import load_artifact, sustained      # the benchmark's timer and loader
+    from bench_cuda import load_artifact, probe_record, sustained  # the benchmark's timer and loader
     nvml = Nvml()
     dev = torch.device("cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -101,9 +100,7 @@ def main():
         j = sorted(x["J"] for x in rs)[len(rs) // 2]
         summary[k] = {"shape": [M, N, K], "seconds": t, "joules": j, "tflops": 2 * M * N * K / t / 1e12,
                       "tflop_per_joule": 2 * M * N * K / j / 1e12, "runs": rs}
-    out = {"probe": "sustained time and energy per call", "device": torch.cuda.get_device_name(),
-           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "items": summary}
+    out = probe_record("sustained time and energy per call", items=summary)
     if args.out:
         open(args.out, "w").write(json.dumps(out, indent=1) + "\n")
 

@@ -16,7 +16,6 @@ to the bit where the sums agree.
     python scripts/probe_fused_a.py --n 16384 --out bench/results/h100-fused-a.json
 """
 import argparse, json, os, sys, time
-from datetime import datetime, timezone
 
 import tilelang
 import tilelang.language as T
@@ -156,7 +155,7 @@ def main():
             print(lower_to_cuda(fused_a_kernel(n, cases[c]), "sm_90a"))
         return
     import torch
-    from bench_cuda import burst_and_sustained
+    from bench_cuda import burst_and_sustained, probe_record
     from lcmac.schedules.cuda_config import Blocking, CudaConfig
     from lcmac.schedules.cuda_kernels import batched_gemm
     tgt = {"kind": "cuda", "arch": "sm_90a"}
@@ -164,10 +163,8 @@ def main():
     A = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
     B = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
     C = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-    out = {"probe": "fused-A batched GEMM: Ã_r summed from A's blocks in registers, wgmma RS",
-           "device": torch.cuda.get_device_name(), "n": n,
-           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "cases": {}}
+    out = probe_record("fused-A batched GEMM: Ã_r summed from A's blocks in registers, wgmma RS",
+                       n=n, cases={})
 
     def timed(name, fn, flops, into):
         burst_and_sustained(name, fn, flops, args.reps, args.sustained, into)

@@ -9,7 +9,6 @@ case and phase hung.
     python scripts/probe_hang.py --out bench/results/h100-fused-hang.json
 """
 import argparse, json, os, subprocess, sys, threading, time
-from datetime import datetime, timezone
 
 CASES = {   # name → (algorithm, n, config): the forms that hung in the step-table runs
     "fused-nca-ov-16384": ("strassen", 16384, {"fused": True, "cache_aware": False, "overlap_epilogue": True}),
@@ -38,10 +37,9 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import torch
+    from bench_cuda import probe_record
     from lcmac.runtime.cuda_loader import load_cuda
-    log = {"probe": "fused kernel hang", "device": torch.cuda.get_device_name(),
-           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "events": []}
+    log = probe_record("fused kernel hang", events=[])
 
     def note(*a):
         line = " ".join(map(str, a))

@@ -17,7 +17,6 @@ serial one bit for bit.  Optionally samples nvidia-smi (power, SM clock, throttl
     python scripts/probe_overlap.py ART_DIR [ART_DIR ...] --calls 6 --out bench/results/x.json
 """
 import argparse, json, os, subprocess, sys, time
-from datetime import datetime, timezone
 
 
 def main():
@@ -30,7 +29,7 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import torch
-    from bench_cuda import kernel_launchers, load_artifact
+    from bench_cuda import kernel_launchers, load_artifact, probe_record
     smi = None
     if args.smi:
         smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,power.draw,power.limit,clocks.sm,"
@@ -132,11 +131,8 @@ def main():
         torch.cuda.empty_cache()
     if smi:
         smi.terminate()
-    out = {"probe": "combine/GEMM overlap across calls", "device": torch.cuda.get_device_name(),
-           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-           "side_stream_priority": args.priority, "results": results,
-           "marks": [[round(t, 3), l] for t, l in marks]}
+    out = probe_record("combine/GEMM overlap across calls", side_stream_priority=args.priority,
+                       results=results, marks=[[round(t, 3), l] for t, l in marks])
     if args.out:
         open(args.out, "w").write(json.dumps(out, indent=1) + "\n")
 

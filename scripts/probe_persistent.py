@@ -19,7 +19,6 @@ Checked first: each persistent kernel's H equals the grid kernel's bit for bit.
     python scripts/probe_persistent.py --out bench/results/h100-bfloat16-persistent.json
 """
 import argparse, json, os, sys, time
-from datetime import datetime, timezone
 
 import tilelang
 import tilelang.language as T
@@ -76,7 +75,7 @@ def main():
         print(lower_to_cuda(persistent_bgemm(49, n // 4, args.sms or 132), "sm_90a"))
         return
     import torch
-    from bench_cuda import burst_and_sustained
+    from bench_cuda import burst_and_sustained, probe_record
     from lcmac.schedules.cuda_config import Blocking, CudaConfig
     from lcmac.schedules.cuda_kernels import batched_gemm
     tgt = {"kind": "cuda", "arch": "sm_90a"}
@@ -85,10 +84,8 @@ def main():
     A = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
     B = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
     C = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-    out = {"probe": "persistent batched GEMM (one pipeline over every (tile, k) step) vs the grid kernel",
-           "device": torch.cuda.get_device_name(), "n": n, "ctas": P,
-           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "levels": {}}
+    out = probe_record("persistent batched GEMM (one pipeline over every (tile, k) step) vs the grid kernel",
+                       n=n, ctas=P, levels={})
 
     def timed(name, fn, flops, into):
         burst_and_sustained(name, fn, flops, args.reps, args.sustained, into)

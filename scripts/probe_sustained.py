@@ -10,7 +10,6 @@ flop, the loss is sustained-load (clock/power) behaviour, not the batching.
     python scripts/probe_sustained.py --out bench/results/h100-sustained.json
 """
 import argparse, json, os, sys, tempfile, time
-from datetime import datetime, timezone
 
 
 def main():
@@ -21,7 +20,7 @@ def main():
     args = ap.parse_args()
     import torch
     import lcmac
-    from bench_cuda import bench_fn      # the benchmark's CUDA-event timer
+    from bench_cuda import bench_fn, probe_record      # the benchmark's CUDA-event timer
     n = args.n
     d = tempfile.mkdtemp()
     p = lcmac.build("gemm", "cuda", "bfloat16", (n, n, n), out_dir=d,
@@ -45,11 +44,9 @@ def main():
         "lcmac_7x": timed(lambda: [f(a, b, out=c) for a, b, c in zip(A, B, C)]),
         "cublas_2n": timed(lambda: torch.matmul(A2, B2)),
     }
-    out = {"probe": "sustained GEMM", "device": torch.cuda.get_device_name(), "n": n,
-           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "seconds": rows,
-           "tflops": {k: (8 if k.endswith("2n") else 7 if k.endswith("7x") else 1) * fl / v / 1e12
-                      for k, v in rows.items()}}
+    out = probe_record("sustained GEMM", n=n, seconds=rows,
+                       tflops={k: (8 if k.endswith("2n") else 7 if k.endswith("7x") else 1) * fl / v / 1e12
+                               for k, v in rows.items()})
     for k, v in out["tflops"].items():
         print(f"{k:10s} {rows[k] * 1e3:8.3f} ms {v:7.1f} TFLOP/s")
     if args.out:
