@@ -135,6 +135,25 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "winograd-alg1-p": ("winograd", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True}),
     "strassen^2-alg1-p": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True}),
     "fg-4x4x5-r61-alg1": ("fg-4x4x5-r61", {"fused": False, "stages": 4, "policy": "fullrow"}),
+    # combine tiles one or a few rows high and 1024-4096 columns wide: every thread of a warp
+    # reads one contiguous run of each input (the 16 x 256 default reads 512 B runs 8 KB apart)
+    "strassen-alg1-p-cc1024": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 4, "combine_cols": 1024}),
+    "strassen-alg1-p-cc4096": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 1, "combine_cols": 4096}),
+    "strassen^2-alg1-p-cc1024": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 4, "combine_cols": 1024}),
+    "strassen^2-alg1-p-cc1024r2": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 2, "combine_cols": 1024}),
+    "strassen^2-alg1-p-cc4096": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 1, "combine_cols": 4096}),
+    "strassen-alg1-p-cr4": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 4}),
+    "winograd-alg1-p-cr4": ("winograd", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 4}),
+    "strassen^2-alg1-p-cr4": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 4}),
+    "dps48-alg1-p-cc1024r2": ("dps-4x4x4-r48", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 2, "combine_cols": 1024}),
+    # 48 products of a 4x4x4 grid (Dumas-Pernet-Sedoglavic, rational W) against Strassen²'s 49
+    # and a flip-graph 49 (same grid, no Kronecker structure); "-cr4": combine tiles of 4 rows
+    # (the 16-row default takes 237 registers in DPS's Combine A: one CTA per SM).
+    # Strassen ⊗ DPS (<8,8,8;336>) is not listed: its group-parallel combines spill 14-15 KB
+    # per thread (64 inputs, 336 outputs per element)
+    "dps48-alg1-p": ("dps-4x4x4-r48", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True}),
+    "dps48-alg1-p-cr4": ("dps-4x4x4-r48", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 4}),
+    "fg49-alg1-p": ("fgr-4x4x4-r49", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True}),
 }
 LLM_NK = [(18432, 7168), (7168, 18432), (8192, 4096), (4096, 8192), (7168, 16384)]
 

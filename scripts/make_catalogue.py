@@ -5,6 +5,8 @@ Inputs are read from git checkouts or bare mirrors (``git show <rev>:<path>``):
 
 * google-deepmind/alphatensor      algorithms/factorizations_r.npz            (CC BY 4.0)
 * dronperminov/FastMatrixMultiplication  schemes/...                          (MIT)
+* with --dps48: the Dumas-Pernet-Sedoglavic rational <4,4,4;48> scheme (a published result;
+  rational.json, outside the {-1, 0, 1} rule below, admitted by exact verification alone)
 
 Only data is taken.  Every scheme is parsed with lcmac.ir.importers, verified exactly with the
 Brent equations, and (for addition-reduced schemes) its straight-line programs are checked to
@@ -243,18 +245,46 @@ def make_classic(repo: Path) -> dict:
     return {"count": 1, "names": [alg.name]}
 
 
+DPS48_SOURCE = ("J.-G. Dumas, C. Pernet, A. Sedoglavic (2025): a <4,4,4;48> scheme over the "
+                "rationals (the rank of AlphaEvolve's complex scheme, without complex numbers), "
+                "listed at https://fmm.univ-lille.fr/4x4x4.html; coefficients transcribed from "
+                "solven-eu/matmulcatalog@0a9f83a src/main/resources/schemes/known/section4/"
+                "4x4x4-r48-dumas_pernet_sedoglavic_2025-929db4e.json (u, v, w in the "
+                "FastMatrixMultiplication layout) and verified exactly by lcmac")
+
+
+def make_rational(path: Path) -> dict:
+    """Schemes whose coefficients are not all in {-1, 0, 1} (so outside the admission rule of
+    the other files), admitted one by one: exact verification is the only test they need."""
+    doc = json.loads(path.read_text())
+    alg = verify(from_fmm_scheme(doc, name="dps-4x4x4-r48", source=DPS48_SOURCE))
+    back = Algorithm.from_dict(json.loads(json.dumps(alg.to_dict())))
+    assert back == alg, alg.name
+    write_catalogue("rational.json", "Schemes with rational (power-of-two) coefficients, one by "
+                    "one from papers: " + DPS48_SOURCE,
+                    "mathematical results published by their authors; see NOTICE", [entry(alg)])
+    return {"count": 1, "names": [alg.name]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--alphatensor", type=Path,
                     default=Path("/work/.mirror/google-deepmind+alphatensor/repo"))
     ap.add_argument("--fmm", type=Path,
                     default=Path("/work/.mirror/dronperminov+FastMatrixMultiplication/repo"))
+    ap.add_argument("--dps48", type=Path, default=None,
+                    help="the Dumas-Pernet-Sedoglavic <4,4,4;48> scheme as u/v/w JSON (the "
+                         "FastMatrixMultiplication layout, coefficients as \"1/4\" strings); "
+                         "without it lcmac/ir/data/rational.json is left as it is")
     args = ap.parse_args(argv)
     DATA.mkdir(parents=True, exist_ok=True)
     report = {"alphatensor": make_alphatensor(args.alphatensor),
               "flipgraph": make_flipgraph(args.fmm),
               "flipgraph_reduced": make_reduced(args.fmm),
               "classic": make_classic(args.fmm)}
+    if args.dps48:
+        report["rational"] = make_rational(args.dps48)
+        print(f"rational.json: {', '.join(report['rational']['names'])}")
     at = report["alphatensor"]
     print(f"alphatensor.json: {at['count']} schemes: {', '.join(at['names'])}")
     for s in at["skipped"]:

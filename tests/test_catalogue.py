@@ -145,6 +145,22 @@ def test_data_files_stay_small():
     assert sum(f.stat().st_size for f in DATA.glob("*.json")) < 3 * 2 ** 20
 
 
+def test_rational_scheme_verifies_exactly_and_is_attributed():
+    """rational.json holds schemes outside the {-1, 0, 1} rule: exact verification admits them."""
+    doc = _doc("rational.json")
+    assert doc["format"] == "lcmac-catalogue/1" and doc["license"]
+    assert [d["name"] for d in doc["algorithms"]] == ["dps-4x4x4-r48"]
+    alg = catalogue.get("dps-4x4x4-r48")
+    assert (alg.grid, alg.R) == ((4, 4, 4), 48)
+    assert brent_failures(alg) == []
+    assert alg.is_ternary is False                      # W holds ±1/2, ±1/4, ±1/8
+    dens = {x.denominator for x in alg.W.flat if x != 0 and not isinstance(x, int)}
+    assert dens == {2, 4, 8}                            # exact in binary floating point
+    assert alg.naive_additions()["total"] == 960        # the catalogue's a960
+    assert "Dumas" in alg.source and "Sedoglavic" in alg.source
+    assert "Dumas, Pernet and Sedoglavic" in (ROOT / "NOTICE").read_text()
+
+
 def test_laderman_is_the_classical_scheme():
     lad = catalogue.get("laderman")
     assert (lad.grid, lad.R) == ((3, 3, 3), 23)

@@ -97,6 +97,11 @@ def test_strassen_sources_literals_and_launch(tmp_path):
     # (TileLang drops __restrict__ from kernels that begin with the PDL wait)
     assert re.search(r"void __launch_bounds__\(\d+, 1\) \w+\(const bfloat16_t\*( __restrict__)? X, "
                      r"bfloat16_t\*( __restrict__)? Xt\)", ca)
+    # the combines' pointers are __restrict__ again (TileLang drops it from kernels that begin
+    # with the PDL wait): their loads may then move above earlier stores
+    for k in ("combine_a", "combine_b"):
+        heads = re.findall(r'__global__ void.*?_%s_kernel\(([^)]*)\)' % k, srcs[f"lcmac_cuda_{k}.cu"])
+        assert len(heads) == 2 and all(h.count("__restrict__") == h.count("*") == 2 for h in heads), heads
     assert "0x1p+1f" in ca            # the 2 of Ã_1 = 2·(A11 + A22)
     assert "0x1p-1f" in fu            # the 1/2 of H_1's contributions
     assert "-0x1p+0f" in fu           # a −1 of Combine H
@@ -117,6 +122,24 @@ def test_strassen_sources_literals_and_launch(tmp_path):
     assert re.findall(r"(\w+)_call\(", prep) == ["lcmac_cuda_combine_b"]
     assert re.findall(r"(\w+)_call\(", run_p) == ["lcmac_cuda_combine_a", "lcmac_cuda_fused_gemm_h"]
     assert "void* bufs_Bt = (void*)(p + 0LL);" in run_p and "bufs_B " not in run_p
+
+
+@needs_tilelang
+def test_rational_scheme_folds_its_fractions(tmp_path):
+    """dps-4x4x4-r48 (W in ±1/2, ±1/4, ±1/8): the fractions are exact float literals, and the
+    group-parallel combines read the 16 blocks once and write all 48 products."""
+    r = worker({"algorithm": "dps-4x4x4-r48", "target": "cuda-sm90a", "dtype": "bf16",
+                "shape": [1024, 1024, 1024], "config": {"fused": False}, "out_dir": str(tmp_path),
+                "compile": False})
+    assert r["ok"], r.get("error")
+    assert [k["name"] for k in r["kernels"]] == ["combine_a", "combine_b", "batched_gemm", "combine_h"]
+    srcs = {os.path.basename(p): open(p).read() for p in r["sources"]}
+    ca = kernel_body(srcs["lcmac_cuda_combine_a.cu"])
+    ch = kernel_body(srcs["lcmac_cuda_combine_h.cu"])
+    assert len(re.findall(r"\(X \+ ", ca)) == 16 and len(re.findall(r"\(Xt \+ ", ca)) == 48
+    for lit in ("0x1p-1f", "0x1p-2f", "0x1p-3f"):
+        assert lit in ch, lit
+    assert "__constant__" not in ch
 
 
 @pytest.fixture(scope="module")
@@ -485,7 +508,7 @@ def test_scaled_operand_kernels_and_entry(tmp_path):
     assert r["extra"]["scale_bounds"] == [2, 2]          # Strassen's rows sum to at most 2
     src = {os.path.basename(p): open(p).read() for p in r["sources"]}
     ca = kernel_body(src["lcmac_combine_a.cu"])
-    assert "half_t* Xl" in ca and ">> 23" in ca and "<< 23" in ca        # exponent-bit scale
+    assert "half_t* __restrict__ Xl" in ca and ">> 23" in ca and "<< 23" in ca        # exponent-bit scale
     assert re.search(r"0x1p\+11f|2048", ca)                               # lo half × 2¹¹
     bg = kernel_body(src["lcmac_batched_gemm.cu"])
     assert "kFloat16" in bg and re.search(r"0x1p-11f", bg)
@@ -507,7 +530,7 @@ def test_scaled_operand_kernels_and_entry(tmp_path):
                 "out_dir": str(tmp_path / "h"), "name": "lcmac", "compile": False})
     assert h["ok"], h.get("error")
     ch = kernel_body(open(h["sources"][-2]).read())             # combine_h: H kept in fp32
-    assert "lcmac_combine_h_kernel(bfloat16_t* C, const float* H)" in ch
+    assert "lcmac_combine_h_kernel(bfloat16_t* __restrict__ C, const float* __restrict__ H)" in ch
 
 
 @needs_tilelang
@@ -625,7 +648,7 @@ def test_fp8_artifact_layout_and_compile(tmp_path):
     gemm = kernel_body(src["lcmac_cuda_batched_gemm.cu"])
     assert "kFloat8_e4m3" in gemm and "wgmma" in gemm
     assert "fp8_e4_t* __restrict__ Xt, float* __restrict__ SB" in src["lcmac_cuda_combine_b.cu"]
-    assert "const float* H" in kernel_body(src["lcmac_cuda_combine_h.cu"])
+    assert "const float* __restrict__ H" in kernel_body(src["lcmac_cuda_combine_h.cu"])
     for k, v in r["ptxas"].items():
         assert all(x == 0 for x in v["spill_stores"]), (k, v)
 
@@ -874,10 +897,24 @@ def test_tma_reduce_refusals_name_the_reason():
             (CudaConfig.from_dict({**TR, "operands": "fp16"}), blk, "bfloat16", "sm_90a", "operands"),
             (CudaConfig.from_dict({**TR, "split_group": True}), blk, "bfloat16", "sm_90a", "split_group"),
             (CudaConfig.from_dict({**TR, "r_order": "greedy"}), blk, "bfloat16", "sm_90a", "r_order"),
+            (CudaConfig.from_dict({**TR, "cache_aware": False}), blk, "bfloat16", "sm_90a", "cache_aware=True"),
             (ok, Blocking(1000, 1064, 1032, 2, 2, 2, 7), "bfloat16", "sm_90a", "whole multiples"),
             (ok, Blocking(1024, 768, 1024, 2, 2, 2, 7), "bfloat16", "sm_90a", "384")):
         why = tma_reduce_why(cfg, b, dtype, arch)
         assert why and words in why, (words, why)
+
+
+def test_restrict_pointers_rewrites_both_signatures_or_refuses():
+    from lcmac.errors import ToolchainError
+    from lcmac.targets.cuda import restrict_pointers
+    decl = 'extern "C" __global__ void k_combine_h_kernel(bfloat16_t* C, const bfloat16_t* H);\n'
+    defn = ('extern "C" __global__ void __launch_bounds__(256, 1) k_combine_h_kernel(bfloat16_t* C, '
+            'const bfloat16_t* __restrict__ H) {\n}\n')
+    out = restrict_pointers(decl + defn, "k_combine_h")
+    assert out.count("bfloat16_t* __restrict__ C") == 2
+    assert out.count("const bfloat16_t* __restrict__ H") == 2 and "__restrict__ __restrict__" not in out
+    with pytest.raises(ToolchainError, match="restrict_pointers"):
+        restrict_pointers(defn, "k_combine_h")          # the declaration is missing
 
 
 def test_async_reduce_stores_refuses_an_unknown_epilogue():

@@ -86,6 +86,10 @@ TR_CASES = [("strassen", (1024, 1024, 1024), TR),
             ("strassen^2", (2048, 2048, 1024), TR)]
 TR_CASES += [("laderman", (768, 768, 768), TR)]
 CASES += TR_CASES
+# a scheme with rational coefficients (W in ±1/2, ±1/4, ±1/8; Ã_r sums of up to 16 blocks):
+# <4,4,4;48>, on a shape the grid divides and one it does not
+CASES += [("dps-4x4x4-r48", (1024, 1024, 1024), {"fused": False}),
+          ("dps-4x4x4-r48", (1000, 1000, 1000), {"fused": False})]
 # buffers of more than 2³¹ elements (the LLM vocabulary projections; 64-bit index arithmetic,
 # cuda_kernels._dims): H and C of Strassen, B̃ and H of Strassen² (these faulted or returned
 # garbage with int32 extents: tuning_logs/cuda-sm90a-bfloat16.jsonl)
@@ -208,6 +212,8 @@ def _needed(item):
         return [(p["algo"], p["shape"], c, "bf16") for c in (p["cfg"], {**p["cfg"], **p["delta"]})]
     if item.originalname == "test_prepared_b_gives_the_same_bits":
         return [(p["algo"], p["shape"], p["cfg"], p["dtype"])]
+    if item.originalname == "test_bf16_correct":
+        return [(p["algo"], p["shape"], p["cfg"], "bf16")]
     if item.originalname in ("test_scaled_operands_any_magnitude",
                              "test_scaled_operands_keep_finite_outputs_beside_an_inf"):
         return [(*EDGE_CASE, p["cfg"], p["dtype"])]

@@ -135,7 +135,10 @@ class CudaConfig:
     overlap_epilogue: bool = False
     tf32_wgmma: bool = False     # float32 on sm_90a: B̃ K-major + TF32 wgmma (cp.async loads);
                                  # measured slower than the default TF32 mma.sync + TMA path
-    combine_rows: int = 16
+    # 4 rows x 256 columns: one 4-wide vector per thread.  Equal to 16 rows for the 2x2 schemes
+    # and Strassen², 3x faster for dense combines (dps-4x4x4-r48's Combine H: 1.0 vs 3.0 ms at
+    # 16384³ on the H100, bench/results/h100-bfloat16-restrict*.json)
+    combine_rows: int = 4
     combine_cols: int = 256
     combine_threads: int = 256
     operands: str = "native"
@@ -333,9 +336,11 @@ def tma_reduce_why(cfg: "CudaConfig", blk: "Blocking", dtype: str, arch: str) ->
         return f"{arch} has no TMA"
     if dtype not in ("bfloat16", "float16") or cfg.operands != "native":
         return f"it stores native 2-byte outputs, not {dtype} with operands={cfg.operands!r}"
-    if cfg.split_group or cfg.cluster != 1 or not cfg.store_via_smem or cfg.r_order != "natural":
-        return ("it has its own persistent grid and product order (split_group=False, cluster=1, "
-                "store_via_smem=True, r_order='natural')")
+    if (cfg.split_group or cfg.cluster != 1 or not cfg.store_via_smem or cfg.r_order != "natural"
+            or not cfg.cache_aware):
+        return ("it has its own persistent grid and product order, always cache-aware "
+                "(split_group=False, cluster=1, store_via_smem=True, r_order='natural', "
+                "cache_aware=True)")
     # a TMA box is clipped to C, not to C_ij: a tile must not cross a block boundary
     if blk.Mb % cfg.block_m or blk.Nb % cfg.block_n or blk.M != blk.m * blk.Mb or blk.N != blk.n * blk.Nb:
         return (f"the C blocks ({blk.Mb}x{blk.Nb} of {blk.M}x{blk.N}) must be whole multiples of "

@@ -185,6 +185,27 @@ def async_reduce_stores(code: str) -> str:
     return out
 
 
+# A kernel that begins with the PDL wait (cudaGridDependencySynchronize) loses TileLang's
+# __restrict__ on its pointers; without it nvcc may not move a load above an earlier store
+_POINTER_PARAM = re.compile(r"((?:const )?\w+\*)( \w+[,)])")
+
+
+def restrict_pointers(code: str, kname: str) -> str:
+    """Mark every pointer parameter of a streaming (combine) kernel ``__restrict__``: its
+    operands are distinct buffers (the caller's A, B or C and workspace slices), so loads of
+    later elements may be issued before the stores of earlier ones and go through the
+    read-only path (Strassen²'s Combine H at 16384³: 0.96 → 0.80 ms on the H100).  Both the
+    declaration and the definition are rewritten (pointers that have it keep theirs); a source
+    without exactly those two raises."""
+    sig = re.compile(r'(extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?\w*' +
+                     re.escape(kname) + r'_kernel\()([^)]*\))')
+    found = sig.findall(code)
+    if len(found) != 2:
+        raise ToolchainError(f"{kname}: the generated kernel's signature does not have the form "
+                             "restrict_pointers rewrites (another TileLang version?)")
+    return sig.sub(lambda m: m.group(1) + _POINTER_PARAM.sub(r"\1 __restrict__\2", m.group(2)), code)
+
+
 def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
                  zero: list[str] = (), prepared: dict | None = None) -> str:
     """kernels: [{"name", "args": [buffer names in call order]}] in launch order.

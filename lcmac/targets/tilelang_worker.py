@@ -357,6 +357,8 @@ def build(req: dict) -> dict:
             code = host.cluster_pipeline(code, cfg.stages, cfg.threads)
         if kname == "reduce_gemm_h":
             code = host.async_reduce_stores(code)
+        if kname.startswith("combine"):
+            code = host.restrict_pointers(code, f"{name}_{kname}")
         path = os.path.join(out_dir, f"{name}_{kname}.cu")
         with open(path, "w") as f:
             f.write(code)
