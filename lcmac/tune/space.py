@@ -198,7 +198,9 @@ def default_space(fam: str, dtype: str, shape, algorithm=None, operands: str = "
     does not depend much on the tile): the fused kernel's split-group persistent grid, its
     persistent grid without splitting, and the cache-aware order off (fused and unfused) —
     each a config the tuner measures when the model ranks it high enough.  The persistent
-    unfused GEMM stage (plain GEMM or Algorithm 1) is in the space on the default tile.
+    unfused GEMM stage (plain GEMM or Algorithm 1) is in the space on the default tile, and
+    so is the fused kernel with its TMA-engine epilogue (``tma_reduce``) where the shape's C
+    blocks are whole tiles.
 
     ``operands`` (CUDA, CudaConfig.operands): a scaled fp16 mode searches the same tiles, k
     slabs, depths and threads, unfused (the only path it has), each config in that mode —
@@ -229,6 +231,11 @@ def default_space(fam: str, dtype: str, shape, algorithm=None, operands: str = "
             for sched in ({"split_group": True}, {"persistent": True}):
                 out.append({**base, "fused": True, "overlap_epilogue": True, **sched})
             out.append({**base, "fused": False, "cache_aware": False})
+            # the fused kernel with its Combine-H epilogue on the TMA engine, where the shape
+            # allows it (its C blocks whole multiples of the tile, cuda_config.tma_reduce_why)
+            tr = {**base, "stages": 3, "fused": True, "tma_reduce": True}
+            if _tma_reduce_fits(tr, dtype, shape, algorithm):
+                out.append(tr)
     else:
         for mr, nr, kc, mc, nc in itertools.product((4, 8, 16), (16, 32, 64), (64, 128, 256, 512),
                                                     (32, 64, 128, 256), (256, 1024, 4096)):
@@ -240,6 +247,18 @@ def default_space(fam: str, dtype: str, shape, algorithm=None, operands: str = "
         except Exception:  # noqa: BLE001 - knob names differ: keep dicts
             pass
     return out
+
+
+def _tma_reduce_fits(d: dict, dtype: str, shape, algorithm) -> bool:
+    """Whether the worker builds ``d`` (a tma_reduce config) for this case on sm_90a."""
+    if shape is None:
+        return False
+    from ..dtypes import normalize_dtype
+    from ..schedules.cuda_config import Blocking, CudaConfig, tma_reduce_why
+    alg = _algorithm(algorithm)
+    M, N, K = (int(x) for x in shape)
+    blk = Blocking(M, N, K, alg.m, alg.k, alg.n, alg.R)
+    return tma_reduce_why(CudaConfig.from_dict(d), blk, normalize_dtype(dtype), "sm_90a") is None
 
 
 def model_dtype(target, dtype) -> str:
@@ -505,7 +524,7 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
         # TileLang's persistent form of the fused kernel: 13-26% slower per product-time
         # than the grid kernel with as many waves (H100, bench/notes-cuda.md v6; not located)
         t_compute *= 1.18
-    if not (f.get("persistent") and not fused):
+    if not ((f.get("persistent") and not fused) or f.get("tma_reduce")):
         # a grid of one-tile CTAs fills each CTA's pipeline after launch and drains it before
         # the SM takes the next tile; the unfused persistent kernel overlaps both (H100:
         # about 1.7 µs per tile wave, bench/results/h100-bfloat16-persistent.json)
@@ -543,9 +562,16 @@ def _algorithm(name):
 #: bandwidth fraction of the fused kernel's read-modify-write epilogue: at 16384³ bf16
 #: Strassen its 12 partial-C RMWs (2.7 GB) cost ~2 ms on the H200 (bench/notes-cuda.md, v1)
 FUSED_RMW_BW_FRACTION = 0.45
+#: the same for the TMA-engine epilogue (tma_reduce: stores and cp.reduce.async.bulk adds,
+#: asynchronous, partly absorbed by L2), fitted to its sustained H100 times against the
+#: persistent Algorithm 1 (bench/results/h100-bfloat16-tma-reduce.json).  Time ratio tr ÷
+#: Algorithm 1, model / measured: Strassen 1.011 / 0.982 (8192³), 1.019 / 1.011 (16384³);
+#: Strassen² 1.161 / 1.251, 1.104 / 1.103.  No one constant fits Strassen² at 8192³ too.
+TMA_RMW_BW_FRACTION = 1.5
 
 
-def combine_time(alg, M, N, K, dtype, p, *, fused_h: bool = False, operands: str = "native") -> float:
+def combine_time(alg, M, N, K, dtype, p, *, fused_h: bool = False, operands: str = "native",
+                 tma_reduce: bool = False) -> float:
     """Seconds of the memory-bound combine stages of an LCMA (0 for GEMM): every output of
     Combine A/B/H written once, every input block read once (FalconGEMM's traffic count).
     With ``fused_h`` on a GPU there is no H round trip, but every product r read-modifies-
@@ -573,7 +599,8 @@ def combine_time(alg, M, N, K, dtype, p, *, fused_h: bool = False, operands: str
         import numpy as np
         nnz = int(np.count_nonzero(np.asarray(alg.W)))
         rmw = (2 * nnz - m * n) * bm_ * bn_ * s
-        t += rmw / (FUSED_RMW_BW_FRACTION * p.achievable_bw())
+        frac = TMA_RMW_BW_FRACTION if tma_reduce else FUSED_RMW_BW_FRACTION
+        t += rmw / (frac * p.achievable_bw())
     return t
 
 
@@ -607,7 +634,8 @@ def estimate(target, dtype, shape, algorithm, config, profile=None) -> dict:
     else:
         g = estimate_gemm_cpu(sm, sn, sk, dtype, p, f)
         gemm = alg.R * g["time_s"]
-    comb = combine_time(alg, M, N, K, dtype, p, fused_h=fused, operands=operands)
+    comb = combine_time(alg, M, N, K, dtype, p, fused_h=fused, operands=operands,
+                        tma_reduce=bool(f.get("tma_reduce")))
     if fused and not gpu:
         comb += cpu_fused_epilogue_s(alg, sm, sn, sk, dtype, p, f)
     return {**g, "time_s": gemm + comb, "gemm_s": gemm, "combine_s": comb}
