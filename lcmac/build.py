@@ -146,9 +146,10 @@ def _tuned_config(t, dtype, alg, plain, shape, exact_only: bool = False,
         if not hit:
             stale = db.TuningDB().stale_count(t.name, dtype)
             if stale:
-                print(f"lcmac build: {stale} tuning-log records for {t.name}/{dtype} were measured "
-                      f"on older templates and are ignored; using the default config "
-                      f"(`lcmac tune` logs configs for the current ones)", file=sys.stderr)
+                what = "GEMM" if plain else alg.name or "this algorithm"
+                print(f"lcmac build: no current tuning-log record of {what} for {t.name}/{dtype} "
+                      f"({stale} records of older templates are ignored); using the default "
+                      f"config (`lcmac tune` logs configs for the current ones)", file=sys.stderr)
         return dict(hit[0]) if hit else None
     except Exception:  # noqa: BLE001 - no tuning log, or one from an older schema
         return None
