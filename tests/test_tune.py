@@ -62,6 +62,21 @@ def test_tma_reduce_is_in_the_space_where_the_worker_builds_it():
     assert 0.98 < ratio("strassen", 16384) < 1.03 and 0.98 < ratio("strassen", 8192) < 1.03
 
 
+def test_configs_a_target_never_builds_are_pruned_by_name():
+    """cuda_config.arch_why: what sm_80's templates refuse for every shape (the persistent
+    unfused GEMM, clusters, the TMA epilogue, the overlapped persistent fused kernel)."""
+    small = {"block_m": 128, "block_n": 128, "block_k": 32, "stages": 2, "threads": 256}
+    for extra, words in (({"persistent": True, "fused": False}, "constant trip count"),
+                         ({"cluster": 2, "fused": False}, "clusters"),
+                         ({"fused": True, "tma_reduce": True}, "no TMA"),
+                         ({"fused": True, "split_group": True, "overlap_epilogue": True}, "overlap_epilogue")):
+        cfg = {**small, **extra}
+        assert space.fit_check("cuda-sm90a", "bfloat16", cfg).fits, extra
+        fit = space.fit_check("cuda-sm80", "bfloat16", cfg)
+        assert not fit.fits and "not built for this target" in fit.reason and words in fit.reason, fit.reason
+    assert space.fit_check("cuda-sm80", "bfloat16", small).fits
+
+
 def test_ranked_space_orders_by_estimate_and_prefers_sane_tiles():
     sp = space.ranked_space(GPU, "bfloat16", "gemm", (4096, 4096, 4096),
                             configs=space.default_space("cuda", "bfloat16", None))

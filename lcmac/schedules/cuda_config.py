@@ -210,12 +210,7 @@ def cluster_kernels(cfg: CudaConfig, dtype: str, arch: str) -> tuple[str, ...]:
     a config asking for clusters where the template has none is refused by name."""
     if cfg.cluster == 1:
         return ()
-    why = ("sm_80 has no thread-block clusters" if arch != "sm_90a" else
-           "float32's GEMM stage is TF32 mma.sync" if dtype == "float32" else
-           f"operands={cfg.operands!r} has its own GEMM template" if cfg.operands != "native" else
-           "the fused kernel is not clustered" if cfg.fused else
-           "the clustered batched GEMM runs the cache-aware order only (cache_aware=False)"
-           if not cfg.cache_aware else None)
+    why = _cluster_why(cfg, dtype, arch)
     if why:
         raise NotSupportedYet(f"cluster=2 applies to the native 2-byte GEMM stage on sm_90a "
                               f"only: {why} (use cluster=1)")
@@ -309,6 +304,30 @@ def persistent_gemm(cfg: "CudaConfig", dtype: str, arch: str) -> bool:
         raise NotSupportedYet(f"persistent=True for the unfused GEMM stage applies to native "
                               f"2-byte operands on sm_90a only: {why} (use persistent=False)")
     return True
+
+
+def _cluster_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:
+    """Why the GEMM stage cannot be built as 2-CTA clusters with ``cfg`` (None: it can)."""
+    return ("sm_80 has no thread-block clusters" if arch != "sm_90a" else
+            "float32's GEMM stage is TF32 mma.sync" if dtype == "float32" else
+            f"operands={cfg.operands!r} has its own GEMM template" if cfg.operands != "native" else
+            "the fused kernel is not clustered" if cfg.fused else
+            "the clustered batched GEMM runs the cache-aware order only (cache_aware=False)"
+            if not cfg.cache_aware else None)
+
+
+def arch_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:
+    """Why no shape can be built with ``cfg`` for ``arch`` and ``dtype`` (None: some can);
+    the build refuses each of these by name, the tuner prunes them from its space."""
+    if cfg.cluster != 1 and (why := _cluster_why(cfg, dtype, arch)):
+        return f"cluster=2: {why}"
+    if cfg.persistent and not cfg.fused and (why := _persistent_why(cfg, dtype, arch)):
+        return f"persistent=True: {why}"
+    if cfg.fused and cfg.tma_reduce and arch != "sm_90a":
+        return f"tma_reduce=True: {arch} has no TMA"
+    if cfg.fused and (cfg.split_group or cfg.persistent) and cfg.overlap_epilogue and arch == "sm_80":
+        return "split_group/persistent with overlap_epilogue: sm_80's cp.async pipeline needs a constant trip count"
+    return None
 
 
 def _persistent_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:

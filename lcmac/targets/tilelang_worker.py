@@ -141,12 +141,12 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
                               "grid form once; an open bug, bench/notes-cuda.md): use "
                               "cache_aware=True, or fused=False for the unfused ablation")
     if cfg.fused and (cfg.split_group or cfg.persistent):
-        if arch == "sm_80" and cfg.overlap_epilogue:
-            from ..schedules.cuda_config import NotSupportedYet
-            # TileLang 0.1.15's cp.async pipeline needs a constant trip count: a run-time one
-            # (each CTA's share of the tail) fails in its CUDA codegen (Downcast Sub→IntImm)
-            raise NotSupportedYet("split_group/persistent with overlap_epilogue on sm_80 is not "
-                                  "supported yet (use overlap_epilogue=False there)")
+        from ..schedules.cuda_config import NotSupportedYet, arch_why
+        # TileLang 0.1.15's cp.async pipeline needs a constant trip count: a run-time one
+        # (each CTA's share of the tail) fails in its CUDA codegen (Downcast Sub→IntImm)
+        why = arch_why(cfg, dtype, arch)
+        if why:
+            raise NotSupportedYet(f"{why} (use overlap_epilogue=False there)")
         pplan = persistent_plan(blk, cfg, dtype, _profile_units(arch, units))
     sizes = {n: e * item for n, e in blk.workspace_elems(cfg.fused).items()}
     if pplan is not None:

@@ -341,6 +341,9 @@ def fit_check(target, dtype, config, profile=None) -> Fit:
             elif smem > GPU_SMEM_PER_CTA.get(p.name, p.onchip_per_unit):
                 reasons.append(f"shared memory {smem} B > "
                                f"{GPU_SMEM_PER_CTA.get(p.name, p.onchip_per_unit)} B per CTA")
+        why = _cuda_arch_why(target, f, dtype)
+        if why:
+            reasons.append(f"not built for this target: {why}")
         th = int(f.get("threads", 128))
         if th > 1024 or th % 32:
             reasons.append(f"{th} threads per CTA (must be a multiple of 32, at most 1024)")
@@ -378,14 +381,28 @@ def fit_check(target, dtype, config, profile=None) -> Fit:
 GPU_SMEM_PER_CTA = {"h100": 227 * 1024, "h200": 227 * 1024, "h20": 227 * 1024, "a100": 163 * 1024}
 
 
+def _cuda_config(f: dict):
+    """The CudaConfig the feature dict ``f`` spells (its other keys dropped)."""
+    from dataclasses import fields as _fields
+    from ..schedules.cuda_config import CudaConfig
+    known = {x.name for x in _fields(CudaConfig)}
+    return CudaConfig(**{k: v for k, v in f.items() if k in known})
+
+
+def _cuda_arch_why(target, f: dict, dtype) -> str | None:
+    """cuda_config.arch_why for ``f`` on ``target``'s arch (None when the target is a bare
+    profile name, which has no arch)."""
+    from ..dtypes import normalize_dtype
+    from ..schedules.cuda_config import arch_why
+    arch = getattr(_target_obj(target), "arch", None)
+    return arch_why(_cuda_config(f), normalize_dtype(dtype), arch) if arch else None
+
+
 def _cuda_tile_bytes(f: dict, dtype) -> int:
     """cuda_config.persistent_tile_bytes of the CudaConfig the feature dict ``f`` spells."""
-    from dataclasses import fields as _fields
     from ..dtypes import normalize_dtype
-    from ..schedules.cuda_config import CudaConfig, persistent_tile_bytes
-    known = {x.name for x in _fields(CudaConfig)}
-    return persistent_tile_bytes(CudaConfig(**{k: v for k, v in f.items() if k in known}),
-                                 normalize_dtype(dtype))
+    from ..schedules.cuda_config import persistent_tile_bytes
+    return persistent_tile_bytes(_cuda_config(f), normalize_dtype(dtype))
 
 
 def _db_itemsize(dtype) -> int:
