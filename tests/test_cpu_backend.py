@@ -85,6 +85,8 @@ def builds(artdir):
     jobs["strassen^2-name"] = dict(algo="strassen^2", target=T512, shape=(64, 64, 64), config={"mc": 16, "nc": 32, "nr": 32, "kc": 16})
     jobs["strassen-unfused"] = dict(algo="strassen", target=T512, shape=(66, 50, 38), config={**TINY, "fused": False})
     jobs["laderman-unfused"] = dict(algo="laderman", target=T512, shape=(31, 40, 29), config={**TINY, "fused": False})
+    # rational coefficients (W in ±1/2, ±1/4, ±1/8) and 16-term Ã sums, on a shape the 4x4 grid does not divide
+    jobs["dps48"] = dict(algo="dps-4x4x4-r48", target=T512, shape=(70, 45, 53), config=TINY)
     jobs["strassen-fused-even"] = dict(algo="strassen", target=T512, shape=(64, 128, 64), config={"mr": 8, "mc": 16, "nc": 32, "nr": 32, "kc": 16})
     jobs["winograd-f64"] = dict(algo="winograd", target=T512, dtype="float64", shape=(45, 33, 61), config=TINY)
     jobs["strassen-f64-unfused"] = dict(algo="strassen", target=T512, dtype="float64", shape=(32, 48, 64),
@@ -155,6 +157,13 @@ def test_two_levels(builds, key):
     m = Manifest.read(p)
     assert m.algorithm["rank"] == 49 and m.algorithm["grid"] == [4, 4, 4]
     _check(p, rtol=2e-5)
+
+
+@pytest.mark.slow
+def test_rational_scheme(builds):
+    p = _get(builds, "dps48")
+    assert Manifest.read(p).algorithm["rank"] == 48
+    _check(p)
 
 
 @pytest.mark.slow
