@@ -380,6 +380,22 @@ def test_decide_takes_the_vendor_gemm_when_it_is_faster(tmp_path):
     assert np.array_equal(vendor_matmul(A, B), A @ B)
 
 
+def test_decide_wants_a_margin_over_the_vendor_on_times_from_another_shape(tmp_path):
+    """At a logged shape the fastest measurement wins however small its lead; at an unlogged
+    shape the neighbour's ratios must put an lcmac kernel ahead of the vendor GEMM by more
+    than decide.TRANSFER_MARGIN."""
+    from lcmac.tune.decide import TRANSFER_MARGIN
+    vcfg = {"library": "openblas", "api": "numpy.matmul"}
+    for lead, want_vendor in ((0.5 * TRANSFER_MARGIN, True), (3 * TRANSFER_MARGIN, False)):
+        store = tdb.TuningDB(tmp_path / str(lead))
+        shape = (2048, 2048, 2048)
+        store.append([rec(shape=shape, t=0.040 / (1 + lead)),
+                      rec(shape=shape, algo="vendor", t=0.040, cfg=vcfg)])
+        assert decide(*shape, "float32", CPU, db=store).algorithm == "gemm"
+        near = decide(2048, 2048, 1900, "float32", CPU, db=store)
+        assert near.is_vendor == want_vendor, (lead, near.describe())
+
+
 def test_tuner_logs_vendor_rank_space_size_and_default(tmp_path):
     res = tuner.tune("gemm", CPU, "float32", (512, 512, 512), budget=3, patience=99, db=tmp_path,
                      measure_fn=lambda pt: 0.5 if pt.algorithm == "vendor" else pt.predicted_s,

@@ -10,6 +10,10 @@ shape and hands them to ``lcmac.costmodel.select`` through its ``measurements=``
   between shapes, ratios roughly do);
 - nothing logged → the model alone.
 
+Times carried over from another shape decide against the vendor GEMM only with a margin
+(``TRANSFER_MARGIN``): a ratio measured elsewhere is not precise enough to prefer a kernel
+that looks 1 % faster over the library.
+
 Then the rule "measurement is the judge": when the GEMM and at least one LCMA are measured,
 the fastest *measured* one is the decision (an unmeasured LCMA the model likes is only
 reported as worth tuning); otherwise ``select``'s own decision stands — which already falls
@@ -132,6 +136,12 @@ def _strip_decision(c):
         if c.reason.startswith("decision: ") else c
 
 
+#: how much faster than the vendor GEMM a kernel must look, on times carried over from the
+#: nearest logged shape, to be chosen over it (burst medians of the same kernel move 2-5 %
+#: between runs on the H100; bench/notes-cuda.md)
+TRANSFER_MARGIN = 0.03
+
+
 def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, db=None,
            profile=None, max_distance: float = 0.75, vendor: bool = True,
            **select_kw) -> Decision:
@@ -203,7 +213,10 @@ def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, d
         gc = next(c for c in cands if c.is_gemm)
         vc = _vendor_candidate(v_time, M, N, K, gc)
         top = cands[0]
-        if v_time < top.predicted_time_s:
+        # times carried over from another shape are ratios measured there: an lcmac kernel
+        # must beat the vendor GEMM by more than their noise to be chosen over it
+        margin = 0.0 if source == "exact" else TRANSFER_MARGIN
+        if v_time < top.predicted_time_s * (1.0 + margin):
             kind = "measured" if top.measured else "predicted"
             vc = dataclasses.replace(vc, reason=(
                 f"decision: the vendor GEMM — measured {v_time * 1e3:.3f} ms, faster than the "
