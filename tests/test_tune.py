@@ -396,6 +396,26 @@ def test_decide_wants_a_margin_over_the_vendor_on_times_from_another_shape(tmp_p
         assert near.is_vendor == want_vendor, (lead, near.describe())
 
 
+def test_decide_scales_the_model_by_the_lcmas_measured_when_the_gemm_was_not(tmp_path):
+    """Only LCMAs (and the vendor GEMM) logged at a shape: the unmeasured plain GEMM is the
+    model's time on the measurements' scale, never a raw prediction against a measurement."""
+    from lcmac.costmodel import select
+    shape = (2048, 2048, 2048)
+    model = {c.algorithm: c.predicted_time_s for c in select(*shape, "float32", CPU)}
+    store = tdb.TuningDB(tmp_path)
+    t_s = 2.0 * model["strassen"]                          # the machine runs 2x slower than modelled
+    store.append([rec(shape=shape, algo="strassen", t=t_s),
+                  rec(shape=shape, algo="vendor", t=1.5 * model["gemm"],
+                      cfg={"library": "openblas", "api": "numpy.matmul"})])
+    d = decide(*shape, "float32", CPU, db=store)
+    g = next(c for c in d.candidates if c.is_gemm)
+    assert not g.measured and g.predicted_time_s == pytest.approx(2.0 * model["gemm"], rel=1e-9)
+    assert "measured / predicted strassen here" in g.reason
+    # the vendor (1.5x the raw model) beats the rescaled GEMM (2x) and the measured Strassen
+    assert d.is_vendor or d.algorithm == "strassen"
+    assert d.algorithm == ("vendor" if 1.5 * model["gemm"] < t_s else "strassen")
+
+
 def test_tuner_logs_vendor_rank_space_size_and_default(tmp_path):
     res = tuner.tune("gemm", CPU, "float32", (512, 512, 512), budget=3, patience=99, db=tmp_path,
                      measure_fn=lambda pt: 0.5 if pt.algorithm == "vendor" else pt.predicted_s,

@@ -10,6 +10,10 @@ shape and hands them to ``lcmac.costmodel.select`` through its ``measurements=``
   between shapes, ratios roughly do);
 - nothing logged → the model alone.
 
+Unmeasured candidates are priced by the model rescaled to what was measured at the shape:
+by the measured GEMM, or, when only LCMAs were measured there, by theirs (geometric mean of
+measured / predicted).
+
 Times carried over from another shape decide against the vendor GEMM only with a margin
 (``TRANSFER_MARGIN``): a ratio measured elsewhere is not precise enough to prefer a kernel
 that looks 1 % faster over the library.
@@ -34,6 +38,7 @@ GEMM multiplies on the TF32 tensor cores; ``space.model_dtype``); the log stays 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from . import db as _db
@@ -177,15 +182,24 @@ def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, d
     cands = [c for c in cands if c.algorithm not in failed]
     worth = []
     g = next(c for c in cands if c.is_gemm)
-    if g.measured and g.estimate is not None and g.estimate.time_s > 0:
-        scale = g.predicted_time_s / g.estimate.time_s
+    # the model's times put on the measurements' scale: by the measured GEMM here, else by
+    # the LCMAs measured here (geometric mean of measured / predicted), so that a prediction
+    # never competes with a measurement of another scale
+    ref = [g] if g.measured else [c for c in cands if c.measured]
+    ref = [c for c in ref if c.estimate is not None and c.estimate.time_s > 0]
+    scaled_by = ""
+    if ref:
+        scale = math.exp(sum(math.log(c.predicted_time_s / c.estimate.time_s) for c in ref) / len(ref))
+        scaled_by = "GEMM" if g.measured else "/".join(c.algorithm for c in ref)
         if abs(scale - 1.0) > 1e-9:
-            cands = [c if (c.measured or c.is_gemm) else dataclasses.replace(
+            cands = [c if c.measured else dataclasses.replace(
                 c, predicted_time_s=c.predicted_time_s * scale,
                 effective_tflops=c.effective_tflops / scale,
-                speedup_vs_gemm=g.predicted_time_s / (c.predicted_time_s * scale),
-                reason=f"{c.reason}; model time × {scale:.3f} (measured / predicted GEMM here)")
+                reason=f"{c.reason}; model time × {scale:.3f} (measured / predicted {scaled_by} here)")
                 for c in cands]
+            g = next(c for c in cands if c.is_gemm)
+            cands = [dataclasses.replace(c, speedup_vs_gemm=g.predicted_time_s / c.predicted_time_s)
+                     for c in cands]
     measured = [c for c in cands if c.measured]
     if any(c.is_gemm for c in measured) and any(not c.is_gemm for c in measured):
         top = min(measured, key=lambda c: c.predicted_time_s)
@@ -195,6 +209,17 @@ def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, d
                f"{g.predicted_time_s * 1e3:.3f} ms measured)")
         prev = top.reason.replace("decision: ", "").replace("measured; ", "")
         top = dataclasses.replace(top, reason=why if top.is_gemm else f"{why}; {prev}")
+        cands = [top] + [_strip_decision(c) for c in cands if c.algorithm != top.algorithm]
+    elif measured and not g.measured:
+        # LCMAs measured, the GEMM not: the fastest of the measurements and of the model
+        # rescaled to them
+        top = min(cands, key=lambda c: c.predicted_time_s)
+        best_m = min(measured, key=lambda c: c.predicted_time_s)
+        worth = [c.algorithm for c in cands if not c.measured
+                 and c.predicted_time_s < best_m.predicted_time_s][:3]
+        kind = "measured" if top.measured else f"predicted, model scaled to the measured {scaled_by}"
+        top = dataclasses.replace(top, reason=f"decision: fastest ({kind}, {top.predicted_time_s * 1e3:.3f} "
+                                  f"ms); {_strip_decision(top).reason}")
         cands = [top] + [_strip_decision(c) for c in cands if c.algorithm != top.algorithm]
     elif g.measured:
         # GEMM measured, no LCMA measured: an LCMA only on the (rescaled) model's word
