@@ -136,7 +136,9 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "strassen^2-alg1-p": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True}),
     "fg-4x4x5-r61-alg1": ("fg-4x4x5-r61", {"fused": False, "stages": 4, "policy": "fullrow"}),
     # combine tiles one or a few rows high and 1024-4096 columns wide: every thread of a warp
-    # reads one contiguous run of each input (the 16 x 256 default reads 512 B runs 8 KB apart)
+    # reads one contiguous run of each input (the 16 x 256 tile, the default until session 10,
+    # reads 512 B runs 8 KB apart).  "-cr4": 4 x 256, the default since (the same config as
+    # the variant without the suffix now; measured when the default was 16 rows)
     "strassen-alg1-p-cc1024": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 4, "combine_cols": 1024}),
     "strassen-alg1-p-cc4096": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 1, "combine_cols": 4096}),
     "strassen^2-alg1-p-cc1024": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 4, "combine_cols": 1024}),
@@ -148,7 +150,8 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "dps48-alg1-p-cc1024r2": ("dps-4x4x4-r48", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 2, "combine_cols": 1024}),
     # 48 products of a 4x4x4 grid (Dumas-Pernet-Sedoglavic, rational W) against Strassen²'s 49
     # and a flip-graph 49 (same grid, no Kronecker structure); "-cr4": combine tiles of 4 rows
-    # (the 16-row default takes 237 registers in DPS's Combine A: one CTA per SM).
+    # (with the 16-row default of the time DPS's Combine A took 237 registers: one CTA per
+    # SM; "dps48-alg1-p" without the suffix is the 4-row default now).
     # Strassen ⊗ DPS (<8,8,8;336>) is not listed: its group-parallel combines spill 14-15 KB
     # per thread (64 inputs, 336 outputs per element)
     "dps48-alg1-p": ("dps-4x4x4-r48", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True}),

@@ -326,7 +326,8 @@ def arch_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:
     if cfg.fused and cfg.tma_reduce and arch != "sm_90a":
         return f"tma_reduce=True: {arch} has no TMA"
     if cfg.fused and (cfg.split_group or cfg.persistent) and cfg.overlap_epilogue and arch == "sm_80":
-        return "split_group/persistent with overlap_epilogue: sm_80's cp.async pipeline needs a constant trip count"
+        return ("split_group/persistent with overlap_epilogue: sm_80's cp.async pipeline needs a "
+                "constant trip count (use overlap_epilogue=False there)")
     return None
 
 

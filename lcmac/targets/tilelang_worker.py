@@ -146,7 +146,7 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
         # (each CTA's share of the tail) fails in its CUDA codegen (Downcast Sub→IntImm)
         why = arch_why(cfg, dtype, arch)
         if why:
-            raise NotSupportedYet(f"{why} (use overlap_epilogue=False there)")
+            raise NotSupportedYet(why)
         pplan = persistent_plan(blk, cfg, dtype, _profile_units(arch, units))
     sizes = {n: e * item for n, e in blk.workspace_elems(cfg.fused).items()}
     if pplan is not None:

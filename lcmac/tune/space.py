@@ -254,11 +254,11 @@ def _tma_reduce_fits(d: dict, dtype: str, shape, algorithm) -> bool:
     if shape is None:
         return False
     from ..dtypes import normalize_dtype
-    from ..schedules.cuda_config import Blocking, CudaConfig, tma_reduce_why
+    from ..schedules.cuda_config import Blocking, tma_reduce_why
     alg = _algorithm(algorithm)
     M, N, K = (int(x) for x in shape)
     blk = Blocking(M, N, K, alg.m, alg.k, alg.n, alg.R)
-    return tma_reduce_why(CudaConfig.from_dict(d), blk, normalize_dtype(dtype), "sm_90a") is None
+    return tma_reduce_why(_cuda_config(d), blk, normalize_dtype(dtype), "sm_90a") is None
 
 
 def model_dtype(target, dtype) -> str:
