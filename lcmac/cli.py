@@ -186,6 +186,11 @@ def cmd_build(args) -> int:
         if precision == "tf32":
             print("  (float32 at fp32-level error on the tensor cores: --config "
                   "'{\"operands\": \"fp16x2\"}'; README, precision of the CUDA GEMM stage)")
+    views = ((m.extra or {}).get("extra") or {}).get("direct_views")
+    if views:                          # CUDA: single-block operands the GEMM reads in place
+        rank = m.algorithm["rank"]
+        print("  read in place  " + ", ".join(f"{len(v)} of {rank} {side} operands"
+                                             for side, v in sorted(views.items())))
     return 0
 
 

@@ -157,6 +157,16 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "dps48-alg1-p": ("dps-4x4x4-r48", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True}),
     "dps48-alg1-p-cr4": ("dps-4x4x4-r48", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 4}),
     "fg49-alg1-p": ("fgr-4x4x4-r49", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True}),
+    # single-block operands read in place by the batched GEMM (CudaConfig.direct_views):
+    # Strassen 2 of 7 per side, Winograd 3, Strassen² 4 of 49, Winograd² 9 of 49, Laderman 9 of 23
+    "strassen-alg1-p-v": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "direct_views": "ab"}),
+    "strassen-alg1-p-va": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "direct_views": "a"}),
+    "winograd-alg1-p-v": ("winograd", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "direct_views": "ab"}),
+    "strassen^2-alg1-p-v": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "direct_views": "ab"}),
+    "winograd^2-alg1-p": ("winograd^2", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True}),
+    "winograd^2-alg1-p-v": ("winograd^2", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "direct_views": "ab"}),
+    "laderman-alg1-p": ("laderman", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True}),
+    "laderman-alg1-p-v": ("laderman", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "direct_views": "ab"}),
 }
 LLM_NK = [(18432, 7168), (7168, 18432), (8192, 4096), (4096, 8192), (7168, 16384)]
 
@@ -427,9 +437,10 @@ def main():
         for (M, N, K) in shapes:
             for v in variants:
                 algo, cfg = VARIANTS[v]
-                # a variant silent on it keeps the grid GEMM stage it was measured with (the
-                # sm_90a default became the persistent one, the "-p" variants)
-                cfg = {"persistent": False, **cfg}
+                # a variant silent on them keeps the grid GEMM stage and the written operands
+                # it was measured with (the sm_90a defaults became the persistent GEMM stage,
+                # the "-p" variants, and operands read in place, the "-v" variants)
+                cfg = {"persistent": False, "direct_views": "none", **cfg}
                 if sms and (cfg.get("split_group") or cfg.get("persistent")):
                     cfg = dict(cfg, persistent_ctas=sms)    # the persistent grid fills this GPU
                 d = os.path.join(args.build_dir, f"{v.replace('^', 'sq')}-{dtype}-{M}x{N}x{K}")

@@ -961,3 +961,127 @@ def test_fused_rotated_walk_is_refused(tmp_path):
     cfgs, _ = space.enumerate_configs("cuda-sm90a", "bf16", (4096, 4096, 4096), "strassen")
     assert not [c for c in cfgs if c.fused and not c.cache_aware]
     assert [c for c in cfgs if c.fused and c.split_group] and [c for c in cfgs if not c.fused and not c.cache_aware]
+
+
+# ---- direct_views: single-block operands read from A / B in place ---------------------------
+@pytest.mark.parametrize("algo,counts", [("strassen", (2, 2)), ("winograd", (3, 3)),
+                                         ("strassen^2", (4, 4)), ("laderman", (9, 9)),
+                                         ("dps-4x4x4-r48", (0, 0))])
+def test_direct_outputs_are_the_single_block_operands(algo, counts):
+    # an output that is one input with coefficient 1 is read in place; the program of the
+    # rest computes exactly those rows of the combine matrix
+    from lcmac import ir
+    from lcmac.ir.cse import optimized_programs
+    from lcmac.ir.program import combine_matrices, direct_outputs, keep_outputs
+    from lcmac.schedules.cuda_config import operand_sources
+    alg = ir.get(algo)
+    progs, mats = optimized_programs(alg), combine_matrices(alg)
+    for side, n in zip("AB", counts):
+        d = direct_outputs(progs[side])
+        assert len(d) == n
+        for r, slot in d.items():
+            assert list(np.flatnonzero(mats[side][r])) == [slot] and mats[side][r][slot] == 1
+        keep = [r for r in range(alg.R) if r not in d]
+        assert (keep_outputs(progs[side], keep).matrix() == mats[side][keep]).all()
+        src = operand_sources(alg.R, d)
+        assert sorted(s for s in src if s >= 0) == list(range(len(keep)))
+        assert {r: -1 - s for r, s in enumerate(src) if s < 0} == d
+
+
+def test_direct_views_refusals_and_auto():
+    from lcmac.schedules.cuda_config import arch_why, direct_views_why, view_sides
+    ab = CudaConfig.from_dict({"direct_views": "ab"})
+    blk = Blocking(2048, 2048, 2048, 2, 2, 2, 7)
+    assert direct_views_why(ab, blk, "bfloat16", "sm_90a") is None
+    assert view_sides(CudaConfig(), blk, "bfloat16", "sm_90a") == "ab"          # auto
+    for cfg, b, dtype, arch, words in (
+            (ab, blk, "bfloat16", "sm_80", "sm_80 has no TMA"),
+            (ab, blk, "float32", "sm_90a", "float32"),
+            (CudaConfig.from_dict({"direct_views": "a", "operands": "fp16"}), blk, "bfloat16", "sm_90a", "operands"),
+            (CudaConfig.from_dict({"direct_views": "a", "fused": True}), blk, "bfloat16", "sm_90a", "fused=False"),
+            (ab, Blocking(1000, 1064, 1032, 2, 2, 2, 7), "bfloat16", "sm_90a", "exactly"),
+            (ab, Blocking(2048, 2048, 2000, 2, 2, 2, 7), "bfloat16", "sm_90a", "1000")):
+        why = direct_views_why(cfg, b, dtype, arch)
+        assert why and words in why, (words, why)
+        assert view_sides(CudaConfig.from_dict({**cfg.to_dict(), "direct_views": "auto"}), b, dtype, arch) == ""
+    assert "direct_views='ab'" in arch_why(ab, "bfloat16", "sm_80")
+    assert arch_why(CudaConfig(), "bfloat16", "sm_80") is None          # auto: nothing to refuse
+    with pytest.raises(Exception, match="direct_views must be one of"):
+        CudaConfig(direct_views="c").check()
+
+
+def test_view_counts_price_the_unwritten_operands():
+    from lcmac.tune import space
+    cfg = {"fused": False, "stages": 3}
+    alg = space._algorithm("winograd")
+    assert space.view_counts("cuda-sm90a", "bfloat16", (4096,) * 3, alg, cfg) == (3, 3)
+    assert space.view_counts("cuda-sm90a", "bfloat16", (4000,) * 3, alg, cfg) == (0, 0)   # not whole tiles
+    assert space.view_counts("cuda-sm80", "bfloat16", (4096,) * 3, alg, cfg) == (0, 0)
+    assert space.view_counts("cuda-sm90a", "bfloat16", (4096,) * 3, alg, {**cfg, "direct_views": "b"}) == (0, 3)
+    on = space.estimate("cuda-sm90a", "bfloat16", (4096,) * 3, "winograd", cfg)
+    off = space.estimate("cuda-sm90a", "bfloat16", (4096,) * 3, "winograd", {**cfg, "direct_views": "none"})
+    # 3 of 7 Ã and B̃ blocks (2048² bf16) not written
+    p = space.get_profile("cuda-sm90a")
+    assert off["combine_s"] - on["combine_s"] == pytest.approx(6 * 2048 * 2048 * 2 / p.achievable_bw())
+
+
+def test_view_loads_refuses_an_unknown_source():
+    from lcmac.errors import ToolchainError
+    from lcmac.targets.cuda import view_loads
+    side = {"tensor": "At", "input": "A", "blocks_per_row": 2, "sources": [0, -1], "virtual_dims": [64, 64, 2, 2],
+            "virtual_strides": [2, 256, 128, 16384], "view_dims": [64, 64, 2, 2], "ws_dims": [64, 64, 1, 1],
+            "ws_strides": [2, 128, 8192, 8192]}
+    with pytest.raises(ToolchainError, match="direct_views='none'"):
+        view_loads('extern "C" __global__ void k_kernel(__grid_constant__ const CUtensorMap H_desc) {}',
+                   "k", [side])
+
+
+@needs_tilelang
+@needs_nvcc
+def test_direct_views_kernels_and_descriptors(tmp_path):
+    # Strassen at 2048³ (blocks of whole tiles) with the default config: the batched GEMM
+    # reads Ã_3 = A11, Ã_4 = A22, B̃_2 = B11, B̃_5 = B22 from A and B through their own block
+    # descriptors, the combines write the other 5 per side, the workspace shrinks by 4 blocks
+    # through the CLI, which says what it read in place
+    p = subprocess.run([sys.executable, "-m", "lcmac", "build", "--algo", "strassen", "--target", "cuda-sm90a",
+                        "--dtype", "bf16", "--shape", "2048x2048x2048", "-o", str(tmp_path)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "read in place  2 of 7 A operands, 2 of 7 B operands" in p.stdout
+    man = json.load(open(tmp_path / "strassen-cuda-sm90a-bfloat16-2048x2048x2048.json"))
+    r = dict(man["extra"], extra=man["extra"]["extra"])
+    assert r["extra"]["direct_views"] == {"A": {"2": 0, "3": 3}, "B": {"1": 0, "4": 3}}
+    blk = 1024 * 1024 * 2
+    ws = dict(r["workspace"])
+    assert ws["Bt"] - ws["At"] == 5 * blk and ws["H"] - ws["Bt"] == 5 * blk
+    bundle = open(tmp_path / man["extra"]["source"]).read()
+    srcs = {m.group(1): m.group(2) for m in
+            re.finditer(r"// ===== (\S+) =====\n(.*?)(?=// ===== |\Z)", bundle, re.S)}
+    assert len(re.findall(r"\(Xt \+ ", srcs["lcmac_combine_a.cu"])) == 5
+    g = srcs["lcmac_batched_gemm.cu"]
+    body = kernel_body(g)
+    assert "tl::tma_load(At_desc" not in body and "tl::tma_load(Bt_desc" not in body
+    assert "lcmac_view_load_At(A_desc, At_desc, " in body and "lcmac_view_load_Bt(B_desc, Bt_desc, " in body
+    assert "__constant__ int lcmac_At_src[7] = {0, 1, -1, -4, 2, 3, 4};" in g
+    assert "__constant__ int lcmac_Bt_src[7] = {0, -1, 1, 2, -4, 3, 4};" in g
+    assert "cuuint64_t A_desc_globalDim[4]= {1024,1024,2,2};" in g and "void *A_desc_globalAddress= A;" in g
+    assert "cuuint64_t A_desc_globalStride[4]= {2,4096,2048,4194304};" in g
+    assert "cuuint64_t At_desc_globalDim[4]= {1024,1024,1,5};" in g
+    assert "cuuint64_t At_desc_globalStride[4]= {2,2048,2097152,2097152};" in g
+    assert re.search(r"cudaLaunchKernelEx\(&config, \w+, At_desc, A_desc, Bt_desc, B_desc, H_desc\)", g)
+    assert g.count("__grid_constant__ const CUtensorMap A_desc,") == 2
+    entry = srcs["lcmac_entry.cu"]
+    assert "lcmac_batched_gemm_call(bufs_At, bufs_Bt, bufs_H, bufs_A, bufs_B, s)" in entry
+    # a prepared B holds B̃'s 5 blocks and a copy of B, which the GEMM reads in place
+    pb = r["extra"]["prepared_b"]
+    assert pb["buffers"] == [["Bt", 0, 5 * blk], ["B", 5 * blk, 4 * blk]]
+    prep = entry[entry.index("int lcmac_prepare_b("):entry.index("int lcmac_run_prepared(")]
+    assert f"cudaMemcpyAsync(p + {5 * blk}LL, B, {4 * blk}LL, cudaMemcpyDeviceToDevice, s)" in prep
+    assert f"void* bufs_B = (void*)(p + {5 * blk}LL);" in entry[entry.index("int lcmac_run_prepared("):]
+    # where the tiles do not split the blocks, "auto" builds without views; "ab" refuses
+    r = worker({"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bf16",
+                "shape": [1000, 1064, 1032], "out_dir": str(tmp_path / "b"), "compile": False})
+    assert r["ok"] and "direct_views" not in r["extra"], r.get("error")
+    r = worker({"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bf16", "config": {"direct_views": "ab"},
+                "shape": [1000, 1064, 1032], "out_dir": str(tmp_path / "c"), "compile": False})
+    assert not r["ok"] and "direct_views='ab'" in r["error"] and "exactly" in r["error"], r

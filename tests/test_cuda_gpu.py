@@ -136,6 +136,7 @@ FP8_CASES = [("gemm", (1000, 1064, 1032), "bf16", 1.1),
 # waves, rank 49; the persistent GEMM stage (persistent=True: P CTAs walking the grid's
 # tile order in one pipeline), with several tiles per CTA, r fastest, a 10-CTA grid
 C2, DIRECT, PERSIST = {"cluster": 2}, {"store_via_smem": False}, {"persistent": True}
+VIEWS = {"direct_views": "ab"}
 GRID = {"persistent": False}      # the one-tile-per-CTA grid kernel (the default on sm_90a is
                                   # the persistent one where it applies)
 SAME_BITS_CASES = [("gemm", (1000, 1064, 1032), GRID, C2),
@@ -153,7 +154,18 @@ SAME_BITS_CASES = [("gemm", (1000, 1064, 1032), GRID, C2),
                    ("strassen", (1000, 1064, 1032), {"fused": False, "cache_aware": False, **GRID}, PERSIST),
                    ("strassen", (4096, 4096, 4096), {"fused": False, **GRID}, PERSIST),
                    ("strassen^2", (999, 1000, 1000), {"fused": False, **GRID}, PERSIST),
-                   ("winograd", (2048, 2048, 2048), {"fused": False, **GRID}, {**PERSIST, **DIRECT})]
+                   ("winograd", (2048, 2048, 2048), {"fused": False, **GRID}, {**PERSIST, **DIRECT}),
+                   # single-block operands read from A / B in place (direct_views): persistent
+                   # (several waves, a 10-CTA grid, r fastest), the grid kernel, one side only,
+                   # Winograd (3 per side, one product with both), Strassen², Laderman <3,3,3>
+                   ("strassen", (4096, 4096, 4096), {"fused": False}, VIEWS),
+                   ("strassen", (2048, 4096, 1024), {"fused": False}, {**VIEWS, "persistent_ctas": 10}),
+                   ("strassen", (2048, 4096, 1024), {"fused": False, **GRID}, VIEWS),
+                   ("strassen", (2048, 2048, 2048), {"fused": False, "cache_aware": False}, {"direct_views": "a"}),
+                   ("strassen", (2048, 2048, 2048), {"fused": False}, {"direct_views": "b"}),
+                   ("winograd", (2048, 2048, 2048), {"fused": False}, VIEWS),
+                   ("strassen^2", (2048, 2048, 2048), {"fused": False}, VIEWS),
+                   ("laderman", (1536, 1536, 1536), {"fused": False}, VIEWS)]
 #: the scaled-operand artifact the magnitude and inf tests reuse (one of SCALED_CASES)
 EDGE_CASE = ("strassen", (1000, 1064, 1032))
 
@@ -187,7 +199,8 @@ def build_all(only=None):
             + [(a, s, DTYPE_CFG[a], d) for a, s, d in DTYPE_CASES]
             + [(a, s, c, d) for a, s, d, c, _ in SCALED_CASES]
             + [(a, s, FP8, d) for a, s, d, _ in FP8_CASES]
-            + [(a, s, c, "bf16") for a, s, c0, d in SAME_BITS_CASES for c in (c0, {**c0, **d})])
+            + [(a, s, c, "bf16") for a, s, c0, d in SAME_BITS_CASES for c in (c0, {**c0, **d})]
+            + [(a, s, c, d) for a, s, c, d in PREP_CASES])
     key = (lambda t: (t[0], t[1], json.dumps(t[2], sort_keys=True), t[3]))
     todo = list({key(t): t for t in todo}.values())     # one build per directory
     if only is not None:
@@ -314,7 +327,9 @@ def test_gemm_stage_layouts_give_the_same_bits(artifacts, algo, shape, cfg, delt
 PREP_CASES = [("strassen", (1000, 1064, 1032), {"fused": False}, "bf16"),
               ("strassen", (1000, 1064, 1032), SG, "bf16"),
               ("winograd", (640, 648, 656), {"fused": False}, "bf16"),
-              ("strassen", (1000, 1064, 1032), FP8, "bf16")]
+              ("strassen", (1000, 1064, 1032), FP8, "bf16"),
+              # B's blocks read in place: the prepared buffer holds a copy of B beside B̃
+              ("strassen", (2048, 2048, 2048), {"fused": False, **VIEWS}, "bf16")]
 
 
 @pytest.mark.parametrize("algo,shape,cfg,dtype", PREP_CASES,

@@ -112,6 +112,34 @@ class LinearProgram:
         return "\n".join(lines)
 
 
+def direct_outputs(p: LinearProgram) -> dict[int, int]:
+    """{output: input slot} of the outputs that are one input with coefficient 1 (Strassen's
+    Ã_3 = A11): a backend can read that block in place instead of writing a copy."""
+    return {o: e[0][1] for o, e in enumerate(p.outputs)
+            if len(e) == 1 and e[0][0] == 1 and e[0][1] < p.n_inputs}
+
+
+def keep_outputs(p: LinearProgram, keep: list[int]) -> LinearProgram:
+    """The program computing only outputs ``keep`` (in that order); temporaries no kept
+    output needs are dropped."""
+    n = p.n_inputs
+    outs = tuple(p.outputs[o] for o in keep)
+    live = set()
+    stack = [s for e in outs for _, s in e if s >= n]
+    while stack:
+        s = stack.pop()
+        if s not in live:
+            live.add(s)
+            stack += [s2 for _, s2 in p.temps[s - n] if s2 >= n]
+    remap = {}
+    temps = []
+    for t, e in enumerate(p.temps):
+        if n + t in live:
+            remap[n + t] = n + len(temps)
+            temps.append(tuple((c, remap.get(s, s)) for c, s in e))
+    return LinearProgram(n, tuple(temps), tuple(tuple((c, remap.get(s, s)) for c, s in e) for e in outs))
+
+
 def naive_program(M: np.ndarray) -> LinearProgram:
     """Each output computed directly from the inputs (no sharing)."""
     outs = tuple(tuple((M[o, i], i) for i in range(M.shape[1]) if M[o, i] != 0)

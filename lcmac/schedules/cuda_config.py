@@ -117,6 +117,18 @@ class CudaConfig:
                  1.016x (bench/results/h100-bfloat16-smem.json); scaled fp16 operands:
                  neutral; fp8: off by default (``FP8_TILE_DEFAULTS``).  The fused kernels (a
                  read-modify-write Combine-H epilogue) store from registers either way.
+    direct_views  Algorithm 1 on sm_90a with native 2-byte operands (``direct_views_why``):
+                 the products whose operand on that side ("a", "b", "ab"; "none") is a single
+                 input block with coefficient 1 (Strassen's Ã_3 = A11, B̃_2 = B11) read that
+                 block of A / B in place through a second TMA descriptor, and the combine
+                 writes only the other operands (Strassen: 5 of 7 per side, Winograd 4,
+                 Strassen² 45 of 49, Laderman 14 of 23).  Same bits as the copy.  With "b",
+                 a prepared B (``prepare_b``) holds a copy of B beside B̃.  "auto" (the
+                 default): "ab" where the shape and config allow it, else "none".  H100,
+                 16384³ bf16, sustained: Winograd 1.005-1.011x → 1.024-1.032x cuBLAS,
+                 Strassen 1.015-1.020x → 1.022-1.025x, Strassen² 1.038-1.045x →
+                 1.041-1.046x; the GEMM stage is as fast either way
+                 (bench/results/h100-bfloat16-views-1.json, -2.json).
     """
     fused: bool = False           # measured best on H200 (bench/notes-cuda.md); True = FalconGEMM fused
     block_m: int = 128
@@ -145,6 +157,7 @@ class CudaConfig:
     cluster: int = 1
     store_via_smem: bool = True
     tma_reduce: bool = False
+    direct_views: str = "auto"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -203,6 +216,8 @@ class CudaConfig:
             raise LcmacError(f"r_order must be 'natural' or 'greedy', not {self.r_order!r}")
         if self.cluster not in (1, 2):
             raise LcmacError(f"cluster must be 1 or 2, not {self.cluster!r}")
+        if self.direct_views not in DIRECT_VIEWS:
+            raise LcmacError(f"direct_views must be one of {DIRECT_VIEWS}, not {self.direct_views!r}")
 
 
 def cluster_kernels(cfg: CudaConfig, dtype: str, arch: str) -> tuple[str, ...]:
@@ -252,6 +267,9 @@ SCHEDULE_VERSION = 2
 #: dynamic shared memory one CTA may use, per architecture (bytes)
 SMEM_PER_CTA = {"sm_90a": 227 * 1024, "sm_80": 163 * 1024}
 
+#: CudaConfig.direct_views values: the operand sides read in place where a product's operand is
+#: one input block
+DIRECT_VIEWS = ("auto", "none", "a", "b", "ab")
 #: CudaConfig.operands values
 OPERAND_MODES = ("native", "fp16", "fp16x2", "fp8")
 #: operands="fp8": E4M3 with one float32 scale per 1×128 block along K (Ã: per row, B̃: per
@@ -325,6 +343,8 @@ def arch_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:
         return f"persistent=True: {why}"
     if cfg.fused and cfg.tma_reduce and arch != "sm_90a":
         return f"tma_reduce=True: {arch} has no TMA"
+    if cfg.direct_views not in ("none", "auto") and (why := _views_why(cfg, dtype, arch)):
+        return f"direct_views={cfg.direct_views!r}: {why}"
     if cfg.fused and (cfg.split_group or cfg.persistent) and cfg.overlap_epilogue and arch == "sm_80":
         return ("split_group/persistent with overlap_epilogue: sm_80's cp.async pipeline needs a "
                 "constant trip count (use overlap_epilogue=False there)")
@@ -365,6 +385,48 @@ def tma_reduce_why(cfg: "CudaConfig", blk: "Blocking", dtype: str, arch: str) ->
     if blk.Mb % cfg.block_m or blk.Nb % cfg.block_n or blk.M != blk.m * blk.Mb or blk.N != blk.n * blk.Nb:
         return (f"the C blocks ({blk.Mb}x{blk.Nb} of {blk.M}x{blk.N}) must be whole multiples of "
                 f"the {cfg.block_m}x{cfg.block_n} tile")
+    return None
+
+
+def _views_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:
+    """The shape-independent part of ``direct_views_why``."""
+    if arch != "sm_90a":
+        return f"{arch} has no TMA"
+    if dtype not in ("bfloat16", "float16") or cfg.operands != "native":
+        return f"the GEMM stage reads native 2-byte operands, not {dtype} with operands={cfg.operands!r}"
+    if cfg.fused or cfg.cluster != 1 or cfg.tf32_wgmma:
+        return "Algorithm 1's batched GEMM only (fused=False, cluster=1)"
+    return None
+
+
+def view_sides(cfg: "CudaConfig", blk: "Blocking", dtype: str, arch: str) -> str:
+    """The operand sides ("", "a", "b", "ab") the batched GEMM reads in place with ``cfg``:
+    "auto" resolved (both where ``direct_views_why`` accepts the shape, else none); an
+    explicit choice as given (the build refuses it where it cannot apply)."""
+    if cfg.direct_views == "auto":
+        return "" if direct_views_why(cfg, blk, dtype, arch) else "ab"
+    return "" if cfg.direct_views == "none" else cfg.direct_views
+
+
+def operand_sources(R: int, direct: dict[int, int]) -> list[int]:
+    """Where each of R products reads its operand on one side when the products in
+    ``direct`` ({r: input slot}, ``ir.program.direct_outputs``) read their block of A / B in
+    place (``CudaConfig.direct_views``): the workspace slot (≥ 0) the combine writes it to,
+    or −1 − slot for input block ``slot`` (p·Q + q: A has m × k blocks, B k × n)."""
+    written = [r for r in range(R) if r not in direct]
+    return [-1 - direct[r] if r in direct else written.index(r) for r in range(R)]
+
+
+def direct_views_why(cfg: "CudaConfig", blk: "Blocking", dtype: str, arch: str) -> str | None:
+    """Why the batched GEMM cannot read single-block operands in place (None: it can)."""
+    if why := _views_why(cfg, dtype, arch):
+        return why
+    # a tile must not reach across its block into the next one (TMA clips to A, not to A_il)
+    if (blk.M != blk.m * blk.Mb or blk.K != blk.k * blk.Kb or blk.N != blk.n * blk.Nb
+            or blk.Mb % cfg.block_m or blk.Nb % cfg.block_n or blk.Kb % cfg.bk(dtype)):
+        return (f"the blocks ({blk.Mb}x{blk.Kb} of A, {blk.Kb}x{blk.Nb} of B) must split "
+                f"{blk.M}x{blk.K} and {blk.K}x{blk.N} exactly into whole "
+                f"{cfg.block_m}x{cfg.bk(dtype)} / {cfg.bk(dtype)}x{cfg.block_n} tiles")
     return None
 
 

@@ -295,7 +295,7 @@ def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arc
         P, Q, rows, cols, Rb, Cb = blk.m, blk.k, blk.M, blk.K, blk.Mb, blk.Kb
     else:
         P, Q, rows, cols, Rb, Cb = blk.k, blk.n, blk.K, blk.N, blk.Kb, blk.Nb
-    R = blk.R
+    R = prog.n_outputs        # blk.R, or fewer where the GEMM reads some operands in place
     tr, tc = cfg.combine_rows, cfg.combine_cols
     # columns: Cb and cols are multiples of 8, so an 8-wide vector is entirely in or out
     full_rows = [(p + 1) * Rb <= rows for p in range(P)]
@@ -1030,63 +1030,69 @@ def split_fixup(alg, blk: Blocking, dtype: str, cfg: CudaConfig, plan, arch: str
 
 # ----------------------------------------------------------------------------------------------
 def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = False,
-                 arch: str = "sm_90a", ctas: int = 0):
+                 arch: str = "sm_90a", ctas: int = 0, views: dict | None = None):
     """H_r = Ã_r · B̃_r for every r.  cache_aware=True: r is the slowest grid index, so the CTAs
     resident together work on the same product and share its Ã_r / B̃_r panels in L2;
     False (the ablation): r varies fastest, so neighbouring CTAs read R different panels.
     kmajor_b: B̃ stored [R, Nb, Kb] (TF32 wgmma for float32 on sm_90a).  ``ctas`` > 0: a
-    persistent grid of that many CTAs walking the same order (``_persistent_tiles``)."""
+    persistent grid of that many CTAs walking the same order (``_persistent_tiles``).
+    ``views`` ({"A"/"B": {r: input slot}}, ``CudaConfig.direct_views``): those products read
+    their operand from A / B in place.  That side is then written against one [R, rows, Q,
+    cols] tensor indexed by r alone, whose descriptor the build splits into the input's and
+    the workspace's, each TMA load picking one from a table (``targets.cuda.view_loads``; a
+    select chain over r here cost the producer thread more than a k step takes, 49 products
+    deep).  The kernel then also takes A and/or B (after H), for that second descriptor."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.bk(dtype)
     pol = _policy(cfg, dtype)
     R, Mb, Nb, Kb = blk.R, blk.Mb, blk.Nb, blk.Kb
     gx, gy = -(-Nb // bn), -(-Mb // bm)
     # TileLang picks wgmma only for tf32 tiles
     sdt = T.tfloat32 if (kmajor_b and dtype == "float32") else dtype
-    b_shape = (R, Nb, Kb) if kmajor_b else (R, Kb, Nb)
+    va, vb = bool((views or {}).get("A")), bool((views or {}).get("B"))
+    a_shape = (R, Mb, blk.k, Kb) if va else (R, Mb, Kb)
+    b_shape = (R, Kb, blk.n, Nb) if vb else (R, Nb, Kb) if kmajor_b else (R, Kb, Nb)
     b_tile = (bn, bk) if kmajor_b else (bk, bn)
     rfast = not kmajor_b and not cfg.cache_aware
-
     pdl = _pdl(arch)
-
-    @T.macro
-    def tile(At, Bt, H, bx, by, bz, swizzle, multicast_b: bool = False):
-        # one H tile
-        _gemm_tile(lambda ko: At[bz, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk],
-                   (lambda ko: Bt[bz, bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk]) if kmajor_b
-                   else (lambda ko: Bt[bz, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn]),
-                   H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn], dtype, sdt, b_tile, bm, bn, bk,
-                   T.ceildiv(Kb, bk), cfg, pol, kmajor_b, pdl, swizzle, multicast_b)
-
-    if ctas:
-        P = min(ctas, R * gx * gy)
-
-        @T.prim_func
-        def lcmac_bgemm_p(At: T.Tensor(_dims(R, Mb, Kb), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
-                          H: T.Tensor(_dims(R, Mb, Nb), dtype)):
-            with T.Kernel(P, threads=cfg.threads) as pid:
-                steps, tile_of = _persistent_walk(pid, P, R, gx, gy, cfg.swizzle, rfast)
-                _persistent_tiles(
-                    lambda r, by, ko: At[r, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk],
-                    lambda r, bx, ko: Bt[r, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn],
-                    lambda r, by, bx: H[r, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn],
-                    tile_of, steps, dtype, sdt, b_tile, bm, bn, bk, T.ceildiv(Kb, bk), cfg, pol, pdl)
-        return lcmac_bgemm_p
-
     if cfg.cluster == 2:
         # the cache-aware order (r the slowest grid index); grid x runs over tile rows
         _check_cluster_grid(gy, cfg.swizzle)
 
-        @T.prim_func
-        def lcmac_bgemm_c(At: T.Tensor(_dims(R, Mb, Kb), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
-                          H: T.Tensor(_dims(R, Mb, Nb), dtype)):
+    def a_slab(At, r, by, ko):
+        if va:
+            return At[r, by * bm:(by + 1) * bm, 0, ko * bk:(ko + 1) * bk]
+        return At[r, by * bm:(by + 1) * bm, ko * bk:(ko + 1) * bk]
+
+    def b_slab(Bt, r, bx, ko):
+        if vb:
+            return Bt[r, ko * bk:(ko + 1) * bk, 0, bx * bn:(bx + 1) * bn]
+        if kmajor_b:
+            return Bt[r, bx * bn:(bx + 1) * bn, ko * bk:(ko + 1) * bk]
+        return Bt[r, ko * bk:(ko + 1) * bk, bx * bn:(bx + 1) * bn]
+
+    @T.macro
+    def tile(At, Bt, H, bx, by, bz, swizzle, multicast_b: bool = False):
+        # one H tile
+        _gemm_tile(lambda ko: a_slab(At, bz, by, ko), lambda ko: b_slab(Bt, bz, bx, ko),
+                   H[bz, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn], dtype, sdt, b_tile, bm, bn, bk,
+                   T.ceildiv(Kb, bk), cfg, pol, kmajor_b, pdl, swizzle, multicast_b)
+
+    P = min(ctas, R * gx * gy)
+
+    @T.macro
+    def kernel(At, Bt, H):
+        if ctas:
+            with T.Kernel(P, threads=cfg.threads) as pid:
+                steps, tile_of = _persistent_walk(pid, P, R, gx, gy, cfg.swizzle, rfast)
+                _persistent_tiles(lambda r, by, ko: a_slab(At, r, by, ko),
+                                  lambda r, bx, ko: b_slab(Bt, r, bx, ko),
+                                  lambda r, by, bx: H[r, by * bm:(by + 1) * bm, bx * bn:(bx + 1) * bn],
+                                  tile_of, steps, dtype, sdt, b_tile, bm, bn, bk, T.ceildiv(Kb, bk), cfg,
+                                  pol, pdl)
+        elif cfg.cluster == 2:
             with T.ClusterKernel(gy, gx, R, threads=cfg.threads, cluster_dims=(2, 1, 1)) as (by, bx, bz):
                 tile(At, Bt, H, bx, by, bz, True, True)
-        return lcmac_bgemm_c
-
-    @T.prim_func
-    def lcmac_bgemm(At: T.Tensor(_dims(R, Mb, Kb), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
-                    H: T.Tensor(_dims(R, Mb, Nb), dtype)):
-        if rfast:
+        elif rfast:
             # r fastest (the ablation); no rasterisation, which would remap bxr and undo it
             with T.Kernel(gx * R, gy, threads=cfg.threads) as (bxr, by):
                 tile(At, Bt, H, bxr // R, by, bxr % R, False)
@@ -1094,6 +1100,27 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
             with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
                 tile(At, Bt, H, bx, by, bz, True)
 
+    if va and vb:
+        @T.prim_func
+        def lcmac_bgemm(At: T.Tensor(_dims(*a_shape), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
+                        H: T.Tensor(_dims(R, Mb, Nb), dtype), A: T.Tensor(_dims(blk.M, blk.K), dtype),
+                        B: T.Tensor(_dims(blk.K, blk.N), dtype)):
+            kernel(At, Bt, H)
+    elif va:
+        @T.prim_func
+        def lcmac_bgemm(At: T.Tensor(_dims(*a_shape), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
+                        H: T.Tensor(_dims(R, Mb, Nb), dtype), A: T.Tensor(_dims(blk.M, blk.K), dtype)):
+            kernel(At, Bt, H)
+    elif vb:
+        @T.prim_func
+        def lcmac_bgemm(At: T.Tensor(_dims(*a_shape), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
+                        H: T.Tensor(_dims(R, Mb, Nb), dtype), B: T.Tensor(_dims(blk.K, blk.N), dtype)):
+            kernel(At, Bt, H)
+    else:
+        @T.prim_func
+        def lcmac_bgemm(At: T.Tensor(_dims(*a_shape), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
+                        H: T.Tensor(_dims(R, Mb, Nb), dtype)):
+            kernel(At, Bt, H)
     return lcmac_bgemm
 
 

@@ -81,27 +81,32 @@ def _slice_bytes(workspace: list[tuple[str, int]]) -> dict[str, int]:
 
 
 def prepared_b_plan(kernels: list[dict], workspace: list[tuple[str, int]],
-                    zero: list[str] = ()) -> dict:
+                    zero: list[str] = (), b_bytes: int = 0) -> dict:
     """Which kernels depend on B alone, so that B can be combined once and reused (static
     weights): ``{"kernels": [...], "buffers": [[name, offset, bytes]], "bytes": n}``, or
     ``{"unsupported": reason}``.  A kernel is B-side when it reads B and neither A nor C;
     its other buffers then live in the caller's prepared-B buffer instead of the workspace,
-    which is only sound when no A-side kernel (one that reads A) touches them."""
+    which is only sound when no A-side kernel (one that reads A to write a workspace buffer:
+    not a GEMM stage or Combine H, whose outputs are H or C) touches them.  Where a later
+    kernel reads B itself (the GEMM stage's in-place operands, ``direct_views``), the prepared
+    buffer also holds a copy of B (``b_bytes``), buffer "B"."""
     bside = [k for k in kernels if "B" in k["args"] and "A" not in k["args"] and "C" not in k["args"]]
     if not bside:
         return {"unsupported": "B is read directly by the GEMM (plain GEMM): nothing to prepare"}
     names = sorted({a for k in bside for a in k["args"] if a != "B"}, key=[n for n, _ in workspace].index)
-    shared = sorted({a for k in kernels if "A" in k["args"] for a in k["args"] if a in names}
-                    | {n for n in zero if n in names})
+    aside = [k for k in kernels if "A" in k["args"] and not {"H", "C"} & set(k["args"])]
+    shared = sorted({a for k in aside for a in k["args"] if a in names} | {n for n in zero if n in names})
     if shared:
         return {"unsupported": f"the B-side buffer(s) {', '.join(shared)} are shared with the A "
                                f"side (e.g. one amax scale slot per operand in operands='fp16'/"
                                f"'fp16x2')"}
     size = _slice_bytes(workspace)
+    if any("B" in k["args"] for k in kernels if k not in bside):
+        names, size = names + ["B"], dict(size, B=b_bytes)
     off, bufs = 0, []
     for n in names:
         bufs.append([n, off, size[n]])
-        off += size[n]
+        off += -(-size[n] // 256) * 256
     return {"kernels": [k["name"] for k in bside], "buffers": bufs, "bytes": off}
 
 
@@ -206,6 +211,82 @@ def restrict_pointers(code: str, kname: str) -> str:
     return sig.sub(lambda m: m.group(1) + _POINTER_PARAM.sub(r"\1 __restrict__\2", m.group(2)), code)
 
 
+# The batched GEMM with single-block operands read in place (CudaConfig.direct_views) is
+# written against one [R, rows, Q, cols] tensor per view side, indexed by the product r;
+# TileLang makes one TMA descriptor of it.  Here that descriptor becomes two, the input's
+# own block view and the workspace's, and each load looks r up in a table of sources.
+_VIEW_LOAD = """
+// lcmac: product r's operand is workspace slot s >= 0, or block (p, q) of the input, s = -1 - (p*Q + q)
+__constant__ int lcmac_{t}_src[{R}] = {{{table}}};
+template <typename BarrierType>
+__device__ __forceinline__ void lcmac_view_load_{t}(const CUtensorMap& view, const CUtensorMap& ws,
+    BarrierType& bar, void const* const smem, int32_t const& c0, int32_t const& c1,
+    int32_t const& c2, int32_t const& r) {{
+  const int s = lcmac_{t}_src[r];
+  if (s >= 0) {{
+    tl::tma_load(ws, bar, smem, c0, c1, 0, s);
+  }} else {{
+    tl::tma_load(view, bar, smem, c0, c1, (-1 - s) % {Q}, (-1 - s) / {Q});
+  }}
+}}
+"""
+
+
+def _desc_block(code: str, desc: str) -> str:
+    """The host wrapper's lines that build TMA descriptor ``desc`` (exactly one block)."""
+    m = re.findall(r"\tCUtensorMap " + desc + r";\n(?:.*\n)*?\t\}\n", code)
+    if len(m) != 1:
+        raise ToolchainError(f"direct_views: no single descriptor block for {desc} in the generated "
+                             "host code (another TileLang version?); build with direct_views='none'")
+    return m[0]
+
+
+def view_loads(code: str, kname: str, sides: list[dict]) -> str:
+    """Split each view side's descriptor (``sides``: [{"tensor": "At", "input": "A",
+    "blocks_per_row": Q, "sources": per-product source (``cuda_config.operand_sources``),
+    "virtual_dims"/"_strides" (what TileLang made of the tensor it was given), "view_dims",
+    "ws_dims", "ws_strides"}], dims and byte strides innermost first as cuTensorMapEncodeTiled
+    takes them) into the input's descriptor and the workspace's: the device loads go through
+    ``lcmac_view_load_<tensor>``,
+    the kernel and its launch take the second descriptor, the host builds it from the input
+    pointer.  The generated source must have exactly the expected form; anything else raises."""
+    def need(cond, what):
+        if not cond:
+            raise ToolchainError(f"direct_views: {kname}'s generated source does not have the form "
+                                 f"this build rewrites ({what}; another TileLang version?); build "
+                                 "with direct_views='none'")
+
+    helpers = []
+    for sd in sides:
+        t, x = sd["tensor"], sd["input"]
+        td, xd = f"{t}_desc", f"{x}_desc"
+        param = f"__grid_constant__ const CUtensorMap {td}"
+        need(code.count(param + ",") == 2, f"kernel parameter {td}")
+        code = code.replace(param + ",", f"{param}, __grid_constant__ const CUtensorMap {xd},")
+        loads = code.count(f"tl::tma_load({td}, ")
+        need(loads >= 1, f"TMA loads from {td}")
+        code = code.replace(f"tl::tma_load({td}, ", f"lcmac_view_load_{t}({xd}, {td}, ")
+        helpers.append(_VIEW_LOAD.format(t=t, R=len(sd["sources"]), Q=sd["blocks_per_row"],
+                                         table=", ".join(map(str, sd["sources"]))))
+        pre = f"tl::prefetch_tma_descriptor({td});"
+        need(code.count(pre) == 1, f"prefetch of {td}")
+        code = code.replace(pre, f"{pre}\n    tl::prefetch_tma_descriptor({xd});")
+        block = _desc_block(code, td)
+        dims = re.findall(r"cuuint64_t " + td + r"_globalDim\[4\]= \{([0-9,]+)\};", block)
+        strides = re.findall(r"cuuint64_t " + td + r"_globalStride\[4\]= \{([0-9,]+)\};", block)
+        csv = lambda v: ",".join(map(str, v))  # noqa: E731
+        need(dims == [csv(sd["virtual_dims"])] and strides == [csv(sd["virtual_strides"])]
+             and f"void *{td}_globalAddress= {t};" in block, f"the 4-D descriptor of {td}")
+        ws = block.replace(dims[0], csv(sd["ws_dims"])).replace(strides[0], csv(sd["ws_strides"]))
+        view = block.replace(td, xd).replace(dims[0], csv(sd["view_dims"])).replace(f"= {t};", f"= {x};")
+        code = code.replace(block, ws + "\n" + view)
+        launch = re.findall(r"cudaLaunchKernelEx\(&config, \w+_kernel, [^;]*" + td + r", ", code)
+        need(len(launch) == 1, f"the launch passing {td}")
+        code = code.replace(launch[0], launch[0] + f"{xd}, ")
+    head = code.index('extern "C" __global__')
+    return code[:head] + "".join(helpers) + "\n" + code[head:]
+
+
 def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
                  zero: list[str] = (), prepared: dict | None = None) -> str:
     """kernels: [{"name", "args": [buffer names in call order]}] in launch order.
@@ -256,11 +337,17 @@ def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
     pb = {n: off for n, off, _ in prepared["buffers"]}
     bnames = set(prepared["kernels"])
     in_p = [f'  void* bufs_{n} = (void*)(p + {off}LL);' for n, off in pb.items()]
+    # a copy of B where the GEMM stage reads blocks of B in place
+    copy_b = [f'  if (cudaMemcpyAsync(p + {pb["B"]}LL, B, {size_b}LL, cudaMemcpyDeviceToDevice, s) != '
+              'cudaSuccess) { snprintf(lcmac_err, sizeof lcmac_err, "copy of B: %s", '
+              'cudaGetErrorString(cudaGetLastError())); return -2; }'
+              for size_b in [b for n, _, b in prepared["buffers"] if n == "B"]]
     lines += [f'extern "C" long long lcmac_prepared_b_bytes() {{ return {prepared["bytes"]}LL; }}',
               'extern "C" int lcmac_prepare_b(const void* B, void* P, void* stream) {',
               '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
               '  char* p = (char*)P; void* bufs_B = (void*)B;']
-    lines += in_p + _launches([k for k in kernels if k["name"] in bnames]) + ['  return 0;', '}', '']
+    lines += ([ln for ln, n in zip(in_p, pb) if n != "B"] + _launches([k for k in kernels if k["name"] in bnames])
+              + copy_b + ['  return 0;', '}', ''])
     lines += ['extern "C" int lcmac_run_prepared(const void* A, const void* P, void* C, void* ws, void* stream) {',
               '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
               '  char* w = (char*)ws; (void)w; char* p = (char*)P;',

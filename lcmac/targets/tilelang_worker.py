@@ -94,12 +94,18 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     of the GPU the persistent kernel is sized for (default: the arch's profile)."""
     from ..dtypes import ITEMSIZE
     from ..schedules import cuda_kernels as K
-    from ..schedules.cuda_config import Blocking, int64_buffers, persistent_gemm, persistent_plan
+    from ..schedules.cuda_config import (Blocking, int64_buffers, persistent_gemm, persistent_plan,
+                                         view_sides)
     M, N, K_ = shape
     # the unfused GEMM stage as a persistent kernel of P CTAs (0: the grid kernel)
     ctas = 0
     if persistent_gemm(cfg, dtype, arch):
         ctas = cfg.persistent_ctas or _profile_units(arch, units)
+    if alg is not None and cfg.direct_views not in ("none", "auto"):
+        from ..schedules.cuda_config import NotSupportedYet, direct_views_why
+        why = direct_views_why(cfg, Blocking(M, N, K_, alg.m, alg.k, alg.n, alg.R), dtype, arch)
+        if why:
+            raise NotSupportedYet(f"direct_views={cfg.direct_views!r}: {why} (use direct_views='none')")
     if cfg.operands == "fp8":
         return _fp8_plan(alg, shape, dtype, cfg, programs, arch)
     if cfg.operands != "native":
@@ -149,6 +155,13 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
             raise NotSupportedYet(why)
         pplan = persistent_plan(blk, cfg, dtype, _profile_units(arch, units))
     sizes = {n: e * item for n, e in blk.workspace_elems(cfg.fused).items()}
+    views = _direct_views(progs, blk, view_sides(cfg, blk, dtype, arch))
+    from ..ir.program import keep_outputs
+    for side, d in views.items():
+        # the combine writes only the operands that are not read in place
+        keep = [r for r in range(blk.R) if r not in d]
+        progs = dict(progs, **{side: keep_outputs(progs[side], keep)})
+        sizes[side + "t"] = sizes[side + "t"] // blk.R * len(keep)
     if pplan is not None:
         # fp32 partial C tiles of the split groups' non-lead pieces: one slot per tail CTA
         sizes["Ps"] = max(pplan.slots, 1) * alg.m * alg.n * cfg.block_m * cfg.block_n * 4
@@ -181,11 +194,49 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     if cfg.fused:
         ks.append(("fused_gemm_h", K.fused_gemm_h(alg, blk, dtype, cfg, arch=arch), ["At", "Bt", "C"]))
     else:
-        ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg, arch=arch, ctas=ctas),
-                   ["At", "Bt", "H"]))
+        ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg, arch=arch, ctas=ctas, views=views),
+                   ["At", "Bt", "H"] + sorted(views)))
         ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
-    return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
-                    "int64_index": wide}
+    out = {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
+           "int64_index": wide}
+    if views:
+        out["direct_views"] = {side: {str(r): slot for r, slot in d.items()} for side, d in views.items()}
+        out["view_loads"] = _view_load_sides(blk, views, item)
+    return ks, ws, out
+
+
+def _direct_views(progs, blk, sides: str) -> dict:
+    """{"A"/"B": {product r: input slot}} of the operands the batched GEMM reads in place
+    (``CudaConfig.direct_views``, resolved to ``sides``): those that are one input block with
+    coefficient 1, where some but not all of a side's operands are (a side with none has
+    nothing to skip, one with all has nothing to combine)."""
+    from ..ir.program import direct_outputs
+    views = {}
+    for side in ("A", "B"):
+        d = direct_outputs(progs[side]) if side.lower() in sides else {}
+        if 0 < len(d) < blk.R:
+            views[side] = d
+    return views
+
+
+def _view_load_sides(blk, views: dict, item: int) -> list[dict]:
+    """``targets.cuda.view_loads``'s description of each view side: each product's source
+    (``cuda_config.operand_sources``), and dims and byte strides, innermost first in the
+    order TileLang 0.1.15 gives 4-D descriptors (columns, rows, block column, product), of
+    the [R, rows, Q, cols] tensor the kernel was written against, of the input's own
+    [P, rows, Q, cols] block view and of the workspace's Rw operands."""
+    from ..schedules.cuda_config import operand_sources
+    sides = []
+    for side, d in sorted(views.items()):
+        P, Q, Rb, Cb = (blk.m, blk.k, blk.Mb, blk.Kb) if side == "A" else (blk.k, blk.n, blk.Kb, blk.Nb)
+        rw = blk.R - len(d)
+        row = Q * Cb * item
+        sides.append({"tensor": side + "t", "input": side, "blocks_per_row": Q,
+                      "sources": operand_sources(blk.R, d),
+                      "virtual_dims": [Cb, Rb, Q, blk.R], "virtual_strides": [item, row, Cb * item, Rb * row],
+                      "view_dims": [Cb, Rb, Q, P],
+                      "ws_dims": [Cb, Rb, 1, rw], "ws_strides": [item, Cb * item, Rb * Cb * item, Rb * Cb * item]})
+    return sides
 
 
 def _scaled_plan(alg, shape, dtype, cfg, programs, arch):
@@ -319,6 +370,7 @@ def lower_to_cuda(func, arch: str, pass_configs: dict | None = None) -> str:
 
 def build(req: dict) -> dict:
     import tilelang
+    from ..dtypes import ITEMSIZE
     from ..dtypes import normalize_dtype
     from ..schedules.cuda_config import (SUPPORTED_DTYPES, CudaConfig, NotSupportedYet, is_lcma,
                                          check_shape, check_smem, cluster_kernels)
@@ -359,6 +411,8 @@ def build(req: dict) -> dict:
             code = host.async_reduce_stores(code)
         if kname.startswith("combine"):
             code = host.restrict_pointers(code, f"{name}_{kname}")
+        if kname == "batched_gemm" and (extra or {}).get("view_loads"):
+            code = host.view_loads(code, f"{name}_{kname}", extra["view_loads"])
         path = os.path.join(out_dir, f"{name}_{kname}.cu")
         with open(path, "w") as f:
             f.write(code)
@@ -369,7 +423,7 @@ def build(req: dict) -> dict:
     check_smem(infos, target.arch)
     klist = [{"name": f"{name}_{k[0]}", "args": k[2]} for k in kernels]
     zero = (extra or {}).get("zero", [])
-    prepared = host.prepared_b_plan(klist, ws, zero)
+    prepared = host.prepared_b_plan(klist, ws, zero, b_bytes=K * N * ITEMSIZE[dtype])
     entry = host.entry_source(klist, ws, zero=zero, prepared=prepared)
     if "kernels" in prepared:
         prepared = dict(prepared, kernels=[k[len(name) + 1:] for k in prepared["kernels"]])

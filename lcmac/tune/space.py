@@ -588,14 +588,16 @@ TMA_RMW_BW_FRACTION = 1.5
 
 
 def combine_time(alg, M, N, K, dtype, p, *, fused_h: bool = False, operands: str = "native",
-                 tma_reduce: bool = False) -> float:
+                 tma_reduce: bool = False, in_place: tuple[int, int] = (0, 0)) -> float:
     """Seconds of the memory-bound combine stages of an LCMA (0 for GEMM): every output of
     Combine A/B/H written once, every input block read once (FalconGEMM's traffic count).
     With ``fused_h`` on a GPU there is no H round trip, but every product r read-modifies-
     writes the nnz(W_r) C blocks it feeds (the first touch of a block is a plain write):
     (2·nnz(W) − m·n) block transfers at ``FUSED_RMW_BW_FRACTION`` of the bandwidth.
     Scaled fp16 ``operands``: an amax read of A and of B first, Ã/B̃ written as fp16 (two
-    halves for fp16x2), H read as fp32; the plain GEMM then has its amax and scaling passes."""
+    halves for fp16x2), H read as fp32; the plain GEMM then has its amax and scaling passes.
+    ``in_place``: how many Ã / B̃ operands the GEMM reads from A / B in place, unwritten
+    (CUDA ``direct_views``, ``view_counts``)."""
     ops = _operand_terms({"operands": operands}, dtype)
     s = _db_itemsize(dtype)
     so = ops.op_bytes
@@ -606,8 +608,8 @@ def combine_time(alg, M, N, K, dtype, p, *, fused_h: bool = False, operands: str
         return (M * K + K * N) * (reads * s + so) / p.achievable_bw() + 2 * reads * p.launch_overhead_s
     m, k, n, R = alg.m, alg.k, alg.n, alg.R
     bm_, bk_, bn_ = M / m, K / k, N / n
-    a = M * K * s * reads + R * bm_ * bk_ * so             # read A, write R Ã blocks
-    b = K * N * s * reads + R * bk_ * bn_ * so
+    a = M * K * s * reads + (R - in_place[0]) * bm_ * bk_ * so     # read A, write the Ã blocks
+    b = K * N * s * reads + (R - in_place[1]) * bk_ * bn_ * so
     t = (a + b) / p.achievable_bw() + 2 * reads * p.launch_overhead_s
     if not fused_h:
         h = R * bm_ * bn_ * ops.h_bytes + M * N * s          # read H, write C
@@ -621,11 +623,28 @@ def combine_time(alg, M, N, K, dtype, p, *, fused_h: bool = False, operands: str
     return t
 
 
+def view_counts(target, dtype, shape, alg, f: dict) -> tuple[int, int]:
+    """(Ã, B̃) operands the batched GEMM reads from A / B in place with config ``f`` on
+    ``target`` (``cuda_config.view_sides``; none on a bare profile, which has no arch)."""
+    from ..costmodel.stages import quantities
+    from ..dtypes import normalize_dtype
+    from ..schedules.cuda_config import Blocking, view_sides
+    arch = getattr(_target_obj(target), "arch", None)
+    if arch is None or f.get("fused"):
+        return (0, 0)
+    blk = Blocking(*shape, alg.m, alg.k, alg.n, alg.R)
+    sides = view_sides(_cuda_config(f), blk, normalize_dtype(dtype), arch)
+    written = quantities(alg).materialized          # operands that are not a bare +block
+    counts = [alg.R - written[X] if X.lower() in sides else 0 for X in ("A", "B")]
+    return tuple(n if n < alg.R else 0 for n in counts)
+
+
 def estimate(target, dtype, shape, algorithm, config, profile=None) -> dict:
     """Per-config time estimate (seconds, with a breakdown) for ``algorithm`` (``"gemm"``,
     a catalogue expression or an ``Algorithm``) run with ``config``.  ``dtype`` is priced as
     ``model_dtype(target, dtype)`` (CUDA float32 = TF32 tensor cores)."""
     p = get_profile(target, profile)
+    stored = dtype
     dtype = model_dtype(target, dtype) if p.kind == "gpu" else dtype
     f = features(config)
     M, N, K = (int(x) for x in shape)
@@ -652,7 +671,8 @@ def estimate(target, dtype, shape, algorithm, config, profile=None) -> dict:
         g = estimate_gemm_cpu(sm, sn, sk, dtype, p, f)
         gemm = alg.R * g["time_s"]
     comb = combine_time(alg, M, N, K, dtype, p, fused_h=fused, operands=operands,
-                        tma_reduce=bool(f.get("tma_reduce")))
+                        tma_reduce=bool(f.get("tma_reduce")),
+                        in_place=view_counts(target, stored, (M, N, K), alg, f) if gpu else (0, 0))
     if fused and not gpu:
         comb += cpu_fused_epilogue_s(alg, sm, sn, sk, dtype, p, f)
     return {**g, "time_s": gemm + comb, "gemm_s": gemm, "combine_s": comb}
