@@ -175,6 +175,9 @@ def test_split_group_launch_matches_plan(split_group_build):
     assert ks["split_fixup"]["grid"] == [cfg.block_n // cfg.combine_cols,
                                          cfg.block_m // cfg.combine_rows, pl.rem]
     assert ks["split_fixup"]["args"] == ["Ps", "C"]                   # after the GEMM, same stream
+    fix = open([p for p in r["sources"] if p.endswith("_split_fixup.cu")][0]).read()
+    heads = re.findall(r'__global__ void.*?_split_fixup_kernel\(([^)]*)\)', fix)
+    assert len(heads) == 2 and all(h.count("__restrict__") == h.count("*") == 2 for h in heads), heads
     ws = dict(r["workspace"])
     slots_bytes = pl.slots * 4 * cfg.block_m * cfg.block_n * 4        # fp32 partial C tiles
     assert r["workspace_bytes"] - ws["Ps"] >= slots_bytes
@@ -517,6 +520,9 @@ def test_scaled_operand_kernels_and_entry(tmp_path):
     assert "Out_desc_type= (CUtensorMapDataType)7;" in src["lcmac_batched_gemm.cu"]
     entry = src["lcmac_entry.cu"]
     assert entry.index("cudaMemsetAsync(bufs_S, 0, 256, s)") < entry.index("if (lcmac_amax_a_call(")
+    # the amax passes are streaming kernels too: distinct buffers, pointers __restrict__
+    heads = re.findall(r'__global__ void.*?_amax_a_kernel\(([^)]*)\)', src["lcmac_amax_a.cu"])
+    assert len(heads) == 2 and all(h.count("__restrict__") == h.count("*") == 2 for h in heads), heads
 
     g = worker({"algorithm": None, "target": "cuda-sm90a", "dtype": "bf16",
                 "shape": [1000, 1064, 1032], "config": {"operands": "fp16"},

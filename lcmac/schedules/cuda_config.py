@@ -341,8 +341,8 @@ def arch_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:
         return f"cluster=2: {why}"
     if cfg.persistent and not cfg.fused and (why := _persistent_why(cfg, dtype, arch)):
         return f"persistent=True: {why}"
-    if cfg.fused and cfg.tma_reduce and arch != "sm_90a":
-        return f"tma_reduce=True: {arch} has no TMA"
+    if cfg.fused and cfg.tma_reduce and (why := _no_tma(arch)):
+        return f"tma_reduce=True: {why}"
     if cfg.direct_views not in ("none", "auto") and (why := _views_why(cfg, dtype, arch)):
         return f"direct_views={cfg.direct_views!r}: {why}"
     if cfg.fused and (cfg.split_group or cfg.persistent) and cfg.overlap_epilogue and arch == "sm_80":
@@ -370,10 +370,15 @@ def persistent_tile_bytes(cfg: "CudaConfig", dtype: str) -> int:
     return cfg.block_m * cfg.block_n * ITEMSIZE.get(dtype, 4)
 
 
+def _no_tma(arch: str) -> str | None:
+    """Why ``arch`` cannot run a template built on TMA descriptors (None: it can)."""
+    return None if arch == "sm_90a" else f"{arch} has no TMA"
+
+
 def tma_reduce_why(cfg: "CudaConfig", blk: "Blocking", dtype: str, arch: str) -> str | None:
     """Why the fused kernel cannot run its epilogue on the TMA engine (None: it can)."""
-    if arch != "sm_90a":
-        return f"{arch} has no TMA"
+    if why := _no_tma(arch):
+        return why
     if dtype not in ("bfloat16", "float16") or cfg.operands != "native":
         return f"it stores native 2-byte outputs, not {dtype} with operands={cfg.operands!r}"
     if (cfg.split_group or cfg.cluster != 1 or not cfg.store_via_smem or cfg.r_order != "natural"
@@ -390,8 +395,8 @@ def tma_reduce_why(cfg: "CudaConfig", blk: "Blocking", dtype: str, arch: str) ->
 
 def _views_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:
     """The shape-independent part of ``direct_views_why``."""
-    if arch != "sm_90a":
-        return f"{arch} has no TMA"
+    if why := _no_tma(arch):
+        return why
     if dtype not in ("bfloat16", "float16") or cfg.operands != "native":
         return f"the GEMM stage reads native 2-byte operands, not {dtype} with operands={cfg.operands!r}"
     if cfg.fused or cfg.cluster != 1 or cfg.tf32_wgmma:

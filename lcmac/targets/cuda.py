@@ -192,12 +192,15 @@ def async_reduce_stores(code: str) -> str:
 
 # A kernel that begins with the PDL wait (cudaGridDependencySynchronize) loses TileLang's
 # __restrict__ on its pointers; without it nvcc may not move a load above an earlier store
+#: the element-wise kernels (name prefixes) whose pointers are always distinct buffers
+STREAMING_KERNELS = ("combine", "transpose_b", "amax", "split_fixup")
 _POINTER_PARAM = re.compile(r"((?:const )?\w+\*)( \w+[,)])")
 
 
 def restrict_pointers(code: str, kname: str) -> str:
-    """Mark every pointer parameter of a streaming (combine) kernel ``__restrict__``: its
-    operands are distinct buffers (the caller's A, B or C and workspace slices), so loads of
+    """Mark every pointer parameter of a streaming kernel (``STREAMING_KERNELS``: combines,
+    amax passes, the split-group fixup) ``__restrict__``: its operands are distinct buffers
+    (the caller's A, B or C and workspace slices), so loads of
     later elements may be issued before the stores of earlier ones and go through the
     read-only path (Strassen²'s Combine H at 16384³: 0.96 → 0.80 ms on the H100).  Both the
     declaration and the definition are rewritten (pointers that have it keep theirs); a source

@@ -131,13 +131,7 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
         why = tma_reduce_why(cfg, blk, dtype, arch)
         if why:
             raise NotSupportedYet(f"tma_reduce=True: {why} (use tma_reduce=False)")
-        ws = _workspace({n: e * item for n, e in blk.workspace_elems(True).items()})
-        P = cfg.persistent_ctas or _profile_units(arch, units)
-        return ([("combine_a", K.combine_ab("A", progs["A"], blk, dtype, cfg, arch), ["A", "At"]),
-                 ("combine_b", K.combine_ab("B", progs["B"], blk, dtype, cfg, arch), ["B", "Bt"]),
-                 ("reduce_gemm_h", K.reduce_gemm_h(alg, blk, dtype, cfg, P, arch), ["At", "Bt", "C"])],
-                ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
-                     "int64_index": wide})
+    tma_reduce = cfg.fused and cfg.tma_reduce and not kmajor
     pplan = None
     if cfg.fused and not cfg.cache_aware:
         from ..schedules.cuda_config import NotSupportedYet
@@ -146,7 +140,7 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
                               "H100 (split-group and persistent forms within 7-191 calls, the "
                               "grid form once; an open bug, bench/notes-cuda.md): use "
                               "cache_aware=True, or fused=False for the unfused ablation")
-    if cfg.fused and (cfg.split_group or cfg.persistent):
+    if cfg.fused and (cfg.split_group or cfg.persistent) and not tma_reduce:
         from ..schedules.cuda_config import NotSupportedYet, arch_why
         # TileLang 0.1.15's cp.async pipeline needs a constant trip count: a run-time one
         # (each CTA's share of the tail) fails in its CUDA codegen (Downcast Sub→IntImm)
@@ -185,6 +179,11 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
         return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
                         "b_layout": "K-major (transposed) for TF32 wgmma", "int64_index": wide}
     ks.append(("combine_b", K.combine_ab("B", progs["B"], blk, dtype, cfg, arch), ["B", "Bt"]))
+    if tma_reduce:
+        P = cfg.persistent_ctas or _profile_units(arch, units)
+        ks.append(("reduce_gemm_h", K.reduce_gemm_h(alg, blk, dtype, cfg, P, arch), ["At", "Bt", "C"]))
+        return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
+                        "int64_index": wide}
     if pplan is not None:
         ks.append(("fused_gemm_h", K.fused_gemm_h(alg, blk, dtype, cfg, pplan, arch), ["At", "Bt", "C", "Ps"]))
         if pplan.split:
@@ -409,7 +408,7 @@ def build(req: dict) -> dict:
             code = host.cluster_pipeline(code, cfg.stages, cfg.threads)
         if kname == "reduce_gemm_h":
             code = host.async_reduce_stores(code)
-        if kname.startswith("combine"):
+        if kname.startswith(host.STREAMING_KERNELS):
             code = host.restrict_pointers(code, f"{name}_{kname}")
         if kname == "batched_gemm" and (extra or {}).get("view_loads"):
             code = host.view_loads(code, f"{name}_{kname}", extra["view_loads"])
