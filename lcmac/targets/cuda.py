@@ -250,9 +250,9 @@ def view_loads(code: str, kname: str, sides: list[dict]) -> str:
     "virtual_dims"/"_strides" (what TileLang made of the tensor it was given), "view_dims",
     "ws_dims", "ws_strides"}], dims and byte strides innermost first as cuTensorMapEncodeTiled
     takes them) into the input's descriptor and the workspace's: the device loads go through
-    ``lcmac_view_load_<tensor>``,
-    the kernel and its launch take the second descriptor, the host builds it from the input
-    pointer.  The generated source must have exactly the expected form; anything else raises."""
+    ``lcmac_view_load_<tensor>``, the kernel and its launch take the second descriptor, the
+    host builds it from the input pointer.  The generated source must have exactly the
+    expected form; anything else raises."""
     def need(cond, what):
         if not cond:
             raise ToolchainError(f"direct_views: {kname}'s generated source does not have the form "
@@ -275,13 +275,17 @@ def view_loads(code: str, kname: str, sides: list[dict]) -> str:
         need(code.count(pre) == 1, f"prefetch of {td}")
         code = code.replace(pre, f"{pre}\n    tl::prefetch_tma_descriptor({xd});")
         block = _desc_block(code, td)
-        dims = re.findall(r"cuuint64_t " + td + r"_globalDim\[4\]= \{([0-9,]+)\};", block)
-        strides = re.findall(r"cuuint64_t " + td + r"_globalStride\[4\]= \{([0-9,]+)\};", block)
+        dim_line = "cuuint64_t {}_globalDim[4]= {{{}}};".format
+        stride_line = "cuuint64_t {}_globalStride[4]= {{{}}};".format
+        address = "void *{}_globalAddress= {};".format
         csv = lambda v: ",".join(map(str, v))  # noqa: E731
-        need(dims == [csv(sd["virtual_dims"])] and strides == [csv(sd["virtual_strides"])]
-             and f"void *{td}_globalAddress= {t};" in block, f"the 4-D descriptor of {td}")
-        ws = block.replace(dims[0], csv(sd["ws_dims"])).replace(strides[0], csv(sd["ws_strides"]))
-        view = block.replace(td, xd).replace(dims[0], csv(sd["view_dims"])).replace(f"= {t};", f"= {x};")
+        virt = [dim_line(td, csv(sd["virtual_dims"])), stride_line(td, csv(sd["virtual_strides"])),
+                address(td, t)]
+        need(all(block.count(line) == 1 for line in virt), f"the 4-D descriptor of {td}")
+        ws = (block.replace(virt[0], dim_line(td, csv(sd["ws_dims"])))
+              .replace(virt[1], stride_line(td, csv(sd["ws_strides"]))))
+        view = (block.replace(virt[0], dim_line(td, csv(sd["view_dims"]))).replace(virt[2], address(td, x))
+                .replace(td, xd))
         code = code.replace(block, ws + "\n" + view)
         launch = re.findall(r"cudaLaunchKernelEx\(&config, \w+_kernel, [^;]*" + td + r", ", code)
         need(len(launch) == 1, f"the launch passing {td}")
