@@ -57,6 +57,13 @@ def kernel_body(src: str) -> str:
     return src[m.start():i]
 
 
+def assert_restrict_pointers(src: str, kname: str, pointers: int) -> None:
+    """Both the declaration and the definition of kernel ``kname`` take ``pointers`` pointer
+    parameters, every one ``__restrict__`` (targets.cuda.restrict_pointers)."""
+    heads = re.findall(r'__global__ void.*?_%s_kernel\(([^)]*)\)' % kname, src)
+    assert len(heads) == 2 and all(h.count("__restrict__") == h.count("*") == pointers for h in heads), heads
+
+
 def scaled_strassen():
     """Strassen with Ã_1 scaled by 2 and H_1's W coefficients by 1/2: non-unit constants."""
     from lcmac import ir
@@ -100,8 +107,7 @@ def test_strassen_sources_literals_and_launch(tmp_path):
     # the combines' pointers are __restrict__ again (TileLang drops it from kernels that begin
     # with the PDL wait): their loads may then move above earlier stores
     for k in ("combine_a", "combine_b"):
-        heads = re.findall(r'__global__ void.*?_%s_kernel\(([^)]*)\)' % k, srcs[f"lcmac_cuda_{k}.cu"])
-        assert len(heads) == 2 and all(h.count("__restrict__") == h.count("*") == 2 for h in heads), heads
+        assert_restrict_pointers(srcs[f"lcmac_cuda_{k}.cu"], k, 2)
     assert "0x1p+1f" in ca            # the 2 of Ã_1 = 2·(A11 + A22)
     assert "0x1p-1f" in fu            # the 1/2 of H_1's contributions
     assert "-0x1p+0f" in fu           # a −1 of Combine H
@@ -175,9 +181,8 @@ def test_split_group_launch_matches_plan(split_group_build):
     assert ks["split_fixup"]["grid"] == [cfg.block_n // cfg.combine_cols,
                                          cfg.block_m // cfg.combine_rows, pl.rem]
     assert ks["split_fixup"]["args"] == ["Ps", "C"]                   # after the GEMM, same stream
-    fix = open([p for p in r["sources"] if p.endswith("_split_fixup.cu")][0]).read()
-    heads = re.findall(r'__global__ void.*?_split_fixup_kernel\(([^)]*)\)', fix)
-    assert len(heads) == 2 and all(h.count("__restrict__") == h.count("*") == 2 for h in heads), heads
+    assert_restrict_pointers(open([p for p in r["sources"] if p.endswith("_split_fixup.cu")][0]).read(),
+                             "split_fixup", 2)
     ws = dict(r["workspace"])
     slots_bytes = pl.slots * 4 * cfg.block_m * cfg.block_n * 4        # fp32 partial C tiles
     assert r["workspace_bytes"] - ws["Ps"] >= slots_bytes
@@ -521,8 +526,7 @@ def test_scaled_operand_kernels_and_entry(tmp_path):
     entry = src["lcmac_entry.cu"]
     assert entry.index("cudaMemsetAsync(bufs_S, 0, 256, s)") < entry.index("if (lcmac_amax_a_call(")
     # the amax passes are streaming kernels too: distinct buffers, pointers __restrict__
-    heads = re.findall(r'__global__ void.*?_amax_a_kernel\(([^)]*)\)', src["lcmac_amax_a.cu"])
-    assert len(heads) == 2 and all(h.count("__restrict__") == h.count("*") == 2 for h in heads), heads
+    assert_restrict_pointers(src["lcmac_amax_a.cu"], "amax_a", 2)
 
     g = worker({"algorithm": None, "target": "cuda-sm90a", "dtype": "bf16",
                 "shape": [1000, 1064, 1032], "config": {"operands": "fp16"},
@@ -1055,7 +1059,7 @@ def test_direct_views_kernels_and_descriptors(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     assert "read in place  2 of 7 A operands, 2 of 7 B operands" in p.stdout
     man = json.load(open(tmp_path / "strassen-cuda-sm90a-bfloat16-2048x2048x2048.json"))
-    r = dict(man["extra"], extra=man["extra"]["extra"])
+    r = man["extra"]
     assert r["extra"]["direct_views"] == {"A": {"2": 0, "3": 3}, "B": {"1": 0, "4": 3}}
     blk = 1024 * 1024 * 2
     ws = dict(r["workspace"])

@@ -200,11 +200,10 @@ _POINTER_PARAM = re.compile(r"((?:const )?\w+\*)( \w+[,)])")
 def restrict_pointers(code: str, kname: str) -> str:
     """Mark every pointer parameter of a streaming kernel (``STREAMING_KERNELS``: combines,
     amax passes, the split-group fixup) ``__restrict__``: its operands are distinct buffers
-    (the caller's A, B or C and workspace slices), so loads of
-    later elements may be issued before the stores of earlier ones and go through the
-    read-only path (Strassen²'s Combine H at 16384³: 0.96 → 0.80 ms on the H100).  Both the
-    declaration and the definition are rewritten (pointers that have it keep theirs); a source
-    without exactly those two raises."""
+    (the caller's A, B or C and workspace slices), so loads of later elements may be issued
+    before the stores of earlier ones and go through the read-only path (Strassen²'s Combine H
+    at 16384³: 0.96 → 0.80 ms on the H100).  Both the declaration and the definition are
+    rewritten (pointers that have it keep theirs); a source without exactly those two raises."""
     sig = re.compile(r'(extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?\w*' +
                      re.escape(kname) + r'_kernel\()([^)]*\))')
     found = sig.findall(code)
@@ -343,23 +342,25 @@ def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
         return "\n".join(lines)
     pb = {n: off for n, off, _ in prepared["buffers"]}
     bnames = set(prepared["kernels"])
-    in_p = [f'  void* bufs_{n} = (void*)(p + {off}LL);' for n, off in pb.items()]
-    # a copy of B where the GEMM stage reads blocks of B in place
-    copy_b = [f'  if (cudaMemcpyAsync(p + {pb["B"]}LL, B, {size_b}LL, cudaMemcpyDeviceToDevice, s) != '
-              'cudaSuccess) { snprintf(lcmac_err, sizeof lcmac_err, "copy of B: %s", '
-              'cudaGetErrorString(cudaGetLastError())); return -2; }'
-              for size_b in [b for n, _, b in prepared["buffers"] if n == "B"]]
+    in_p = {n: f'  void* bufs_{n} = (void*)(p + {off}LL);' for n, off in pb.items()}
+    # where the GEMM stage reads blocks of B in place, P holds a copy of B (buffer "B")
+    copy_b = []
+    if "B" in pb:
+        size_b = next(b for n, _, b in prepared["buffers"] if n == "B")
+        copy_b = [f'  if (cudaMemcpyAsync(p + {pb["B"]}LL, B, {size_b}LL, cudaMemcpyDeviceToDevice, s) != '
+                  'cudaSuccess) { snprintf(lcmac_err, sizeof lcmac_err, "copy of B: %s", '
+                  'cudaGetErrorString(cudaGetLastError())); return -2; }']
     lines += [f'extern "C" long long lcmac_prepared_b_bytes() {{ return {prepared["bytes"]}LL; }}',
               'extern "C" int lcmac_prepare_b(const void* B, void* P, void* stream) {',
               '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
               '  char* p = (char*)P; void* bufs_B = (void*)B;']
-    lines += ([ln for ln, n in zip(in_p, pb) if n != "B"] + _launches([k for k in kernels if k["name"] in bnames])
+    lines += ([ln for n, ln in in_p.items() if n != "B"] + _launches([k for k in kernels if k["name"] in bnames])
               + copy_b + ['  return 0;', '}', ''])
     lines += ['extern "C" int lcmac_run_prepared(const void* A, const void* P, void* C, void* ws, void* stream) {',
               '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
               '  char* w = (char*)ws; (void)w; char* p = (char*)P;',
               '  void* bufs_A = (void*)A; void* bufs_C = C;']
-    lines += slices(skip=pb) + in_p + memsets + _launches([k for k in kernels if k["name"] not in bnames])
+    lines += slices(skip=pb) + list(in_p.values()) + memsets + _launches([k for k in kernels if k["name"] not in bnames])
     lines += ['  return 0;', '}', '']
     return "\n".join(lines)
 

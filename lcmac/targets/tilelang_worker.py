@@ -93,6 +93,7 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     layout [(buffer name, byte offset)] (last entry "__end__" = total bytes).  ``units``: SMs
     of the GPU the persistent kernel is sized for (default: the arch's profile)."""
     from ..dtypes import ITEMSIZE
+    from ..ir.program import keep_outputs
     from ..schedules import cuda_kernels as K
     from ..schedules.cuda_config import (Blocking, int64_buffers, persistent_gemm, persistent_plan,
                                          view_sides)
@@ -150,7 +151,6 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
         pplan = persistent_plan(blk, cfg, dtype, _profile_units(arch, units))
     sizes = {n: e * item for n, e in blk.workspace_elems(cfg.fused).items()}
     views = _direct_views(progs, blk, view_sides(cfg, blk, dtype, arch))
-    from ..ir.program import keep_outputs
     for side, d in views.items():
         # the combine writes only the operands that are not read in place
         keep = [r for r in range(blk.R) if r not in d]
@@ -369,8 +369,7 @@ def lower_to_cuda(func, arch: str, pass_configs: dict | None = None) -> str:
 
 def build(req: dict) -> dict:
     import tilelang
-    from ..dtypes import ITEMSIZE
-    from ..dtypes import normalize_dtype
+    from ..dtypes import ITEMSIZE, normalize_dtype
     from ..schedules.cuda_config import (SUPPORTED_DTYPES, CudaConfig, NotSupportedYet, is_lcma,
                                          check_shape, check_smem, cluster_kernels)
     from . import cuda as host

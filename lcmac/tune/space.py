@@ -644,7 +644,7 @@ def estimate(target, dtype, shape, algorithm, config, profile=None) -> dict:
     a catalogue expression or an ``Algorithm``) run with ``config``.  ``dtype`` is priced as
     ``model_dtype(target, dtype)`` (CUDA float32 = TF32 tensor cores)."""
     p = get_profile(target, profile)
-    stored = dtype
+    asked_dtype = dtype                  # the artifact's dtype; the model prices model_dtype's
     dtype = model_dtype(target, dtype) if p.kind == "gpu" else dtype
     f = features(config)
     M, N, K = (int(x) for x in shape)
@@ -672,7 +672,7 @@ def estimate(target, dtype, shape, algorithm, config, profile=None) -> dict:
         gemm = alg.R * g["time_s"]
     comb = combine_time(alg, M, N, K, dtype, p, fused_h=fused, operands=operands,
                         tma_reduce=bool(f.get("tma_reduce")),
-                        in_place=view_counts(target, stored, (M, N, K), alg, f) if gpu else (0, 0))
+                        in_place=view_counts(target, asked_dtype, (M, N, K), alg, f) if gpu else (0, 0))
     if fused and not gpu:
         comb += cpu_fused_epilogue_s(alg, sm, sn, sk, dtype, p, f)
     return {**g, "time_s": gemm + comb, "gemm_s": gemm, "combine_s": comb}
