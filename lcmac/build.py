@@ -28,7 +28,9 @@ Response::
 
     {"ok": true, "library": path, "entry_points": ["lcmac_matmul"],
      "target_dict": {...},                   # the target the compiler used
-     "compiler": {"name", "version"}, "seconds": {...}, "info": {...}}
+     "compiler": {"name", "version"}, "seconds": {...}, "info": {...},
+     "config": {...}}                        # optional: the config with every knob resolved
+                                             # (the manifest's config; default the request's)
     {"ok": false, "error": {"type": "DTypeError", "message": "...", "traceback": "..."}}
 
 ``error.type`` naming an lcmac exception class re-raises that class here.  The exported
@@ -272,7 +274,9 @@ def _finish(job: dict, resp: dict) -> Path:
                        "grid": list(alg.grid), "rank": alg.R, "levels": req["levels"]},
             target={"name": t.name, "family": t.family, "backend": t.backend,
                     "dict": resp.get("target_dict", req["target"]["dict"])},
-            dtype=dtype, shape={"M": M, "N": N, "K": K}, config=req["config"],
+            # the backend's config with every knob it used (a request or a tuned record may
+            # name only some); backends that do not report one resolved it here (CPU)
+            dtype=dtype, shape={"M": M, "N": N, "K": K}, config=resp.get("config", req["config"]),
             entry_points=[{"name": entry, "kind": "matmul", "signature": "C = A @ B",
                            "arguments": args}],
             library={"file": lib_path.name, "sha256": sha256_file(tmp_lib),

@@ -68,10 +68,14 @@ def cmd_show(args) -> int:
     s = summarize(alg)
     progs = optimized_programs(alg)
     names = stage_names(alg)
+    from .costmodel.accuracy import error_ratio
+    # the error this scheme adds, by dtype (Algorithm 1's roundings; lcmac.costmodel.accuracy)
+    errors = {dt: round(error_ratio(alg, dt).ratio, 2) for dt in ("bfloat16", "float16", "tfloat32")}
     if args.json:
         _dump("show", {"algorithm": {**s, **{k: v for k, v in alg.to_dict().items()
                                                if k in ("U", "V", "W")}},
-                       "programs": {st: p.to_dict() for st, p in progs.items()}})
+                       "programs": {st: p.to_dict() for st, p in progs.items()},
+                       "predicted_error_ratio": errors})
         return 0
     print(f"{alg.name}  <{alg.m},{alg.k},{alg.n};{alg.R}>  (naive {alg.naive_rank}, "
           f"{100 * alg.saving:.1f}% fewer block products)")
@@ -79,6 +83,8 @@ def cmd_show(args) -> int:
     a = s["additions"]
     print(f"additions: naive {a['naive']['total']} (A {a['naive']['A']}, B {a['naive']['B']}, H {a['naive']['H']}), "
           f"after CSE {a['reduced']['total']} (A {a['reduced']['A']}, B {a['reduced']['B']}, H {a['reduced']['H']})")
+    print("error:  " + ", ".join(f"{dt} {e:.2f}x" for dt, e in errors.items())
+          + " the plain GEMM's (predicted, Algorithm 1; TF32 = the CUDA float32)")
     if alg.R > args.max_rank and not args.full:
         print(f"\n(R = {alg.R}: combine programs omitted; pass --full to print them)")
         return 0
@@ -121,32 +127,47 @@ def cmd_verify(args) -> int:
 # ---- select -----------------------------------------------------------------------------
 def cmd_select(args) -> int:
     from .costmodel import select
+    from .tune.space import model_dtype
     M, N, K = args.shape
     source = "model"
     dt = args.dtype
+    # the CUDA backend's native float32 multiplies on the TF32 tensor cores
+    mdt = model_dtype(args.target, args.dtype) if args.operands == "native" else args.dtype
     if args.measured:
         from .tune.decide import decide
-        d = decide(M, N, K, args.dtype, args.target, db=args.logs, static_b=args.static_b)
+        d = decide(M, N, K, args.dtype, args.target, db=args.logs, static_b=args.static_b,
+                   max_error=args.max_error)
         cands, source = d.candidates, d.source
     else:
-        from .tune.space import model_dtype
-        # the CUDA backend's native float32 multiplies on the TF32 tensor cores
-        dt = model_dtype(args.target, args.dtype) if args.operands == "native" else args.dtype
-        cands = select(M, N, K, dt, args.target, static_b=args.static_b, operands=args.operands)
-    shown = cands[: args.top]
-    best = cands[0]
+        dt = mdt
+        cands = select(M, N, K, dt, args.target, static_b=args.static_b, operands=args.operands,
+                       max_error=args.max_error)
+    errors = args.error or args.max_error is not None
+    if errors:
+        shown = []
+        for c in cands:                     # rows within the budget (if any), errors filled in
+            if len(shown) == args.top:
+                break
+            c = _with_error(c, mdt, args.operands, K)
+            if args.max_error is None or c.error_ratio is None or c.error_ratio <= args.max_error:
+                shown.append(c)
+    else:
+        shown = cands[: args.top]
+    best = shown[0] if shown else cands[0]
     if args.json:
         _dump("select", {"shape": {"M": M, "N": N, "K": K}, "dtype": args.dtype,
-                         "operands": args.operands,
+                         "operands": args.operands, "max_error": args.max_error,
                          "target": args.target, "static_b": args.static_b, "source": source,
                          "decision": best.to_dict(), "candidates": [c.to_dict() for c in shown]})
         return 0
     rows = []
     for c in shown:
         d = c.to_dict()
+        err = [] if not errors else ["—" if d.get("error_ratio") is None else f"{d['error_ratio']:.2f}"]
         rows.append([d["algorithm"], "x".join(map(str, d["grid"])), d["rank"],
                      f"{d['predicted_time_s'] * 1e3:.3f}", f"{d['effective_tflops']:.2f}",
-                     f"{d['speedup_vs_gemm']:.3f}"] + (["yes" if d["measured"] else ""] if args.measured else []))
+                     f"{d['speedup_vs_gemm']:.3f}"] + err
+                    + (["yes" if d["measured"] else ""] if args.measured else []))
     how = {"model": "predicted by the analytic model", "exact": "measured at this shape (tuning log), "
            "the rest predicted"}.get(source, f"ratios measured at the {source}, the rest predicted")
     if args.measured and source == "model":
@@ -156,11 +177,25 @@ def cmd_select(args) -> int:
         ops += f" (GEMM stage {dt})"
     print(f"{M}x{N}x{K} {args.dtype}{ops} on {args.target} ({how})\n")
     print(_table(rows, ["algorithm", "grid", "R", "time ms", "eff TFLOP/s", "vs GEMM"]
-                 + (["measured"] if args.measured else [])))
+                 + (["error×"] if errors else []) + (["measured"] if args.measured else [])))
+    if errors:
+        print("\nerror×: predicted error ÷ the plain GEMM's (lcmac.costmodel.accuracy: the "
+              "kernels' roundings simulated on normal inputs)")
     bd = best.to_dict()
     reason = (bd.get("reason") or "").removeprefix("decision: ")
     print(f"\ndecision: {bd['algorithm']}" + (f" ({reason})" if reason else ""))
     return 0
+
+
+def _with_error(c, dtype: str, operands: str, K: int):
+    """``c`` with its predicted error ratio filled in (the GEMM: 1; the vendor GEMM: unknown)."""
+    import dataclasses
+    from .costmodel.accuracy import error_ratio
+    if c.error_ratio is not None or c.algorithm == "vendor":
+        return c
+    e = 1.0 if c.is_gemm else error_ratio(c.algorithm, dtype, variant=c.variant,
+                                            operands=operands, K=K).ratio
+    return dataclasses.replace(c, error_ratio=e)
 
 
 # ---- build ---------------------------------------------------------------------------------
@@ -365,6 +400,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--operands", default="native", choices=OPERAND_MODES,
                    help="CUDA operand precision to price (CudaConfig.operands; default native: "
                         "the dtype itself, float32 as TF32)")
+    s.add_argument("--max-error", type=float, default=None, metavar="X",
+                   help="error budget: leave out LCMAs whose predicted error exceeds X times the "
+                        "plain GEMM's in this dtype (e.g. 4 admits bf16 Strassen at ~3.5x)")
+    s.add_argument("--error", action="store_true",
+                   help="show each printed row's predicted error (x the plain GEMM's)")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-select/1)")
     s.set_defaults(func=cmd_select)
 

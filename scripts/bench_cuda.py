@@ -167,6 +167,16 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "winograd^2-alg1-p-v": ("winograd^2", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "direct_views": "ab"}),
     "laderman-alg1-p": ("laderman", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True}),
     "laderman-alg1-p-v": ("laderman", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "direct_views": "ab"}),
+    # more schemes and Combine-H forms, for checking the accuracy model
+    # (lcmac.costmodel.accuracy; scripts/check_accuracy.py)
+    "winograd-fused": ("winograd", {"fused": True, "stages": 4, "policy": "fullrow"}),
+    "strassen^2-fused": ("strassen^2", {"fused": True, "stages": 4, "policy": "fullrow"}),
+    "laderman-fused": ("laderman", {"fused": True, "stages": 4, "policy": "fullrow"}),
+    "hk-alg1": ("hopcroft-kerr", {"fused": False, "stages": 4, "policy": "fullrow"}),
+    "fgr333-alg1": ("fgr-3x3x3-r23", {"fused": False, "stages": 4, "policy": "fullrow"}),
+    "laderman-alg1-f16s": ("laderman", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
+    "laderman-alg1-sq": ("laderman", {"fused": False, "stages": 4, "policy": "square"}),
+    "winograd-alg1-sq": ("winograd", {"fused": False, "stages": 4, "policy": "square"}),
 }
 LLM_NK = [(18432, 7168), (7168, 18432), (8192, 4096), (4096, 8192), (7168, 16384)]
 

@@ -43,6 +43,10 @@ def test_show_prints_programs(capsys):
     code, out, _ = run(capsys, "show", "strassen^2", "--json")
     doc = json.loads(out)
     assert doc["algorithm"]["rank"] == 49 and set(doc["programs"]) == {"A", "B", "H"}
+    # the accuracy model's prediction for Algorithm 1 (H100, measured: 7.04x cuBLAS's in bf16)
+    assert set(doc["predicted_error_ratio"]) == {"bfloat16", "float16", "tfloat32"}
+    assert 6.5 < doc["predicted_error_ratio"]["bfloat16"] < 7.5
+    assert "error:  bfloat16" in run(capsys, "show", "winograd")[1]
 
 
 def test_verify_name_and_files(capsys, tmp_path):

@@ -568,6 +568,10 @@ def test_scaled_gemm_compiles_with_nvcc(tmp_path):
                        config={"operands": "fp16x2"}, out_dir=str(tmp_path))
     f = lcmac.load(path)
     assert f.gemm_precision.startswith("fp16x2") and "fp16x2" in repr(f)
+    # the manifest holds the config the worker resolved, every knob (asked: the operand mode)
+    from lcmac.schedules.cuda_config import CudaConfig
+    assert set(f.manifest.config) == set(CudaConfig().to_dict())
+    assert (f.manifest.config["operands"], f.manifest.config["block_n"]) == ("fp16x2", 128)
     for k, v in f.manifest.extra["ptxas"].items():
         assert all(x == 0 for x in v["spill_stores"]), (k, v)
     sass = _sass(f.lib_path)

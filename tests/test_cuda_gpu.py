@@ -90,6 +90,15 @@ CASES += TR_CASES
 # <4,4,4;48>, on a shape the grid divides and one it does not
 CASES += [("dps-4x4x4-r48", (1024, 1024, 1024), {"fused": False}),
           ("dps-4x4x4-r48", (1000, 1000, 1000), {"fused": False})]
+# the accuracy model (lcmac.costmodel.accuracy) against the kernels: artifacts of CASES whose
+# measured error ÷ cuBLAS's is compared with the predicted ratio (Algorithm 1, the register
+# epilogue, the TMA-engine epilogue; several schemes)
+MODEL_CASES = [("strassen", (1000, 1064, 1032), {"fused": False}),
+               ("strassen", (512, 512, 512), _default_cfg("strassen")),
+               ("winograd", (640, 648, 656), {"fused": False}),
+               ("strassen^2", (1024, 1024, 1024), {"fused": False}),
+               ("dps-4x4x4-r48", (1024, 1024, 1024), {"fused": False})] + TR_CASES[:1] + TR_CASES[2:]
+MODEL_CASES += [(a, SHAPES[a][0], {"fused": False}) for a in (_three, _445) if a]
 # buffers of more than 2³¹ elements (the LLM vocabulary projections; 64-bit index arithmetic,
 # cuda_kernels._dims): H and C of Strassen, B̃ and H of Strassen² (these faulted or returned
 # garbage with int32 extents: tuning_logs/cuda-sm90a-bfloat16.jsonl)
@@ -225,7 +234,7 @@ def _needed(item):
         return [(p["algo"], p["shape"], c, "bf16") for c in (p["cfg"], {**p["cfg"], **p["delta"]})]
     if item.originalname == "test_prepared_b_gives_the_same_bits":
         return [(p["algo"], p["shape"], p["cfg"], p["dtype"])]
-    if item.originalname == "test_bf16_correct":
+    if item.originalname in ("test_bf16_correct", "test_error_is_the_accuracy_models"):
         return [(p["algo"], p["shape"], p["cfg"], "bf16")]
     if item.originalname in ("test_scaled_operands_any_magnitude",
                              "test_scaled_operands_keep_finite_outputs_beside_an_inf"):
@@ -282,6 +291,24 @@ def test_bf16_correct(artifacts, algo, shape, cfg):
     # bf16 operands: cuBLAS lands near 1.7e-3; one LCMA level about 3x that (Ã, B̃ rounded
     # to bf16), two levels or rank-23+ schemes more
     _check(artifacts, algo, shape, cfg, "bf16", 4e-2)
+
+
+@pytest.mark.parametrize("algo,shape,cfg", MODEL_CASES,
+                         ids=[f"{a}-{'x'.join(map(str, s))}-{c}" for a, s, c in MODEL_CASES])
+def test_error_is_the_accuracy_models(artifacts, algo, shape, cfg):
+    """The kernel's error ÷ cuBLAS's on the same inputs, against the model's prediction."""
+    from lcmac.costmodel.accuracy import cuda_model_args, error_ratio
+    f = _loaded(artifacts, algo, shape, cfg, "bf16")
+    M, N, K = shape
+    ratios = []
+    for seed in (5, 6):
+        A, B = _inputs(M, N, K, "bf16", seed * 100 + M)
+        ref = A.double() @ B.double()
+        ratios.append(_rel(_written(f, A, B), ref) / _rel(A @ B, ref))
+    md, variant, operands = cuda_model_args("bf16", {**_default_cfg(algo), **cfg})
+    want = error_ratio(algo, md, variant=variant, operands=operands, K=K).ratio
+    got = sum(ratios) / len(ratios)
+    assert abs(want / got - 1) < 0.08, (algo, shape, variant, got, want)
 
 
 @pytest.mark.parametrize("algo,shape,dtype", DTYPE_CASES)

@@ -1,6 +1,9 @@
 """The analytic cost model: hardware profiles, the per-stage LCMA model (FalconGEMM's
-Table II, Eq. 8–10, re-derived), GPU wave quantisation and on-chip fit, and the decision
-(`select`) that ranks plain GEMM against every applicable catalogue algorithm."""
+Table II, Eq. 8–10, re-derived), GPU wave quantisation and on-chip fit, the accuracy model
+(`accuracy.error_ratio`: the error an LCMA adds, simulated at the kernels' rounding points),
+and the decision (`select`) that ranks plain GEMM against every applicable catalogue
+algorithm, optionally within an error budget."""
+from .accuracy import ErrorEstimate, error_ratio
 from .decision import SCHEMA, Candidate, candidate_names, decide, select
 from .profiles import (ITEMSIZE, PROFILES, TARGET_PROFILES, HardwareProfile, get_profile,
                        normalize_dtype, profile_for_target, profile_names)
@@ -10,6 +13,7 @@ from .stages import (STAGES, AlgQuantities, Estimate, StageCost, gemm_estimate,
 from .waves import SCHEDULES, FitReport, WaveAnalysis, onchip_fit, wave_analysis, waves_for
 
 __all__ = [
+    "ErrorEstimate", "error_ratio",
     "SCHEMA", "Candidate", "candidate_names", "decide", "select",
     "ITEMSIZE", "PROFILES", "TARGET_PROFILES", "HardwareProfile", "get_profile",
     "normalize_dtype", "profile_for_target", "profile_names",

@@ -34,6 +34,9 @@ JSON schema of ``Candidate.to_dict()`` (stable; ``lcmac select --json`` prints i
                       gemm details on GPUs: tile, schedule, tiles, groups, waves,
                       wave_efficiency, split_groups, products, block
     reason            str    why it ranks where it does
+    error_ratio       float | null   predicted error ÷ the plain GEMM's (1 for gemm), from
+                             accuracy.error_ratio; null where not evaluated (only with
+                             ``max_error``, and only the candidates that could be chosen)
 """
 from __future__ import annotations
 
@@ -67,6 +70,8 @@ class Candidate:
     reason: str = ""
     measured: bool = False
     estimate: Estimate | None = field(default=None, repr=False, compare=False)
+    #: predicted error ÷ the plain GEMM's (accuracy.error_ratio); None where not evaluated
+    error_ratio: float | None = None
 
     @property
     def is_gemm(self) -> bool:
@@ -79,7 +84,7 @@ class Candidate:
                 "speedup_vs_gemm": float(self.speedup_vs_gemm), "measured": self.measured,
                 "overhead_s": float(self.overhead_s),
                 "stages": {nm: self.stages[nm].to_dict() for nm in STAGES},
-                "reason": self.reason}
+                "reason": self.reason, "error_ratio": self.error_ratio}
 
 
 # ---- candidate algorithms ----------------------------------------------------------------
@@ -195,7 +200,7 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
            measurements: Mapping[str, float] | None = None, algorithms: Iterable[str] | None = None,
            min_speedup: float = 1.0, min_block: int | None = None,
            group_parallel: bool = True, dedupe: bool = True,
-           operands: str = "native") -> list[Candidate]:
+           operands: str = "native", max_error: float | None = None) -> list[Candidate]:
     """Rank plain GEMM and the applicable LCMAs for C[M×N] = A[M×K]·B[K×N]; best first.
 
     ``target``: an lcmac target name (its default profile is used) or a profile name;
@@ -208,8 +213,16 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
     ``operands``: the CUDA backend's operand mode ("native", "fp16", "fp16x2", "fp8"), priced
     for the GEMM and every LCMA alike (scaled operands: Algorithm 1 only; fp8: the schemes its
     build takes, cuda_config.FP8_MAX_COMBINE).
+    ``max_error``: an error budget, as a multiple of the plain GEMM's error in this dtype.
+    LCMAs that could be chosen are checked in order of predicted time
+    (``accuracy.error_ratio``, the variant each is costed with) until one is within it; those
+    over it are left out, and the first within it (or the GEMM) is the decision.
     """
     p, d = _resolve(target, dtype, profile)
+    if max_error is not None:
+        from .accuracy import check_covered
+        max_error = check_error_budget(max_error)
+        check_covered(d, operands)
     meas = dict(measurements or {})
     for key, v in meas.items():
         if not (isinstance(v, (int, float)) and v > 0):
@@ -258,10 +271,14 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
         cands.append(Candidate(nm, alg.grid, alg.R, best.variant, t, flops / t / 1e12,
                                g_time / t, best.stages, best.overhead_s, why, nm in meas, best))
 
+    rejected: list[Candidate] = []
+    if max_error is not None:
+        cands, rejected = within_error_budget(cands, max_error, d, operands, K, g_time, min_speedup)
     if dedupe:
         kept: dict = {}
         for c in cands:
-            key = (c.grid, c.rank, c.variant, round(c.predicted_time_s, 15), c.measured)
+            key = (c.grid, c.rank, c.variant, round(c.predicted_time_s, 15), c.measured,
+                   c.error_ratio)
             if key in kept:
                 kept[key][1].append(c.algorithm)
             else:
@@ -274,6 +291,8 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
     if memory_bound:
         greason = (f"decision: plain GEMM — memory-bound (Eq. 8: intensity {ai:.1f} FLOP/B < "
                    f"ridge {ridge:.1f} FLOP/B), fewer multiplications cannot help")
+    elif (best_lcma is None or best_lcma.speedup_vs_gemm < min_speedup) and rejected:
+        greason = f"decision: plain GEMM — {_over_budget(rejected, max_error)}"
     elif best_lcma is None:
         greason = "decision: plain GEMM — no LCMA applies to this shape"
     elif best_lcma.speedup_vs_gemm < min_speedup:
@@ -283,14 +302,74 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
         greason = f"baseline; {best_lcma.algorithm} predicted {best_lcma.speedup_vs_gemm:.3f}× faster"
     if g_measured:
         greason = "measured; " + greason
+    if rejected and best_lcma is not None and not greason.startswith("decision"):
+        greason += f"; {_over_budget(rejected, max_error)}"
     gc = Candidate("gemm", (1, 1, 1), 1, "gemm", g_time, flops / g_time / 1e12, 1.0, g.stages,
-                   g.overhead_s, greason, g_measured, g)
+                   g.overhead_s, greason, g_measured, g,
+                   error_ratio=1.0 if max_error is not None else None)
     if greason.startswith(("decision", "measured; decision")):
         out = [gc] + cands
     else:
         out = sorted(cands + [gc], key=lambda c: c.predicted_time_s)
         out[0] = _with_reason(out[0], "decision: " + out[0].reason)
     return out
+
+
+# ---- the error budget ----------------------------------------------------------------------
+def check_error_budget(max_error) -> float:
+    """``max_error`` as a float; ValueError unless it is a positive, finite number."""
+    if isinstance(max_error, bool) or not isinstance(max_error, (int, float)) \
+            or not max_error > 0 or max_error == float("inf"):
+        raise ValueError(f"max_error must be a positive, finite multiple of the plain GEMM's "
+                         f"error, got {max_error!r}")
+    return float(max_error)
+
+
+#: a screened error ratio this far over the budget is rejected without the full estimate
+SCREEN_MARGIN = 1.25
+
+
+def within_error_budget(cands: list[Candidate], max_error: float, dtype: str, operands: str,
+                        K: int, g_time: float, min_speedup: float = 0.0
+                        ) -> tuple[list[Candidate], list[Candidate]]:
+    """(kept, rejected) LCMAs for an error budget.  In order of predicted time, those that
+    could be the decision (at least ``min_speedup`` faster than the GEMM's ``g_time``) are
+    checked until the first within ``max_error``; measured ones are always checked (a
+    decision may prefer a measured time).  The ones over it are rejected; the slower,
+    unmeasured ones are kept unevaluated.  A candidate's known ``error_ratio`` is reused."""
+    from .accuracy import error_ratio
+    kept, rejected = [], []
+    done = False
+    for c in sorted(cands, key=lambda c: c.predicted_time_s):
+        if not c.measured and (done or g_time / c.predicted_time_s < min_speedup):
+            kept.append(c)
+            continue
+        e = c.error_ratio
+        if e is None:
+            kw = dict(variant=c.variant, operands=operands, K=K)
+            # a one-sample screen first (a few % of noise, ~5x cheaper); the full estimate
+            # only for what the screen leaves near or under the budget
+            e = error_ratio(c.algorithm, dtype, samples=1, block=16, **kw).ratio
+            if e <= SCREEN_MARGIN * max_error:
+                e = error_ratio(c.algorithm, dtype, **kw).ratio
+            c = dataclasses.replace(c, error_ratio=e)
+            if e <= max_error:
+                c = _with_reason(c, f"{c.reason}; predicted error {e:.2f}× the GEMM's "
+                                    f"(budget {max_error:g}×)")
+        if e <= max_error:
+            kept.append(c)
+            done = True
+        else:
+            rejected.append(c)
+    return kept, rejected
+
+
+def _over_budget(rejected: list[Candidate], max_error: float) -> str:
+    r = rejected[0]
+    more = f" and {len(rejected) - 1} more" if len(rejected) > 1 else ""
+    return (f"the LCMAs predicted faster are over the error budget ({max_error:g}× the GEMM's "
+            f"error): {r.algorithm} ({r.speedup_vs_gemm:.3f}× faster, predicted error "
+            f"{r.error_ratio:.2f}×){more}")
 
 
 def _with_reason(c: Candidate, reason: str) -> Candidate:

@@ -47,15 +47,21 @@ class AutoMatmul:
     """``C = mm(A, B[, out=C])`` for any 2-D shape: vendor GEMM, lcmac GEMM or an LCMA per
     shape (module doc).  ``target``: an lcmac target name for the kernels (default: this
     CPU's for numpy/CPU tensors, ``cuda`` for CUDA tensors).  ``logs``: a tuning-log
-    directory (default the project's / ``LCMAC_TUNING_LOGS``)."""
+    directory (default the project's / ``LCMAC_TUNING_LOGS``).  ``max_error``: an error
+    budget as a multiple of the plain GEMM's error; LCMAs predicted over it are never chosen
+    (``lcmac.costmodel.accuracy``; bf16 Strassen ~3.5×, Strassen² ~7×)."""
 
     def __init__(self, artifacts=None, *, target: str | None = None, logs=None,
-                 build: bool = False, vendor: bool = True):
+                 build: bool = False, vendor: bool = True, max_error: float | None = None):
         self.artifacts = Path(artifacts) if artifacts is not None else None
         self.target = target
         self.logs = logs
         self.build = build
         self.vendor = vendor
+        if max_error is not None:
+            from ..costmodel.decision import check_error_budget
+            max_error = check_error_budget(max_error)
+        self.max_error = max_error
         self._plans: dict[tuple, Plan] = {}
         self._fns: dict[Path, object] = {}
         self._index: dict[tuple, Path] | None = None
@@ -97,7 +103,7 @@ class AutoMatmul:
             hit = self._plans.get(key)
         if hit is not None:
             return hit
-        dec = decide(*key[:3], d, tgt, db=self.logs, vendor=self.vendor)
+        dec = decide(*key[:3], d, tgt, db=self.logs, vendor=self.vendor, max_error=self.max_error)
         shape = key[:3]
         if dec.is_vendor:
             p = Plan(shape, d, "vendor", None, dec, dec.describe())
@@ -143,10 +149,12 @@ class AutoMatmul:
         return fn(A, B, out=out)
 
     def __repr__(self):
+        budget = "" if self.max_error is None else f" max_error={self.max_error:g}"
         return (f"<lcmac.auto artifacts={self.artifacts} target={self.target or 'by operand'} "
-                f"build={self.build} {len(self._plans)} shapes planned>")
+                f"build={self.build}{budget} {len(self._plans)} shapes planned>")
 
 
 def auto(artifacts=None, **kw) -> AutoMatmul:
-    """``lcmac.auto(artifacts="DIR", target=None, logs=None, build=False, vendor=True)``."""
+    """``lcmac.auto(artifacts="DIR", target=None, logs=None, build=False, vendor=True,
+    max_error=None)``."""
     return AutoMatmul(artifacts, **kw)

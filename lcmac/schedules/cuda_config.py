@@ -375,6 +375,15 @@ def _no_tma(arch: str) -> str | None:
     return None if arch == "sm_90a" else f"{arch} has no TMA"
 
 
+def _whole_tiles(cfg: "CudaConfig", blk: "Blocking", dtype: str, with_k: bool) -> bool:
+    """Whether the tiles split the blocks of C (``with_k``: of A and B too) exactly, with no
+    padding: a TMA box is clipped to the whole matrix, not to its block, so a tile must not
+    reach across a block boundary into the next block."""
+    whole = (blk.M == blk.m * blk.Mb and blk.N == blk.n * blk.Nb
+             and blk.Mb % cfg.block_m == 0 and blk.Nb % cfg.block_n == 0)
+    return whole and (not with_k or (blk.K == blk.k * blk.Kb and blk.Kb % cfg.bk(dtype) == 0))
+
+
 def tma_reduce_why(cfg: "CudaConfig", blk: "Blocking", dtype: str, arch: str) -> str | None:
     """Why the fused kernel cannot run its epilogue on the TMA engine (None: it can)."""
     if why := _no_tma(arch):
@@ -386,8 +395,7 @@ def tma_reduce_why(cfg: "CudaConfig", blk: "Blocking", dtype: str, arch: str) ->
         return ("it has its own persistent grid and product order, always cache-aware "
                 "(split_group=False, cluster=1, store_via_smem=True, r_order='natural', "
                 "cache_aware=True)")
-    # a TMA box is clipped to C, not to C_ij: a tile must not cross a block boundary
-    if blk.Mb % cfg.block_m or blk.Nb % cfg.block_n or blk.M != blk.m * blk.Mb or blk.N != blk.n * blk.Nb:
+    if not _whole_tiles(cfg, blk, dtype, with_k=False):
         return (f"the C blocks ({blk.Mb}x{blk.Nb} of {blk.M}x{blk.N}) must be whole multiples of "
                 f"the {cfg.block_m}x{cfg.block_n} tile")
     return None
@@ -413,6 +421,12 @@ def view_sides(cfg: "CudaConfig", blk: "Blocking", dtype: str, arch: str) -> str
     return "" if cfg.direct_views == "none" else cfg.direct_views
 
 
+def side_read_in_place(direct: int, R: int) -> bool:
+    """Whether a side with ``direct`` of its ``R`` operands a bare input block is read in
+    place: some but not all (with none there is nothing to skip, with all nothing to combine)."""
+    return 0 < direct < R
+
+
 def operand_sources(R: int, direct: dict[int, int]) -> list[int]:
     """Where each of R products reads its operand on one side when the products in
     ``direct`` ({r: input slot}, ``ir.program.direct_outputs``) read their block of A / B in
@@ -426,9 +440,7 @@ def direct_views_why(cfg: "CudaConfig", blk: "Blocking", dtype: str, arch: str) 
     """Why the batched GEMM cannot read single-block operands in place (None: it can)."""
     if why := _views_why(cfg, dtype, arch):
         return why
-    # a tile must not reach across its block into the next one (TMA clips to A, not to A_il)
-    if (blk.M != blk.m * blk.Mb or blk.K != blk.k * blk.Kb or blk.N != blk.n * blk.Nb
-            or blk.Mb % cfg.block_m or blk.Nb % cfg.block_n or blk.Kb % cfg.bk(dtype)):
+    if not _whole_tiles(cfg, blk, dtype, with_k=True):
         return (f"the blocks ({blk.Mb}x{blk.Kb} of A, {blk.Kb}x{blk.Nb} of B) must split "
                 f"{blk.M}x{blk.K} and {blk.K}x{blk.N} exactly into whole "
                 f"{cfg.block_m}x{cfg.bk(dtype)} / {cfg.bk(dtype)}x{cfg.block_n} tiles")

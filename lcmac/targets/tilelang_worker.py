@@ -207,13 +207,13 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
 def _direct_views(progs, blk, sides: str) -> dict:
     """{"A"/"B": {product r: input slot}} of the operands the batched GEMM reads in place
     (``CudaConfig.direct_views``, resolved to ``sides``): those that are one input block with
-    coefficient 1, where some but not all of a side's operands are (a side with none has
-    nothing to skip, one with all has nothing to combine)."""
+    coefficient 1, on the sides ``cuda_config.side_read_in_place`` accepts."""
     from ..ir.program import direct_outputs
+    from ..schedules.cuda_config import side_read_in_place
     views = {}
     for side in ("A", "B"):
         d = direct_outputs(progs[side]) if side.lower() in sides else {}
-        if 0 < len(d) < blk.R:
+        if side_read_in_place(len(d), blk.R):
             views[side] = d
     return views
 
@@ -491,7 +491,7 @@ def build_contract(req: dict) -> dict:
         return {"ok": True, "library": lib_out, "entry_points": ["lcmac_run"],
                 "target_dict": {"kind": "cuda", "arch": r["arch"]},
                 "compiler": {"name": "tilelang+nvcc", "version": getattr(tilelang, "__version__", "?")},
-                "seconds": r["seconds"], "info": info}
+                "config": r["config"], "seconds": r["seconds"], "info": info}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -200,6 +200,15 @@ def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, d
             g = next(c for c in cands if c.is_gemm)
             cands = [dataclasses.replace(c, speedup_vs_gemm=g.predicted_time_s / c.predicted_time_s)
                      for c in cands]
+    if select_kw.get("max_error") is not None:
+        # the rescaled times can put a candidate ahead that select() did not check against
+        # the error budget: check again what could now be chosen (known errors are reused)
+        from ..costmodel.decision import within_error_budget
+        ok, _ = within_error_budget([c for c in cands if not c.is_gemm], float(select_kw["max_error"]),
+                                    model_dtype(target, dtype), select_kw.get("operands", "native"),
+                                    K, g.predicted_time_s)
+        ok = {c.algorithm: c for c in ok}
+        cands = [c if c.is_gemm else ok[c.algorithm] for c in cands if c.is_gemm or c.algorithm in ok]
     measured = [c for c in cands if c.measured]
     if any(c.is_gemm for c in measured) and any(not c.is_gemm for c in measured):
         top = min(measured, key=lambda c: c.predicted_time_s)

@@ -628,7 +628,7 @@ def view_counts(target, dtype, shape, alg, f: dict) -> tuple[int, int]:
     ``target`` (``cuda_config.view_sides``; none on a bare profile, which has no arch)."""
     from ..costmodel.stages import quantities
     from ..dtypes import normalize_dtype
-    from ..schedules.cuda_config import Blocking, view_sides
+    from ..schedules.cuda_config import Blocking, side_read_in_place, view_sides
     arch = getattr(_target_obj(target), "arch", None)
     if arch is None or f.get("fused"):
         return (0, 0)
@@ -636,7 +636,7 @@ def view_counts(target, dtype, shape, alg, f: dict) -> tuple[int, int]:
     sides = view_sides(_cuda_config(f), blk, normalize_dtype(dtype), arch)
     written = quantities(alg).materialized          # operands that are not a bare +block
     counts = [alg.R - written[X] if X.lower() in sides else 0 for X in ("A", "B")]
-    return tuple(n if n < alg.R else 0 for n in counts)
+    return tuple(n if side_read_in_place(n, alg.R) else 0 for n in counts)
 
 
 def estimate(target, dtype, shape, algorithm, config, profile=None) -> dict:

@@ -1,0 +1,277 @@
+"""Accuracy: how much larger an LCMA's rounding error is than the plain GEMM's.
+
+An LCMA is exact in exact arithmetic, but its kernels round where the plain GEMM does not:
+the combined operands Ã_r, B̃_r are stored in the operand dtype, H_r in the output dtype
+(Algorithm 1), and C's partial sums in C's dtype (the fused epilogues).  How much that costs
+depends on the algorithm's coefficients (Winograd's chained sums grow its operands more than
+Strassen's) and on the dtype, and it is large next to the GEMM's own error in 2-byte dtypes:
+the H100 measured 3.5× cuBLAS's error for bf16 Strassen, 7.0× for Strassen², 12.2× for
+Winograd² (bench/results).
+
+``error_ratio`` predicts that factor by *simulating the kernels' rounding points* in numpy on
+a thin slice of the product — every block of A and B, with ``block`` rows/columns per
+block and the real K (capped at ``K_CAP[dtype]``) — against a float64 reference, for the
+LCMA and for the plain GEMM on the same inputs (standard normal entries, as the benchmarks
+use):
+
+  ``unfused`` (Algorithm 1)  Ã_r = rnd(Σ u·A_il), B̃_r = rnd(Σ v·B_lj), H_r = rnd(Ã_r·B̃_r),
+                             C_ij = rnd(Σ_r w·H_r), sums and products accumulated in fp32;
+  ``fused``                  the same operands; C_ij = rnd(C_ij + w·H_r) in product order
+                             (the register epilogue keeps partial sums in C's dtype);
+  ``tma_reduce``             C_ij = rnd(C_ij + rnd(w·H_r)) (w·H_r staged in C's dtype, added
+                             in L2 in C's dtype);
+  plain GEMM                 C = rnd(A·B).
+
+``rnd`` is the dtype's rounding: round-to-nearest-even for bfloat16/float16 storage; for
+``tfloat32`` (the CUDA backend's float32, TF32 tensor cores) the GEMM operands keep 10
+mantissa bits by truncation, as lcmac's kernels do (2.6× cuBLAS-TF32's own error, measured);
+float32 is plain float32 arithmetic; float64 is simulated in float32 — to first order every
+term of both errors scales with the unit roundoff, so the ratio carries over.  With
+``operands="fp16"`` (the CUDA backend's scaled fp16 operands) Ã/B̃ are rounded to fp16
+(the power-of-two scale is exact), H stays fp32, and C is rounded to the dtype.
+
+Checked against the H100 (tests/test_accuracy.py reads bench/results): within a few percent
+for bf16/fp16 and TF32, whose errors are set by the storage roundings.  float32/float64 on
+CPUs are accumulation-bound, and the CPU kernels sum K in another order than numpy's sgemm:
+there the prediction is indicative (−35 % to +70 % of bench_cpu's measurements, whose ratio
+itself moves by up to 1.4× with the kernels' K blocking).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DTypeError
+from .profiles import normalize_dtype
+
+#: K simulated at most, per model dtype: storage-bound errors (2-byte, TF32) do not move with
+#: K (bf16 Strassen² 7.1/7.0/7.1/7.0× at K = 512…4096), accumulation-bound ones grow slowly
+K_CAP = {"bfloat16": 1024, "float16": 1024, "tfloat32": 1024, "float32": 4096, "float64": 4096}
+VARIANTS = ("unfused", "fused", "tma_reduce")
+#: how each model dtype is simulated: (rounding of stored values, rounding of GEMM operands)
+PRECISIONS = {
+    "bfloat16": "bfloat16 storage, fp32 accumulation",
+    "float16": "float16 storage, fp32 accumulation",
+    "tfloat32": "TF32 GEMM operands (truncated), fp32 storage and accumulation",
+    "float32": "float32 arithmetic",
+    "float64": "float32 arithmetic (first-order proxy for float64)",
+}
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """Round float32 to the nearest bfloat16 (ties to even), returned as float32.  In uint32:
+    finite values cannot carry out of 32 bits (the simulation has no NaN or inf)."""
+    u = np.array(x, dtype=np.float32, copy=True).view(np.uint32)
+    lsb = (u >> 16) & 1
+    u += np.uint32(0x7FFF)
+    u += lsb
+    u &= np.uint32(0xFFFF0000)
+    return u.view(np.float32)
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
+
+
+def _tf32_trunc(x: np.ndarray) -> np.ndarray:
+    return (np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+            & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def _f32(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class _Roundings:
+    """Where the kernels round: the combined operands Ã/B̃ (``op``), H (``h``, Algorithm 1),
+    C and its partial sums (``c``), and the GEMM's own view of its operands (``feed``)."""
+    op: object
+    h: object
+    c: object
+    feed: object
+
+
+def _roundings(d: str, operands: str) -> _Roundings:
+    if operands == "native":
+        store, feed = {"bfloat16": (_bf16, _f32), "float16": (_f16, _f32),
+                       "tfloat32": (_f32, _tf32_trunc)}.get(d, (_f32, _f32))
+        return _Roundings(store, store, store, feed)
+    if operands == "fp16" and d in ("bfloat16", "float16"):
+        # Ã/B̃ stored as power-of-two-scaled fp16 (the scale is exact), H kept in fp32
+        return _Roundings(_f16, _f32, _bf16 if d == "bfloat16" else _f16, _f32)
+    raise ValueError(f"the accuracy model covers operands='native', and 'fp16' for bfloat16 "
+                     f"and float16; not operands={operands!r} with {d}")
+
+
+@dataclass(frozen=True)
+class ErrorEstimate:
+    """``ratio``: the LCMA's normwise relative error ÷ the plain GEMM's (mean of the samples);
+    ``spread``: (max − min) / mean of the per-sample ratios; ``lcma_error``, ``gemm_error``:
+    mean ‖Ĉ − C‖_F / ‖C‖_F; ``shape``: the simulated (M, N, K)."""
+    algorithm: str
+    dtype: str
+    variant: str
+    precision: str
+    ratio: float
+    spread: float
+    lcma_error: float
+    gemm_error: float
+    samples: int
+    shape: tuple[int, int, int]
+
+    def to_dict(self) -> dict:
+        return {"algorithm": self.algorithm, "dtype": self.dtype, "variant": self.variant,
+                "precision": self.precision, "ratio": self.ratio, "spread": self.spread,
+                "lcma_error": self.lcma_error, "gemm_error": self.gemm_error,
+                "samples": self.samples, "shape": list(self.shape)}
+
+
+def _lcma(alg, A, B, rd: _Roundings, variant) -> np.ndarray:
+    m, k, n = alg.grid
+    R = alg.R
+    bm, kb, bn = A.shape[0] // m, A.shape[1] // k, B.shape[1] // n
+    U, V, W = (t.astype(np.float32).reshape(R, -1) for t in alg.as_float(np.float64))
+    Ab = A.reshape(m, bm, k, kb).transpose(0, 2, 1, 3).reshape(m * k, bm * kb)
+    Bb = B.reshape(k, kb, n, bn).transpose(0, 2, 1, 3).reshape(k * n, kb * bn)
+    # the combines sum in fp32 and store once (single blocks with coefficient 1 are exact);
+    # as one matrix product each, so that numpy hands them to BLAS
+    At = rd.feed(rd.op(U @ Ab)).reshape(R, bm, kb)
+    Bt = rd.feed(rd.op(V @ Bb)).reshape(R, kb, bn)
+    H = np.matmul(At, Bt)                               # fp32 accumulation
+    if variant == "unfused":
+        Cb = rd.c(W.T @ rd.h(H).reshape(R, bm * bn)).reshape(m, n, bm, bn)
+    else:
+        W3 = W.reshape(R, m, n)
+        Cb = np.zeros((m, n, bm, bn), dtype=np.float32)
+        seen = np.zeros((m, n), dtype=bool)
+        for r in range(R):
+            for i, j in zip(*np.nonzero(W3[r])):
+                term = W3[r, i, j] * H[r]
+                if variant == "tma_reduce":
+                    term = rd.c(term)
+                Cb[i, j] = rd.c(term if not seen[i, j] else Cb[i, j] + term)
+                seen[i, j] = True
+    return Cb.transpose(0, 2, 1, 3).reshape(m * bm, n * bn)
+
+
+def _model_dtype(dtype) -> str:
+    if str(dtype) == "tfloat32":
+        return "tfloat32"
+    d = normalize_dtype(dtype)
+    if d not in PRECISIONS:
+        raise DTypeError(f"the accuracy model does not cover {d}; it covers "
+                         f"{', '.join(PRECISIONS)}")
+    return d
+
+
+def check_covered(dtype, operands: str = "native") -> str:
+    """The model dtype for ``dtype``; DTypeError / ValueError where the model has no answer."""
+    d = _model_dtype(dtype)
+    _roundings(d, operands)
+    return d
+
+
+def error_ratio(algorithm, dtype="bfloat16", *, variant: str = "unfused", operands: str = "native",
+                K: int | None = None, samples: int = 3, block: int = 32,
+                seed: int = 0) -> ErrorEstimate:
+    """Predicted error of ``algorithm`` (a catalogue expression or an ``Algorithm``) as a
+    multiple of the plain GEMM's, in ``dtype`` ("bfloat16", "float16", "tfloat32" for the
+    CUDA backend's float32, "float32", "float64"), for the ``variant`` of Combine H
+    (module doc).  ``operands="fp16"`` (bfloat16/float16 only): the CUDA backend's scaled
+    fp16 Ã/B̃ with H in fp32, still against the native GEMM's error.  ``K``: the product's inner dimension (simulated up to ``K_CAP[dtype]``)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    if samples < 1 or block < 1:
+        raise ValueError(f"samples and block must be positive, got {samples} and {block}")
+    if K is not None and K < 1:
+        raise ValueError(f"K must be positive, got {K}")
+    d = check_covered(dtype, operands)
+    if isinstance(algorithm, str):
+        from ..ir import catalogue
+        alg = catalogue.get(algorithm)
+        name = algorithm
+    else:
+        alg, name = algorithm, algorithm.name
+    ks = min(K or K_CAP[d], K_CAP[d])
+    ks = max(alg.k, ks - ks % alg.k)
+    return _cached(name, alg.hash, alg if not isinstance(algorithm, str) else None, d, variant,
+                   operands, ks, samples, block, seed)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached(name, _hash, alg, d, variant, operands, ks, samples, block, seed) -> ErrorEstimate:
+    if alg is None:
+        from ..ir import catalogue
+        alg = catalogue.get(name)
+    rd = _roundings(d, operands)
+    native = _roundings(d, "native")
+    m, k, n = alg.grid
+    M, N = m * block, n * block
+    rng = np.random.default_rng(seed)
+    ratios, el, eg = [], [], []
+    for _ in range(samples):
+        # inputs exactly representable in the dtype, as a user's tensors are
+        A = native.c(rng.standard_normal((M, ks), dtype=np.float32))
+        B = native.c(rng.standard_normal((ks, N), dtype=np.float32))
+        ref = A.astype(np.float64) @ B.astype(np.float64)
+        nrm = np.linalg.norm(ref)
+        e_g = np.linalg.norm(native.c(native.feed(A) @ native.feed(B)) - ref) / nrm
+        e_l = np.linalg.norm(_lcma(alg, A, B, rd, variant) - ref) / nrm
+        ratios.append(e_l / e_g)
+        el.append(e_l)
+        eg.append(e_g)
+    mean = float(np.mean(ratios))
+    prec = PRECISIONS[d] if operands == "native" else f"{operands} operands, {PRECISIONS[d]}"
+    return ErrorEstimate(name, d, variant, prec, mean,
+                         float((max(ratios) - min(ratios)) / mean), float(np.mean(el)),
+                         float(np.mean(eg)), samples, (M, N, ks))
+
+
+# ---- checking the model against measured runs -----------------------------------------------
+def cuda_model_args(dtype, config: dict) -> tuple[str, str, str]:
+    """(model dtype, variant, operands) for an artifact of the CUDA backend built with
+    ``config`` (a ``CudaConfig.to_dict()``); keys missing from older records take the
+    defaults of their time (not fused into the TMA engine, native operands)."""
+    d = normalize_dtype(dtype)
+    operands = config.get("operands", "native")
+    variant = ("tma_reduce" if config.get("tma_reduce") else
+               "fused" if config.get("fused") else "unfused")
+    return ("tfloat32" if d == "float32" and operands == "native" else d), variant, operands
+
+
+def compare_with_run(dtype, rows: list[dict]) -> list[dict]:
+    """The model next to a ``scripts/bench_cuda.py`` run (its ``dtype`` and ``results``):
+    for every LCMA row the model covers, the measured ratio — error ÷ cuBLAS's for 2-byte
+    dtypes (cuBLAS rounds as the model's plain GEMM does), ÷ lcmac's own GEMM (same operand
+    mode, same shape) for TF32, whose operands lcmac truncates and cuBLAS rounds — and the
+    predicted one.  Rows the model does not cover (fp8, fp16x2) are skipped."""
+    gemm_err = {(tuple(r["shape"]), (r.get("config") or {}).get("operands", "native")): r["rel_err"]
+                for r in rows if r.get("algorithm") == "gemm" and r.get("rel_err")}
+    out = []
+    for r in rows:
+        alg, cfg = r.get("algorithm"), r.get("config") or {}
+        if alg in (None, "gemm") or not r.get("rel_err"):
+            continue
+        try:
+            md, variant, operands = cuda_model_args(dtype, cfg)
+            check_covered(md, operands)
+        except (ValueError, DTypeError):
+            continue
+        if md == "tfloat32":
+            base = gemm_err.get((tuple(r["shape"]), operands))
+            if not base:
+                continue
+            measured = r["rel_err"] / base
+        elif r.get("err_vs_cublas"):
+            measured = r["err_vs_cublas"]
+        else:
+            continue
+        e = error_ratio(alg, md, variant=variant, operands=operands, K=r["shape"][2])
+        out.append({"variant": r.get("variant"), "algorithm": alg, "shape": list(r["shape"]),
+                    "model_dtype": md, "model_variant": variant, "operands": operands,
+                    "measured": measured, "predicted": e.ratio,
+                    "deviation": e.ratio / measured - 1.0})
+    return out
