@@ -10,7 +10,7 @@ import pytest
 
 from lcmac.costmodel import select
 from lcmac.costmodel.accuracy import _bf16, compare_with_run, cuda_model_args, error_ratio
-from lcmac.errors import DTypeError
+from lcmac.errors import DTypeError, ShapeError
 from lcmac.ir.algorithm import Algorithm
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
@@ -148,3 +148,20 @@ def test_decide_checks_every_measured_lcma_against_the_budget():
     assert "winograd^2" not in {c.algorithm for c in d.candidates}
     top = d.candidates[0]
     assert top.algorithm == "vendor" or top.is_gemm or top.error_ratio <= 8.0
+
+
+def test_the_users_own_inputs_can_be_sampled():
+    rng = np.random.default_rng(3)
+    An = rng.standard_normal((700, 530), dtype=np.float32)
+    Bn = rng.standard_normal((530, 610), dtype=np.float32)
+    normal = error_ratio("strassen", "bf16").ratio
+    # normal data through the sampler lands where the synthetic default does
+    assert error_ratio("strassen", "bf16", inputs=(An, Bn)).ratio == pytest.approx(normal, rel=0.08)
+    # nonnegative data cancels less: much smaller ratios (the budget's default is conservative)
+    Au, Bu = np.abs(An), np.abs(Bn)
+    assert error_ratio("strassen", "bf16", inputs=(Au, Bu)).ratio < 0.75 * normal
+    assert error_ratio("winograd^2", "bf16", inputs=(Au, Bu)).ratio < 3.0
+    with pytest.raises(ShapeError, match="inputs"):
+        error_ratio("strassen", "bf16", inputs=(An, An))
+    with pytest.raises(ValueError, match="pair"):
+        error_ratio("strassen", "bf16", inputs=(An,))

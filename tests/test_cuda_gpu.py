@@ -234,7 +234,8 @@ def _needed(item):
         return [(p["algo"], p["shape"], c, "bf16") for c in (p["cfg"], {**p["cfg"], **p["delta"]})]
     if item.originalname == "test_prepared_b_gives_the_same_bits":
         return [(p["algo"], p["shape"], p["cfg"], p["dtype"])]
-    if item.originalname in ("test_bf16_correct", "test_error_is_the_accuracy_models"):
+    if item.originalname in ("test_bf16_correct", "test_error_is_the_accuracy_models",
+                             "test_error_on_given_inputs_is_the_accuracy_models"):
         return [(p["algo"], p["shape"], p["cfg"], "bf16")]
     if item.originalname in ("test_scaled_operands_any_magnitude",
                              "test_scaled_operands_keep_finite_outputs_beside_an_inf"):
@@ -309,6 +310,28 @@ def test_error_is_the_accuracy_models(artifacts, algo, shape, cfg):
     want = error_ratio(algo, md, variant=variant, operands=operands, K=K).ratio
     got = sum(ratios) / len(ratios)
     assert abs(want / got - 1) < 0.08, (algo, shape, variant, got, want)
+
+
+DATA_CASES = [MODEL_CASES[0], MODEL_CASES[3]] + TR_CASES[2:3] + MODEL_CASES[-2:-1]
+
+
+@pytest.mark.parametrize("algo,shape,cfg", DATA_CASES,
+                         ids=[f"{a}-{'x'.join(map(str, s))}-{c}" for a, s, c in DATA_CASES])
+def test_error_on_given_inputs_is_the_accuracy_models(artifacts, algo, shape, cfg):
+    """Nonnegative inputs (uniform [0, 1)) cancel less than normal ones and give much smaller
+    ratios; ``error_ratio(inputs=...)`` predicts them from a thin sample of the operands."""
+    from lcmac.costmodel.accuracy import cuda_model_args, error_ratio
+    f = _loaded(artifacts, algo, shape, cfg, "bf16")
+    M, N, K = shape
+    g = torch.Generator(device="cuda").manual_seed(7 * M)
+    A = torch.rand(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    B = torch.rand(K, N, device="cuda", generator=g).to(torch.bfloat16)
+    ref = A.double() @ B.double()
+    got = _rel(_written(f, A, B), ref) / _rel(A @ B, ref)
+    md, variant, operands = cuda_model_args("bf16", {**_default_cfg(algo), **cfg})
+    want = error_ratio(algo, md, variant=variant, operands=operands,
+                       inputs=(A.float().cpu(), B.float().cpu())).ratio
+    assert abs(want / got - 1) < 0.10, (algo, shape, variant, got, want)
 
 
 @pytest.mark.parametrize("algo,shape,dtype", DTYPE_CASES)
