@@ -177,6 +177,10 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "laderman-alg1-f16s": ("laderman", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
     "laderman-alg1-sq": ("laderman", {"fused": False, "stages": 4, "policy": "square"}),
     "winograd-alg1-sq": ("winograd", {"fused": False, "stages": 4, "policy": "square"}),
+    # AlphaTensor's <4,4,4;49>: 2 single blocks per side with +1, 6 with −1 (read in place
+    # since session 12, the sign moved into Combine H)
+    "at49-alg1-p": ("at-4x4x4-r49", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "direct_views": "none"}),
+    "at49-alg1-p-v": ("at-4x4x4-r49", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "direct_views": "ab"}),
 }
 LLM_NK = [(18432, 7168), (7168, 18432), (8192, 4096), (4096, 8192), (7168, 16384)]
 

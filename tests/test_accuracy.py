@@ -45,6 +45,7 @@ def test_more_growth_more_error():
 #: measured runs the model is checked against: (file, rows expected at least)
 RUNS = [("h100-bfloat16-accuracy-a.json", 13), ("h100-bfloat16-accuracy-b.json", 6),
         ("h100-float16-accuracy.json", 2), ("h100-float32-accuracy.json", 3),
+        ("h100-bfloat16-at49-views.json", 3),
         ("h100-bfloat16.json", 20), ("h100-bfloat16-tma-reduce.json", 8),
         ("h100-bfloat16-operands.json", 8), ("h100-bfloat16-dps48.json", 4),
         ("h100-bfloat16-winograd2-1.json", 2), ("h100-float32.json", 4)]

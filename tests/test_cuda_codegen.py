@@ -1002,6 +1002,43 @@ def test_direct_outputs_are_the_single_block_operands(algo, counts):
         assert {r: -1 - s for r, s in enumerate(src) if s < 0} == d
 
 
+@pytest.mark.parametrize("algo,counts", [("strassen", (2, 2)), ("winograd", (3, 3)),
+                                         ("fg-3x3x3-r23-b", (8, 9)), ("at-4x4x4-r49", (8, 8))])
+def test_view_plan_computes_the_product(algo, counts):
+    # the plan the worker lowers, run in exact integer arithmetic: the combines write only
+    # the kept operands, the GEMM reads the ±1 single blocks un-negated, and Combine H's
+    # program carries the sign of every product read from an odd number of −1 blocks
+    from lcmac import ir
+    from lcmac.ir.cse import optimized_programs
+    from lcmac.targets.tilelang_worker import view_plan
+    alg = ir.get(algo)
+    m, k, n = alg.grid
+    blk = Blocking(m * 4, n * 4, k * 4, m, k, n, alg.R)
+    progs, views, negated = view_plan(optimized_programs(alg), blk, "ab")
+    assert tuple(len(views.get(s, {})) for s in "AB") == counts
+    rng = np.random.default_rng(1)
+    Ab = rng.integers(-3, 4, (m * k, 4, 4)).astype(np.int64)       # blocks, row-major order
+    Bb = rng.integers(-3, 4, (k * n, 4, 4)).astype(np.int64)
+
+    def operands(side, blocks):
+        d = views.get(side, {})
+        written = progs[side].matrix().astype(np.int64) @ blocks.reshape(len(blocks), -1)
+        keep = [r for r in range(alg.R) if r not in d]
+        out = [None] * alg.R
+        for i, r in enumerate(keep):
+            out[r] = written[i].reshape(4, 4)
+        for r, slot in d.items():
+            out[r] = blocks[slot]                        # in place: the block itself
+        return out
+    At, Bt = operands("A", Ab), operands("B", Bb)
+    H = np.stack([At[r] @ Bt[r] for r in range(alg.R)])
+    C = (progs["H"].matrix().astype(np.int64) @ H.reshape(alg.R, -1)).reshape(m, n, 4, 4)
+    A = Ab.reshape(m, k, 4, 4).transpose(0, 2, 1, 3).reshape(4 * m, 4 * k)
+    B = Bb.reshape(k, n, 4, 4).transpose(0, 2, 1, 3).reshape(4 * k, 4 * n)
+    assert (C.transpose(0, 2, 1, 3).reshape(4 * m, 4 * n) == A @ B).all()
+    assert bool(negated) == (algo in ("fg-3x3x3-r23-b", "at-4x4x4-r49"))
+
+
 def test_direct_views_refusals_and_auto():
     from lcmac.schedules.cuda_config import arch_why, direct_views_why, view_sides
     ab = CudaConfig.from_dict({"direct_views": "ab"})

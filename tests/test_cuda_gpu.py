@@ -146,6 +146,7 @@ FP8_CASES = [("gemm", (1000, 1064, 1032), "bf16", 1.1),
 # tile order in one pipeline), with several tiles per CTA, r fastest, a 10-CTA grid
 C2, DIRECT, PERSIST = {"cluster": 2}, {"store_via_smem": False}, {"persistent": True}
 VIEWS = {"direct_views": "ab"}
+NO_VIEWS = {"direct_views": "none"}
 GRID = {"persistent": False}      # the one-tile-per-CTA grid kernel (the default on sm_90a is
                                   # the persistent one where it applies)
 SAME_BITS_CASES = [("gemm", (1000, 1064, 1032), GRID, C2),
@@ -164,17 +165,23 @@ SAME_BITS_CASES = [("gemm", (1000, 1064, 1032), GRID, C2),
                    ("strassen", (4096, 4096, 4096), {"fused": False, **GRID}, PERSIST),
                    ("strassen^2", (999, 1000, 1000), {"fused": False, **GRID}, PERSIST),
                    ("winograd", (2048, 2048, 2048), {"fused": False, **GRID}, {**PERSIST, **DIRECT}),
-                   # single-block operands read from A / B in place (direct_views): persistent
+                   # single-block operands read from A / B in place (direct_views) against every
+                   # operand written ("none"; the default "auto" reads in place): persistent
                    # (several waves, a 10-CTA grid, r fastest), the grid kernel, one side only,
-                   # Winograd (3 per side, one product with both), Strassen², Laderman <3,3,3>
-                   ("strassen", (4096, 4096, 4096), {"fused": False}, VIEWS),
-                   ("strassen", (2048, 4096, 1024), {"fused": False}, {**VIEWS, "persistent_ctas": 10}),
-                   ("strassen", (2048, 4096, 1024), {"fused": False, **GRID}, VIEWS),
-                   ("strassen", (2048, 2048, 2048), {"fused": False, "cache_aware": False}, {"direct_views": "a"}),
-                   ("strassen", (2048, 2048, 2048), {"fused": False}, {"direct_views": "b"}),
-                   ("winograd", (2048, 2048, 2048), {"fused": False}, VIEWS),
-                   ("strassen^2", (2048, 2048, 2048), {"fused": False}, VIEWS),
-                   ("laderman", (1536, 1536, 1536), {"fused": False}, VIEWS)]
+                   # Winograd (3 per side, one product with both), Strassen², Laderman <3,3,3>,
+                   # and two schemes with −1 single blocks (read un-negated, the sign moved into
+                   # Combine H: fg-3x3x3-r23-b 8 of 23 A operands, at-4x4x4-r49 8 of 49 per side)
+                   ("strassen", (4096, 4096, 4096), {"fused": False, **NO_VIEWS}, VIEWS),
+                   ("strassen", (2048, 4096, 1024), {"fused": False, **NO_VIEWS}, {**VIEWS, "persistent_ctas": 10}),
+                   ("strassen", (2048, 4096, 1024), {"fused": False, **GRID, **NO_VIEWS}, VIEWS),
+                   ("strassen", (2048, 2048, 2048), {"fused": False, "cache_aware": False, **NO_VIEWS},
+                    {"direct_views": "a"}),
+                   ("strassen", (2048, 2048, 2048), {"fused": False, **NO_VIEWS}, {"direct_views": "b"}),
+                   ("winograd", (2048, 2048, 2048), {"fused": False, **NO_VIEWS}, VIEWS),
+                   ("strassen^2", (2048, 2048, 2048), {"fused": False, **NO_VIEWS}, VIEWS),
+                   ("laderman", (1536, 1536, 1536), {"fused": False, **NO_VIEWS}, VIEWS),
+                   ("fg-3x3x3-r23-b", (1536, 1536, 1536), {"fused": False, **NO_VIEWS}, VIEWS),
+                   ("at-4x4x4-r49", (2048, 2048, 2048), {"fused": False, **NO_VIEWS}, VIEWS)]
 #: the scaled-operand artifact the magnitude and inf tests reuse (one of SCALED_CASES)
 EDGE_CASE = ("strassen", (1000, 1064, 1032))
 

@@ -80,7 +80,8 @@ class AlgQuantities:
 
     @functools.cached_property
     def materialized(self) -> dict:
-        return {X: sum(1 for q, c in self.rows[T] if q and not (q == 1 and c == 1))
+        # a bare ±block is read in place (a −1 moves into W: tilelang_worker.view_plan)
+        return {X: sum(1 for q, c in self.rows[T] if q and not (q == 1 and abs(c) == 1))
                 for X, T in (("A", "U"), ("B", "V"))}
 
     @functools.cached_property

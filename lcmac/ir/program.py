@@ -112,11 +112,22 @@ class LinearProgram:
         return "\n".join(lines)
 
 
-def direct_outputs(p: LinearProgram) -> dict[int, int]:
+def direct_outputs(p: LinearProgram, negated: bool = False) -> dict[int, int]:
     """{output: input slot} of the outputs that are one input with coefficient 1 (Strassen's
-    Ã_3 = A11): a backend can read that block in place instead of writing a copy."""
+    Ã_3 = A11), and with ``negated`` also −1: a backend can read that block in place instead
+    of writing a copy (a −1 moves into the products' W, ``scale_inputs``)."""
+    signs = (1, -1) if negated else (1,)
     return {o: e[0][1] for o, e in enumerate(p.outputs)
-            if len(e) == 1 and e[0][0] == 1 and e[0][1] < p.n_inputs}
+            if len(e) == 1 and e[0][0] in signs and e[0][1] < p.n_inputs}
+
+
+def scale_inputs(p: LinearProgram, scale: dict[int, int]) -> LinearProgram:
+    """The program with input slot i replaced by scale[i]·input i (e.g. Combine H's program
+    when product r is computed from a negated operand: H_r' = −H_r)."""
+    def term(c, s):
+        return (c * scale.get(s, 1), s) if s < p.n_inputs else (c, s)
+    return LinearProgram(p.n_inputs, tuple(tuple(term(c, s) for c, s in e) for e in p.temps),
+                         tuple(tuple(term(c, s) for c, s in e) for e in p.outputs))
 
 
 def keep_outputs(p: LinearProgram, keep: list[int]) -> LinearProgram:

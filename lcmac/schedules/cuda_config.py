@@ -119,10 +119,11 @@ class CudaConfig:
                  read-modify-write Combine-H epilogue) store from registers either way.
     direct_views  Algorithm 1 on sm_90a with native 2-byte operands (``direct_views_why``):
                  the products whose operand on that side ("a", "b", "ab"; "none") is a single
-                 input block with coefficient 1 (Strassen's Ã_3 = A11, B̃_2 = B11) read that
+                 input block with coefficient ±1 (Strassen's Ã_3 = A11, B̃_2 = B11) read that
                  block of A / B in place through a second TMA descriptor, and the combine
                  writes only the other operands (Strassen: 5 of 7 per side, Winograd 4,
-                 Strassen² 45 of 49, Laderman 14 of 23).  Same bits as the copy.  With "b",
+                 Strassen² 45 of 49, Laderman 14 of 23); a −1 moves into Combine H's
+                 program (``tilelang_worker.view_plan``).  Same bits as the copy.  With "b",
                  a prepared B (``prepare_b``) holds a copy of B beside B̃.  "auto" (the
                  default): "ab" where the shape and config allow it, else "none".  H100,
                  16384³ bf16, sustained: Winograd 1.005-1.011x → 1.024-1.032x cuBLAS,

@@ -93,7 +93,6 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     layout [(buffer name, byte offset)] (last entry "__end__" = total bytes).  ``units``: SMs
     of the GPU the persistent kernel is sized for (default: the arch's profile)."""
     from ..dtypes import ITEMSIZE
-    from ..ir.program import keep_outputs
     from ..schedules import cuda_kernels as K
     from ..schedules.cuda_config import (Blocking, int64_buffers, persistent_gemm, persistent_plan,
                                          view_sides)
@@ -150,12 +149,9 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
             raise NotSupportedYet(why)
         pplan = persistent_plan(blk, cfg, dtype, _profile_units(arch, units))
     sizes = {n: e * item for n, e in blk.workspace_elems(cfg.fused).items()}
-    views = _direct_views(progs, blk, view_sides(cfg, blk, dtype, arch))
+    progs, views, negated = view_plan(progs, blk, view_sides(cfg, blk, dtype, arch))
     for side, d in views.items():
-        # the combine writes only the operands that are not read in place
-        keep = [r for r in range(blk.R) if r not in d]
-        progs = dict(progs, **{side: keep_outputs(progs[side], keep)})
-        sizes[side + "t"] = sizes[side + "t"] // blk.R * len(keep)
+        sizes[side + "t"] = sizes[side + "t"] // blk.R * (blk.R - len(d))
     if pplan is not None:
         # fp32 partial C tiles of the split groups' non-lead pieces: one slot per tail CTA
         sizes["Ps"] = max(pplan.slots, 1) * alg.m * alg.n * cfg.block_m * cfg.block_n * 4
@@ -201,21 +197,33 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     if views:
         out["direct_views"] = {side: {str(r): slot for r, slot in d.items()} for side, d in views.items()}
         out["view_loads"] = _view_load_sides(blk, views, item)
+        if negated:
+            out["direct_views_negated"] = negated        # their sign is in Combine H's program
     return ks, ws, out
 
 
-def _direct_views(progs, blk, sides: str) -> dict:
-    """{"A"/"B": {product r: input slot}} of the operands the batched GEMM reads in place
+def view_plan(progs: dict, blk, sides: str) -> tuple[dict, dict, list[int]]:
+    """(programs, views, negated) for the operands the batched GEMM reads in place
     (``CudaConfig.direct_views``, resolved to ``sides``): those that are one input block with
-    coefficient 1, on the sides ``cuda_config.side_read_in_place`` accepts."""
-    from ..ir.program import direct_outputs
+    coefficient ±1, on the sides ``cuda_config.side_read_in_place`` accepts.  ``views``:
+    {"A"/"B": {product r: input slot}}; the combines' programs then write only the other
+    operands.  A product whose operands carry an odd number of −1s is computed un-negated,
+    H_r' = −H_r, and Combine H's program takes the sign (``negated``: those r)."""
+    from ..ir.program import direct_outputs, keep_outputs, scale_inputs
     from ..schedules.cuda_config import side_read_in_place
-    views = {}
+    views, sign = {}, [1] * blk.R
     for side in ("A", "B"):
-        d = direct_outputs(progs[side]) if side.lower() in sides else {}
-        if side_read_in_place(len(d), blk.R):
-            views[side] = d
-    return views
+        d = direct_outputs(progs[side], negated=True) if side.lower() in sides else {}
+        if not side_read_in_place(len(d), blk.R):
+            continue
+        views[side] = d
+        for r in d:
+            sign[r] *= progs[side].outputs[r][0][0]
+        progs = dict(progs, **{side: keep_outputs(progs[side], [r for r in range(blk.R) if r not in d])})
+    negated = [r for r in range(blk.R) if sign[r] < 0]
+    if negated:
+        progs = dict(progs, H=scale_inputs(progs["H"], {r: -1 for r in negated}))
+    return progs, views, negated
 
 
 def _view_load_sides(blk, views: dict, item: int) -> list[dict]:

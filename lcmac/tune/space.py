@@ -634,7 +634,7 @@ def view_counts(target, dtype, shape, alg, f: dict) -> tuple[int, int]:
         return (0, 0)
     blk = Blocking(*shape, alg.m, alg.k, alg.n, alg.R)
     sides = view_sides(_cuda_config(f), blk, normalize_dtype(dtype), arch)
-    written = quantities(alg).materialized          # operands that are not a bare +block
+    written = quantities(alg).materialized          # operands that are not a bare ±block
     counts = [alg.R - written[X] if X.lower() in sides else 0 for X in ("A", "B")]
     return tuple(n if side_read_in_place(n, alg.R) else 0 for n in counts)
 
