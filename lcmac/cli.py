@@ -143,14 +143,9 @@ def cmd_select(args) -> int:
         cands = select(M, N, K, dt, args.target, static_b=args.static_b, operands=args.operands,
                        max_error=args.max_error)
     errors = args.error or args.max_error is not None
-    if errors:
-        shown = []
-        for c in cands:                     # rows within the budget (if any), errors filled in
-            if len(shown) == args.top:
-                break
-            c = _with_error(c, mdt, args.operands, K)
-            if args.max_error is None or c.error_ratio is None or c.error_ratio <= args.max_error:
-                shown.append(c)
+    if errors:                              # rows within the budget (if any), errors filled in
+        from .costmodel.decision import with_errors
+        shown = with_errors(cands, mdt, args.operands, K, args.max_error, args.top)
     else:
         shown = cands[: args.top]
     best = shown[0] if shown else cands[0]
@@ -185,17 +180,6 @@ def cmd_select(args) -> int:
     reason = (bd.get("reason") or "").removeprefix("decision: ")
     print(f"\ndecision: {bd['algorithm']}" + (f" ({reason})" if reason else ""))
     return 0
-
-
-def _with_error(c, dtype: str, operands: str, K: int):
-    """``c`` with its predicted error ratio filled in (the GEMM: 1; the vendor GEMM: unknown)."""
-    import dataclasses
-    from .costmodel.accuracy import error_ratio
-    if c.error_ratio is not None or c.algorithm == "vendor":
-        return c
-    e = 1.0 if c.is_gemm else error_ratio(c.algorithm, dtype, variant=c.variant,
-                                            operands=operands, K=K).ratio
-    return dataclasses.replace(c, error_ratio=e)
 
 
 # ---- build ---------------------------------------------------------------------------------
@@ -283,7 +267,8 @@ def cmd_tune(args) -> int:
     results, rows = [], []
     kw = dict(budget=args.budget, patience=args.patience, db=store, top_lcmas=args.top_lcmas,
               repeats=repeats, progress=not args.quiet, measure_default=args.compare_default,
-              exhaustive=args.exhaustive, tag=args.tag, vendor=args.vendor)
+              exhaustive=args.exhaustive, tag=args.tag, vendor=args.vendor,
+              max_error=args.max_error)
     if args.operands != "native":
         if not gpu:
             print("lcmac tune: error: --operands is a CUDA option (scaled fp16 operands)",
@@ -454,6 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after this many measurements without improvement (default 4)")
     s.add_argument("--jobs", type=int, default=2, help="parallel compile processes (default 2)")
     s.add_argument("--top-lcmas", type=int, default=2, help="LCMAs tuned by --algo auto (default 2)")
+    s.add_argument("--max-error", type=float, default=None, metavar="X",
+                   help="with --algo auto: only LCMAs predicted within X times the plain GEMM's "
+                        "error (lcmac select --max-error)")
     s.add_argument("--repeats", type=int, default=None,
                    help="timed repeats per config (default 5 on CPUs, 15 on GPUs)")
     s.add_argument("--compare-default", action="store_true",

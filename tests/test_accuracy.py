@@ -166,3 +166,15 @@ def test_the_users_own_inputs_can_be_sampled():
         error_ratio("strassen", "bf16", inputs=(An, An))
     with pytest.raises(ValueError, match="pair"):
         error_ratio("strassen", "bf16", inputs=(An,))
+
+
+def test_tune_auto_tunes_only_lcmas_within_the_budget():
+    from lcmac.tune.tuner import auto_algorithms
+    free = auto_algorithms("cuda-sm90a", "bf16", SQ, top_lcmas=2)
+    within = auto_algorithms("cuda-sm90a", "bf16", SQ, top_lcmas=2, max_error=4.0)
+    assert free[0] == within[0] == "gemm" and len(within) == 3
+    assert all(error_ratio(a, "bf16").ratio > 4.0 for a in free[1:])        # 4x4x4 schemes
+    # checked for the Combine-H variant the model costs each with
+    from lcmac.costmodel import select
+    costed = {c.algorithm: c.variant for c in select(*SQ, "bf16", "cuda-sm90a")}
+    assert all(error_ratio(a, "bf16", variant=costed[a]).ratio <= 4.0 for a in within[1:])

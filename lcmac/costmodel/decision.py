@@ -364,6 +364,24 @@ def within_error_budget(cands: list[Candidate], max_error: float, dtype: str, op
     return kept, rejected
 
 
+def with_errors(cands: list[Candidate], dtype: str, operands: str, K: int,
+                max_error: float | None = None, limit: int | None = None) -> list[Candidate]:
+    """``cands`` in order with their predicted error filled in (the plain GEMM: 1; the vendor
+    GEMM: left unknown), leaving out those over ``max_error``, at most ``limit`` of them."""
+    from .accuracy import error_ratio
+    out = []
+    for c in cands:
+        if limit is not None and len(out) == limit:
+            break
+        if c.error_ratio is None and c.algorithm != "vendor":
+            e = 1.0 if c.is_gemm else error_ratio(c.algorithm, dtype, variant=c.variant,
+                                                    operands=operands, K=K).ratio
+            c = dataclasses.replace(c, error_ratio=e)
+        if max_error is None or c.error_ratio is None or c.error_ratio <= max_error:
+            out.append(c)
+    return out
+
+
 def _over_budget(rejected: list[Candidate], max_error: float) -> str:
     r = rejected[0]
     more = f" and {len(rejected) - 1} more" if len(rejected) > 1 else ""

@@ -335,22 +335,26 @@ def _normalize_measurement(m) -> dict:
 
 
 def auto_algorithms(target, dtype, shape, top_lcmas: int = 2, profile=None,
-                    algorithms=None) -> list[str]:
+                    algorithms=None, max_error: float | None = None) -> list[str]:
     """``"gemm"`` plus the cost model's best ``top_lcmas`` LCMAs for the shape (a backend
-    that cannot build an algorithm reports the failure as a trial; it is not guessed here)."""
+    that cannot build an algorithm reports the failure as a trial; it is not guessed here),
+    of those predicted within ``max_error`` × the plain GEMM's error when given."""
     from ..costmodel import select
+    from ..costmodel.decision import with_errors
     M, N, K = shape
     kw = {"profile": profile} if profile is not None else {}
     if algorithms is not None:
         kw["algorithms"] = algorithms
-    cands = select(M, N, K, dtype, target, **kw)
-    lcmas = [c.algorithm for c in cands if not c.is_gemm][:top_lcmas]
-    return [_db.GEMM] + lcmas
+    mdt = _space.model_dtype(target, dtype)
+    cands = [c for c in select(M, N, K, mdt, target, max_error=max_error, **kw) if not c.is_gemm]
+    if max_error is not None:
+        cands = with_errors(cands, mdt, "native", K, max_error, top_lcmas)
+    return [_db.GEMM] + [c.algorithm for c in cands][:top_lcmas]
 
 
-def _algorithms(algo, target, dtype, shape, top_lcmas, profile) -> list[str]:
+def _algorithms(algo, target, dtype, shape, top_lcmas, profile, max_error=None) -> list[str]:
     if isinstance(algo, str) and algo == "auto":
-        return auto_algorithms(target, dtype, shape, top_lcmas, profile)
+        return auto_algorithms(target, dtype, shape, top_lcmas, profile, max_error=max_error)
     if isinstance(algo, (list, tuple)):
         return [_db.algo_identity(a)[0] for a in algo]
     return [_db.algo_identity(algo)[0]]
@@ -381,7 +385,7 @@ def _default_point(a, sp, target, dtype, shape, profile, operands="native"):
 def plan_points(algo, target: str, dtype: str, shape, budget: int = 8, *, db=None,
                 reuse_log: bool = True, top_lcmas: int = 2, profile=None, configs=None,
                 exhaustive: bool = False, measure_default: bool = False,
-                operands: str = "native") -> list:
+                operands: str = "native", max_error: float | None = None) -> list:
     """The points ``tune`` with the same arguments would build, in its order: per algorithm
     the first ``budget`` configs of the ranked space that are not logged yet for this case
     (all of them with ``exhaustive``), after the default config when ``measure_default``.
@@ -391,7 +395,7 @@ def plan_points(algo, target: str, dtype: str, shape, budget: int = 8, *, db=Non
     shape = tuple(int(x) for x in shape)
     store = db if isinstance(db, _db.TuningDB) else _db.TuningDB(db)
     out = []
-    for a in _algorithms(algo, target, dtype, shape, top_lcmas, profile):
+    for a in _algorithms(algo, target, dtype, shape, top_lcmas, profile, max_error):
         sp = _space.ranked_space(target, dtype, a, shape, profile=profile, configs=configs,
                                  operands=operands)
         if not sp.ranked:
@@ -415,7 +419,7 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
          profile=None, configs=None, measure_default: bool = False,
          work_dir: str | None = None, vendor: bool = False, exhaustive: bool = False,
          tag: str | None = None, worker=None, prebuilt: Callable | None = None,
-         operands: str = "native") -> TuneResult:
+         operands: str = "native", max_error: float | None = None) -> TuneResult:
     """Tune one shape (see the module doc).  ``algo``: ``"gemm"``, a catalogue expression
     (``"strassen"``, ``"strassen^2"``), a list of them, or ``"auto"``.  ``budget``: configs
     measured per algorithm (at most).  ``jobs``: parallel compile processes.  ``db``: a
@@ -429,7 +433,8 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
     log it as algorithm ``"vendor"``.  ``exhaustive``: measure every fitting config (no budget,
     no early stop).  ``tag``: stored in every record.  ``worker``: a ``MeasureWorker`` shared
     between calls (kept open).  ``operands``: the CUDA operand mode searched
-    (CudaConfig.operands; one precision per search)."""
+    (CudaConfig.operands; one precision per search).  ``max_error``: with ``"auto"``, only
+    LCMAs predicted within that multiple of the plain GEMM's error (costmodel.accuracy)."""
     shape = tuple(int(x) for x in shape)
     from ..costmodel.profiles import normalize_dtype
     dtype = normalize_dtype(dtype)
@@ -441,7 +446,7 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
                               "--config '{\"operands\": \"fp8\"}' (its measured tile "
                               "defaults) and compare with scripts/bench_cuda.py")
     store = db if isinstance(db, _db.TuningDB) else _db.TuningDB(db)
-    algos = _algorithms(algo, target, dtype, shape, top_lcmas, profile)
+    algos = _algorithms(algo, target, dtype, shape, top_lcmas, profile, max_error)
     res = TuneResult(target, dtype, shape)
     spaces = {}
     for a in algos:
@@ -665,7 +670,7 @@ def tune_many(cases, algo, target: str, dtype: str, budget: int = 8, *, jobs: in
             for pt in plan_points(algo, target, dtype, shape, budget, db=store, reuse_log=reuse_log,
                                   top_lcmas=top_lcmas, profile=profile, configs=configs,
                                   exhaustive=exhaustive, measure_default=measure_default,
-                                  operands=operands):
+                                  operands=operands, max_error=kw.get("max_error")):
                 if old is None or old(pt, target, dtype, shape) is None:
                     pre.submit(pt, target, dtype, shape)
         if build_only:
