@@ -166,6 +166,12 @@ def test_the_users_own_inputs_can_be_sampled():
         error_ratio("strassen", "bf16", inputs=(An, An))
     with pytest.raises(ValueError, match="pair"):
         error_ratio("strassen", "bf16", inputs=(An,))
+    bad = An.copy()
+    bad[5, 7] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        error_ratio("strassen", "bf16", inputs=(bad, Bn))
+    with pytest.raises(ValueError, match="zero"):
+        error_ratio("strassen", "bf16", inputs=(np.zeros_like(An), Bn))
 
 
 def test_tune_auto_tunes_only_lcmas_within_the_budget():

@@ -238,6 +238,8 @@ def _sampler(alg, inputs, block: int, k_cap: int, seed: int):
         raise ValueError(f"inputs must be a pair (A, B) of 2-D arrays: {e}") from None
     if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
         raise ShapeError(f"inputs must be A (M x K) and B (K x N), got {A.shape} and {B.shape}")
+    if not (np.isfinite(A).all() and np.isfinite(B).all()):
+        raise ValueError("inputs hold inf or NaN: a relative error is not defined for them")
     m, k, n = alg.grid
     (M, K), N = A.shape, B.shape[1]
     Mb, Kb, Nb = -(-M // m), -(-K // k), -(-N // n)
@@ -275,6 +277,9 @@ def _estimate(name, alg, d, variant, operands, samples, draw) -> ErrorEstimate:
         A, B = native.c(A), native.c(B)
         ref = A.astype(np.float64) @ B.astype(np.float64)
         nrm = np.linalg.norm(ref)
+        if nrm == 0:
+            raise ValueError("the sampled product A·B is zero: a relative error is not defined "
+                             "(inputs of zeros, or too sparse for the sample)")
         e_g = np.linalg.norm(native.c(native.feed(A) @ native.feed(B)) - ref) / nrm
         e_l = np.linalg.norm(_lcma(alg, A, B, rd, variant) - ref) / nrm
         ratios.append(e_l / e_g)
