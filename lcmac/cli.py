@@ -210,7 +210,31 @@ def cmd_build(args) -> int:
         rank = m.algorithm["rank"]
         print("  read in place  " + ", ".join(f"{len(v)} of {rank} {side} operands"
                                              for side, v in sorted(views.items())))
+    err = _predicted_error(m)
+    if err:
+        print(f"  error    {err}")
     return 0
+
+
+def _predicted_error(m) -> str:
+    """The accuracy model's word on a built LCMA ('' for the plain GEMM or an unmodelled
+    operand mode): its error as a multiple of the plain GEMM's, on normal inputs."""
+    from .costmodel.accuracy import cuda_model_args, error_ratio
+    if m.algorithm["rank"] <= 1:
+        return ""
+    cfg = m.config or {}
+    if m.target.get("family") == "cuda":
+        dtype, variant, operands = cuda_model_args(m.dtype, cfg)
+    else:
+        dtype, variant, operands = m.dtype, ("fused" if cfg.get("fused") else "unfused"), "native"
+    try:
+        e = error_ratio(m.algorithm["name"], dtype, variant=variant, operands=operands, K=m.K)
+    except (ValueError, TypeError):
+        return ""                      # fp8 / fp16x2 operands: not modelled
+    # float32/float64 errors come from the order K is summed in, which the model does not follow
+    rough = ", indicative only" if dtype in ("float32", "float64") else ""
+    return (f"{e.ratio:.2f}x the plain GEMM's, predicted on normal inputs ({e.precision}, "
+            f"{variant} Combine H{rough}; lcmac.costmodel.accuracy)")
 
 
 # ---- tune ----------------------------------------------------------------------------------

@@ -515,6 +515,7 @@ def test_cli_build(tmp_path):
                           "-o", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "built winograd" in out.stdout and " s" in out.stdout
+    assert "error    " in out.stdout and "float32 arithmetic" in out.stdout
     man = tmp_path / "winograd-x86_64-avx512-float32-24x40x16.json"
     assert man.is_file() and man.with_suffix(".so").is_file()
     _check(man)

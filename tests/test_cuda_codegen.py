@@ -1099,6 +1099,8 @@ def test_direct_views_kernels_and_descriptors(tmp_path):
                        capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "read in place  2 of 7 A operands, 2 of 7 B operands" in p.stdout
+    # and the accuracy model's word on it (bf16 Algorithm 1 Strassen: 3.47x measured)
+    assert re.search(r"error    3\.[45]\dx the plain GEMM's", p.stdout), p.stdout
     man = json.load(open(tmp_path / "strassen-cuda-sm90a-bfloat16-2048x2048x2048.json"))
     r = man["extra"]
     assert r["extra"]["direct_views"] == {"A": {"2": 0, "3": 3}, "B": {"1": 0, "4": 3}}
