@@ -50,7 +50,7 @@ from .profiles import normalize_dtype
 #: K (bf16 Strassen² 7.1/7.0/7.1/7.0× at K = 512…4096), accumulation-bound ones grow slowly
 K_CAP = {"bfloat16": 1024, "float16": 1024, "tfloat32": 1024, "float32": 4096, "float64": 4096}
 VARIANTS = ("unfused", "fused", "tma_reduce")
-#: how each model dtype is simulated: (rounding of stored values, rounding of GEMM operands)
+#: what each model dtype simulates (an ErrorEstimate's ``precision``)
 PRECISIONS = {
     "bfloat16": "bfloat16 storage, fp32 accumulation",
     "float16": "float16 storage, fp32 accumulation",
@@ -130,6 +130,7 @@ class ErrorEstimate:
 
 
 def _lcma(alg, A, B, rd: _Roundings, variant) -> np.ndarray:
+    """C = A·B through ``alg`` as the kernels round it (module doc), in float32."""
     m, k, n = alg.grid
     R = alg.R
     bm, kb, bn = A.shape[0] // m, A.shape[1] // k, B.shape[1] // n
