@@ -293,6 +293,12 @@ def cmd_tune(args) -> int:
               repeats=repeats, progress=not args.quiet, measure_default=args.compare_default,
               exhaustive=args.exhaustive, tag=args.tag, vendor=args.vendor,
               max_error=args.max_error)
+    if args.sustained is not None:
+        if not gpu:
+            print("lcmac tune: error: --sustained is a GPU measurement (the power-capped steady "
+                  "state); CPU timings are taken as they are", file=sys.stderr)
+            return 2
+        kw["sustained_s"] = args.sustained
     if args.operands != "native":
         if not gpu:
             print("lcmac tune: error: --operands is a CUDA option (scaled fp16 operands)",
@@ -466,6 +472,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-error", type=float, default=None, metavar="X",
                    help="with --algo auto: only LCMAs predicted within X times the plain GEMM's "
                         "error (lcmac select --max-error)")
+    s.add_argument("--sustained", type=float, default=None, metavar="S",
+                   help="GPU: warm each kernel up for S seconds before timing it, so it is timed "
+                        "at the power cap (the default warm-up is 0.15 s: burst timings)")
     s.add_argument("--repeats", type=int, default=None,
                    help="timed repeats per config (default 5 on CPUs, 15 on GPUs)")
     s.add_argument("--compare-default", action="store_true",

@@ -599,3 +599,36 @@ def test_fp8_tuning_is_refused_with_a_way_out():
     from lcmac.schedules.cuda_config import NotSupportedYet
     with pytest.raises(NotSupportedYet, match="operands"):
         tuner.tune("strassen", GPU, "bfloat16", (4096, 4096, 4096), operands="fp8")
+
+
+def test_sustained_tuning_warms_each_kernel_up(tmp_path):
+    # --sustained S: every kernel (and the vendor GEMM) is warmed up for S seconds before it
+    # is timed, so the H100 is measured at its power cap; a CPU target refuses it
+    from lcmac.tune import tuner
+    seen = []
+
+    class Worker:                       # the measuring process, stubbed: records its arguments
+        def measure(self, path, target, dtype, shape, **kw):
+            seen.append(kw)
+            return {"status": "ok", "time_s": 1e-3, "spread": 0.01, "warm_s": kw.get("warm_s")}
+
+        def measure_vendor(self, target, dtype, shape, **kw):
+            seen.append(kw)
+            return {"status": "ok", "time_s": 1e-3, "spread": 0.01, "config": {"library": "cublas"}}
+
+        def close(self, kill=False):
+            pass
+    r = tuner.tune("gemm", "cuda-sm90a", "bf16", (1024, 1024, 1024), budget=2, db=tmp_path,
+                   worker=Worker(), build_fn=lambda pt, out_dir: str(tmp_path / "a.json"),
+                   vendor=True, sustained_s=1.5)
+    assert len(seen) >= 2 and all(kw.get("warm_s") == 1.5 for kw in seen)
+    assert r.vendor_time == 1e-3 and r.ok_trials("gemm")
+    from lcmac.tune.db import TuningDB
+    recs = TuningDB(tmp_path).records("cuda-sm90a", "bfloat16")
+    assert recs and all(rec.get("warm_s") == 1.5 for rec in recs if rec["algorithm"] == "gemm")
+    with pytest.raises(ValueError, match="GPU"):
+        tuner.tune("gemm", "x86_64-avx512", "float32", (64, 64, 64), sustained_s=1.0,
+                   measure_fn=lambda pt: 1e-3, db=tmp_path)
+    with pytest.raises(ValueError, match="seconds"):
+        tuner.tune("gemm", "cuda-sm90a", "bf16", (64, 64, 64), sustained_s=0,
+                   measure_fn=lambda pt: 1e-3, db=tmp_path)

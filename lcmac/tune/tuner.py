@@ -419,7 +419,8 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
          profile=None, configs=None, measure_default: bool = False,
          work_dir: str | None = None, vendor: bool = False, exhaustive: bool = False,
          tag: str | None = None, worker=None, prebuilt: Callable | None = None,
-         operands: str = "native", max_error: float | None = None) -> TuneResult:
+         operands: str = "native", max_error: float | None = None,
+         sustained_s: float | None = None) -> TuneResult:
     """Tune one shape (see the module doc).  ``algo``: ``"gemm"``, a catalogue expression
     (``"strassen"``, ``"strassen^2"``), a list of them, or ``"auto"``.  ``budget``: configs
     measured per algorithm (at most).  ``jobs``: parallel compile processes.  ``db``: a
@@ -434,10 +435,21 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
     no early stop).  ``tag``: stored in every record.  ``worker``: a ``MeasureWorker`` shared
     between calls (kept open).  ``operands``: the CUDA operand mode searched
     (CudaConfig.operands; one precision per search).  ``max_error``: with ``"auto"``, only
-    LCMAs predicted within that multiple of the plain GEMM's error (costmodel.accuracy)."""
+    LCMAs predicted within that multiple of the plain GEMM's error (costmodel.accuracy).
+    ``sustained_s`` (GPUs): warm each kernel up for that many seconds of back-to-back calls
+    before timing it, so that it is measured at the GPU's power cap, as long runs see it
+    (an H100 settles within ~0.2 s at 700 W; the default warm-up is 0.15 s)."""
     shape = tuple(int(x) for x in shape)
     from ..costmodel.profiles import normalize_dtype
     dtype = normalize_dtype(dtype)
+    warm = {}
+    if sustained_s is not None:
+        if not str(target).startswith("cuda"):
+            raise ValueError("sustained_s is a GPU measurement (a power-capped steady state); "
+                             f"target {target} is not a CUDA target")
+        if not (isinstance(sustained_s, (int, float)) and 0 < sustained_s <= 60):
+            raise ValueError(f"sustained_s must be seconds in (0, 60], got {sustained_s!r}")
+        warm = {"warm_s": float(sustained_s)}
     if operands == "fp8":
         from ..schedules.cuda_config import NotSupportedYet
         # the vendor baseline would have to be cuBLAS's FP8 GEMM and the correctness check an
@@ -538,7 +550,7 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
                 out.append({"status": "error", "error": err})
                 continue
             out.append(get_worker().measure(path, target, dtype, shape, warmup=warmup,
-                                            repeats=repeats, min_run_s=min_run_s))
+                                            repeats=repeats, min_run_s=min_run_s, **warm))
         return out
 
     try:
@@ -555,7 +567,7 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
             else:
                 m = get_worker().measure_vendor(target, dtype, shape, warmup=warmup,
                                                 repeats=repeats, min_run_s=min_run_s,
-                                                operands=operands)
+                                                operands=operands, **warm)
             vcfg = m.pop("config", None) or vcfg
             if m.get("status", "ok") == "ok":
                 res.vendor_time, res.vendor_config = float(m["time_s"]), vcfg
