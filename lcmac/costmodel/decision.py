@@ -337,7 +337,6 @@ def within_error_budget(cands: list[Candidate], max_error: float, dtype: str, op
     checked until the first within ``max_error``; measured ones are always checked (a
     decision may prefer a measured time).  The ones over it are rejected; the slower,
     unmeasured ones are kept unevaluated.  A candidate's known ``error_ratio`` is reused."""
-    from .accuracy import error_ratio
     kept, rejected = [], []
     done = False
     for c in sorted(cands, key=lambda c: c.predicted_time_s):
@@ -346,12 +345,7 @@ def within_error_budget(cands: list[Candidate], max_error: float, dtype: str, op
             continue
         e = c.error_ratio
         if e is None:
-            kw = dict(variant=c.variant, operands=operands, K=K)
-            # a one-sample screen first (a few % of noise, ~5x cheaper); the full estimate
-            # only for what the screen leaves near or under the budget
-            e = error_ratio(c.algorithm, dtype, samples=1, block=16, **kw).ratio
-            if e <= SCREEN_MARGIN * max_error:
-                e = error_ratio(c.algorithm, dtype, **kw).ratio
+            e = _predicted_error(c, dtype, operands, K, screen_budget=max_error)
             c = dataclasses.replace(c, error_ratio=e)
             if e <= max_error:
                 c = _with_reason(c, f"{c.reason}; predicted error {e:.2f}× the GEMM's "
@@ -368,18 +362,31 @@ def with_errors(cands: list[Candidate], dtype: str, operands: str, K: int,
                 max_error: float | None = None, limit: int | None = None) -> list[Candidate]:
     """``cands`` in order with their predicted error filled in (the plain GEMM: 1; the vendor
     GEMM: left unknown), leaving out those over ``max_error``, at most ``limit`` of them."""
-    from .accuracy import error_ratio
     out = []
     for c in cands:
         if limit is not None and len(out) == limit:
             break
         if c.error_ratio is None and c.algorithm != "vendor":
-            e = 1.0 if c.is_gemm else error_ratio(c.algorithm, dtype, variant=c.variant,
-                                                    operands=operands, K=K).ratio
-            c = dataclasses.replace(c, error_ratio=e)
+            c = dataclasses.replace(c, error_ratio=_predicted_error(c, dtype, operands, K))
         if max_error is None or c.error_ratio is None or c.error_ratio <= max_error:
             out.append(c)
     return out
+
+
+def _predicted_error(c: Candidate, dtype: str, operands: str, K: int,
+                     screen_budget: float | None = None) -> float:
+    """``c``'s predicted error ÷ the plain GEMM's (1 for the GEMM itself), for the Combine-H
+    variant it is costed with.  With ``screen_budget``, a one-sample screen first (a few %
+    of noise, ~5x cheaper): a candidate it puts well over the budget skips the full estimate."""
+    from .accuracy import error_ratio
+    if c.is_gemm:
+        return 1.0
+    kw = dict(variant=c.variant, operands=operands, K=K)
+    if screen_budget is not None:
+        e = error_ratio(c.algorithm, dtype, samples=1, block=16, **kw).ratio
+        if e > SCREEN_MARGIN * screen_budget:
+            return e
+    return error_ratio(c.algorithm, dtype, **kw).ratio
 
 
 def _over_budget(rejected: list[Candidate], max_error: float) -> str:

@@ -126,6 +126,8 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     item = ITEMSIZE[dtype]
     # buffers of more than 2³¹−1 elements: declared with int64 extents (cuda_kernels._dims)
     wide = int64_buffers(blk, cfg.fused and not kmajor, kmajor)
+    info = {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
+            "int64_index": wide}
     if cfg.fused and cfg.tma_reduce and not kmajor:
         from ..schedules.cuda_config import NotSupportedYet, tma_reduce_why
         why = tma_reduce_why(cfg, blk, dtype, arch)
@@ -161,8 +163,7 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
         ks = [("transpose_b", K.combine_b_kmajor(progs["B"], blk, dtype, cfg, arch=arch), ["B", "Bt"]),
               ("gemm", K.plain_gemm(M, N, K_, dtype, cfg, arch, bt_shape=(blk.Nb, blk.Kb)), ["A", "Bt", "C"])]
         wide = [n for n in ("A", "Bt", "C") if n in wide]
-        return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
-                        "b_layout": "K-major (transposed) for TF32 wgmma", "int64_index": wide}
+        return ks, ws, dict(info, int64_index=wide, b_layout="K-major (transposed) for TF32 wgmma")
     ks = [("combine_a", K.combine_ab("A", progs["A"], blk, dtype, cfg, arch), ["A", "At"])]
     if kmajor:
         if cfg.fused:
@@ -172,28 +173,24 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
         ks.append(("combine_b", K.combine_b_kmajor(progs["B"], blk, dtype, cfg, arch=arch), ["B", "Bt"]))
         ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg, kmajor_b=True, arch=arch), ["At", "Bt", "H"]))
         ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
-        return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
-                        "b_layout": "K-major (transposed) for TF32 wgmma", "int64_index": wide}
+        return ks, ws, dict(info, b_layout="K-major (transposed) for TF32 wgmma")
     ks.append(("combine_b", K.combine_ab("B", progs["B"], blk, dtype, cfg, arch), ["B", "Bt"]))
     if tma_reduce:
         P = cfg.persistent_ctas or _profile_units(arch, units)
         ks.append(("reduce_gemm_h", K.reduce_gemm_h(alg, blk, dtype, cfg, P, arch), ["At", "Bt", "C"]))
-        return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
-                        "int64_index": wide}
+        return ks, ws, info
     if pplan is not None:
         ks.append(("fused_gemm_h", K.fused_gemm_h(alg, blk, dtype, cfg, pplan, arch), ["At", "Bt", "C", "Ps"]))
         if pplan.split:
             ks.append(("split_fixup", K.split_fixup(alg, blk, dtype, cfg, pplan, arch), ["Ps", "C"]))
-        return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
-                        "persistent": pplan.to_dict(), "int64_index": wide}
+        return ks, ws, dict(info, persistent=pplan.to_dict())
     if cfg.fused:
         ks.append(("fused_gemm_h", K.fused_gemm_h(alg, blk, dtype, cfg, arch=arch), ["At", "Bt", "C"]))
     else:
         ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg, arch=arch, ctas=ctas, views=views),
                    ["At", "Bt", "H"] + sorted(views)))
         ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
-    out = {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
-           "int64_index": wide}
+    out = dict(info)
     if views:
         out["direct_views"] = {side: {str(r): slot for r, slot in d.items()} for side, d in views.items()}
         out["view_loads"] = _view_load_sides(blk, views, item)

@@ -258,17 +258,17 @@ def vendor_config(target: str, dtype: str, operands: str = "native") -> dict:
 
 def measure_vendor(target: str, dtype: str, shape, *, warmup: int = 2, repeats: int = 5,
                    min_run_s: float = 0.02, check: bool = True, operands: str = "native",
-                   warm_s: float | None = None) -> dict:
+                   warm_s: float = 2 * GPU_WARM_S) -> dict:
     """Time the vendor GEMM on the same operands the artifacts get: torch.matmul (cuBLAS;
     for float32 TF32 allowed, as lcmac's native CUDA float32 GEMM runs TF32, or true SGEMM
-    against the fp16x2 operand mode) on a GPU, numpy.matmul (its BLAS) on a CPU."""
+    against the fp16x2 operand mode) on a GPU, numpy.matmul (its BLAS) on a CPU.  ``warm_s``:
+    as for ``measure_artifact``; by default twice an artifact's, since the vendor GEMM is
+    timed first at each shape, after an idle gap."""
     if str(target).startswith("cuda"):
         import torch
         torch.backends.cuda.matmul.allow_tf32 = _vendor_tf32(dtype, operands)
         out = _measure_gpu(lambda A, B, C: torch.matmul(A, B, out=C), dtype, shape, warmup=warmup,
-                           repeats=repeats, min_run_s=min_run_s, check=check,
-                           # first at each shape, after an idle gap
-                           warm_s=2 * GPU_WARM_S if warm_s is None else warm_s)
+                           repeats=repeats, min_run_s=min_run_s, check=check, warm_s=warm_s)
     else:
         import numpy as np
         A, B, _ = make_inputs(target, dtype, shape)
@@ -288,10 +288,10 @@ def measure_vendor(target: str, dtype: str, shape, *, warmup: int = 2, repeats: 
 
 def measure_artifact(path: str, target: str, dtype: str, shape, *, warmup: int = 2,
                      repeats: int = 5, min_run_s: float = 0.02, check: bool = True,
-                     warm_s: float | None = None) -> dict:
+                     warm_s: float = GPU_WARM_S) -> dict:
     """Load, check and time one artifact (runs in the measuring process).  ``warm_s``: on a
-    GPU, seconds of back-to-back calls before timing (default ``GPU_WARM_S``; seconds put
-    the GPU at its power cap, the sustained state)."""
+    GPU, seconds of back-to-back calls before timing (seconds put the GPU at its power cap,
+    the sustained state)."""
     import lcmac
     try:
         f = lcmac.load(path)
@@ -303,8 +303,7 @@ def measure_artifact(path: str, target: str, dtype: str, shape, *, warmup: int =
         f = load_cuda(str(path))
     if str(target).startswith("cuda"):
         return _measure_gpu(lambda A, B, C: f(A, B, out=C), dtype, shape, warmup=warmup,
-                            repeats=repeats, min_run_s=min_run_s, check=check,
-                            warm_s=GPU_WARM_S if warm_s is None else warm_s)
+                            repeats=repeats, min_run_s=min_run_s, check=check, warm_s=warm_s)
     A, B, gpu = make_inputs(target, dtype, shape)
     C, run = _call(f, A, B)
     sync, timer = None, None

@@ -444,7 +444,7 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
     dtype = normalize_dtype(dtype)
     warm = {}
     if sustained_s is not None:
-        if not str(target).startswith("cuda"):
+        if _space.family(target) != "cuda":
             raise ValueError("sustained_s is a GPU measurement (a power-capped steady state); "
                              f"target {target} is not a CUDA target")
         if not (isinstance(sustained_s, (int, float)) and 0 < sustained_s <= 60):
