@@ -22,7 +22,8 @@ JSON schema of ``Candidate.to_dict()`` (stable; ``lcmac select --json`` prints i
                              "hopcroft-kerr@3x2x2", "strassen*hopcroft-kerr")
     grid              [m, k, n]   ([1, 1, 1] for gemm)
     rank              int    R (1 for gemm)
-    variant           str    "gemm" | "fused" | "unfused"  (Combine H fused into the GEMM)
+    variant           str    "gemm" | "fused" | "unfused"  (Combine H fused into the GEMM);
+                             a measured LCMA: its tuned config's (also "tma_reduce")
     predicted_time_s  float  model time (or the measured time when measured is true)
     effective_tflops  float  2·M·N·K / time / 1e12
     speedup_vs_gemm   float  gemm time / this time
@@ -200,7 +201,8 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
            measurements: Mapping[str, float] | None = None, algorithms: Iterable[str] | None = None,
            min_speedup: float = 1.0, min_block: int | None = None,
            group_parallel: bool = True, dedupe: bool = True,
-           operands: str = "native", max_error: float | None = None) -> list[Candidate]:
+           operands: str = "native", max_error: float | None = None,
+           measured_variants: Mapping[str, str] | None = None) -> list[Candidate]:
     """Rank plain GEMM and the applicable LCMAs for C[M×N] = A[M×K]·B[K×N]; best first.
 
     ``target``: an lcmac target name (its default profile is used) or a profile name;
@@ -217,6 +219,9 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
     LCMAs that could be chosen are checked in order of predicted time
     (``accuracy.error_ratio``, the variant each is costed with) until one is within it; those
     over it are left out, and the first within it (or the GEMM) is the decision.
+    ``measured_variants``: the Combine-H variant of each measured LCMA's tuned config
+    ("unfused", "fused", "tma_reduce"; ``accuracy.cuda_model_args``): its error is the one
+    of the kernel that was measured, and that a build from the log makes.
     """
     p, d = _resolve(target, dtype, profile)
     if max_error is not None:
@@ -266,9 +271,14 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
         why = (f"{alg.R}/{naive_rank} products ({saved:.1%} fewer multiplications); "
                f"{best.variant} Combine H; combines {comb / max(best.stages['gemm'].time_s, 1e-30):.1%} "
                f"of its GEMM stage")
+        variant = best.variant
         if nm in meas:
             why = "measured; " + why
-        cands.append(Candidate(nm, alg.grid, alg.R, best.variant, t, flops / t / 1e12,
+            tuned = (measured_variants or {}).get(nm)
+            if tuned and tuned != variant:
+                variant = tuned
+                why += f" (model's form); the tuned config: {tuned} Combine H"
+        cands.append(Candidate(nm, alg.grid, alg.R, variant, t, flops / t / 1e12,
                                g_time / t, best.stages, best.overhead_s, why, nm in meas, best))
 
     rejected: list[Candidate] = []

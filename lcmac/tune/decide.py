@@ -73,8 +73,10 @@ class Decision:
 
 
 def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
-           profile=None) -> tuple[dict, str, tuple | None]:
-    """(measurements for select, source, logged shape) from the tuning log."""
+           profile=None) -> tuple[dict, str, tuple | None, dict]:
+    """(measurements for select, source, logged shape, Combine-H variant of each measured
+    LCMA's best config) from the tuning log.  The variants are those of the records the
+    times come from (CUDA targets; a build from the log takes the same config)."""
     from ..costmodel import gemm_estimate
     from ..costmodel.profiles import normalize_dtype
     from ..costmodel.decision import _resolve
@@ -82,6 +84,7 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
     store = db if hasattr(db, "records") else _db.TuningDB(db)
     d = normalize_dtype(dtype)
     best: dict[tuple, dict[str, float]] = {}
+    cfgs: dict[tuple, dict[str, dict]] = {}
     for r in store.records(str(target), d):
         if _db.operands_of(r["config"]) != "native":
             continue        # another precision (CUDA scaled operands): not what is decided here
@@ -89,9 +92,18 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
         a = r["algorithm"]
         if a not in per or r["time_s"] < per[a]:
             per[a] = r["time_s"]
+            cfgs.setdefault(tuple(r["shape"]), {})[a] = r["config"] or {}
     shape = (int(M), int(N), int(K))
+
+    def variants(s):
+        from ..targets import get_target
+        if get_target(str(target)).family != "cuda":
+            return {}
+        from ..costmodel.accuracy import cuda_model_args
+        return {a: cuda_model_args(d, c)[1] for a, c in cfgs.get(s, {}).items()
+                if a not in (_db.GEMM, _db.VENDOR)}
     if shape in best:
-        return dict(best[shape]), "exact", shape
+        return dict(best[shape]), "exact", shape, variants(shape)
     near = sorted((_db.shape_distance(shape, s), s) for s, per in best.items() if _db.GEMM in per)
     p, md = _resolve(target, model_dtype(target, d), profile)
     if not near or near[0][0] > max_distance:
@@ -101,17 +113,18 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
         ratios = [per[_db.VENDOR] / per[_db.GEMM] for per in best.values()
                   if _db.GEMM in per and _db.VENDOR in per]
         if not ratios:
-            return {}, "model", None
+            return {}, "model", None, {}
         import math
         r = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         g_model = gemm_estimate(M, N, K, md, p).time_s
         return ({_db.GEMM: g_model, _db.VENDOR: g_model * r},
-                f"model; vendor/GEMM ratio {r:.3f} (geometric mean over {len(ratios)} logged shapes)", None)
+                f"model; vendor/GEMM ratio {r:.3f} (geometric mean over {len(ratios)} logged shapes)",
+                None, {})
     dist, s = near[0]
     g_model = gemm_estimate(M, N, K, md, p).time_s
     per = best[s]
     meas = {a: g_model * t / per[_db.GEMM] for a, t in per.items()}
-    return meas, f"nearest logged shape {s[0]}x{s[1]}x{s[2]} (log-distance {dist:.2f})", s
+    return meas, f"nearest logged shape {s[0]}x{s[1]}x{s[2]} (log-distance {dist:.2f})", s, variants(s)
 
 
 def _vendor_candidate(t: float, M, N, K, gemm_cand):
@@ -161,8 +174,8 @@ def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, d
     this shape are left out."""
     from ..costmodel import select
     from .space import model_dtype
-    meas, source, logged = gather(M, N, K, dtype, target, db=db, max_distance=max_distance,
-                                  profile=profile)
+    meas, source, logged, tuned_variants = gather(M, N, K, dtype, target, db=db,
+                                                  max_distance=max_distance, profile=profile)
     v_time = meas.pop(_db.VENDOR, None)
     failed = failed_at(M, N, K, dtype, target, db=db) if source == "exact" else set()
     kw = dict(select_kw)
@@ -178,7 +191,8 @@ def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, d
                 kw["algorithms"] = list(names) + extra
         except Exception:  # noqa: BLE001
             pass
-    cands = select(M, N, K, model_dtype(target, dtype), target, measurements=meas or None, **kw)
+    cands = select(M, N, K, model_dtype(target, dtype), target, measurements=meas or None,
+                   measured_variants=tuned_variants, **kw)
     cands = [c for c in cands if c.algorithm not in failed]
     worth = []
     g = next(c for c in cands if c.is_gemm)
