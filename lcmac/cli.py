@@ -174,8 +174,9 @@ def cmd_select(args) -> int:
     print(_table(rows, ["algorithm", "grid", "R", "time ms", "eff TFLOP/s", "vs GEMM"]
                  + (["error×"] if errors else []) + (["measured"] if args.measured else [])))
     if errors:
-        print("\nerror×: predicted error ÷ the plain GEMM's (lcmac.costmodel.accuracy: the "
-              "kernels' roundings simulated on normal inputs)")
+        own = " on the same fp8 operands" if args.operands == "fp8" else ""
+        print(f"\nerror×: predicted error ÷ the plain GEMM's{own} (lcmac.costmodel.accuracy: "
+              "the kernels' roundings simulated on normal inputs)")
     bd = best.to_dict()
     reason = (bd.get("reason") or "").removeprefix("decision: ")
     print(f"\ndecision: {bd['algorithm']}" + (f" ({reason})" if reason else ""))
@@ -230,7 +231,7 @@ def _predicted_error(m) -> str:
     try:
         e = error_ratio(m.algorithm["name"], dtype, variant=variant, operands=operands, K=m.K)
     except (ValueError, TypeError):
-        return ""                      # fp8 / fp16x2 operands: not modelled
+        return ""                      # fp16x2 operands: not modelled
     # float32/float64 errors come from the order K is summed in, which the model does not follow
     rough = ", indicative only" if dtype in ("float32", "float64") else ""
     return (f"{e.ratio:.2f}x the plain GEMM's, predicted on normal inputs ({e.precision}, "

@@ -2,7 +2,8 @@
 """The accuracy model (lcmac.costmodel.accuracy) against measured errors.
 
 Reads ``scripts/bench_cuda.py`` result files and prints, for every LCMA row the model
-covers, the measured error ratio (÷ cuBLAS's; ÷ lcmac's own GEMM for TF32) next to the
+covers, the measured error ratio (÷ cuBLAS's; ÷ lcmac's own GEMM in the same operand mode
+for TF32 and fp8) next to the
 predicted one.  Exit status 1 when a prediction is further than ``--tolerance`` from its
 measurement.
 

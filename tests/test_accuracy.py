@@ -48,7 +48,8 @@ RUNS = [("h100-bfloat16-accuracy-a.json", 13), ("h100-bfloat16-accuracy-b.json",
         ("h100-bfloat16-at49-views.json", 3),
         ("h100-bfloat16.json", 20), ("h100-bfloat16-tma-reduce.json", 8),
         ("h100-bfloat16-operands.json", 8), ("h100-bfloat16-dps48.json", 4),
-        ("h100-bfloat16-winograd2-1.json", 2), ("h100-float32.json", 4)]
+        ("h100-bfloat16-winograd2-1.json", 2), ("h100-float32.json", 4),
+        ("h100-bfloat16-fp8.json", 4)]
 
 
 @pytest.mark.parametrize("name,at_least", RUNS)
@@ -68,11 +69,31 @@ def test_cuda_configs_map_to_their_rounding_model():
     assert cuda_model_args("bf16", {"operands": "fp16"}) == ("bfloat16", "unfused", "fp16")
 
 
+def test_fp8_operands_are_rounded_as_e4m3_and_judged_against_the_fp8_gemm():
+    from lcmac.costmodel.accuracy import _e4m3, _fp8_blocks
+    x = np.array([448, 1.0625, 1.1875, 3 * 2.0 ** -10, 500, -0.3], np.float32)
+    # ties to even (1.0625 -> 1, 1.1875 -> 1.25, a subnormal tie up to 2^-8), saturation
+    assert _e4m3(x).tolist() == [448, 1.0, 1.25, 2.0 ** -8, 448, -0.3125]
+    X = np.random.default_rng(1).standard_normal((3, 300)).astype(np.float32)
+    Y = _fp8_blocks(X, -1)
+    for b in range(3):                  # each 1x128 block's amax survives exactly
+        blk = slice(128 * b, 128 * (b + 1))
+        assert np.allclose(np.abs(Y[:, blk]).max(1), np.abs(X[:, blk]).max(1), rtol=1e-6)
+    assert np.abs(Y / X - 1).max() < 2.0 ** -4 + 1e-6 or np.abs(Y - X).max() < 1e-2
+    assert np.array_equal(_fp8_blocks(X.T, -2), Y.T)
+    e = error_ratio("strassen", "bf16", operands="fp8", K=8192)
+    n = error_ratio("strassen", "bf16", K=8192)
+    # the fp8 plain GEMM is ~22x the bf16 one's error (h100-bfloat16-fp8.json: 21.9-22.0x)
+    assert 18 < e.gemm_error / n.gemm_error < 26 and 1.8 < e.ratio < 2.2
+
+
 def test_what_the_model_does_not_cover_is_refused():
     with pytest.raises(DTypeError, match="float8_e4m3"):
         error_ratio("strassen", "fp8")
     with pytest.raises(ValueError, match="fp16x2"):
         error_ratio("strassen", "float32", operands="fp16x2")
+    with pytest.raises(ValueError, match="fp8"):
+        error_ratio("strassen", "float32", operands="fp8")
     with pytest.raises(ValueError, match="variant"):
         error_ratio("strassen", "bf16", variant="split")
 
@@ -110,8 +131,16 @@ def test_a_budget_must_be_a_positive_number(bad):
 
 
 def test_a_budget_with_an_unmodelled_mode_is_refused():
-    with pytest.raises(ValueError, match="fp8"):
-        select(*SQ, "bf16", "cuda-sm90a", max_error=8, operands="fp8")
+    with pytest.raises(ValueError, match="fp16x2"):
+        select(*SQ, "float32", "cuda-sm90a", max_error=8, operands="fp16x2")
+
+
+def test_an_fp8_budget_is_against_the_fp8_gemm():
+    # Strassen adds 2.0x to fp8's own error, Winograd 2.6x (measured on the H100)
+    c = select(*SQ, "bf16", "cuda-sm90a", max_error=2.3, operands="fp8",
+               algorithms=["strassen", "winograd"])
+    lc = [x for x in c if not x.is_gemm]
+    assert [x.algorithm for x in lc] == ["strassen"] and lc[0].error_ratio < 2.3
 
 
 def test_auto_passes_its_budget_to_the_decision(tmp_path):
@@ -184,6 +213,12 @@ def test_tune_auto_tunes_only_lcmas_within_the_budget():
     from lcmac.costmodel import select
     costed = {c.algorithm: c.variant for c in select(*SQ, "bf16", "cuda-sm90a")}
     assert all(error_ratio(a, "bf16", variant=costed[a]).ratio <= 4.0 for a in within[1:])
+    # the budget is judged in the operand mode tuned: scaled fp16 operands keep LCMAs near the
+    # GEMM's error, native bf16 ones do not
+    assert auto_algorithms("cuda-sm90a", "bf16", SQ, top_lcmas=2, max_error=1.5) == ["gemm"]
+    fp16 = auto_algorithms("cuda-sm90a", "bf16", SQ, top_lcmas=2, max_error=1.5, operands="fp16")
+    assert len(fp16) == 3 and all(error_ratio(a, "bf16", operands="fp16").ratio <= 1.5
+                                  for a in fp16[1:])
 
 
 def test_a_measured_lcma_is_checked_in_its_tuned_form():

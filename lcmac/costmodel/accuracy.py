@@ -28,7 +28,10 @@ mantissa bits by truncation, as lcmac's kernels do (2.6× cuBLAS-TF32's own erro
 float32 is plain float32 arithmetic; float64 is simulated in float32 — to first order every
 term of both errors scales with the unit roundoff, so the ratio carries over.  With
 ``operands="fp16"`` (the CUDA backend's scaled fp16 operands) Ã/B̃ are rounded to fp16
-(the power-of-two scale is exact), H stays fp32, and C is rounded to the dtype.
+(the power-of-two scale is exact), H stays fp32, and C is rounded to the dtype.  With
+``operands="fp8"`` Ã and B̃ are E4M3 with a float32 scale per 1×128 block along K, H stays
+fp32, and the ratio is against the plain GEMM on the same fp8 operands (itself ~22× the
+native bf16 GEMM's error: a budget then bounds what the LCMA adds to fp8's own error).
 
 Checked against the H100 (tests/test_accuracy.py reads bench/results): within a few percent
 for bf16/fp16 and TF32, whose errors are set by the storage roundings.  float32/float64 on
@@ -84,14 +87,48 @@ def _f32(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
 
 
+def _e4m3(x: np.ndarray) -> np.ndarray:
+    """Round float32 to the nearest E4M3 value (ties to even; 3 mantissa bits, normals down
+    to 2⁻⁶, subnormal steps of 2⁻⁹), saturating at ±448, returned as float32."""
+    x = np.asarray(x, dtype=np.float32)
+    _, e = np.frexp(x)                                  # |x| = m·2^e, 0.5 ≤ m < 1
+    q = np.ldexp(np.float32(1), np.maximum(e - 1, -6) - 3).astype(np.float32)
+    return np.clip(np.rint(x / q) * q, -448.0, 448.0).astype(np.float32)
+
+
+def _fp8_blocks(X: np.ndarray, axis: int) -> np.ndarray:
+    """The CUDA backend's fp8 operands (cuda_kernels.fp8_combine), dequantized: every 1×128
+    block along K (``axis``) scaled so its amax maps to 448, rounded to E4M3, and multiplied
+    back by its float32 scale (the GEMM applies the scales to each 128-wide slab's fp32
+    product; the order of those fp32 multiplies is below E4M3's rounding)."""
+    from ..schedules.cuda_config import FP8_BLOCK, FP8_MAX, FP8_TINY
+    X = np.moveaxis(np.asarray(X, dtype=np.float32), axis, -1)
+    k = X.shape[-1]
+    pad = -k % FP8_BLOCK                                # the kernels' zero padding
+    Xp = np.concatenate([X, np.zeros(X.shape[:-1] + (pad,), np.float32)], -1) if pad else X
+    G = Xp.reshape(X.shape[:-1] + (-1, FP8_BLOCK))
+    amax = np.maximum(np.abs(G).max(-1, keepdims=True), np.float32(FP8_TINY))
+    q = _e4m3(G * (np.float32(FP8_MAX) / amax))
+    Y = (q * (amax * np.float32(1.0 / FP8_MAX))).reshape(Xp.shape)[..., :k]
+    return np.moveaxis(Y, -1, axis)
+
+
 @dataclass(frozen=True)
 class _Roundings:
-    """Where the kernels round: the combined operands Ã/B̃ (``op``), H (``h``, Algorithm 1),
-    C and its partial sums (``c``), and the GEMM's own view of its operands (``feed``)."""
+    """Where the kernels round: the combined operands Ã (``op``, applied to [.., rows, K])
+    and B̃ (``op_b``, to [.., K, cols]; default ``op``), H (``h``, Algorithm 1), C and its
+    partial sums (``c``), and the GEMM's own view of its operands (``feed``).  ``own_gemm``:
+    the ratio's baseline is the plain GEMM in this operand mode, not the native one."""
     op: object
     h: object
     c: object
     feed: object
+    op_b: object = None
+    own_gemm: bool = False
+
+    @property
+    def b(self):
+        return self.op_b or self.op
 
 
 def _roundings(d: str, operands: str) -> _Roundings:
@@ -102,8 +139,13 @@ def _roundings(d: str, operands: str) -> _Roundings:
     if operands == "fp16" and d in ("bfloat16", "float16"):
         # Ã/B̃ stored as power-of-two-scaled fp16 (the scale is exact), H kept in fp32
         return _Roundings(_f16, _f32, _bf16 if d == "bfloat16" else _f16, _f32)
-    raise ValueError(f"the accuracy model covers operands='native', and 'fp16' for bfloat16 "
-                     f"and float16; not operands={operands!r} with {d}")
+    if operands == "fp8" and d in ("bfloat16", "float16"):
+        # E4M3 with a scale per 1x128 block along K (Ã per row, B̃ per column), H in fp32;
+        # against the fp8 plain GEMM, itself ~22x the native GEMM's error
+        return _Roundings(lambda X: _fp8_blocks(X, -1), _f32, _bf16 if d == "bfloat16" else _f16,
+                          _f32, op_b=lambda X: _fp8_blocks(X, -2), own_gemm=True)
+    raise ValueError(f"the accuracy model covers operands='native', and 'fp16' and 'fp8' for "
+                     f"bfloat16 and float16; not operands={operands!r} with {d}")
 
 
 @dataclass(frozen=True)
@@ -139,8 +181,8 @@ def _lcma(alg, A, B, rd: _Roundings, variant) -> np.ndarray:
     Bb = B.reshape(k, kb, n, bn).transpose(0, 2, 1, 3).reshape(k * n, kb * bn)
     # the combines sum in fp32 and store once (single blocks with coefficient 1 are exact);
     # as one matrix product each, so that numpy hands them to BLAS
-    At = rd.feed(rd.op(U @ Ab)).reshape(R, bm, kb)
-    Bt = rd.feed(rd.op(V @ Bb)).reshape(R, kb, bn)
+    At = rd.feed(rd.op((U @ Ab).reshape(R, bm, kb)))
+    Bt = rd.feed(rd.b((V @ Bb).reshape(R, kb, bn)))
     H = np.matmul(At, Bt)                               # fp32 accumulation
     if variant == "unfused":
         Cb = rd.c(W.T @ rd.h(H).reshape(R, bm * bn)).reshape(m, n, bm, bn)
@@ -182,7 +224,8 @@ def error_ratio(algorithm, dtype="bfloat16", *, variant: str = "unfused", operan
     multiple of the plain GEMM's, in ``dtype`` ("bfloat16", "float16", "tfloat32" for the
     CUDA backend's float32, "float32", "float64"), for the ``variant`` of Combine H
     (module doc).  ``operands="fp16"`` (bfloat16/float16 only): the CUDA backend's scaled
-    fp16 Ã/B̃ with H in fp32, still against the native GEMM's error.  ``K``: the product's
+    fp16 Ã/B̃ with H in fp32, still against the native GEMM's error; ``operands="fp8"``
+    (bfloat16/float16): E4M3 Ã/B̃ with 1×128 block scales, against the fp8 plain GEMM's.  ``K``: the product's
     inner dimension (simulated up to ``K_CAP[dtype]``).
 
     The ratio depends on the data: the default inputs are standard normal (zero mean, like
@@ -271,6 +314,7 @@ def _sampler(alg, inputs, block: int, k_cap: int, seed: int):
 def _estimate(name, alg, d, variant, operands, samples, draw) -> ErrorEstimate:
     rd = _roundings(d, operands)
     native = _roundings(d, "native")
+    base = rd if rd.own_gemm else native
     ratios, el, eg = [], [], []
     for _ in range(samples):
         A, B = draw()
@@ -281,7 +325,8 @@ def _estimate(name, alg, d, variant, operands, samples, draw) -> ErrorEstimate:
         if nrm == 0:
             raise ValueError("the sampled product A·B is zero: a relative error is not defined "
                              "(inputs of zeros, or too sparse for the sample)")
-        e_g = np.linalg.norm(native.c(native.feed(A) @ native.feed(B)) - ref) / nrm
+        # the plain GEMM (native: its operand rounding is the identity on the rounded inputs)
+        e_g = np.linalg.norm(base.c(base.feed(base.op(A)) @ base.feed(base.b(B))) - ref) / nrm
         e_l = np.linalg.norm(_lcma(alg, A, B, rd, variant) - ref) / nrm
         ratios.append(e_l / e_g)
         el.append(e_l)
@@ -309,8 +354,9 @@ def compare_with_run(dtype, rows: list[dict]) -> list[dict]:
     """The model next to a ``scripts/bench_cuda.py`` run (its ``dtype`` and ``results``):
     for every LCMA row the model covers, the measured ratio — error ÷ cuBLAS's for 2-byte
     dtypes (cuBLAS rounds as the model's plain GEMM does), ÷ lcmac's own GEMM (same operand
-    mode, same shape) for TF32, whose operands lcmac truncates and cuBLAS rounds — and the
-    predicted one.  Rows the model does not cover (fp8, fp16x2) are skipped."""
+    mode, same shape) for TF32, whose operands lcmac truncates and cuBLAS rounds, and for fp8,
+    whose baseline is the fp8 plain GEMM — and the predicted one.  Rows the model does not
+    cover (fp16x2) are skipped."""
     gemm_err = {(tuple(r["shape"]), (r.get("config") or {}).get("operands", "native")): r["rel_err"]
                 for r in rows if r.get("algorithm") == "gemm" and r.get("rel_err")}
     out = []
@@ -323,7 +369,7 @@ def compare_with_run(dtype, rows: list[dict]) -> list[dict]:
             check_covered(md, operands)
         except (ValueError, DTypeError):
             continue
-        if md == "tfloat32":
+        if md == "tfloat32" or _roundings(md, operands).own_gemm:
             base = gemm_err.get((tuple(r["shape"]), operands))
             if not base:
                 continue

@@ -277,6 +277,9 @@ OPERAND_MODES = ("native", "fp16", "fp16x2", "fp8")
 #: column), each block scaled so that its largest |value| maps to E4M3's largest, 448
 FP8_BLOCK = 128
 FP8_MAX = 448.0
+#: smallest block amax scaled to FP8_MAX: 448/1e-30 is a finite float32, and an all-zero
+#: block gets a finite scale (its zeros stay zeros, never 0·inf)
+FP8_TINY = 1e-30
 #: largest R × (blocks per combine input) an fp8 artifact is built for (fp8_combine_size)
 FP8_MAX_COMBINE = 256
 #: what CudaConfig.from_dict fills in for operands="fp8": a 128×128 tile (two fp32

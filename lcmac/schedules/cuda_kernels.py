@@ -31,7 +31,7 @@ from fractions import Fraction
 import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
-from .cuda_config import (FP8_BLOCK, FP8_MAX, SCALED_TOP, SPLIT_SHIFT, Blocking, CudaConfig,
+from .cuda_config import (FP8_BLOCK, FP8_MAX, FP8_TINY, SCALED_TOP, SPLIT_SHIFT, Blocking, CudaConfig,
                           NotSupportedYet, combine_h_steps, first_in_piece, needs_int64, r_order,
                           reduce_groups)
 
@@ -495,9 +495,6 @@ def scaled_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, bounds: tuple[int, i
 # FP8 operands (CudaConfig.operands == "fp8"): E4M3 with 1×128 block scales along K
 
 FP8 = "float8_e4m3"
-#: smallest block amax scaled to FP8_MAX: 448/1e-30 is a finite float32, and an all-zero
-#: block gets a finite scale (its zeros stay zeros, never 0·inf)
-FP8_TINY = 1e-30
 
 
 def fp8_scale_shapes(blk: Blocking, cfg: CudaConfig) -> dict:

@@ -335,10 +335,12 @@ def _normalize_measurement(m) -> dict:
 
 
 def auto_algorithms(target, dtype, shape, top_lcmas: int = 2, profile=None,
-                    algorithms=None, max_error: float | None = None) -> list[str]:
+                    algorithms=None, max_error: float | None = None,
+                    operands: str = "native") -> list[str]:
     """``"gemm"`` plus the cost model's best ``top_lcmas`` LCMAs for the shape (a backend
     that cannot build an algorithm reports the failure as a trial; it is not guessed here),
-    of those predicted within ``max_error`` × the plain GEMM's error when given."""
+    of those predicted within ``max_error`` × the plain GEMM's error when given, both for the
+    CUDA ``operands`` mode tuned."""
     from ..costmodel import select
     from ..costmodel.decision import with_errors
     M, N, K = shape
@@ -346,15 +348,20 @@ def auto_algorithms(target, dtype, shape, top_lcmas: int = 2, profile=None,
     if algorithms is not None:
         kw["algorithms"] = algorithms
     mdt = _space.model_dtype(target, dtype)
+    if operands != "native":
+        kw["operands"] = operands
+        mdt = dtype             # the model's tfloat32 is the native float32 path only
     cands = [c for c in select(M, N, K, mdt, target, max_error=max_error, **kw) if not c.is_gemm]
     if max_error is not None:
-        cands = with_errors(cands, mdt, "native", K, max_error, top_lcmas)
+        cands = with_errors(cands, mdt, operands, K, max_error, top_lcmas)
     return [_db.GEMM] + [c.algorithm for c in cands][:top_lcmas]
 
 
-def _algorithms(algo, target, dtype, shape, top_lcmas, profile, max_error=None) -> list[str]:
+def _algorithms(algo, target, dtype, shape, top_lcmas, profile, max_error=None,
+                operands="native") -> list[str]:
     if isinstance(algo, str) and algo == "auto":
-        return auto_algorithms(target, dtype, shape, top_lcmas, profile, max_error=max_error)
+        return auto_algorithms(target, dtype, shape, top_lcmas, profile, max_error=max_error,
+                               operands=operands)
     if isinstance(algo, (list, tuple)):
         return [_db.algo_identity(a)[0] for a in algo]
     return [_db.algo_identity(algo)[0]]
@@ -395,7 +402,7 @@ def plan_points(algo, target: str, dtype: str, shape, budget: int = 8, *, db=Non
     shape = tuple(int(x) for x in shape)
     store = db if isinstance(db, _db.TuningDB) else _db.TuningDB(db)
     out = []
-    for a in _algorithms(algo, target, dtype, shape, top_lcmas, profile, max_error):
+    for a in _algorithms(algo, target, dtype, shape, top_lcmas, profile, max_error, operands):
         sp = _space.ranked_space(target, dtype, a, shape, profile=profile, configs=configs,
                                  operands=operands)
         if not sp.ranked:
@@ -458,7 +465,7 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
                               "--config '{\"operands\": \"fp8\"}' (its measured tile "
                               "defaults) and compare with scripts/bench_cuda.py")
     store = db if isinstance(db, _db.TuningDB) else _db.TuningDB(db)
-    algos = _algorithms(algo, target, dtype, shape, top_lcmas, profile, max_error)
+    algos = _algorithms(algo, target, dtype, shape, top_lcmas, profile, max_error, operands)
     res = TuneResult(target, dtype, shape)
     spaces = {}
     for a in algos:
