@@ -231,7 +231,7 @@ def _predicted_error(m) -> str:
     try:
         e = error_ratio(m.algorithm["name"], dtype, variant=variant, operands=operands, K=m.K)
     except (ValueError, TypeError):
-        return ""                      # fp16x2 operands: not modelled
+        return ""                      # a dtype / operand pair the model does not cover
     # float32/float64 errors come from the order K is summed in, which the model does not follow
     rough = ", indicative only" if dtype in ("float32", "float64") else ""
     return (f"{e.ratio:.2f}x the plain GEMM's, predicted on normal inputs ({e.precision}, "

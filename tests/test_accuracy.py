@@ -49,7 +49,11 @@ RUNS = [("h100-bfloat16-accuracy-a.json", 13), ("h100-bfloat16-accuracy-b.json",
         ("h100-bfloat16.json", 20), ("h100-bfloat16-tma-reduce.json", 8),
         ("h100-bfloat16-operands.json", 8), ("h100-bfloat16-dps48.json", 4),
         ("h100-bfloat16-winograd2-1.json", 2), ("h100-float32.json", 4),
-        ("h100-bfloat16-fp8.json", 4)]
+        ("h100-bfloat16-fp8.json", 4), ("h100-float32-operands.json", 12),
+        ("h100-float32-operands-llm.json", 20), ("h200-float32-f16x2.json", 6)]
+#: how far a prediction may be from its measurement: fp16x2's error is set by its fp32
+#: accumulation, which the model follows less closely than the storage roundings
+TOLERANCE = {"fp16x2": 0.08}
 
 
 @pytest.mark.parametrize("name,at_least", RUNS)
@@ -58,7 +62,7 @@ def test_the_model_predicts_the_h100s_errors(name, at_least):
     rows = compare_with_run(run["dtype"], run["results"])
     assert len(rows) >= at_least
     bad = [(r["variant"], r["shape"], r["measured"], r["predicted"]) for r in rows
-           if abs(r["deviation"]) > 0.06]
+           if abs(r["deviation"]) > TOLERANCE.get(r["operands"], 0.06)]
     assert not bad, bad
 
 
@@ -91,7 +95,7 @@ def test_what_the_model_does_not_cover_is_refused():
     with pytest.raises(DTypeError, match="float8_e4m3"):
         error_ratio("strassen", "fp8")
     with pytest.raises(ValueError, match="fp16x2"):
-        error_ratio("strassen", "float32", operands="fp16x2")
+        error_ratio("strassen", "bf16", operands="fp16x2")       # the backend has no such mode
     with pytest.raises(ValueError, match="fp8"):
         error_ratio("strassen", "float32", operands="fp8")
     with pytest.raises(ValueError, match="variant"):
@@ -131,8 +135,24 @@ def test_a_budget_must_be_a_positive_number(bad):
 
 
 def test_a_budget_with_an_unmodelled_mode_is_refused():
-    with pytest.raises(ValueError, match="fp16x2"):
-        select(*SQ, "float32", "cuda-sm90a", max_error=8, operands="fp16x2")
+    with pytest.raises(ValueError, match="fp8"):
+        select(*SQ, "float32", "cuda-sm90a", max_error=8, operands="fp8")
+
+
+def test_fp16x2_is_simulated_at_the_real_k():
+    # accumulation-bound: the ratio moves with K (H100: Strassen 1.48x at K = 4096, 1.45x at
+    # 8192, 1.44x at 16384, each against the fp16x2 GEMM at that K)
+    r = [error_ratio("strassen", "float32", operands="fp16x2", K=k).ratio for k in (4096, 16384)]
+    assert r[0] > r[1] and 1.35 < r[1] < 1.55
+    e = error_ratio("strassen", "float32", operands="fp16x2", K=16384)
+    assert e.shape[2] == 16384 and "fp16x2" in e.precision
+    # the budget's cheap screen runs fp16x2 at a shorter K: it may only overstate, and by
+    # less than the margin past which it rejects without the full estimate
+    from lcmac.costmodel.accuracy import screen_ratio
+    from lcmac.costmodel.decision import SCREEN_MARGIN
+    for a in ("strassen", "strassen^2"):
+        full = error_ratio(a, "float32", operands="fp16x2", K=16384).ratio
+        assert full <= screen_ratio(a, "float32", operands="fp16x2", K=16384) < SCREEN_MARGIN * full
 
 
 def test_an_fp8_budget_is_against_the_fp8_gemm():

@@ -32,6 +32,12 @@ term of both errors scales with the unit roundoff, so the ratio carries over.  W
 ``operands="fp8"`` Ã and B̃ are E4M3 with a float32 scale per 1×128 block along K, H stays
 fp32, and the ratio is against the plain GEMM on the same fp8 operands (itself ~22× the
 native bf16 GEMM's error: a budget then bounds what the LCMA adds to fp8's own error).
+float32 through scaled operands is judged against the plain GEMM on the same operands too:
+``operands="fp16"`` rounds Ã/B̃ to fp16; ``"fp16x2"`` splits them into fp16 hi + 2⁻¹¹·lo
+halves whose products are summed per 64-wide K slab and added into fp32
+(``_f16x2_matmul``).  fp16x2's error is accumulation-bound, so it is simulated at the real
+K (up to ``K_CAP_FP16X2``): within 7 % of 35 H100/H200 rows, against 1 % for the
+storage-bound modes.
 
 Checked against the H100 (tests/test_accuracy.py reads bench/results): within a few percent
 for bf16/fp16 and TF32, whose errors are set by the storage roundings.  float32/float64 on
@@ -52,6 +58,29 @@ from .profiles import normalize_dtype
 #: K simulated at most, per model dtype: storage-bound errors (2-byte, TF32) do not move with
 #: K (bf16 Strassen² 7.1/7.0/7.1/7.0× at K = 512…4096), accumulation-bound ones grow slowly
 K_CAP = {"bfloat16": 1024, "float16": 1024, "tfloat32": 1024, "float32": 4096, "float64": 4096}
+#: fp16x2's error is set by its fp32 accumulation over the whole K (its ratio moves from
+#: 1.55x at K = 4096 to 1.45x at 8192 for Strassen): simulated at the real K, up to this
+K_CAP_FP16X2 = 32768
+
+
+def _k_cap(d: str, operands: str) -> int:
+    return K_CAP_FP16X2 if operands == "fp16x2" else K_CAP[d]
+
+
+#: the screen's K for fp16x2: its ratios fall as K grows (Strassen² 2.52× at K = 4096, 2.15×
+#: at 16384), so a screen at a shorter K only overstates, by less than the decision's margin
+SCREEN_K_FP16X2 = 4096
+
+
+def screen_ratio(algorithm, dtype, *, variant: str = "unfused", operands: str = "native",
+                 K: int | None = None) -> float:
+    """A cheap ``error_ratio`` for screening candidates against a budget (one sample of 16
+    rows/columns per block; fp16x2 at K ≤ SCREEN_K_FP16X2): a few % of noise, and for fp16x2
+    an overstatement of up to ~17 %, both below ``decision.SCREEN_MARGIN``."""
+    if operands == "fp16x2" and K is not None:
+        K = min(K, SCREEN_K_FP16X2)
+    return error_ratio(algorithm, dtype, variant=variant, operands=operands, K=K, samples=1,
+                       block=16).ratio
 VARIANTS = ("unfused", "fused", "tma_reduce")
 #: what each model dtype simulates (an ErrorEstimate's ``precision``)
 PRECISIONS = {
@@ -113,6 +142,46 @@ def _fp8_blocks(X: np.ndarray, axis: int) -> np.ndarray:
     return np.moveaxis(Y, -1, axis)
 
 
+def _f16x2_matmul(At: np.ndarray, Bt: np.ndarray, ea: int, eb: int) -> np.ndarray:
+    """The CUDA backend's fp16x2 GEMM stage (cuda_kernels.scaled_gemm), batched: operands
+    scaled by 2**ea / 2**eb (exact) and split into fp16 hi + 2**-11·lo halves; per 64-wide K
+    slab the tensor cores sum hi·lo + lo·hi (modelled as exact, rounded to fp32 once per
+    wgmma), it is added ×2**-11 into the fp32 accumulator, then hi·hi likewise; lo·lo is
+    dropped.  Returns float32."""
+    from ..schedules.cuda_config import SPLIT_SHIFT
+
+    def split(X, e):
+        v = X.astype(np.float32) * np.float32(2.0 ** e)             # exact: a power of two
+        hi = v.astype(np.float16).astype(np.float32)
+        lo = ((v - hi) * np.float32(2.0 ** SPLIT_SHIFT)).astype(np.float16)
+        return hi.astype(np.float64), lo.astype(np.float64)
+    k = At.shape[-1]
+    pad = -k % 64
+    At = np.concatenate([At, np.zeros(At.shape[:-1] + (pad,), At.dtype)], -1) if pad else At
+    Bt = np.concatenate([Bt, np.zeros(Bt.shape[:-2] + (pad,) + Bt.shape[-1:], Bt.dtype)], -2) if pad else Bt
+    ns = At.shape[-1] // 64
+    ah, al = (np.moveaxis(x.reshape(x.shape[:-1] + (ns, 64)), -2, -3) for x in split(At, ea))
+    bh, bl = (x.reshape(x.shape[:-2] + (ns, 64) + x.shape[-1:]) for x in split(Bt, eb))
+    # every slab's products at once ([.., slab, rows, cols]), summed exactly (float64: 64
+    # products of 11-bit halves) and rounded once per wgmma, then the fp32 adds in order;
+    # summing the slabs in float32 instead overstates the ratio by ~9 % (Strassen, K = 8192)
+    f32 = lambda x: x.astype(np.float32)                # noqa: E731
+    cross = f32(f32(ah @ bl) + (al @ bh)) * np.float32(2.0 ** -SPLIT_SHIFT)
+    main = f32(ah @ bh)
+    C = np.zeros(main.shape[:-3] + main.shape[-2:], np.float32)
+    for j in range(ns):
+        C = C + cross[..., j, :, :]
+        C = C + main[..., j, :, :]
+    return C * np.float32(2.0 ** -(ea + eb))
+
+
+def _fp16x2_scales(A: np.ndarray, B: np.ndarray, la: int, lb: int) -> tuple[int, int]:
+    """The power-of-two exponents the kernels scale Ã and B̃ by (cuda_config.scale_exponent
+    of each input's amax and its combine bound)."""
+    from ..schedules.cuda_config import scale_exponent
+    return (scale_exponent(float(np.abs(A).max()), la), scale_exponent(float(np.abs(B).max()), lb))
+
+
 @dataclass(frozen=True)
 class _Roundings:
     """Where the kernels round: the combined operands Ã (``op``, applied to [.., rows, K])
@@ -125,6 +194,9 @@ class _Roundings:
     feed: object
     op_b: object = None
     own_gemm: bool = False
+    #: the GEMM stage on the rounded operands when it is not one fp32 product (fp16x2):
+    #: f(Ã, B̃, A, B, U, V) with the inputs and combine matrices its scales derive from
+    gemm: object = None
 
     @property
     def b(self):
@@ -144,8 +216,23 @@ def _roundings(d: str, operands: str) -> _Roundings:
         # against the fp8 plain GEMM, itself ~22x the native GEMM's error
         return _Roundings(lambda X: _fp8_blocks(X, -1), _f32, _bf16 if d == "bfloat16" else _f16,
                           _f32, op_b=lambda X: _fp8_blocks(X, -2), own_gemm=True)
-    raise ValueError(f"the accuracy model covers operands='native', and 'fp16' and 'fp8' for "
-                     f"bfloat16 and float16; not operands={operands!r} with {d}")
+    if operands == "fp16" and d == "float32":
+        # float32 through scaled fp16 operands: against the plain GEMM on the same operands
+        # (its error is fp16's, far above SGEMM's)
+        return _Roundings(_f16, _f32, _f32, _f32, own_gemm=True)
+    if operands == "fp16x2" and d == "float32":
+        # Ã/B̃ and H in fp32, the GEMM stage split into fp16 halves; against the fp16x2
+        # plain GEMM (0.19x SGEMM's error on the H100)
+        return _Roundings(_f32, _f32, _f32, _f32, own_gemm=True, gemm=_f16x2_stage)
+    raise ValueError(f"the accuracy model covers operands='native', 'fp16' and 'fp8' for "
+                     f"bfloat16 and float16, and 'fp16' and 'fp16x2' for float32; not "
+                     f"operands={operands!r} with {d}")
+
+
+def _f16x2_stage(At, Bt, A, B, U, V):
+    from ..schedules.cuda_config import bound_exponent
+    ea, eb = _fp16x2_scales(A, B, bound_exponent(U), bound_exponent(V))
+    return _f16x2_matmul(At, Bt, ea, eb)
 
 
 @dataclass(frozen=True)
@@ -183,7 +270,7 @@ def _lcma(alg, A, B, rd: _Roundings, variant) -> np.ndarray:
     # as one matrix product each, so that numpy hands them to BLAS
     At = rd.feed(rd.op((U @ Ab).reshape(R, bm, kb)))
     Bt = rd.feed(rd.b((V @ Bb).reshape(R, kb, bn)))
-    H = np.matmul(At, Bt)                               # fp32 accumulation
+    H = np.matmul(At, Bt) if rd.gemm is None else rd.gemm(At, Bt, A, B, U, V)  # fp32 accumulation
     if variant == "unfused":
         Cb = rd.c(W.T @ rd.h(H).reshape(R, bm * bn)).reshape(m, n, bm, bn)
     else:
@@ -218,7 +305,7 @@ def check_covered(dtype, operands: str = "native") -> str:
 
 
 def error_ratio(algorithm, dtype="bfloat16", *, variant: str = "unfused", operands: str = "native",
-                K: int | None = None, samples: int = 3, block: int = 32, seed: int = 0,
+                K: int | None = None, samples: int = 3, block: int | None = None, seed: int = 0,
                 inputs=None) -> ErrorEstimate:
     """Predicted error of ``algorithm`` (a catalogue expression or an ``Algorithm``) as a
     multiple of the plain GEMM's, in ``dtype`` ("bfloat16", "float16", "tfloat32" for the
@@ -226,7 +313,7 @@ def error_ratio(algorithm, dtype="bfloat16", *, variant: str = "unfused", operan
     (module doc).  ``operands="fp16"`` (bfloat16/float16 only): the CUDA backend's scaled
     fp16 Ã/B̃ with H in fp32, still against the native GEMM's error; ``operands="fp8"``
     (bfloat16/float16): E4M3 Ã/B̃ with 1×128 block scales, against the fp8 plain GEMM's.  ``K``: the product's
-    inner dimension (simulated up to ``K_CAP[dtype]``).
+    inner dimension (simulated up to ``K_CAP[dtype]``; fp16x2: ``K_CAP_FP16X2``).
 
     The ratio depends on the data: the default inputs are standard normal (zero mean, like
     normalised activations and weights; heavy-tailed ones give about the same), while
@@ -234,9 +321,13 @@ def error_ratio(algorithm, dtype="bfloat16", *, variant: str = "unfused", operan
     2.0× instead of 3.5×, Winograd² 1.1× instead of 12.2×).  ``inputs=(A, B)`` (numpy arrays
     or CPU tensors, A M×K and B K×N) simulates on a thin sample of those matrices instead:
     ``block`` random rows of each block row of A and columns of each block column of B, and
-    the same random offsets within every K block."""
+    the same random offsets within every K block.  ``block`` defaults to 32, and to 16 for
+    fp16x2, which simulates the real K (as close: Strassen² 2.141 vs 2.148 at K = 16384, in a
+    third of the time)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    if block is None:
+        block = 16 if operands == "fp16x2" else 32
     if samples < 1 or block < 1:
         raise ValueError(f"samples and block must be positive, got {samples} and {block}")
     if K is not None and K < 1:
@@ -250,8 +341,9 @@ def error_ratio(algorithm, dtype="bfloat16", *, variant: str = "unfused", operan
         alg, name = algorithm, algorithm.name
     if inputs is not None:
         return _estimate(name, alg, d, variant, operands, samples,
-                         _sampler(alg, inputs, block, K_CAP[d], seed))
-    ks = min(K or K_CAP[d], K_CAP[d])
+                         _sampler(alg, inputs, block, _k_cap(d, operands), seed))
+    cap = _k_cap(d, operands)
+    ks = min(K or cap, cap)
     ks = max(alg.k, ks - ks % alg.k)
     return _cached(name, alg.hash, alg if not isinstance(algorithm, str) else None, d, variant,
                    operands, ks, samples, block, seed)
@@ -326,7 +418,12 @@ def _estimate(name, alg, d, variant, operands, samples, draw) -> ErrorEstimate:
             raise ValueError("the sampled product A·B is zero: a relative error is not defined "
                              "(inputs of zeros, or too sparse for the sample)")
         # the plain GEMM (native: its operand rounding is the identity on the rounded inputs)
-        e_g = np.linalg.norm(base.c(base.feed(base.op(A)) @ base.feed(base.b(B))) - ref) / nrm
+        if base.gemm is None:
+            g = base.c(base.feed(base.op(A)) @ base.feed(base.b(B)))
+        else:
+            one = np.ones((1, 1), np.float32)
+            g = base.c(base.gemm(A[None], B[None], A, B, one, one)[0])
+        e_g = np.linalg.norm(g - ref) / nrm
         e_l = np.linalg.norm(_lcma(alg, A, B, rd, variant) - ref) / nrm
         ratios.append(e_l / e_g)
         el.append(e_l)

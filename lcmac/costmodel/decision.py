@@ -388,12 +388,12 @@ def _predicted_error(c: Candidate, dtype: str, operands: str, K: int,
     """``c``'s predicted error ÷ the plain GEMM's (1 for the GEMM itself), for the Combine-H
     variant it is costed with.  With ``screen_budget``, a one-sample screen first (a few %
     of noise, ~5x cheaper): a candidate it puts well over the budget skips the full estimate."""
-    from .accuracy import error_ratio
+    from .accuracy import error_ratio, screen_ratio
     if c.is_gemm:
         return 1.0
     kw = dict(variant=c.variant, operands=operands, K=K)
     if screen_budget is not None:
-        e = error_ratio(c.algorithm, dtype, samples=1, block=16, **kw).ratio
+        e = screen_ratio(c.algorithm, dtype, **kw)
         if e > SCREEN_MARGIN * screen_budget:
             return e
     return error_ratio(c.algorithm, dtype, **kw).ratio
