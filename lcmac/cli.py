@@ -71,6 +71,10 @@ def cmd_show(args) -> int:
     from .costmodel.accuracy import error_ratio
     # the error this scheme adds, by dtype (Algorithm 1's roundings; lcmac.costmodel.accuracy)
     errors = {dt: round(error_ratio(alg, dt).ratio, 2) for dt in ("bfloat16", "float16", "tfloat32")}
+    # the scaled operand modes, against the plain GEMM on the same operands (fp16x2's ratio
+    # moves with K: shown at K = 8192)
+    errors["fp8"] = round(error_ratio(alg, "bfloat16", operands="fp8").ratio, 2)
+    errors["fp16x2"] = round(error_ratio(alg, "float32", operands="fp16x2", K=8192).ratio, 2)
     if args.json:
         _dump("show", {"algorithm": {**s, **{k: v for k, v in alg.to_dict().items()
                                                if k in ("U", "V", "W")}},
@@ -83,8 +87,11 @@ def cmd_show(args) -> int:
     a = s["additions"]
     print(f"additions: naive {a['naive']['total']} (A {a['naive']['A']}, B {a['naive']['B']}, H {a['naive']['H']}), "
           f"after CSE {a['reduced']['total']} (A {a['reduced']['A']}, B {a['reduced']['B']}, H {a['reduced']['H']})")
-    print("error:  " + ", ".join(f"{dt} {e:.2f}x" for dt, e in errors.items())
+    native = [dt for dt in errors if dt not in ("fp8", "fp16x2")]
+    print("error:  " + ", ".join(f"{dt} {errors[dt]:.2f}x" for dt in native)
           + " the plain GEMM's (predicted, Algorithm 1; TF32 = the CUDA float32)")
+    print(f"        fp8 operands {errors['fp8']:.2f}x, fp16x2 {errors['fp16x2']:.2f}x (K = 8192) the "
+          f"plain GEMM's on the same operands")
     if alg.R > args.max_rank and not args.full:
         print(f"\n(R = {alg.R}: combine programs omitted; pass --full to print them)")
         return 0

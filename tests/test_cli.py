@@ -44,7 +44,8 @@ def test_show_prints_programs(capsys):
     doc = json.loads(out)
     assert doc["algorithm"]["rank"] == 49 and set(doc["programs"]) == {"A", "B", "H"}
     # the accuracy model's prediction for Algorithm 1 (H100, measured: 7.04x cuBLAS's in bf16)
-    assert set(doc["predicted_error_ratio"]) == {"bfloat16", "float16", "tfloat32"}
+    assert set(doc["predicted_error_ratio"]) == {"bfloat16", "float16", "tfloat32", "fp8", "fp16x2"}
+    assert 3.5 < doc["predicted_error_ratio"]["fp8"] < 4.5          # against the fp8 GEMM
     assert 6.5 < doc["predicted_error_ratio"]["bfloat16"] < 7.5
     assert "error:  bfloat16" in run(capsys, "show", "winograd")[1]
 

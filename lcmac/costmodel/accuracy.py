@@ -313,7 +313,8 @@ def error_ratio(algorithm, dtype="bfloat16", *, variant: str = "unfused", operan
     (module doc).  ``operands="fp16"`` (bfloat16/float16 only): the CUDA backend's scaled
     fp16 Ã/B̃ with H in fp32, still against the native GEMM's error; ``operands="fp8"``
     (bfloat16/float16): E4M3 Ã/B̃ with 1×128 block scales, against the fp8 plain GEMM's.  ``K``: the product's
-    inner dimension (simulated up to ``K_CAP[dtype]``; fp16x2: ``K_CAP_FP16X2``).
+    inner dimension (simulated up to ``K_CAP[dtype]``; fp16x2: ``K_CAP_FP16X2``; None:
+    ``K_CAP[dtype]``).
 
     The ratio depends on the data: the default inputs are standard normal (zero mean, like
     normalised activations and weights; heavy-tailed ones give about the same), while
@@ -342,8 +343,7 @@ def error_ratio(algorithm, dtype="bfloat16", *, variant: str = "unfused", operan
     if inputs is not None:
         return _estimate(name, alg, d, variant, operands, samples,
                          _sampler(alg, inputs, block, _k_cap(d, operands), seed))
-    cap = _k_cap(d, operands)
-    ks = min(K or cap, cap)
+    ks = min(K, _k_cap(d, operands)) if K else K_CAP[d]
     ks = max(alg.k, ks - ks % alg.k)
     return _cached(name, alg.hash, alg if not isinstance(algorithm, str) else None, d, variant,
                    operands, ks, samples, block, seed)
