@@ -980,9 +980,9 @@ def test_fused_rotated_walk_is_refused(tmp_path):
 # ---- direct_views: single-block operands read from A / B in place ---------------------------
 @pytest.mark.parametrize("algo,counts", [("strassen", (2, 2)), ("winograd", (3, 3)),
                                          ("strassen^2", (4, 4)), ("laderman", (9, 9)),
-                                         ("dps-4x4x4-r48", (0, 0))])
+                                         ("dps-4x4x4-r48", (0, 0)), ("at-4x4x4-r49", (8, 8))])
 def test_direct_outputs_are_the_single_block_operands(algo, counts):
-    # an output that is one input with coefficient 1 is read in place; the program of the
+    # an output that is one input with coefficient ±1 is read in place; the program of the
     # rest computes exactly those rows of the combine matrix
     from lcmac import ir
     from lcmac.ir.cse import optimized_programs
@@ -994,7 +994,7 @@ def test_direct_outputs_are_the_single_block_operands(algo, counts):
         d = direct_outputs(progs[side])
         assert len(d) == n
         for r, slot in d.items():
-            assert list(np.flatnonzero(mats[side][r])) == [slot] and mats[side][r][slot] == 1
+            assert list(np.flatnonzero(mats[side][r])) == [slot] and abs(mats[side][r][slot]) == 1
         keep = [r for r in range(alg.R) if r not in d]
         assert (keep_outputs(progs[side], keep).matrix() == mats[side][keep]).all()
         src = operand_sources(alg.R, d)

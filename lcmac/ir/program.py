@@ -112,13 +112,12 @@ class LinearProgram:
         return "\n".join(lines)
 
 
-def direct_outputs(p: LinearProgram, negated: bool = False) -> dict[int, int]:
-    """{output: input slot} of the outputs that are one input with coefficient 1 (Strassen's
-    Ã_3 = A11), and with ``negated`` also −1: a backend can read that block in place instead
-    of writing a copy (a −1 moves into the products' W, ``scale_inputs``)."""
-    signs = (1, -1) if negated else (1,)
+def direct_outputs(p: LinearProgram) -> dict[int, int]:
+    """{output: input slot} of the outputs that are one input with coefficient ±1 (Strassen's
+    Ã_3 = A11): a backend can read that block in place instead of writing a copy (a −1 moves
+    into the products' W, ``scale_inputs``)."""
     return {o: e[0][1] for o, e in enumerate(p.outputs)
-            if len(e) == 1 and e[0][0] in signs and e[0][1] < p.n_inputs}
+            if len(e) == 1 and e[0][0] in (1, -1) and e[0][1] < p.n_inputs}
 
 
 def scale_inputs(p: LinearProgram, scale: dict[int, int]) -> LinearProgram:

@@ -210,7 +210,7 @@ def view_plan(progs: dict, blk, sides: str) -> tuple[dict, dict, list[int]]:
     from ..schedules.cuda_config import side_read_in_place
     views, sign = {}, [1] * blk.R
     for side in ("A", "B"):
-        d = direct_outputs(progs[side], negated=True) if side.lower() in sides else {}
+        d = direct_outputs(progs[side]) if side.lower() in sides else {}
         if not side_read_in_place(len(d), blk.R):
             continue
         views[side] = d
