@@ -181,6 +181,10 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     # since session 12, the sign moved into Combine H)
     "at49-alg1-p": ("at-4x4x4-r49", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "direct_views": "none"}),
     "at49-alg1-p-v": ("at-4x4x4-r49", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "direct_views": "ab"}),
+    # session 13: more schemes in the scaled operand modes, to check the accuracy model on
+    "strassen^2-alg1-fp8": ("strassen^2", {"operands": "fp8", "fused": False}),
+    "laderman-alg1-f16x2": ("laderman", {"operands": "fp16x2", "fused": False, "block_n": 128, "stages": 3, "policy": "fullrow"}),
+    "hk-alg1-f16x2": ("hopcroft-kerr", {"operands": "fp16x2", "fused": False, "block_n": 128, "stages": 3, "policy": "fullrow"}),
 }
 LLM_NK = [(18432, 7168), (7168, 18432), (8192, 4096), (4096, 8192), (7168, 16384)]
 

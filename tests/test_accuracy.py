@@ -50,7 +50,8 @@ RUNS = [("h100-bfloat16-accuracy-a.json", 13), ("h100-bfloat16-accuracy-b.json",
         ("h100-bfloat16-operands.json", 8), ("h100-bfloat16-dps48.json", 4),
         ("h100-bfloat16-winograd2-1.json", 2), ("h100-float32.json", 4),
         ("h100-bfloat16-fp8.json", 4), ("h100-float32-operands.json", 12),
-        ("h100-float32-operands-llm.json", 20), ("h200-float32-f16x2.json", 6)]
+        ("h100-float32-operands-llm.json", 20), ("h200-float32-f16x2.json", 6),
+        ("h100-bfloat16-fp8-accuracy.json", 3), ("h100-float32-operands-accuracy.json", 3)]
 #: how far a prediction may be from its measurement: fp16x2's error is set by its fp32
 #: accumulation, which the model follows less closely than the storage roundings
 TOLERANCE = {"fp16x2": 0.08}
