@@ -202,8 +202,13 @@ def build_one(algo, cfg, shape, dtype, target, out_dir, jobs=1):
     resp = json.loads(line[-1]) if line else {"ok": False, "error": p.stderr[-2000:]}
     if not resp.get("ok"):
         print(f"BUILD FAILED {algo} {cfg} {shape}: {resp.get('error', '')[:800]}", flush=True)
-        return None
+        return BuildFailed(str(resp.get("error", ""))[:500])
     return side
+
+
+class BuildFailed(str):
+    """build_one's answer for an artifact the build refused (its error): the run records it
+    as an error row, so a refused variant shows in the results instead of vanishing."""
 
 
 def detect_sms():
@@ -399,18 +404,24 @@ def rel_err(C, ref):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dtype", default="bf16")
-    ap.add_argument("--target", default="cuda-sm90a")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="variants: " + ", ".join(VARIANTS) + "; plus 'steps' "
+                                        "(the step table: " + ", ".join(STEPS) + ")")
+    ap.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32 (default bf16)")
+    ap.add_argument("--target", default="cuda-sm90a", help="lcmac target the artifacts are built for")
     ap.add_argument("--artifacts", default=None, help="use prebuilt artifact dirs (*/lcmac.json)")
-    ap.add_argument("--build-dir", default=os.path.join(ROOT, ".cuda-art"))
-    ap.add_argument("--cases", nargs="*", default=["square"])
-    ap.add_argument("--variants", nargs="*", default=["tl-gemm", "strassen-alg1", "strassen^2-alg1"])
-    ap.add_argument("--sizes", nargs="*", type=int, default=SQUARE)
-    ap.add_argument("--llm-m", nargs="*", type=int, default=[2048, 8192, 16384])
-    ap.add_argument("--llm-max", type=int, default=6)
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--build-dir", default=os.path.join(ROOT, ".cuda-art"),
+                    help="where missing artifacts are built (reused when present)")
+    ap.add_argument("--cases", nargs="*", default=["square"],
+                    help="square (--sizes) and/or llm (bench/llm_shapes.json: --llm-m x (N, K))")
+    ap.add_argument("--variants", nargs="*", default=["tl-gemm", "strassen-alg1", "strassen^2-alg1"],
+                    help="lcmac kernels to measure beside cuBLAS (names below)")
+    ap.add_argument("--sizes", nargs="*", type=int, default=SQUARE, help="square sizes n (n x n x n)")
+    ap.add_argument("--llm-m", nargs="*", type=int, default=[2048, 8192, 16384],
+                    help="M of the LLM cases (tokens)")
+    ap.add_argument("--llm-max", type=int, default=6, help="how many of the (N, K) weights")
+    ap.add_argument("--reps", type=int, default=20, help="timed runs per kernel (the median is kept)")
+    ap.add_argument("--jobs", type=int, default=8, help="artifacts built in parallel")
     ap.add_argument("--stages", action="store_true", help="also time each kernel alone")
     ap.add_argument("--prepared-b", action="store_true",
                     help="also time calls with B combined once beforehand (f.prepare_b: static "
@@ -422,8 +433,9 @@ def main():
     ap.add_argument("--fp8-baseline", action="store_true",
                     help="also time cuBLAS's FP8 GEMMs (torch._scaled_mm) on pre-quantized operands; "
                          "on by default when a variant runs operands='fp8'")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--out", default=None,
+                    help="the JSON written (default bench/results/<gpu>-<dtype>.json; a plot beside it)")
+    ap.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     ap.add_argument("--build-only", action="store_true", help="build the artifacts, measure nothing")
     ap.add_argument("--resume", action="store_true",
                     help="keep the rows already in --out; measure only the (shape, variant) pairs missing")
@@ -442,7 +454,7 @@ def main():
                 shapes.append((m, n, k))
 
     # ---- artifacts: prebuilt, or build the missing ones in parallel --------------------------
-    todo = []
+    todo, failed = [], []
     if args.artifacts:
         for side in sorted(glob.glob(os.path.join(args.artifacts, "*", "lcmac.json"))):
             meta = json.load(open(side))
@@ -470,7 +482,10 @@ def main():
         if args.build_only:
             return
         for j, side in zip(jobs, sides):
-            if side:
+            if isinstance(side, BuildFailed):
+                failed.append({"shape": list(j[3]), "variant": j[0], "algorithm": j[1],
+                               "config": j[2], "error": f"build failed: {side}"})
+            elif side:
                 todo.append((f"{j[0]}", side, json.load(open(side))))
 
     import torch
@@ -506,6 +521,7 @@ def main():
     if args.resume and os.path.exists(out):
         rows = json.load(open(out))["results"]
     done = {(tuple(r["shape"]), r["variant"]) for r in rows}
+    rows += [r for r in failed if (tuple(r["shape"]), r["variant"]) not in done]
     runs = sum(1 for r in rows if r["variant"] == "cublas")
     for (M, N, K), arts in sorted(by_shape.items()):
         arts = [a for a in arts if ((M, N, K), a[0]) not in done]
