@@ -143,7 +143,7 @@ def cmd_select(args) -> int:
     if args.measured:
         from .tune.decide import decide
         d = decide(M, N, K, args.dtype, args.target, db=args.logs, static_b=args.static_b,
-                   max_error=args.max_error)
+                   max_error=args.max_error, regime=args.regime)
         cands, source = d.candidates, d.source
     else:
         dt = mdt
@@ -420,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use the tuning log's measurements (lcmac tune), the vendor GEMM included, "
                         "as the decision does at run time")
     s.add_argument("--logs", default=None, metavar="DIR", help="tuning-log directory for --measured")
+    s.add_argument("--regime", default="burst", choices=("burst", "sustained"),
+                   help="with --measured: decide on the log's burst records (default) or on its "
+                        "sustained ones (lcmac tune --sustained: a GPU at its power cap)")
     s.add_argument("--operands", default="native", choices=OPERAND_MODES,
                    help="CUDA operand precision to price (CudaConfig.operands; default native: "
                         "the dtype itself, float32 as TF32)")

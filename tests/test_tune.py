@@ -632,3 +632,49 @@ def test_sustained_tuning_warms_each_kernel_up(tmp_path):
     with pytest.raises(ValueError, match="seconds"):
         tuner.tune("gemm", "cuda-sm90a", "bf16", (64, 64, 64), sustained_s=0,
                    measure_fn=lambda pt: 1e-3, db=tmp_path)
+
+
+# ---- burst and sustained records ------------------------------------------------------------
+def test_sustained_records_decide_only_when_asked():
+    # the committed H100 log has sustained records (tag "sustained", warm_s 1.5) of Strassen²,
+    # Winograd², Strassen and cuBLAS at 16384³ beside many burst ones
+    from lcmac.tune.decide import decide, regime_of
+    assert regime_of({"warm_s": 1.5}) == "sustained"
+    assert regime_of({"warm_s": 0.15}) == regime_of({}) == "burst"
+    SQ = (16384, 16384, 16384)
+    burst = decide(*SQ, "bfloat16", "cuda-sm90a")
+    sus = decide(*SQ, "bfloat16", "cuda-sm90a", regime="sustained")
+    assert burst.regime == "burst" and sus.regime == "sustained"
+    assert "sustained records" in sus.describe()
+    # every sustained time is slower than the burst one of the same kernel (the power cap)
+    for a in ("strassen^2", "winograd^2", "strassen", "vendor"):
+        assert sus.measurements[a] > burst.measurements[a]
+    # kernels measured only in burst runs are carried over, scaled by the sustained/burst
+    # ratio of those measured both ways, and say so
+    dps = next(c for c in sus.candidates if c.algorithm == "dps-4x4x4-r48")
+    f = sus.measurements["dps-4x4x4-r48"] / burst.measurements["dps-4x4x4-r48"]
+    assert 1.0 < f < 1.02 and "measured in burst runs" in dps.reason
+    assert sus.algorithm == "strassen^2"
+    with pytest.raises(ValueError, match="regime"):
+        decide(*SQ, "bfloat16", "cuda-sm90a", regime="warm")
+
+
+def test_a_regime_without_records_falls_back_to_the_model(tmp_path):
+    from lcmac.tune import TuningDB
+    from lcmac.tune.decide import decide
+    rec = {"schema": "lcmac-tune/1", "target": "cuda-sm90a", "dtype": "bfloat16",
+           "shape": [8192, 8192, 8192], "config": {}, "status": "ok", "date": "2026-11-22T00:00:00Z",
+           "lcmac_version": "0.1.0", "device": "test"}
+    TuningDB(tmp_path).append([dict(rec, algorithm="gemm", algorithm_hash="gemm", time_s=1.6e-3),
+                               dict(rec, algorithm="vendor", algorithm_hash="vendor", time_s=1.5e-3)])
+    assert decide(8192, 8192, 8192, "bfloat16", "cuda-sm90a", db=tmp_path).source == "exact"
+    d = decide(8192, 8192, 8192, "bfloat16", "cuda-sm90a", db=tmp_path, regime="sustained")
+    assert d.source == "model" and not d.measurements
+
+
+def test_auto_takes_a_regime(tmp_path):
+    import lcmac
+    mm = lcmac.auto(tmp_path, regime="sustained")
+    assert mm.plan(16384, 16384, 16384, "bfloat16", target="cuda-sm90a").decision.regime == "sustained"
+    with pytest.raises(ValueError, match="regime"):
+        lcmac.auto(tmp_path, regime="warm")

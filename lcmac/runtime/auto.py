@@ -49,10 +49,13 @@ class AutoMatmul:
     CPU's for numpy/CPU tensors, ``cuda`` for CUDA tensors).  ``logs``: a tuning-log
     directory (default the project's / ``LCMAC_TUNING_LOGS``).  ``max_error``: an error
     budget as a multiple of the plain GEMM's error; LCMAs predicted over it are never chosen
-    (``lcmac.costmodel.accuracy``; bf16 Strassen ~3.5×, Strassen² ~7×)."""
+    (``lcmac.costmodel.accuracy``; bf16 Strassen ~3.5×, Strassen² ~7×).  ``regime``:
+    "sustained" decides on the tuning log's sustained records (a GPU at its power cap in a
+    long job; ``lcmac tune --sustained``), "burst" (default) on the ordinary ones."""
 
     def __init__(self, artifacts=None, *, target: str | None = None, logs=None,
-                 build: bool = False, vendor: bool = True, max_error: float | None = None):
+                 build: bool = False, vendor: bool = True, max_error: float | None = None,
+                 regime: str = "burst"):
         self.artifacts = Path(artifacts) if artifacts is not None else None
         self.target = target
         self.logs = logs
@@ -62,6 +65,10 @@ class AutoMatmul:
             from ..costmodel.decision import check_error_budget
             max_error = check_error_budget(max_error)
         self.max_error = max_error
+        from ..tune.decide import REGIMES
+        if regime not in REGIMES:
+            raise ValueError(f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+        self.regime = regime
         self._plans: dict[tuple, Plan] = {}
         self._fns: dict[Path, object] = {}
         self._index: dict[tuple, Path] | None = None
@@ -103,7 +110,8 @@ class AutoMatmul:
             hit = self._plans.get(key)
         if hit is not None:
             return hit
-        dec = decide(*key[:3], d, tgt, db=self.logs, vendor=self.vendor, max_error=self.max_error)
+        dec = decide(*key[:3], d, tgt, db=self.logs, vendor=self.vendor, max_error=self.max_error,
+                     regime=self.regime)
         shape = key[:3]
         if dec.is_vendor:
             p = Plan(shape, d, "vendor", None, dec, dec.describe())

@@ -34,6 +34,13 @@ measured vendor GEMM.
 
 On CUDA targets a float32 case is priced by the model as ``tfloat32`` (lcmac's CUDA float32
 GEMM multiplies on the TF32 tensor cores; ``space.model_dtype``); the log stays float32.
+
+**Burst or sustained.**  A GPU under a long job runs at its power cap, where kernels rank
+differently than in short bursts (H100, 16384³ bf16: Strassen 1.03× cuBLAS in a burst and
+1.02× sustained).  ``regime="burst"`` (default) decides on the records of ordinary tuning
+runs; ``regime="sustained"`` only on those of ``lcmac tune --sustained S`` (every kernel and
+the vendor GEMM warmed up ≥ ``SUSTAINED_WARM_S`` before timing), falling back to the
+nearest shape or the model where none is logged.  The two kinds of records never compete.
 """
 from __future__ import annotations
 
@@ -44,6 +51,16 @@ from dataclasses import dataclass, field
 from . import db as _db
 
 
+#: records warmed up at least this long before timing are of the sustained regime
+SUSTAINED_WARM_S = 1.0
+REGIMES = ("burst", "sustained")
+
+
+def regime_of(record: dict) -> str:
+    """"sustained" for a record of ``lcmac tune --sustained`` (``warm_s`` ≥ 1 s), else "burst"."""
+    return "sustained" if float(record.get("warm_s") or 0.0) >= SUSTAINED_WARM_S else "burst"
+
+
 @dataclass
 class Decision:
     candidate: object                      # lcmac.costmodel.Candidate: the decision
@@ -52,6 +69,7 @@ class Decision:
     source: str                            # "exact" | "nearest MxNxK (d=…)" | "model"
     logged_shape: tuple | None = None
     worth_tuning: list = field(default_factory=list)
+    regime: str = "burst"                  # whose records decided ("burst" | "sustained")
 
     @property
     def algorithm(self) -> str:
@@ -66,6 +84,8 @@ class Decision:
         c = self.candidate
         src = {"model": "model only (nothing logged)", "exact": "measured at this shape"}.get(
             self.source, f"measured at the {self.source}")
+        if self.regime == "sustained" and self.source != "model":
+            src += ", sustained records"
         s = f"{c.algorithm} ({src}; {c.reason})"
         if self.worth_tuning:
             s += f"; not measured yet but predicted faster: {', '.join(self.worth_tuning)}"
@@ -73,26 +93,44 @@ class Decision:
 
 
 def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
-           profile=None) -> tuple[dict, str, tuple | None, dict]:
+           profile=None, regime: str = "burst") -> tuple[dict, str, tuple | None, dict, dict]:
     """(measurements for select, source, logged shape, Combine-H variant of each measured
-    LCMA's best config) from the tuning log.  The variants are those of the records the
-    times come from (CUDA targets; a build from the log takes the same config)."""
+    LCMA's best config, carried) from the tuning log's records of ``regime``.  The variants
+    are those of the records the times come from (CUDA targets; a build from the log takes
+    the same config).  ``carried``: {algorithm: factor} for kernels measured at the shape only
+    in the other regime, whose time there is scaled by the geometric mean of this regime's /
+    the other's times over the kernels measured both ways at that shape (measured data in
+    place of the model's guess; without a kernel measured both ways, none is carried)."""
     from ..costmodel import gemm_estimate
     from ..costmodel.profiles import normalize_dtype
     from ..costmodel.decision import _resolve
     from .space import model_dtype
     store = db if hasattr(db, "records") else _db.TuningDB(db)
     d = normalize_dtype(dtype)
-    best: dict[tuple, dict[str, float]] = {}
+    import math
+    by_regime: dict[str, dict[tuple, dict[str, float]]] = {g: {} for g in REGIMES}
     cfgs: dict[tuple, dict[str, dict]] = {}
     for r in store.records(str(target), d):
         if _db.operands_of(r["config"]) != "native":
             continue        # another precision (CUDA scaled operands): not what is decided here
-        per = best.setdefault(tuple(r["shape"]), {})
+        g = regime_of(r)    # burst and sustained times never compete directly
+        per = by_regime[g].setdefault(tuple(r["shape"]), {})
         a = r["algorithm"]
         if a not in per or r["time_s"] < per[a]:
             per[a] = r["time_s"]
-            cfgs.setdefault(tuple(r["shape"]), {})[a] = r["config"] or {}
+            if g == regime:
+                cfgs.setdefault(tuple(r["shape"]), {})[a] = r["config"] or {}
+    best, other = by_regime[regime], by_regime[REGIMES[1 - REGIMES.index(regime)]]
+    carried_at: dict[tuple, dict[str, float]] = {}
+    for s, per in best.items():
+        both = [a for a in per if a in other.get(s, {})]
+        if not both:
+            continue
+        f = math.exp(sum(math.log(per[a] / other[s][a]) for a in both) / len(both))
+        for a, t in other[s].items():
+            if a not in per:
+                per[a] = t * f
+                carried_at.setdefault(s, {})[a] = f
     shape = (int(M), int(N), int(K))
 
     def variants(s):
@@ -103,7 +141,7 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
         return {a: cuda_model_args(d, c)[1] for a, c in cfgs.get(s, {}).items()
                 if a not in (_db.GEMM, _db.VENDOR)}
     if shape in best:
-        return dict(best[shape]), "exact", shape, variants(shape)
+        return dict(best[shape]), "exact", shape, variants(shape), carried_at.get(shape, {})
     near = sorted((_db.shape_distance(shape, s), s) for s, per in best.items() if _db.GEMM in per)
     p, md = _resolve(target, model_dtype(target, d), profile)
     if not near or near[0][0] > max_distance:
@@ -113,18 +151,18 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
         ratios = [per[_db.VENDOR] / per[_db.GEMM] for per in best.values()
                   if _db.GEMM in per and _db.VENDOR in per]
         if not ratios:
-            return {}, "model", None, {}
-        import math
+            return {}, "model", None, {}, {}
         r = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         g_model = gemm_estimate(M, N, K, md, p).time_s
         return ({_db.GEMM: g_model, _db.VENDOR: g_model * r},
                 f"model; vendor/GEMM ratio {r:.3f} (geometric mean over {len(ratios)} logged shapes)",
-                None, {})
+                None, {}, {})
     dist, s = near[0]
     g_model = gemm_estimate(M, N, K, md, p).time_s
     per = best[s]
     meas = {a: g_model * t / per[_db.GEMM] for a, t in per.items()}
-    return meas, f"nearest logged shape {s[0]}x{s[1]}x{s[2]} (log-distance {dist:.2f})", s, variants(s)
+    return (meas, f"nearest logged shape {s[0]}x{s[1]}x{s[2]} (log-distance {dist:.2f})", s,
+            variants(s), carried_at.get(s, {}))
 
 
 def _vendor_candidate(t: float, M, N, K, gemm_cand):
@@ -162,11 +200,11 @@ TRANSFER_MARGIN = 0.03
 
 def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, db=None,
            profile=None, max_distance: float = 0.75, vendor: bool = True,
-           **select_kw) -> Decision:
+           regime: str = "burst", **select_kw) -> Decision:
     """GEMM, which LCMA, or the vendor GEMM for this shape, preferring logged measurements
     (module doc).  ``db``: a ``TuningDB``, its directory, or any object with
     ``records(target, dtype)``.  ``vendor=False`` leaves the vendor GEMM out (lcmac's own
-    kernels only).
+    kernels only).  ``regime``: "burst" or "sustained" records (module doc).
 
     With the plain GEMM measured at this shape, an LCMA that was not measured is judged by
     the model's time × (measured / predicted GEMM time here), so that a prediction is never
@@ -174,8 +212,10 @@ def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, d
     this shape are left out."""
     from ..costmodel import select
     from .space import model_dtype
-    meas, source, logged, tuned_variants = gather(M, N, K, dtype, target, db=db,
-                                                  max_distance=max_distance, profile=profile)
+    if regime not in REGIMES:
+        raise ValueError(f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+    meas, source, logged, tuned_variants, carried = gather(
+        M, N, K, dtype, target, db=db, max_distance=max_distance, profile=profile, regime=regime)
     v_time = meas.pop(_db.VENDOR, None)
     failed = failed_at(M, N, K, dtype, target, db=db) if source == "exact" else set()
     kw = dict(select_kw)
@@ -228,8 +268,9 @@ def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, d
         top = min(measured, key=lambda c: c.predicted_time_s)
         worth = [c.algorithm for c in cands if not c.measured and not c.is_gemm
                  and c.predicted_time_s < top.predicted_time_s][:3]
+        g_how = "measured" if _db.GEMM not in carried else "carried over from the other regime"
         why = (f"decision: fastest measured ({top.predicted_time_s * 1e3:.3f} ms; plain GEMM "
-               f"{g.predicted_time_s * 1e3:.3f} ms measured)")
+               f"{g.predicted_time_s * 1e3:.3f} ms {g_how})")
         prev = top.reason.replace("decision: ", "").replace("measured; ", "")
         top = dataclasses.replace(top, reason=why if top.is_gemm else f"{why}; {prev}")
         cands = [top] + [_strip_decision(c) for c in cands if c.algorithm != top.algorithm]
@@ -273,7 +314,12 @@ def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, d
         else:
             cands = [top] + sorted(cands[1:] + [vc], key=lambda c: c.predicted_time_s)
         meas[_db.VENDOR] = v_time
-    return Decision(cands[0], cands, meas, source, logged, worth)
+    if carried:
+        other = REGIMES[1 - REGIMES.index(regime)]
+        cands = [c if c.algorithm not in carried else dataclasses.replace(c, reason=c.reason.replace(
+            "measured; ", f"measured in {other} runs × {carried[c.algorithm]:.4f} (this regime's / "
+            f"the {other} times of the kernels measured both ways here); ", 1)) for c in cands]
+    return Decision(cands[0], cands, meas, source, logged, worth, regime)
 
 
 def vendor_matmul(A, B, out=None):
