@@ -678,3 +678,20 @@ def test_auto_takes_a_regime(tmp_path):
     assert mm.plan(16384, 16384, 16384, "bfloat16", target="cuda-sm90a").decision.regime == "sustained"
     with pytest.raises(ValueError, match="regime"):
         lcmac.auto(tmp_path, regime="warm")
+
+
+def test_unmeasured_lcmas_take_the_measured_lcmas_scale():
+    # H100 log, 16384³: the model is 3.3 % fast on the plain GEMM but 4-7 % fast on the four
+    # LCMAs measured there; an unmeasured LCMA is put on the LCMAs' scale, so that the model's
+    # twin of the measured Winograd² (the flip-graph <4,4,4;49>: same additions, same blocks
+    # read in place) is not promised 2 % faster than Winograd² was measured
+    import math
+    d = decide(16384, 16384, 16384, "bfloat16", "cuda-sm90a")
+    lc = [c for c in d.candidates if c.measured and c.estimate is not None and not c.is_gemm]
+    scale = math.exp(sum(math.log(c.predicted_time_s / c.estimate.time_s) for c in lc) / len(lc))
+    fgr = next(c for c in d.candidates if c.algorithm == "fgr-4x4x4-r49")
+    assert not fgr.measured and "measured / predicted strassen^2" in fgr.reason
+    assert fgr.predicted_time_s == pytest.approx(fgr.estimate.time_s * scale)
+    w2 = next(c for c in d.candidates if c.algorithm == "winograd^2")
+    assert fgr.estimate.time_s == pytest.approx(w2.estimate.time_s)
+    assert "fgr-4x4x4-r49" not in d.worth_tuning
