@@ -36,7 +36,7 @@ float32 through scaled operands is judged against the plain GEMM on the same ope
 ``operands="fp16"`` rounds Ã/B̃ to fp16; ``"fp16x2"`` splits them into fp16 hi + 2⁻¹¹·lo
 halves whose products are summed per 64-wide K slab and added into fp32
 (``_f16x2_matmul``).  fp16x2's error is accumulation-bound, so it is simulated at the real
-K (up to ``K_CAP_FP16X2``): within 7 % of 35 H100/H200 rows, against 1 % for the
+K (up to ``K_CAP_FP16X2``): within 7 % of 38 H100/H200 rows, against 1 % for the
 storage-bound modes.
 
 Checked against the H100 (tests/test_accuracy.py reads bench/results): within a few percent
@@ -67,20 +67,6 @@ def _k_cap(d: str, operands: str) -> int:
     return K_CAP_FP16X2 if operands == "fp16x2" else K_CAP[d]
 
 
-#: the screen's K for fp16x2: its ratios fall as K grows (Strassen² 2.52× at K = 4096, 2.15×
-#: at 16384), so a screen at a shorter K only overstates, by less than the decision's margin
-SCREEN_K_FP16X2 = 4096
-
-
-def screen_ratio(algorithm, dtype, *, variant: str = "unfused", operands: str = "native",
-                 K: int | None = None) -> float:
-    """A cheap ``error_ratio`` for screening candidates against a budget (one sample of 16
-    rows/columns per block; fp16x2 at K ≤ SCREEN_K_FP16X2): a few % of noise, and for fp16x2
-    an overstatement of up to ~17 %, both below ``decision.SCREEN_MARGIN``."""
-    if operands == "fp16x2" and K is not None:
-        K = min(K, SCREEN_K_FP16X2)
-    return error_ratio(algorithm, dtype, variant=variant, operands=operands, K=K, samples=1,
-                       block=16).ratio
 VARIANTS = ("unfused", "fused", "tma_reduce")
 #: what each model dtype simulates (an ErrorEstimate's ``precision``)
 PRECISIONS = {
@@ -312,9 +298,10 @@ def error_ratio(algorithm, dtype="bfloat16", *, variant: str = "unfused", operan
     CUDA backend's float32, "float32", "float64"), for the ``variant`` of Combine H
     (module doc).  ``operands="fp16"`` (bfloat16/float16 only): the CUDA backend's scaled
     fp16 Ã/B̃ with H in fp32, still against the native GEMM's error; ``operands="fp8"``
-    (bfloat16/float16): E4M3 Ã/B̃ with 1×128 block scales, against the fp8 plain GEMM's.  ``K``: the product's
-    inner dimension (simulated up to ``K_CAP[dtype]``; fp16x2: ``K_CAP_FP16X2``; None:
-    ``K_CAP[dtype]``).
+    (bfloat16/float16): E4M3 Ã/B̃ with 1×128 block scales; ``"fp16"`` and ``"fp16x2"`` with
+    ``dtype="float32"``: the scaled operand modes of the CUDA float32 path — these three
+    against the plain GEMM on the same operands.  ``K``: the product's inner dimension
+    (simulated up to ``K_CAP[dtype]``; fp16x2: ``K_CAP_FP16X2``; None: ``K_CAP[dtype]``).
 
     The ratio depends on the data: the default inputs are standard normal (zero mean, like
     normalised activations and weights; heavy-tailed ones give about the same), while
@@ -347,6 +334,22 @@ def error_ratio(algorithm, dtype="bfloat16", *, variant: str = "unfused", operan
     ks = max(alg.k, ks - ks % alg.k)
     return _cached(name, alg.hash, alg if not isinstance(algorithm, str) else None, d, variant,
                    operands, ks, samples, block, seed)
+
+
+#: the screen's K for fp16x2: its ratios fall as K grows (Strassen² 2.52× at K = 4096, 2.15×
+#: at 16384), so a screen at a shorter K only overstates, by less than the decision's margin
+SCREEN_K_FP16X2 = 4096
+
+
+def screen_ratio(algorithm, dtype, *, variant: str = "unfused", operands: str = "native",
+                 K: int | None = None) -> float:
+    """A cheap ``error_ratio`` for screening candidates against a budget (one sample of 16
+    rows/columns per block; fp16x2 at K ≤ SCREEN_K_FP16X2): a few % of noise, and for fp16x2
+    an overstatement of up to ~17 %, both below ``decision.SCREEN_MARGIN``."""
+    if operands == "fp16x2" and K is not None:
+        K = min(K, SCREEN_K_FP16X2)
+    return error_ratio(algorithm, dtype, variant=variant, operands=operands, K=K, samples=1,
+                       block=16).ratio
 
 
 @functools.lru_cache(maxsize=1024)
