@@ -62,6 +62,15 @@ def _static(n: int) -> list[int]:
     return list(range(n))
 
 
+def _keep_params(func, keep: list[int]):
+    """``func`` (a PrimFunc) with only the parameters at ``keep`` (the others unused by its
+    body): one template for kernels whose signatures differ only in optional inputs."""
+    from tilelang import tvm
+    ps = [func.params[i] for i in keep]
+    return tvm.tirx.PrimFunc(ps, func.body, func.ret_type, {p: func.buffer_map[p] for p in ps},
+                             func.attrs)
+
+
 def _dims(*dims):
     """A global buffer's shape: int64 extents when it has more than 2³¹−1 elements, so that
     its flattened index, and the constant part TVM folds out of it (r·Mb·Nb for an unrolled
@@ -337,26 +346,14 @@ def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arc
                             Xl[r, rr, cc] = T.cast((v - T.cast(T.cast(v, odt), ACCUM))
                                                    * T.float32(2.0 ** SPLIT_SHIFT), odt)
 
-    grid = dict(threads=cfg.combine_threads)
-    if mode == "native":
-        @T.prim_func
-        def lcmac_combine(X: T.Tensor(_dims(rows, cols), dtype), Xt: T.Tensor(_dims(R, Rb, Cb), dtype)):
-            with T.Kernel(T.ceildiv(Cb, tc), T.ceildiv(Rb, tr), **grid) as (bx, by):
-                body(X, None, Xt, None, bx, by)
-    elif mode == "fp16":
-        @T.prim_func
-        def lcmac_combine(X: T.Tensor(_dims(rows, cols), dtype), S: T.Tensor((2,), "int32"),
-                          Xt: T.Tensor(_dims(R, Rb, Cb), odt)):
-            with T.Kernel(T.ceildiv(Cb, tc), T.ceildiv(Rb, tr), **grid) as (bx, by):
-                body(X, S, Xt, None, bx, by)
-    else:
-        @T.prim_func
-        def lcmac_combine(X: T.Tensor(_dims(rows, cols), dtype), S: T.Tensor((2,), "int32"),
-                          Xt: T.Tensor(_dims(R, Rb, Cb), odt), Xl: T.Tensor(_dims(R, Rb, Cb), odt)):
-            with T.Kernel(T.ceildiv(Cb, tc), T.ceildiv(Rb, tr), **grid) as (bx, by):
-                body(X, S, Xt, Xl, bx, by)
+    @T.prim_func
+    def lcmac_combine(X: T.Tensor(_dims(rows, cols), dtype), S: T.Tensor((2,), "int32"),
+                      Xt: T.Tensor(_dims(R, Rb, Cb), odt), Xl: T.Tensor(_dims(R, Rb, Cb), odt)):
+        with T.Kernel(T.ceildiv(Cb, tc), T.ceildiv(Rb, tr), threads=cfg.combine_threads) as (bx, by):
+            body(X, S, Xt, Xl, bx, by)
 
-    return lcmac_combine
+    # the scale word S only for scaled operands, the lo halves Xl only for fp16x2
+    return _keep_params(lcmac_combine, [0] + [1] * (mode != "native") + [2] + [3] * (mode == "fp16x2"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -470,23 +467,18 @@ def scaled_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, bounds: tuple[int, i
                         bm, bn, cfg.store_via_smem)
 
     ops = _dims(R, Mb, Kb), _dims(R, Kb, Nb), _dims(*out_shape)
-    if split:
-        @T.prim_func
-        def lcmac_sgemm(At: T.Tensor(ops[0], odt), Al: T.Tensor(ops[0], odt),
-                        Bt: T.Tensor(ops[1], odt), Bl: T.Tensor(ops[1], odt),
-                        S: T.Tensor((2,), "int32"), Out: T.Tensor(ops[2], out_dtype)):
-            with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
-                if pdl:
-                    pdl_sync()
-                tile(At, Al, Bt, Bl, S, Out, bx, by, bz)
-    else:
-        @T.prim_func
-        def lcmac_sgemm(At: T.Tensor(ops[0], odt), Bt: T.Tensor(ops[1], odt),
-                        S: T.Tensor((2,), "int32"), Out: T.Tensor(ops[2], out_dtype)):
-            with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
-                if pdl:
-                    pdl_sync()
-                tile(At, None, Bt, None, S, Out, bx, by, bz)
+
+    @T.prim_func
+    def lcmac_sgemm(At: T.Tensor(ops[0], odt), Al: T.Tensor(ops[0], odt),
+                    Bt: T.Tensor(ops[1], odt), Bl: T.Tensor(ops[1], odt),
+                    S: T.Tensor((2,), "int32"), Out: T.Tensor(ops[2], out_dtype)):
+        with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
+            if pdl:
+                pdl_sync()
+            tile(At, Al, Bt, Bl, S, Out, bx, by, bz)
+
+    # the lo halves Al / Bl only for fp16x2
+    lcmac_sgemm = _keep_params(lcmac_sgemm, [0, 1, 2, 3, 4, 5] if split else [0, 2, 4, 5])
 
     return lcmac_sgemm
 
@@ -1097,27 +1089,14 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
             with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
                 tile(At, Bt, H, bx, by, bz, True)
 
-    if va and vb:
-        @T.prim_func
-        def lcmac_bgemm(At: T.Tensor(_dims(*a_shape), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
-                        H: T.Tensor(_dims(R, Mb, Nb), dtype), A: T.Tensor(_dims(blk.M, blk.K), dtype),
-                        B: T.Tensor(_dims(blk.K, blk.N), dtype)):
-            kernel(At, Bt, H)
-    elif va:
-        @T.prim_func
-        def lcmac_bgemm(At: T.Tensor(_dims(*a_shape), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
-                        H: T.Tensor(_dims(R, Mb, Nb), dtype), A: T.Tensor(_dims(blk.M, blk.K), dtype)):
-            kernel(At, Bt, H)
-    elif vb:
-        @T.prim_func
-        def lcmac_bgemm(At: T.Tensor(_dims(*a_shape), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
-                        H: T.Tensor(_dims(R, Mb, Nb), dtype), B: T.Tensor(_dims(blk.K, blk.N), dtype)):
-            kernel(At, Bt, H)
-    else:
-        @T.prim_func
-        def lcmac_bgemm(At: T.Tensor(_dims(*a_shape), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
-                        H: T.Tensor(_dims(R, Mb, Nb), dtype)):
-            kernel(At, Bt, H)
+    @T.prim_func
+    def lcmac_bgemm(At: T.Tensor(_dims(*a_shape), dtype), Bt: T.Tensor(_dims(*b_shape), dtype),
+                    H: T.Tensor(_dims(R, Mb, Nb), dtype), A: T.Tensor(_dims(blk.M, blk.K), dtype),
+                    B: T.Tensor(_dims(blk.K, blk.N), dtype)):
+        kernel(At, Bt, H)
+
+    # A and B stay parameters only for the sides read in place (their second descriptor)
+    lcmac_bgemm = _keep_params(lcmac_bgemm, [0, 1, 2] + [3] * va + [4] * vb)
     return lcmac_bgemm
 
 
