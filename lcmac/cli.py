@@ -70,11 +70,12 @@ def cmd_show(args) -> int:
     names = stage_names(alg)
     from .costmodel.accuracy import error_ratio
     # the error this scheme adds, by dtype (Algorithm 1's roundings; lcmac.costmodel.accuracy)
-    errors = {dt: round(error_ratio(alg, dt).ratio, 2) for dt in ("bfloat16", "float16", "tfloat32")}
+    native = {dt: round(error_ratio(alg, dt).ratio, 2) for dt in ("bfloat16", "float16", "tfloat32")}
     # the scaled operand modes, against the plain GEMM on the same operands (fp16x2's ratio
     # moves with K: shown at K = 8192)
-    errors["fp8"] = round(error_ratio(alg, "bfloat16", operands="fp8").ratio, 2)
-    errors["fp16x2"] = round(error_ratio(alg, "float32", operands="fp16x2", K=8192).ratio, 2)
+    scaled = {"fp8": round(error_ratio(alg, "bfloat16", operands="fp8").ratio, 2),
+              "fp16x2": round(error_ratio(alg, "float32", operands="fp16x2", K=8192).ratio, 2)}
+    errors = {**native, **scaled}
     if args.json:
         _dump("show", {"algorithm": {**s, **{k: v for k, v in alg.to_dict().items()
                                                if k in ("U", "V", "W")}},
@@ -87,10 +88,9 @@ def cmd_show(args) -> int:
     a = s["additions"]
     print(f"additions: naive {a['naive']['total']} (A {a['naive']['A']}, B {a['naive']['B']}, H {a['naive']['H']}), "
           f"after CSE {a['reduced']['total']} (A {a['reduced']['A']}, B {a['reduced']['B']}, H {a['reduced']['H']})")
-    native = [dt for dt in errors if dt not in ("fp8", "fp16x2")]
-    print("error:  " + ", ".join(f"{dt} {errors[dt]:.2f}x" for dt in native)
+    print("error:  " + ", ".join(f"{dt} {e:.2f}x" for dt, e in native.items())
           + " the plain GEMM's (predicted, Algorithm 1; TF32 = the CUDA float32)")
-    print(f"        fp8 operands {errors['fp8']:.2f}x, fp16x2 {errors['fp16x2']:.2f}x (K = 8192) the "
+    print(f"        fp8 operands {scaled['fp8']:.2f}x, fp16x2 {scaled['fp16x2']:.2f}x (K = 8192) the "
           f"plain GEMM's on the same operands")
     if alg.R > args.max_rank and not args.full:
         print(f"\n(R = {alg.R}: combine programs omitted; pass --full to print them)")
@@ -138,17 +138,17 @@ def cmd_select(args) -> int:
     M, N, K = args.shape
     source = "model"
     dt = args.dtype
-    # the CUDA backend's native float32 multiplies on the TF32 tensor cores
-    mdt = model_dtype(args.target, args.dtype) if args.operands == "native" else args.dtype
+    mdt = model_dtype(args.target, args.dtype, args.operands)
     if args.measured:
         from .tune.decide import decide
         d = decide(M, N, K, args.dtype, args.target, db=args.logs, static_b=args.static_b,
                    max_error=args.max_error, regime=args.regime)
         cands, source = d.candidates, d.source
     else:
-        dt = mdt
-        cands = select(M, N, K, dt, args.target, static_b=args.static_b, operands=args.operands,
+        cands = select(M, N, K, mdt, args.target, static_b=args.static_b, operands=args.operands,
                        max_error=args.max_error)
+        if args.operands == "native":
+            dt = mdt                        # shown as the GEMM stage's (CUDA float32: TF32)
     errors = args.error or args.max_error is not None
     if errors:                              # rows within the budget (if any), errors filled in
         from .costmodel.decision import with_errors

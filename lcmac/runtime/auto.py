@@ -65,10 +65,8 @@ class AutoMatmul:
             from ..costmodel.decision import check_error_budget
             max_error = check_error_budget(max_error)
         self.max_error = max_error
-        from ..tune.decide import REGIMES
-        if regime not in REGIMES:
-            raise ValueError(f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
-        self.regime = regime
+        from ..tune.decide import check_regime
+        self.regime = check_regime(regime)
         self._plans: dict[tuple, Plan] = {}
         self._fns: dict[Path, object] = {}
         self._index: dict[tuple, Path] | None = None

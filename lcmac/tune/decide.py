@@ -57,6 +57,13 @@ SUSTAINED_WARM_S = 1.0
 REGIMES = ("burst", "sustained")
 
 
+def check_regime(regime) -> str:
+    """``regime`` itself; ValueError unless it is one of ``REGIMES``."""
+    if regime not in REGIMES:
+        raise ValueError(f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+    return regime
+
+
 def regime_of(record: dict) -> str:
     """"sustained" for a record of ``lcmac tune --sustained`` (``warm_s`` ≥ 1 s), else "burst"."""
     return "sustained" if float(record.get("warm_s") or 0.0) >= SUSTAINED_WARM_S else "burst"
@@ -213,8 +220,7 @@ def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, d
     this shape are left out."""
     from ..costmodel import select
     from .space import model_dtype
-    if regime not in REGIMES:
-        raise ValueError(f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+    check_regime(regime)
     meas, source, logged, tuned_variants, carried = gather(
         M, N, K, dtype, target, db=db, max_distance=max_distance, profile=profile, regime=regime)
     v_time = meas.pop(_db.VENDOR, None)
@@ -232,7 +238,8 @@ def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, d
                 kw["algorithms"] = list(names) + extra
         except Exception:  # noqa: BLE001
             pass
-    cands = select(M, N, K, model_dtype(target, dtype), target, measurements=meas or None,
+    mdt = model_dtype(target, dtype, select_kw.get("operands", "native"))
+    cands = select(M, N, K, mdt, target, measurements=meas or None,
                    measured_variants=tuned_variants, **kw)
     cands = [c for c in cands if c.algorithm not in failed]
     worth = []
@@ -272,7 +279,7 @@ def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, d
         # the error budget: check again what could now be chosen (known errors are reused)
         from ..costmodel.decision import within_error_budget
         ok, _ = within_error_budget([c for c in cands if not c.is_gemm], float(select_kw["max_error"]),
-                                    model_dtype(target, dtype), select_kw.get("operands", "native"),
+                                    mdt, select_kw.get("operands", "native"),
                                     K, g.predicted_time_s)
         ok = {c.algorithm: c for c in ok}
         cands = [c if c.is_gemm else ok[c.algorithm] for c in cands if c.is_gemm or c.algorithm in ok]

@@ -261,13 +261,14 @@ def _tma_reduce_fits(d: dict, dtype: str, shape, algorithm) -> bool:
     return tma_reduce_why(_cuda_config(d), blk, normalize_dtype(dtype), "sm_90a") is None
 
 
-def model_dtype(target, dtype) -> str:
-    """The dtype the cost model should price: the CUDA backend multiplies float32 operands
-    on the TF32 tensor cores (fp32 accumulation), so its float32 is the model's
-    ``tfloat32``; every other case is the dtype itself."""
+def model_dtype(target, dtype, operands: str = "native") -> str:
+    """The dtype the cost model should price: the CUDA backend multiplies native float32
+    operands on the TF32 tensor cores (fp32 accumulation), so its float32 is the model's
+    ``tfloat32``; every other case, the scaled operand modes included (``operands``), is the
+    dtype itself."""
     from ..costmodel.profiles import normalize_dtype
     d = normalize_dtype(dtype)
-    return "tfloat32" if d == "float32" and family(target) == "cuda" else d
+    return "tfloat32" if d == "float32" and operands == "native" and family(target) == "cuda" else d
 
 
 def _target_obj(target):

@@ -347,10 +347,9 @@ def auto_algorithms(target, dtype, shape, top_lcmas: int = 2, profile=None,
     kw = {"profile": profile} if profile is not None else {}
     if algorithms is not None:
         kw["algorithms"] = algorithms
-    mdt = _space.model_dtype(target, dtype)
+    mdt = _space.model_dtype(target, dtype, operands)
     if operands != "native":
         kw["operands"] = operands
-        mdt = dtype             # the model's tfloat32 is the native float32 path only
     cands = [c for c in select(M, N, K, mdt, target, max_error=max_error, **kw) if not c.is_gemm]
     if max_error is not None:
         cands = with_errors(cands, mdt, operands, K, max_error, top_lcmas)
