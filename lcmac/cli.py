@@ -193,14 +193,14 @@ def cmd_select(args) -> int:
 # ---- build ---------------------------------------------------------------------------------
 def cmd_build(args) -> int:
     import time
-    from .build import build
+    from .artifact.build import build
     from .targets import get_target, host_target
     t = host_target() if args.target in (None, "host") else get_target(args.target)
     t0 = time.perf_counter()
     path = build(args.algo, t, args.dtype, args.shape, levels=args.levels, config=args.config,
                  out_dir=args.output, name=args.name, mcpu=args.mcpu)
     dt = time.perf_counter() - t0
-    from .runtime.manifest import Manifest
+    from .artifact.manifest import Manifest
     m = Manifest.read(path)
     print(f"built {m.algorithm['name']} (<{','.join(map(str, m.algorithm['grid']))};"
           f"{m.algorithm['rank']}>, levels {m.algorithm['levels']}) for {m.target['name']} "
@@ -282,7 +282,7 @@ def _dry_measure(target, dtype, shape, seed: int = 0):
 def cmd_tune(args) -> int:
     import math
     from .tune import tuner
-    from .tune.db import TuningDB
+    from .artifact.tuning_log import TuningDB
     from .tune.space import family
     cases = _tune_cases(args)
     if not cases:
@@ -381,7 +381,7 @@ def cmd_tune(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .schedules.cuda_config import OPERAND_MODES    # a config module: no compiler
+    from .schedules.cuda.config import OPERAND_MODES    # a config module: no compiler
     from . import __version__
     p = argparse.ArgumentParser(prog="lcmac", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

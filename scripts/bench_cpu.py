@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         os.environ[var] = str(args.threads)
     import numpy as np
     import lcmac
-    from lcmac.build import build_many
+    from lcmac.artifact.build import build_many
     from lcmac.ir import get as get_algorithm
     from lcmac.schedules.cpu_config import default_config
 

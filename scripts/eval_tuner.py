@@ -39,7 +39,7 @@ import warnings
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from lcmac.tune import db as tdb  # noqa: E402
+from lcmac.artifact import tuning_log as tdb  # noqa: E402
 from lcmac.tune import metrics  # noqa: E402
 
 

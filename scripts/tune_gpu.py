@@ -77,7 +77,7 @@ def main() -> int:
 
     import torch
     from lcmac.tune import tuner
-    from lcmac.tune.db import TuningDB, log_path
+    from lcmac.artifact.tuning_log import TuningDB, log_path
     from lcmac.tune.measure import MeasureWorker
     try:
         dev = torch.cuda.get_device_name(0)

@@ -171,7 +171,7 @@ def test_no_cross_compiler_names_the_package(monkeypatch, tmp_path):
     with pytest.raises(ToolchainError, match="gcc-aarch64-linux-gnu libc6-dev-arm64-cross"):
         arm.build_artifact("strassen", "aarch64-sve", "float32", (8, 8, 8), tmp_path / "out")
     # the generic path (lcmac build / lcmac.build) fails the same way, in its compiler worker
-    from lcmac.build import build
+    from lcmac.artifact.build import build
     with pytest.raises(ToolchainError, match="gcc-aarch64-linux-gnu libc6-dev-arm64-cross"):
         build("strassen", "aarch64-neon", "float32", (8, 8, 8), out_dir=tmp_path / "out")
 
@@ -337,7 +337,7 @@ def test_load_emulated_without_qemu_names_the_package(artifacts, monkeypatch, tm
 
 def _fake_arm_artifact(tmp_path, target: str) -> Path:
     """A manifest for ``target`` over a stand-in library (only the host checks read it)."""
-    from lcmac.runtime.manifest import Manifest, sha256_file
+    from lcmac.artifact.manifest import Manifest, sha256_file
     tmp_path.mkdir(parents=True, exist_ok=True)
     lib = tmp_path / "a.so"
     lib.write_bytes(b"\x7fELF" + b"\0" * 60)
@@ -369,7 +369,7 @@ def test_load_on_an_aarch64_host_is_native(monkeypatch, tmp_path):
 
 def test_aarch64_host_checks(monkeypatch, tmp_path):
     from lcmac.runtime.loader import _check_host
-    from lcmac.runtime.manifest import Manifest
+    from lcmac.artifact.manifest import Manifest
 
     def check(target):
         _check_host(Manifest.read(_fake_arm_artifact(tmp_path / target, target)))

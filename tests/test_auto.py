@@ -6,7 +6,7 @@ import pytest
 
 import lcmac
 from lcmac.errors import DTypeError, ShapeError
-from lcmac.tune import db as tdb
+from lcmac.artifact import tuning_log as tdb
 
 CPU = "x86_64-avx512"
 SHAPE = (96, 80, 64)          # M, N, K

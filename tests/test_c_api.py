@@ -48,7 +48,7 @@ def _compile(out: Path, *sources, extra=("-rdynamic",)) -> Path:
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    from lcmac.build import build_many
+    from lcmac.artifact.build import build_many
     root = tmp_path_factory.mktemp("c_api")
     keys = list(CASES)
     res = build_many([dict(algo=a, target=T512, dtype=dt, shape=shp, out_dir=root, name=k,

@@ -11,12 +11,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from lcmac.build import build, build_many
+from lcmac.artifact.build import build, build_many
 from lcmac.errors import CatalogueError, DTypeError, ShapeError, TargetError
 from lcmac.ir import catalogue
 from lcmac.ir.algorithm import Algorithm
 from lcmac.schedules.cpu_config import CpuConfig
-from lcmac.runtime.manifest import Manifest
+from lcmac.artifact.manifest import Manifest
 from lcmac.targets.x86 import host_supports
 
 pytestmark = pytest.mark.skipif(not host_supports("x86_64-avx512"),
@@ -355,7 +355,7 @@ def test_bf16_dot_product_numerics(builds, key):
     of exactly that contract to a small fraction of one bf16 rounding."""
     torch = pytest.importorskip("torch")
     import lcmac
-    from lcmac.build import resolve_algorithm
+    from lcmac.artifact.build import resolve_algorithm
     f = lcmac.load(_get(builds, key))
     m = f.manifest
     g = torch.Generator().manual_seed(3)

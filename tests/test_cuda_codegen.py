@@ -16,7 +16,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from lcmac.schedules.cuda_config import Blocking, CudaConfig, ceil_div
+from lcmac.schedules.cuda.config import Blocking, CudaConfig, ceil_div
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -165,7 +165,7 @@ def split_group_build(tmp_path_factory):
 
 def test_split_group_launch_matches_plan(split_group_build):
     from lcmac.costmodel.profiles import get_profile
-    from lcmac.schedules.cuda_config import persistent_plan
+    from lcmac.schedules.cuda.config import persistent_plan
     alg, cfg, r = split_group_build
     M, N, K = r["shape"]
     blk = Blocking(M, N, K, 2, 2, 2, 7)
@@ -297,7 +297,7 @@ def emulate_persistent(alg, M, N, K, cfg, units=132, seed=0):
     step → (group, product) map, rasterisation, first-write / read-modify-write decisions,
     workspace slots and fixup order.  C and the slots start as NaN, so a read of a value
     nothing wrote shows.  Returns (C, A @ B, plan); integer inputs make both exact."""
-    from lcmac.schedules.cuda_config import (combine_h_steps, first_in_piece, persistent_plan,
+    from lcmac.schedules.cuda.config import (combine_h_steps, first_in_piece, persistent_plan,
                                              r_order, raster)
     rng = np.random.default_rng(seed)
     A = rng.integers(-3, 4, (M, K)).astype(np.float64)
@@ -393,7 +393,7 @@ def test_split_group_schedule_emulated(algo, P, ca, swizzle):
 
 
 def persistent_plan_of(alg, M, N, K, P, **kw):
-    from lcmac.schedules.cuda_config import persistent_plan
+    from lcmac.schedules.cuda.config import persistent_plan
     cfg = CudaConfig(fused=True, split_group=True, block_m=8, block_n=8, persistent_ctas=P, **kw)
     return persistent_plan(Blocking(M, N, K, alg.m, alg.k, alg.n, alg.R), cfg, "bfloat16", 132)
 
@@ -420,7 +420,7 @@ def test_logged_large_n_failures_are_int32_wraps():
     ≈ 1) are exactly the artifacts with a wrapped int32 constant offset; every such buffer is
     now declared with int64 extents (cuda_config.int64_buffers)."""
     from lcmac import ir
-    from lcmac.schedules.cuda_config import int64_buffers
+    from lcmac.schedules.cuda.config import int64_buffers
     algs = {a: ir.get(a) for a in ("strassen", "strassen^2")}
     seen = {"ok": 0, "error": 0}
     for log in ("cuda-sm90a-bfloat16.jsonl", "cuda-sm90a-float32.jsonl"):
@@ -569,7 +569,7 @@ def test_scaled_gemm_compiles_with_nvcc(tmp_path):
     f = lcmac.load(path)
     assert f.gemm_precision.startswith("fp16x2") and "fp16x2" in repr(f)
     # the manifest holds the config the worker resolved, every knob (asked: the operand mode)
-    from lcmac.schedules.cuda_config import CudaConfig
+    from lcmac.schedules.cuda.config import CudaConfig
     assert set(f.manifest.config) == set(CudaConfig().to_dict())
     assert (f.manifest.config["operands"], f.manifest.config["block_n"]) == ("fp16x2", 128)
     for k, v in f.manifest.extra["ptxas"].items():
@@ -584,7 +584,7 @@ def test_default_stages_fit_the_arch_shared_memory():
     over sm_80's 163 KB, where a kernel compiles and then fails at launch.  With the arch
     known, a config silent on ``stages`` gets the deepest pipeline that fits; an explicit
     value is kept (and checked after lowering: test_sm80_build_fits_shared_memory)."""
-    from lcmac.schedules.cuda_config import SMEM_PER_CTA, persistent_tile_bytes, stage_bytes
+    from lcmac.schedules.cuda.config import SMEM_PER_CTA, persistent_tile_bytes, stage_bytes
     # sm_90a bf16: an LCMA's persistent GEMM stage (the default there) keeps its 64 KB output
     # tile beside the pipeline: 3 stages; asked for 4, it stays a grid kernel (which fits 4);
     # the plain GEMM (lcma=False) keeps the grid kernel
@@ -688,7 +688,7 @@ def test_operand_scale_keeps_every_combined_value_in_fp16_range():
     amax across float32's whole range; and 2**±e are normal floats."""
     import numpy as np
     from lcmac import ir
-    from lcmac.schedules.cuda_config import SCALED_TOP, bound_exponent, scale_exponent
+    from lcmac.schedules.cuda.config import SCALED_TOP, bound_exponent, scale_exponent
     for name in ("strassen", "winograd", "strassen^2", "laderman"):
         alg = ir.get(name)
         for coeffs in (alg.U, alg.V):
@@ -711,7 +711,7 @@ def test_fp16x2_split_keeps_22_bits():
     where one fp16 keeps 2⁻¹¹; the product form used by the GEMM stage (hi·hi + 2⁻¹¹(hi·lo +
     lo·hi)) matches the float64 product to about 2⁻²²."""
     import numpy as np
-    from lcmac.schedules.cuda_config import SCALED_TOP, SPLIT_SHIFT
+    from lcmac.schedules.cuda.config import SCALED_TOP, SPLIT_SHIFT
     rng = np.random.default_rng(0)
     # |v| from fp16's smallest normal (2⁻¹⁴) to the top: 29 binades
     sign = rng.choice([-1.0, 1.0], 200000)
@@ -884,7 +884,7 @@ def test_reduce_groups_add_up_to_combine_h(algo):
     # the epilogue's plan, replayed on random products: the first contribution stores, the
     # rest add, one group per coefficient -- C_ij = sum_r W[r,i,j] H_r exactly (float64)
     from lcmac import ir
-    from lcmac.schedules.cuda_config import reduce_groups
+    from lcmac.schedules.cuda.config import reduce_groups
     alg = ir.get(algo)
     W = np.asarray(alg.W, dtype=float)
     H = np.random.default_rng(0).standard_normal((alg.R, 3, 5))
@@ -901,7 +901,7 @@ def test_reduce_groups_add_up_to_combine_h(algo):
 
 
 def test_tma_reduce_refusals_name_the_reason():
-    from lcmac.schedules.cuda_config import tma_reduce_why
+    from lcmac.schedules.cuda.config import tma_reduce_why
     ok = CudaConfig.from_dict(TR)
     blk = Blocking(1024, 1024, 1024, 2, 2, 2, 7)
     assert tma_reduce_why(ok, blk, "bfloat16", "sm_90a") is None
@@ -987,7 +987,7 @@ def test_direct_outputs_are_the_single_block_operands(algo, counts):
     from lcmac import ir
     from lcmac.ir.cse import optimized_programs
     from lcmac.ir.program import combine_matrices, direct_outputs, keep_outputs
-    from lcmac.schedules.cuda_config import operand_sources
+    from lcmac.schedules.cuda.config import operand_sources
     alg = ir.get(algo)
     progs, mats = optimized_programs(alg), combine_matrices(alg)
     for side, n in zip("AB", counts):
@@ -1040,7 +1040,7 @@ def test_view_plan_computes_the_product(algo, counts):
 
 
 def test_direct_views_refusals_and_auto():
-    from lcmac.schedules.cuda_config import arch_why, direct_views_why, view_sides
+    from lcmac.schedules.cuda.config import arch_why, direct_views_why, view_sides
     ab = CudaConfig.from_dict({"direct_views": "ab"})
     blk = Blocking(2048, 2048, 2048, 2, 2, 2, 7)
     assert direct_views_why(ab, blk, "bfloat16", "sm_90a") is None

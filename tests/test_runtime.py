@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import lcmac
-from lcmac.build import build_many
+from lcmac.artifact.build import build_many
 from lcmac.errors import ArtifactError, DTypeError, ShapeError, TargetError
-from lcmac.runtime.manifest import Manifest
+from lcmac.artifact.manifest import Manifest
 from lcmac.targets.x86 import host_supports
 
 pytestmark = pytest.mark.skipif(not host_supports("x86_64-avx512"),

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from lcmac.tune import db as tdb
+from lcmac.artifact import tuning_log as tdb
 from lcmac.tune import space, tuner
 from lcmac.tune.calibrate import calibrate, model_time
 from lcmac.tune.decide import decide
@@ -515,7 +515,7 @@ def test_build_uses_cpu_logs_only_at_the_logged_shape(tmp_path, monkeypatch, cap
     """lcmac build without a config: on a CPU the shape-aware default wins over a config
     logged at another shape (its blocks were cut for that shape); the shape's own logged
     config is used; CUDA still takes the nearest logged shape's config."""
-    from lcmac import build as lb
+    from lcmac.artifact import build as lb
     from lcmac.schedules.cpu_config import default_config
     from lcmac.targets import get_target
     monkeypatch.setenv("LCMAC_TUNING_LOGS", str(tmp_path))
@@ -568,7 +568,7 @@ def test_operand_mode_space_fit_and_ranking():
 def test_log_lookups_keep_operand_modes_apart(tmp_path, monkeypatch):
     """A faster config of another precision is never the best config of this one: the log's
     best config, lcmac build's default and its operands-only config, and decide()."""
-    from lcmac import build as lb
+    from lcmac.artifact import build as lb
     from lcmac.targets import get_target
     monkeypatch.setenv("LCMAC_TUNING_LOGS", str(tmp_path))
     x2 = {"block_m": 128, "block_n": 128, "stages": 2, "operands": "fp16x2"}
@@ -596,7 +596,7 @@ def test_cli_tune_operands_is_a_cuda_option(capsys):
 def test_fp8_tuning_is_refused_with_a_way_out():
     """Tuning operands="fp8" would need cuBLAS's FP8 GEMM as the baseline and an FP8-sized
     correctness check: refused by name, pointing at the build config and the benchmark."""
-    from lcmac.schedules.cuda_config import NotSupportedYet
+    from lcmac.schedules.cuda.config import NotSupportedYet
     with pytest.raises(NotSupportedYet, match="operands"):
         tuner.tune("strassen", GPU, "bfloat16", (4096, 4096, 4096), operands="fp8")
 
@@ -623,7 +623,7 @@ def test_sustained_tuning_warms_each_kernel_up(tmp_path):
                    vendor=True, sustained_s=1.5)
     assert len(seen) >= 2 and all(kw.get("warm_s") == 1.5 for kw in seen)
     assert r.vendor_time == 1e-3 and r.ok_trials("gemm")
-    from lcmac.tune.db import TuningDB
+    from lcmac.artifact.tuning_log import TuningDB
     recs = TuningDB(tmp_path).records("cuda-sm90a", "bfloat16")
     assert recs and all(rec.get("warm_s") == 1.5 for rec in recs if rec["algorithm"] == "gemm")
     with pytest.raises(ValueError, match="GPU"):

@@ -116,7 +116,7 @@ def _fp8_blocks(X: np.ndarray, axis: int) -> np.ndarray:
     block along K (``axis``) scaled so its amax maps to 448, rounded to E4M3, and multiplied
     back by its float32 scale (the GEMM applies the scales to each 128-wide slab's fp32
     product; the order of those fp32 multiplies is below E4M3's rounding)."""
-    from ..schedules.cuda_config import FP8_BLOCK, FP8_MAX, FP8_TINY
+    from ..schedules.cuda.config import FP8_BLOCK, FP8_MAX, FP8_TINY
     X = np.moveaxis(np.asarray(X, dtype=np.float32), axis, -1)
     k = X.shape[-1]
     pad = -k % FP8_BLOCK                                # the kernels' zero padding
@@ -134,7 +134,7 @@ def _f16x2_matmul(At: np.ndarray, Bt: np.ndarray, ea: int, eb: int) -> np.ndarra
     slab the tensor cores sum hi·lo + lo·hi (modelled as exact, rounded to fp32 once per
     wgmma), it is added ×2**-11 into the fp32 accumulator, then hi·hi likewise; lo·lo is
     dropped.  Returns float32."""
-    from ..schedules.cuda_config import SPLIT_SHIFT
+    from ..schedules.cuda.config import SPLIT_SHIFT
 
     def split(X, e):
         v = X.astype(np.float32) * np.float32(2.0 ** e)             # exact: a power of two
@@ -164,7 +164,7 @@ def _f16x2_matmul(At: np.ndarray, Bt: np.ndarray, ea: int, eb: int) -> np.ndarra
 def _fp16x2_scales(A: np.ndarray, B: np.ndarray, la: int, lb: int) -> tuple[int, int]:
     """The power-of-two exponents the kernels scale Ã and B̃ by (cuda_config.scale_exponent
     of each input's amax and its combine bound)."""
-    from ..schedules.cuda_config import scale_exponent
+    from ..schedules.cuda.config import scale_exponent
     return (scale_exponent(float(np.abs(A).max()), la), scale_exponent(float(np.abs(B).max()), lb))
 
 
@@ -216,7 +216,7 @@ def _roundings(d: str, operands: str) -> _Roundings:
 
 
 def _f16x2_stage(At, Bt, A, B, U, V):
-    from ..schedules.cuda_config import bound_exponent
+    from ..schedules.cuda.config import bound_exponent
     ea, eb = _fp16x2_scales(A, B, bound_exponent(U), bound_exponent(V))
     return _f16x2_matmul(At, Bt, ea, eb)
 

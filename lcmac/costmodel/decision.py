@@ -49,7 +49,7 @@ from typing import Iterable, Mapping
 
 from ..errors import CatalogueError, DTypeError
 from .profiles import HardwareProfile, get_profile, normalize_dtype, profile_for_target
-from ..schedules.cuda_config import FP8_MAX_COMBINE, fp8_combine_size
+from ..schedules.cuda.config import FP8_MAX_COMBINE, fp8_combine_size
 from .stages import (STAGES, AlgQuantities, Estimate, StageCost, compose_quantities,
                      gemm_estimate, gemm_intensity, lcma_estimate, orbit_quantities,
                      quantities)

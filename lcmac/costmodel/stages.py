@@ -53,7 +53,7 @@ from math import ceil
 from types import MappingProxyType
 from typing import Mapping
 
-from ..schedules.cuda_config import OPERAND_MODES   # a config module: no compiler imported
+from ..schedules.cuda.config import OPERAND_MODES   # a config module: no compiler imported
 from .profiles import ITEMSIZE, HardwareProfile, get_profile
 from .waves import onchip_fit, wave_analysis
 

@@ -1,5 +1,5 @@
 """Loading artifacts (no compiler imports): ``load(path)`` and the shared ``Manifest``."""
-from .manifest import Manifest
+from ..artifact.manifest import Manifest
 
 
 def load(path, **kw):

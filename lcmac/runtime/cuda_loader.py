@@ -221,7 +221,7 @@ def load_cuda(meta_or_path, lib_path: str | None = None) -> CudaMatmul:
 def load(man, man_path) -> CudaMatmul:
     """``lcmac.load`` entry for ``backend == "tilelang"`` manifests (lcmac.runtime.manifest):
     checks the library's checksum, then returns the callable."""
-    from .manifest import verify_library
+    from ..artifact.manifest import verify_library
     lib = verify_library(man, man_path)
     info = dict(man.extra or {})
     from ..targets import TARGETS

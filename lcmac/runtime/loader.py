@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 
 from ..errors import ArtifactError, DTypeError, ShapeError, TargetError
-from .manifest import Manifest, verify_library
+from ..artifact.manifest import Manifest, find_manifest, verify_library
 
 _CONTEXT_SYMBOLS = ("TVMBackendParallelLaunch", "TVMBackendAllocWorkspace", "TVMBackendFreeWorkspace",
                     "TVMBackendParallelBarrier")
@@ -197,20 +197,6 @@ def _host_view(x):
     return x.detach().numpy() if type(x).__module__.split(".")[0] == "torch" else x
 
 
-def _find_manifest(path) -> Path:
-    p = Path(path)
-    if p.suffix == ".json":
-        return p
-    if p.suffix == ".so":
-        return p.with_suffix(".json")
-    if p.is_dir():
-        found = sorted(p.glob("*.json"))
-        if len(found) == 1:
-            return found[0]
-        raise ArtifactError(f"{p} holds {len(found)} manifests; name one")
-    return p.with_name(p.name + ".json")
-
-
 def _check_host(man: Manifest) -> None:
     fam = man.target.get("family")
     mach = platform.machine()
@@ -278,7 +264,7 @@ def load(path, *, sve_vq: int | None = None) -> LcmacFunction:
     SVE vector length it is emulated at, in 128-bit units (default: ``LCMAC_SVE_VQ``, else
     the fixed length of ``aarch64-sve256``/``-sve512`` and 2 for ``aarch64-sve``); it is
     ignored where the artifact runs natively."""
-    man_path = _find_manifest(path)
+    man_path = find_manifest(path)
     man = Manifest.read(man_path)
     if man.backend == "tvm":
         from ..targets.aarch64 import native_host

@@ -187,9 +187,8 @@ def run_artifact(manifest, A: np.ndarray, B: np.ndarray, *, sve_vq: int | None =
     beside it, or a directory holding one manifest), after checking the library against
     the manifest's sha256.  ``sve_vq`` defaults to :func:`default_sve_vq`."""
     from ..targets import get_target
-    from .loader import _find_manifest
-    from .manifest import Manifest, verify_library
-    man_path = _find_manifest(manifest).resolve()
+    from ..artifact.manifest import Manifest, find_manifest, verify_library
+    man_path = find_manifest(manifest).resolve()
     man = Manifest.read(man_path)
     target = get_target(man.target["name"])
     if target.family != "aarch64":

@@ -111,3 +111,15 @@ def host_target() -> Target:
     if "avx2" in flags and "fma" in flags:
         return TARGETS["x86_64-avx2"]
     return TARGETS["x86_64"]
+
+
+def schedule_family(target) -> str:
+    """'cpu' or 'cuda': which family of schedules (lcmac.schedules.registry) serves ``target``
+    (a name or a Target; a cost-model profile name given as a target counts as 'cpu')."""
+    t = str(getattr(target, "name", target))
+    if t.startswith("cuda"):
+        return "cuda"
+    try:
+        return "cuda" if get_target(t).family == "cuda" else "cpu"
+    except TargetError:
+        return "cpu"

@@ -271,7 +271,7 @@ def build_artifact(algorithm: str, target: str, dtype: str, shape, out_dir, *,
     ``lower`` and ``export_library``); returns the manifest path.  The cross toolchain is
     checked first, so a missing one fails fast with the Debian package to install."""
     from . import get_target
-    from ..build import build
+    from ..artifact.build import build
     t = get_target(target)
     if t.family != "aarch64":
         raise TargetError(f"{t.name} is not an AArch64 target")

@@ -65,7 +65,7 @@ def _sized_workspace(shape, shapes: dict):
     """Workspace layout of ``shapes`` {name: (dims, bytes per element)} and the names of the
     buffers (A, B, C and those) declared with int64 extents (more than 2³¹−1 elements)."""
     import math
-    from ..schedules.cuda_config import needs_int64
+    from ..schedules.cuda.config import needs_int64
     M, N, K = shape
     ws = _workspace({name: math.prod(dims) * item for name, (dims, item) in shapes.items()})
     dims = dict(A=(M, K), B=(K, N), C=(M, N), **{k: v[0] for k, v in shapes.items()})
@@ -93,8 +93,8 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     layout [(buffer name, byte offset)] (last entry "__end__" = total bytes).  ``units``: SMs
     of the GPU the persistent kernel is sized for (default: the arch's profile)."""
     from ..dtypes import ITEMSIZE
-    from ..schedules import cuda_kernels as K
-    from ..schedules.cuda_config import (Blocking, int64_buffers, persistent_gemm, persistent_plan,
+    from ..schedules.cuda import kernels as K
+    from ..schedules.cuda.config import (Blocking, int64_buffers, persistent_gemm, persistent_plan,
                                          view_sides)
     M, N, K_ = shape
     # the unfused GEMM stage as a persistent kernel of P CTAs (0: the grid kernel)
@@ -102,7 +102,7 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     if persistent_gemm(cfg, dtype, arch):
         ctas = cfg.persistent_ctas or _profile_units(arch, units)
     if alg is not None and cfg.direct_views not in ("none", "auto"):
-        from ..schedules.cuda_config import NotSupportedYet, direct_views_why
+        from ..schedules.cuda.config import NotSupportedYet, direct_views_why
         why = direct_views_why(cfg, Blocking(M, N, K_, alg.m, alg.k, alg.n, alg.R), dtype, arch)
         if why:
             raise NotSupportedYet(f"direct_views={cfg.direct_views!r}: {why} (use direct_views='none')")
@@ -129,21 +129,21 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     info = {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
             "int64_index": wide}
     if cfg.fused and cfg.tma_reduce and not kmajor:
-        from ..schedules.cuda_config import NotSupportedYet, tma_reduce_why
+        from ..schedules.cuda.config import NotSupportedYet, tma_reduce_why
         why = tma_reduce_why(cfg, blk, dtype, arch)
         if why:
             raise NotSupportedYet(f"tma_reduce=True: {why} (use tma_reduce=False)")
     tma_reduce = cfg.fused and cfg.tma_reduce and not kmajor
     pplan = None
     if cfg.fused and not cfg.cache_aware:
-        from ..schedules.cuda_config import NotSupportedYet
+        from ..schedules.cuda.config import NotSupportedYet
         # an open bug: scripts/probe_hang.py (bench/results/h100-fused-hang*.json)
         raise NotSupportedYet("the fused kernel's rotated walk (cache_aware=False) hangs on an "
                               "H100 (split-group and persistent forms within 7-191 calls, the "
                               "grid form once; an open bug, bench/notes-cuda.md): use "
                               "cache_aware=True, or fused=False for the unfused ablation")
     if cfg.fused and (cfg.split_group or cfg.persistent) and not tma_reduce:
-        from ..schedules.cuda_config import NotSupportedYet, arch_why
+        from ..schedules.cuda.config import NotSupportedYet, arch_why
         # TileLang 0.1.15's cp.async pipeline needs a constant trip count: a run-time one
         # (each CTA's share of the tail) fails in its CUDA codegen (Downcast Sub→IntImm)
         why = arch_why(cfg, dtype, arch)
@@ -167,7 +167,7 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     ks = [("combine_a", K.combine_ab("A", progs["A"], blk, dtype, cfg, arch), ["A", "At"])]
     if kmajor:
         if cfg.fused:
-            from ..schedules.cuda_config import NotSupportedYet
+            from ..schedules.cuda.config import NotSupportedYet
             raise NotSupportedYet("the fused kernel for float32 on sm_90a is not supported yet "
                                   "(use fused=False: TF32 wgmma path)")
         ks.append(("combine_b", K.combine_b_kmajor(progs["B"], blk, dtype, cfg, arch=arch), ["B", "Bt"]))
@@ -207,7 +207,7 @@ def view_plan(progs: dict, blk, sides: str) -> tuple[dict, dict, list[int]]:
     operands.  A product whose operands carry an odd number of −1s is computed un-negated,
     H_r' = −H_r, and Combine H's program takes the sign (``negated``: those r)."""
     from ..ir.program import direct_outputs, keep_outputs, scale_inputs
-    from ..schedules.cuda_config import side_read_in_place
+    from ..schedules.cuda.config import side_read_in_place
     views, sign = {}, [1] * blk.R
     for side in ("A", "B"):
         d = direct_outputs(progs[side]) if side.lower() in sides else {}
@@ -229,7 +229,7 @@ def _view_load_sides(blk, views: dict, item: int) -> list[dict]:
     order TileLang 0.1.15 gives 4-D descriptors (columns, rows, block column, product), of
     the [R, rows, Q, cols] tensor the kernel was written against, of the input's own
     [P, rows, Q, cols] block view and of the workspace's Rw operands."""
-    from ..schedules.cuda_config import operand_sources
+    from ..schedules.cuda.config import operand_sources
     sides = []
     for side, d in sorted(views.items()):
         P, Q, Rb, Cb = (blk.m, blk.k, blk.Mb, blk.Kb) if side == "A" else (blk.k, blk.n, blk.Kb, blk.Nb)
@@ -248,9 +248,9 @@ def _scaled_plan(alg, shape, dtype, cfg, programs, arch):
     of B into S (zeroed by the entry point), combines writing scaled fp16 Ã/B̃ (hi and lo
     halves for fp16x2), the scaled GEMM stage writing fp32 H (or C directly for the plain
     GEMM: the 1x1x1 algorithm, whose combines only scale and split), Combine H."""
-    from ..schedules.cuda_config import (SMEM_PER_CTA, Blocking, NotSupportedYet,
+    from ..schedules.cuda.config import (SMEM_PER_CTA, Blocking, NotSupportedYet,
                                          bound_exponent, check_operands, stage_bytes)
-    from ..schedules import cuda_kernels as K
+    from ..schedules.cuda import kernels as K
     check_operands(cfg, dtype)
     split = cfg.operands == "fp16x2"
     bk = cfg.bk(K.OPERAND_DTYPE)
@@ -296,9 +296,9 @@ def _fp8_plan(alg, shape, dtype, cfg, programs, arch):
     quantize Ã (per row) and B̃ (per column, K-major) with a float32 scale per 128 K, the
     fp8 GEMM stage writes fp32 H (or C for the plain GEMM: the 1x1x1 algorithm, whose
     combines only quantize), Combine H."""
-    from ..schedules.cuda_config import (FP8_MAX_COMBINE, Blocking, NotSupportedYet,
+    from ..schedules.cuda.config import (FP8_MAX_COMBINE, Blocking, NotSupportedYet,
                                          check_operands, fp8_combine_size)
-    from ..schedules import cuda_kernels as K
+    from ..schedules.cuda import kernels as K
     if arch != "sm_90a":
         raise NotSupportedYet(f"operands='fp8' needs FP8 tensor cores (sm_90a); {arch} has none")
     check_operands(cfg, dtype)
@@ -375,7 +375,7 @@ def lower_to_cuda(func, arch: str, pass_configs: dict | None = None) -> str:
 def build(req: dict) -> dict:
     import tilelang
     from ..dtypes import ITEMSIZE, normalize_dtype
-    from ..schedules.cuda_config import (SUPPORTED_DTYPES, CudaConfig, NotSupportedYet, is_lcma,
+    from ..schedules.cuda.config import (SUPPORTED_DTYPES, CudaConfig, NotSupportedYet, is_lcma,
                                          check_shape, check_smem, cluster_kernels)
     from . import cuda as host
     from . import get_target

@@ -15,7 +15,7 @@
   over log records that ``scripts/eval_tuner.py`` reports.
 """
 from .calibrate import Calibration, calibrate, calibrate_from_db
-from .db import TuningDB, best_config
+from ..artifact.tuning_log import TuningDB, best_config
 from .decide import Decision, decide, vendor_matmul
 from .metrics import space_report, spearman, trials_to_within
 from .space import Point, Space, estimate, fit_check, ranked_space

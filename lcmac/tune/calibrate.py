@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import db as _db
+from ..artifact import tuning_log as _db
 
 BOUNDS = {"gemm_efficiency": (0.02, 1.0), "bandwidth_efficiency": (0.05, 1.0),
           "add_efficiency": (0.02, 1.0), "shape_half": (0.5, 2000.0),

@@ -49,7 +49,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from . import db as _db
+from ..artifact import tuning_log as _db
 
 
 #: records warmed up at least this long before timing are of the sustained regime

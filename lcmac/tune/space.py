@@ -44,7 +44,9 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import db as _db
+from ..artifact import tuning_log as _db
+from ..schedules.registry import FAMILIES
+from ..targets import schedule_family as family
 
 # ---- profile access (the cost model's, with a fallback when it is not importable) -------
 
@@ -53,18 +55,6 @@ def get_profile(target, profile=None):
     """The cost model's hardware profile for ``target`` (or the one given)."""
     from ..costmodel.profiles import get_profile as _gp, profile_for_target
     return _gp(profile) if profile is not None else profile_for_target(target)
-
-
-def family(target) -> str:
-    """'cpu' or 'cuda' for a target name."""
-    t = str(getattr(target, "name", target))
-    if t.startswith("cuda"):
-        return "cuda"
-    try:
-        from ..targets import get_target
-        return "cuda" if get_target(t).family == "cuda" else "cpu"
-    except Exception:  # noqa: BLE001 - a profile name given as target
-        return "cpu"
 
 
 # ---- config normalisation ----------------------------------------------------------------
@@ -95,51 +85,15 @@ def features(config) -> dict:
 
 
 # ---- enumeration ---------------------------------------------------------------------------
-#: modules asked for ``config_space`` / a config class, in order.  Only config modules are
-#: imported for CUDA: a ``cuda_kernels``-style module imports TileLang, which must never
-#: share a process with apache-tvm (DESIGN.md).
-_SPACE_MODULES = {"cpu": ("cpu_config", "cpu_space", "cpu", "cpu_gemm", "cpu_templates", "cpu_lcma"),
-                  "cuda": ("cuda_config", "cuda_space")}
-_CONFIG_CLASSES = {"cpu": "CpuConfig", "cuda": "CudaConfig"}
-
-
-def _schedule_modules(fam: str):
-    import importlib.util
-    for name in _SPACE_MODULES[fam]:
-        full = f"lcmac.schedules.{name}"
-        try:
-            if importlib.util.find_spec(full) is None:
-                continue
-            yield importlib.import_module(full)
-        except Exception:  # noqa: BLE001 - a backend under construction must not break tuning
-            continue
-
-
-def _backend_config_space(fam: str):
-    """The backend's ``config_space(target, dtype, shape)``, if it has one."""
-    for mod in _schedule_modules(fam):
-        if callable(getattr(mod, "config_space", None)):
-            return mod.config_space
-    return None
-
-
 def config_class(fam: str):
-    """The backend's config dataclass (CpuConfig / CudaConfig) or None."""
-    for mod in _schedule_modules(fam):
-        cls = getattr(mod, _CONFIG_CLASSES[fam], None)
-        if cls is not None:
-            return cls
-    return None
+    """The backend's config dataclass (CpuConfig / CudaConfig)."""
+    return FAMILIES[fam].config_class
 
 
 def schedule_version(fam: str) -> int:
-    """The generation of the backend's templates (``SCHEDULE_VERSION`` of its config module;
-    1 when it has none): tuning records of an older generation timed other code."""
-    for mod in _schedule_modules(fam):
-        v = getattr(mod, "SCHEDULE_VERSION", None)
-        if v is not None:
-            return int(v)
-    return 1
+    """The generation of the backend's templates: tuning records of an older generation
+    timed other code."""
+    return FAMILIES[fam].schedule_version
 
 
 def config_from_dict(target, d: dict):
@@ -161,19 +115,10 @@ def default_config(target, dtype="float32", algorithm=None, shape=None, operands
     alg = _algorithm(algorithm) if isinstance(algorithm, str) else algorithm
     if operands != "native":            # CUDA scaled operands: the mode's own defaults
         return config_from_dict(target, {"operands": operands})
-    for mod in _schedule_modules(family(target)):
-        fn = getattr(mod, "default_config", None)
-        if callable(fn):
-            try:
-                try:
-                    return fn(_target_obj(target), dtype, alg, shape=shape)
-                except TypeError:
-                    try:
-                        return fn(_target_obj(target), dtype, alg)
-                    except TypeError:
-                        return fn(_target_obj(target), dtype)
-            except Exception:  # noqa: BLE001
-                break
+    try:
+        return FAMILIES[family(target)].default_config(_target_obj(target), dtype, alg, shape=shape)
+    except Exception:  # noqa: BLE001 - no default from the backend: its config class's own
+        pass
     cls = config_class(family(target))
     try:
         return cls() if cls is not None else None
@@ -254,7 +199,7 @@ def _tma_reduce_fits(d: dict, dtype: str, shape, algorithm) -> bool:
     if shape is None:
         return False
     from ..dtypes import normalize_dtype
-    from ..schedules.cuda_config import Blocking, tma_reduce_why
+    from ..schedules.cuda.config import Blocking, tma_reduce_why
     alg = _algorithm(algorithm)
     M, N, K = (int(x) for x in shape)
     blk = Blocking(M, N, K, alg.m, alg.k, alg.n, alg.R)
@@ -287,7 +232,7 @@ def enumerate_configs(target, dtype, shape, algorithm=None, operands="native") -
     fam = family(target)
     if operands != "native":
         return default_space(fam, dtype, shape, algorithm, operands), "lcmac.tune.space.default_space"
-    fn = _backend_config_space(fam)
+    fn = FAMILIES[fam].config_space
     if fn is not None:
         tobj = _target_obj(target)
         try:
@@ -385,7 +330,7 @@ GPU_SMEM_PER_CTA = {"h100": 227 * 1024, "h200": 227 * 1024, "h20": 227 * 1024, "
 def _cuda_config(f: dict):
     """The CudaConfig the feature dict ``f`` spells (its other keys dropped)."""
     from dataclasses import fields as _fields
-    from ..schedules.cuda_config import CudaConfig
+    from ..schedules.cuda.config import CudaConfig
     known = {x.name for x in _fields(CudaConfig)}
     return CudaConfig(**{k: v for k, v in f.items() if k in known})
 
@@ -394,7 +339,7 @@ def _cuda_arch_why(target, f: dict, dtype) -> str | None:
     """cuda_config.arch_why for ``f`` on ``target``'s arch (None when the target is a bare
     profile name, which has no arch)."""
     from ..dtypes import normalize_dtype
-    from ..schedules.cuda_config import arch_why
+    from ..schedules.cuda.config import arch_why
     arch = getattr(_target_obj(target), "arch", None)
     return arch_why(_cuda_config(f), normalize_dtype(dtype), arch) if arch else None
 
@@ -402,7 +347,7 @@ def _cuda_arch_why(target, f: dict, dtype) -> str | None:
 def _cuda_tile_bytes(f: dict, dtype) -> int:
     """cuda_config.persistent_tile_bytes of the CudaConfig the feature dict ``f`` spells."""
     from ..dtypes import normalize_dtype
-    from ..schedules.cuda_config import persistent_tile_bytes
+    from ..schedules.cuda.config import persistent_tile_bytes
     return persistent_tile_bytes(_cuda_config(f), normalize_dtype(dtype))
 
 
@@ -629,7 +574,7 @@ def view_counts(target, dtype, shape, alg, f: dict) -> tuple[int, int]:
     ``target`` (``cuda_config.view_sides``; none on a bare profile, which has no arch)."""
     from ..costmodel.stages import quantities
     from ..dtypes import normalize_dtype
-    from ..schedules.cuda_config import Blocking, side_read_in_place, view_sides
+    from ..schedules.cuda.config import Blocking, side_read_in_place, view_sides
     arch = getattr(_target_obj(target), "arch", None)
     if arch is None or f.get("fused"):
         return (0, 0)

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import db as _db
+from ..artifact import tuning_log as _db
 from . import space as _space
 from .metrics import spearman
 
@@ -115,7 +115,7 @@ class TuneResult:
 # ---- building (parallel worker processes) -------------------------------------------------
 def _build_worker(algorithm: str, target: str, dtype: str, shape, config, out_dir: str) -> str:
     """Runs in a worker process: build one artifact, return its path."""
-    from .. import build as _build
+    from ..artifact import build as _build
     fn = getattr(_build, "build")
     levels = 1  # recursion is part of the expression ("strassen^2")
     algo = None if algorithm == _db.GEMM else algorithm
@@ -135,7 +135,7 @@ def _build_worker(algorithm: str, target: str, dtype: str, shape, config, out_di
 def _build_group(items) -> list:
     """Runs in a worker process: several builds through one compiler worker (one compiler
     import for the group: ``lcmac.build.build_many``); a path or an error string each."""
-    from ..build import build_many
+    from ..artifact.build import build_many
     jobs = [{"algo": a if a != _db.GEMM else "gemm", "target": t, "dtype": d, "shape": tuple(s),
              "config": _db.config_to_dict(c) if c is not None else None, "out_dir": o}
             for a, t, d, s, c, o in items]
@@ -457,7 +457,7 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
             raise ValueError(f"sustained_s must be seconds in (0, 60], got {sustained_s!r}")
         warm = {"warm_s": float(sustained_s)}
     if operands == "fp8":
-        from ..schedules.cuda_config import NotSupportedYet
+        from ..schedules.cuda.config import NotSupportedYet
         # the vendor baseline would have to be cuBLAS's FP8 GEMM and the correctness check an
         # FP8-sized tolerance (scripts/bench_cuda.py measures both)
         raise NotSupportedYet("tuning operands='fp8' is not supported yet; build with "

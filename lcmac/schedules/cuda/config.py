@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from ..errors import LcmacError
+from ...errors import LcmacError
 
 
 class NotSupportedYet(LcmacError, NotImplementedError):
@@ -306,7 +306,7 @@ SPLIT_SHIFT = 11
 def stage_bytes(cfg: "CudaConfig", dtype: str) -> int:
     """Shared memory of one stage of the GEMM stage's K loop: the A and B slabs, in the
     operand storage type (two halves each for fp16x2)."""
-    from ..dtypes import ITEMSIZE
+    from ...dtypes import ITEMSIZE
     if cfg.operands == "native":
         return (cfg.block_m + cfg.block_n) * cfg.bk(dtype) * ITEMSIZE[dtype]
     if cfg.operands == "fp8":
@@ -368,7 +368,7 @@ def _persistent_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:
 def persistent_tile_bytes(cfg: "CudaConfig", dtype: str) -> int:
     """Shared memory the persistent unfused GEMM keeps for its output tile beside the
     pipeline (a one-tile CTA's tile aliases the drained pipeline buffers instead)."""
-    from ..dtypes import ITEMSIZE
+    from ...dtypes import ITEMSIZE
     if not cfg.store_via_smem or not (cfg.persistent and not cfg.fused or cfg.fused and cfg.tma_reduce):
         return 0
     return cfg.block_m * cfg.block_n * ITEMSIZE.get(dtype, 4)
@@ -559,8 +559,8 @@ def int64_buffers(blk: "Blocking", fused: bool, kmajor_b: bool = False) -> list[
 
 
 def check_shape(M: int, N: int, K: int, dtype: str) -> None:
-    from ..errors import ShapeError
-    from ..dtypes import ITEMSIZE
+    from ...errors import ShapeError
+    from ...dtypes import ITEMSIZE
     if min(M, N, K) <= 0:
         raise ShapeError(f"shape must be positive, got M={M} N={N} K={K}")
     vec = 16 // ITEMSIZE[dtype]
@@ -594,7 +594,7 @@ def ctas_per_sm(cfg: CudaConfig, dtype: str, smem_per_sm: int = SMEM_PER_CTA["sm
                 regs_per_sm: int = 65536) -> int:
     """CTAs of the fused kernel that fit on one SM at once (shared memory of the pipeline,
     accumulator registers of the consumers; the TMA producer warpgroup adds 128 threads)."""
-    from ..dtypes import ITEMSIZE
+    from ...dtypes import ITEMSIZE
     bk = cfg.bk(dtype)
     smem = cfg.stages * (cfg.block_m * bk + bk * cfg.block_n) * ITEMSIZE[dtype] + 1024
     regs = cfg.threads * (cfg.block_m * cfg.block_n // cfg.threads + 40) + 128 * 40

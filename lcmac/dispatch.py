@@ -18,8 +18,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DTypeError, ShapeError, TargetError
-from .manifest import Manifest
+from .errors import DTypeError, ShapeError, TargetError
+from .artifact.manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Plan:
 
 
 def _dtype_name(x) -> str:
-    from ..dtypes import normalize_dtype    # numpy and torch dtypes alike; unknown: DTypeError
+    from .dtypes import normalize_dtype    # numpy and torch dtypes alike; unknown: DTypeError
     return normalize_dtype(x.dtype)
 
 
@@ -62,10 +62,10 @@ class AutoMatmul:
         self.build = build
         self.vendor = vendor
         if max_error is not None:
-            from ..costmodel.decision import check_error_budget
+            from .costmodel.decision import check_error_budget
             max_error = check_error_budget(max_error)
         self.max_error = max_error
-        from ..tune.decide import check_regime
+        from .tune.decide import check_regime
         self.regime = check_regime(regime)
         self._plans: dict[tuple, Plan] = {}
         self._fns: dict[Path, object] = {}
@@ -93,14 +93,14 @@ class AutoMatmul:
     def _target_for(self, cuda: bool) -> str:
         if self.target:
             return self.target
-        from ..targets import get_target
+        from .targets import get_target
         return get_target("cuda" if cuda else "host").name
 
     # ---- the decision ---------------------------------------------------------------------
     def plan(self, M: int, N: int, K: int, dtype="float32", *, target: str | None = None) -> Plan:
         """The choice for one shape (cached), without running it."""
-        from ..dtypes import normalize_dtype
-        from ..tune.decide import decide
+        from .dtypes import normalize_dtype
+        from .tune.decide import decide
         d = normalize_dtype(dtype)
         tgt = target or self._target_for(cuda=False)
         key = (int(M), int(N), int(K), d, tgt)
@@ -116,7 +116,7 @@ class AutoMatmul:
         else:
             art = self._artifact(dec.algorithm, shape, d, tgt)
             if art is None and self.build:
-                from ..build import build as _build
+                from .artifact.build import build as _build
                 out = self.artifacts or Path.home() / ".cache" / "lcmac" / "artifacts"
                 art = Path(_build(dec.algorithm, tgt, d, shape, out_dir=str(out)))
                 self._index = None          # rescan: the new manifest
@@ -146,11 +146,11 @@ class AutoMatmul:
             raise TargetError("A and B are on different devices")
         p = self.plan(M, N, K, _dtype_name(A), target=self._target_for(_is_cuda(A)))
         if p.artifact is None:
-            from ..tune.decide import vendor_matmul
+            from .tune.decide import vendor_matmul
             return vendor_matmul(A, B, out=out)
         fn = self._fns.get(p.artifact)
         if fn is None:
-            from .loader import load
+            from .runtime.loader import load
             fn = self._fns.setdefault(p.artifact, load(p.artifact))
         return fn(A, B, out=out)
 

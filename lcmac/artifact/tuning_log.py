@@ -47,6 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from ..schedules.registry import FAMILIES
+from ..targets import schedule_family
+
 SCHEMA = "lcmac-tune/1"
 GEMM = "gemm"
 VENDOR = "vendor"   # the vendor library's GEMM (cuBLAS / numpy's BLAS), the baseline
@@ -152,8 +155,7 @@ def make_record(*, target: str, dtype: str, algorithm: str, algorithm_hash: str,
 
 def current_schedule(target: str) -> int:
     """The installed templates' generation for ``target``'s backend."""
-    from . import space
-    return space.schedule_version(space.family(target))
+    return FAMILIES[schedule_family(target)].schedule_version
 
 
 def is_stale(rec, current: int) -> bool:
@@ -351,8 +353,7 @@ def _known_knobs(target: str, config: dict) -> dict:
     outlives code changes; an unknown key would make the build refuse the config)."""
     try:
         import dataclasses
-        from . import space
-        cls = space.config_class(space.family(target))
+        cls = FAMILIES[schedule_family(target)].config_class
         if cls is None or not dataclasses.is_dataclass(cls):
             return dict(config)
         names = {f.name for f in dataclasses.fields(cls)}

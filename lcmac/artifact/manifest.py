@@ -153,3 +153,19 @@ def verify_library(manifest: Manifest, manifest_path: str | Path) -> Path:
         raise ArtifactError(f"artifact library {lib} does not match its manifest's sha256 "
                             f"(tampered or rebuilt without its manifest); rebuild it")
     return lib
+
+
+def find_manifest(path) -> Path:
+    """The manifest of an artifact given by its .json, its .so, its directory (one manifest
+    in it) or its path without suffix."""
+    p = Path(path)
+    if p.suffix == ".json":
+        return p
+    if p.suffix == ".so":
+        return p.with_suffix(".json")
+    if p.is_dir():
+        found = sorted(p.glob("*.json"))
+        if len(found) == 1:
+            return found[0]
+        raise ArtifactError(f"{p} holds {len(found)} manifests; name one")
+    return p.with_name(p.name + ".json")

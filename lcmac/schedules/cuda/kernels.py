@@ -31,7 +31,7 @@ from fractions import Fraction
 import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
-from .cuda_config import (FP8_BLOCK, FP8_MAX, FP8_TINY, SCALED_TOP, SPLIT_SHIFT, Blocking, CudaConfig,
+from .config import (FP8_BLOCK, FP8_MAX, FP8_TINY, SCALED_TOP, SPLIT_SHIFT, Blocking, CudaConfig,
                           NotSupportedYet, combine_h_steps, first_in_piece, needs_int64, r_order,
                           reduce_groups)
 

@@ -1,0 +1,61 @@
+"""Fingerprint the code the test suite generates, to show a refactoring left it byte-identical.
+
+Run the tests with a kept base directory, then hash every generated source under it:
+
+    python -m pytest -q --basetemp /tmp/lcmac-fp tests
+    python scripts/codegen_fingerprint.py /tmp/lcmac-fp > after.json
+    python scripts/codegen_fingerprint.py --compare before.json after.json
+
+Generated sources are the ``<artifact>.src`` (CUDA) and ``<artifact>.tir.py`` (TensorIR)
+files that ``lcmac build`` keeps beside each library.  Keys are the paths below the base
+directory with pytest's numbered suffixes as they are (test names fix them), values sha256.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+SOURCE_SUFFIXES = (".src", ".tir.py")
+
+
+def fingerprint(root: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name.endswith(SOURCE_SUFFIXES):
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def compare(before: dict, after: dict) -> int:
+    common = sorted(set(before) & set(after))
+    differ = [k for k in common if before[k] != after[k]]
+    only_b, only_a = sorted(set(before) - set(after)), sorted(set(after) - set(before))
+    print(f"{len(common)} sources in both runs: {len(common) - len(differ)} identical, {len(differ)} differ")
+    for k in differ:
+        print(f"  differs: {k}")
+    for k in only_b:
+        print(f"  only before: {k}")
+    for k in only_a:
+        print(f"  only after: {k}")
+    return 1 if differ or only_b or only_a else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="+", help="a pytest --basetemp directory, or (with --compare) two JSON files")
+    ap.add_argument("--compare", action="store_true", help="compare two fingerprint files; exit 1 on any difference")
+    a = ap.parse_args(argv)
+    if a.compare:
+        if len(a.paths) != 2:
+            ap.error("--compare takes two fingerprint files")
+        return compare(*(json.loads(Path(p).read_text()) for p in a.paths))
+    json.dump(fingerprint(Path(a.paths[0])), sys.stdout, indent=1, sort_keys=True)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
