@@ -8,28 +8,35 @@ Run the tests with a kept base directory, then hash every generated source under
 
 Generated sources are the ``<artifact>.src`` (CUDA) and ``<artifact>.tir.py`` (TensorIR)
 files that ``lcmac build`` keeps beside each library.  Keys are the paths below the base
-directory with pytest's numbered suffixes as they are (test names fix them), values sha256.
+directory with pytest's numbered suffix dropped from the test's folder (it depends on which
+tests ran), values the sorted sha256 digests of the sources found under that key.
+``--subset`` compares only the keys the second run has (a run of a few test files).
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
 SOURCE_SUFFIXES = (".src", ".tir.py")
 
 
-def fingerprint(root: Path) -> dict[str, str]:
-    out = {}
+def fingerprint(root: Path) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and p.name.endswith(SOURCE_SUFFIXES):
-            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
+            test_dir, *rest = p.relative_to(root).parts
+            key = "/".join([re.sub(r"\d+$", "", test_dir), *rest])
+            out.setdefault(key, []).append(hashlib.sha256(p.read_bytes()).hexdigest())
+    return {k: sorted(v) for k, v in out.items()}
 
 
-def compare(before: dict, after: dict) -> int:
+def compare(before: dict, after: dict, subset: bool = False) -> int:
+    if subset:
+        before = {k: v for k, v in before.items() if k in after}
     common = sorted(set(before) & set(after))
     differ = [k for k in common if before[k] != after[k]]
     only_b, only_a = sorted(set(before) - set(after)), sorted(set(after) - set(before))
@@ -47,11 +54,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="+", help="a pytest --basetemp directory, or (with --compare) two JSON files")
     ap.add_argument("--compare", action="store_true", help="compare two fingerprint files; exit 1 on any difference")
+    ap.add_argument("--subset", action="store_true", help="with --compare: only the keys the second file has")
     a = ap.parse_args(argv)
     if a.compare:
         if len(a.paths) != 2:
             ap.error("--compare takes two fingerprint files")
-        return compare(*(json.loads(Path(p).read_text()) for p in a.paths))
+        return compare(*(json.loads(Path(p).read_text()) for p in a.paths), subset=a.subset)
     json.dump(fingerprint(Path(a.paths[0])), sys.stdout, indent=1, sort_keys=True)
     print()
     return 0

@@ -5,8 +5,7 @@ and the decision (`select`) that ranks plain GEMM against every applicable catal
 algorithm, optionally within an error budget."""
 from .accuracy import ErrorEstimate, error_ratio
 from .decision import SCHEMA, Candidate, candidate_names, decide, select
-from .profiles import (ITEMSIZE, PROFILES, TARGET_PROFILES, HardwareProfile, get_profile,
-                       normalize_dtype, profile_for_target, profile_names)
+from .profiles import PROFILES, TARGET_PROFILES, HardwareProfile, get_profile, profile_for_target, profile_names
 from .stages import (STAGES, AlgQuantities, Estimate, StageCost, gemm_estimate,
                      gemm_intensity, gemm_is_memory_bound, lcma_estimate, quantities,
                      stage_table)
@@ -15,8 +14,8 @@ from .waves import SCHEDULES, FitReport, WaveAnalysis, onchip_fit, wave_analysis
 __all__ = [
     "ErrorEstimate", "error_ratio",
     "SCHEMA", "Candidate", "candidate_names", "decide", "select",
-    "ITEMSIZE", "PROFILES", "TARGET_PROFILES", "HardwareProfile", "get_profile",
-    "normalize_dtype", "profile_for_target", "profile_names",
+    "PROFILES", "TARGET_PROFILES", "HardwareProfile", "get_profile",
+    "profile_for_target", "profile_names",
     "STAGES", "AlgQuantities", "Estimate", "StageCost", "gemm_estimate", "gemm_intensity",
     "gemm_is_memory_bound", "lcma_estimate", "quantities", "stage_table",
     "SCHEDULES", "FitReport", "WaveAnalysis", "onchip_fit", "wave_analysis", "waves_for",

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DTypeError
-from .profiles import normalize_dtype
+from ..dtypes import normalize_model_dtype
 
 #: K simulated at most, per model dtype: storage-bound errors (2-byte, TF32) do not move with
 #: K (bf16 Strassen² 7.1/7.0/7.1/7.0× at K = 512…4096), accumulation-bound ones grow slowly
@@ -276,7 +276,7 @@ def _lcma(alg, A, B, rd: _Roundings, variant) -> np.ndarray:
 def _model_dtype(dtype) -> str:
     if str(dtype) == "tfloat32":
         return "tfloat32"
-    d = normalize_dtype(dtype)
+    d = normalize_model_dtype(dtype)
     if d not in PRECISIONS:
         raise DTypeError(f"the accuracy model does not cover {d}; it covers "
                          f"{', '.join(PRECISIONS)}")
@@ -443,7 +443,7 @@ def cuda_model_args(dtype, config: dict) -> tuple[str, str, str]:
     """(model dtype, variant, operands) for an artifact of the CUDA backend built with
     ``config`` (a ``CudaConfig.to_dict()``); keys missing from older records take the
     defaults of their time (not fused into the TMA engine, native operands)."""
-    d = normalize_dtype(dtype)
+    d = normalize_model_dtype(dtype)
     operands = config.get("operands", "native")
     variant = ("tma_reduce" if config.get("tma_reduce") else
                "fused" if config.get("fused") else "unfused")

@@ -48,7 +48,8 @@ from math import ceil
 from typing import Iterable, Mapping
 
 from ..errors import CatalogueError, DTypeError
-from .profiles import HardwareProfile, get_profile, normalize_dtype, profile_for_target
+from ..dtypes import normalize_model_dtype
+from .profiles import HardwareProfile, get_profile, profile_for_target
 from ..schedules.cuda.config import FP8_MAX_COMBINE, fp8_combine_size
 from .stages import (STAGES, AlgQuantities, Estimate, StageCost, compose_quantities,
                      gemm_estimate, gemm_intensity, lcma_estimate, orbit_quantities,
@@ -171,7 +172,7 @@ def candidate_quantities(name: str) -> AlgQuantities:
 
 # ---- resolving target / dtype ---------------------------------------------------------------
 def _resolve(target, dtype, profile) -> tuple[HardwareProfile, str]:
-    d = normalize_dtype(dtype)                       # DTypeError on unknown names
+    d = normalize_model_dtype(dtype)                       # DTypeError on unknown names
     tgt = None
     if profile is not None:
         p = get_profile(profile)

@@ -26,31 +26,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
+from ..dtypes import ITEMSIZE, normalize_model_dtype
 from ..errors import DTypeError, TargetError
 
 KiB = 1024
 MiB = 1024 * KiB
 T = 1e12
 G = 1e9
-
-#: dtypes the cost model knows (lcmac canonical names + tfloat32), bytes per stored element
-ITEMSIZE = {"float32": 4, "tfloat32": 4, "float64": 8, "bfloat16": 2, "float16": 2,
-            "float8_e4m3": 1}
-
-
-def normalize_dtype(dtype) -> str:
-    """lcmac's dtype names (``bf16`` → ``bfloat16`` …) plus ``tf32``/``tfloat32``."""
-    s = str(dtype).lower().replace("torch.", "")
-    if s in ("tf32", "tfloat32"):
-        return "tfloat32"
-    try:
-        from ..dtypes import normalize_dtype as _norm
-        return _norm(s)
-    except ImportError:  # pragma: no cover - lcmac.dtypes is part of the package
-        if s in ITEMSIZE:
-            return s
-        raise DTypeError(f"unknown dtype {dtype!r}; choose one of {', '.join(ITEMSIZE)}")
-
 
 def _freeze(d: Mapping) -> Mapping:
     return MappingProxyType(dict(d))
@@ -96,7 +78,7 @@ class HardwareProfile:
         return tuple(self.mul_flops)
 
     def check_dtype(self, dtype) -> str:
-        d = normalize_dtype(dtype)
+        d = normalize_model_dtype(dtype)
         if d not in self.mul_flops:
             raise DTypeError(f"profile {self.name!r} has no {d} matrix unit; it supports "
                              f"{', '.join(self.mul_flops)}")
@@ -112,7 +94,7 @@ class HardwareProfile:
         return self.add_flops.get("float32", min(self.add_flops.values()))
 
     def gemm_eff(self, dtype) -> float:
-        d = normalize_dtype(dtype)
+        d = normalize_model_dtype(dtype)
         return float(self.gemm_efficiency.get(d, self.gemm_efficiency.get("default", 0.75)))
 
     def achievable_mul(self, dtype) -> float:
@@ -146,12 +128,12 @@ class HardwareProfile:
         for key, v in vals.items():
             if key == "gemm_efficiency":
                 if isinstance(v, Mapping):
-                    geff.update({("default" if k == "default" else normalize_dtype(k)): float(x)
+                    geff.update({("default" if k == "default" else normalize_model_dtype(k)): float(x)
                                  for k, x in v.items()})
                 else:
                     geff = {"default": float(v)}
             elif key.startswith("gemm_efficiency."):
-                geff[normalize_dtype(key.split(".", 1)[1])] = float(v)
+                geff[normalize_model_dtype(key.split(".", 1)[1])] = float(v)
             elif key == "tile_efficiency":
                 te = dict(self.tile_efficiency)
                 te.update({tuple(k): float(x) for k, x in dict(v).items()})

@@ -54,7 +54,8 @@ from types import MappingProxyType
 from typing import Mapping
 
 from ..schedules.cuda.config import OPERAND_MODES   # a config module: no compiler imported
-from .profiles import ITEMSIZE, HardwareProfile, get_profile
+from ..dtypes import ITEMSIZE
+from .profiles import HardwareProfile, get_profile
 from .waves import onchip_fit, wave_analysis
 
 STAGES = ("combine_a", "combine_b", "gemm", "combine_h")
@@ -376,8 +377,8 @@ def _prep(M, N, K, dtype, profile):
 
 def gemm_intensity(M: int, N: int, K: int, dtype: str) -> float:
     """Arithmetic intensity (FLOP/byte) of the plain GEMM's compulsory traffic."""
-    from .profiles import normalize_dtype
-    d = normalize_dtype(dtype)
+    from ..dtypes import normalize_model_dtype
+    d = normalize_model_dtype(dtype)
     return 2.0 * M * N * K / ((M * K + K * N) * ITEMSIZE[d] + M * N * _out_bytes(d))
 
 

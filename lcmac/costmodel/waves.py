@@ -32,7 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil
 
-from .profiles import ITEMSIZE, HardwareProfile, get_profile, normalize_dtype
+from ..dtypes import ITEMSIZE, normalize_model_dtype
+
+from .profiles import HardwareProfile, get_profile
 
 SCHEDULES = ("per-tile", "whole-group", "split-group")
 
@@ -159,7 +161,7 @@ def onchip_fit(profile, dtype, config: dict) -> FitReport:
     CPU config keys: ``mr``, ``nr`` (register micro-tile), ``kc``, ``mc`` (cache blocks).
     """
     p = get_profile(profile) if not isinstance(profile, HardwareProfile) else profile
-    d = normalize_dtype(dtype)
+    d = normalize_model_dtype(dtype)
     s = ITEMSIZE[d]
     acc = 8 if d == "float64" else 4
     if p.kind == "gpu":

@@ -81,9 +81,9 @@ def calibrate(records, target, dtype, *, profile=None,
               params=("gemm_efficiency", "bandwidth_efficiency"), iterations: int = 30) -> Calibration:
     """Fit ``params`` to ``records`` (tuning-log dicts for one target and dtype)."""
     from ..costmodel.decision import _resolve
-    from ..costmodel.profiles import normalize_dtype
+    from ..dtypes import normalize_model_dtype
     from .space import model_dtype
-    d_log = normalize_dtype(dtype)
+    d_log = normalize_model_dtype(dtype)
     p0, d = _resolve(target, model_dtype(target, d_log), profile)   # CUDA float32 = TF32
     pts = _points(r for r in records if (r.get("dtype") in (d_log, None))
                   and r.get("algorithm") != _db.VENDOR)
@@ -135,5 +135,5 @@ def calibrate(records, target, dtype, *, profile=None,
 
 def calibrate_from_db(target, dtype, *, db=None, **kw) -> Calibration:
     store = db if isinstance(db, _db.TuningDB) else _db.TuningDB(db)
-    from ..costmodel.profiles import normalize_dtype
-    return calibrate(list(store.records(str(target), normalize_dtype(dtype))), target, dtype, **kw)
+    from ..dtypes import normalize_model_dtype
+    return calibrate(list(store.records(str(target), normalize_model_dtype(dtype))), target, dtype, **kw)

@@ -110,11 +110,11 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
     the other's times over the kernels measured both ways at that shape (measured data in
     place of the model's guess; without a kernel measured both ways, none is carried)."""
     from ..costmodel import gemm_estimate
-    from ..costmodel.profiles import normalize_dtype
+    from ..dtypes import normalize_model_dtype
     from ..costmodel.decision import _resolve
     from .space import model_dtype
     store = db if hasattr(db, "records") else _db.TuningDB(db)
-    d = normalize_dtype(dtype)
+    d = normalize_model_dtype(dtype)
     import math
     by_regime: dict[str, dict[tuple, dict[str, float]]] = {g: {} for g in REGIMES}
     cfgs: dict[tuple, dict[str, dict]] = {}
@@ -185,11 +185,11 @@ def _vendor_candidate(t: float, M, N, K, gemm_cand):
 def failed_at(M, N, K, dtype, target, *, db=None) -> set[str]:
     """Algorithms whose every logged attempt at exactly this shape failed (build error, wrong
     result, device fault): not options here, whatever the model predicts."""
-    from ..costmodel.profiles import normalize_dtype
+    from ..dtypes import normalize_model_dtype
     store = db if hasattr(db, "records") else _db.TuningDB(db)
     shape = [int(M), int(N), int(K)]
     ok, bad = set(), set()
-    for r in store.records(str(target), normalize_dtype(dtype), include_errors=True):
+    for r in store.records(str(target), normalize_model_dtype(dtype), include_errors=True):
         if r["shape"] == shape:
             (ok if r["status"] == "ok" else bad).add(r["algorithm"])
     return bad - ok

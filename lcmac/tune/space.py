@@ -211,8 +211,8 @@ def model_dtype(target, dtype, operands: str = "native") -> str:
     operands on the TF32 tensor cores (fp32 accumulation), so its float32 is the model's
     ``tfloat32``; every other case, the scaled operand modes included (``operands``), is the
     dtype itself."""
-    from ..costmodel.profiles import normalize_dtype
-    d = normalize_dtype(dtype)
+    from ..dtypes import normalize_model_dtype
+    d = normalize_model_dtype(dtype)
     return "tfloat32" if d == "float32" and operands == "native" and family(target) == "cuda" else d
 
 
@@ -352,8 +352,8 @@ def _cuda_tile_bytes(f: dict, dtype) -> int:
 
 
 def _db_itemsize(dtype) -> int:
-    from ..costmodel.profiles import ITEMSIZE, normalize_dtype
-    return ITEMSIZE[normalize_dtype(dtype)]
+    from ..dtypes import ITEMSIZE, normalize_model_dtype
+    return ITEMSIZE[normalize_model_dtype(dtype)]
 
 
 # ---- the estimate --------------------------------------------------------------------------
@@ -433,9 +433,9 @@ def _operand_terms(f: dict, dtype):
     """The cost model's terms (``lcmac.costmodel.stages.operand_terms``: GEMM-stage dtype,
     tensor-core products, fp16 halves, operand and H bytes) of a CUDA config's operand mode
     (CudaConfig.operands; absent = native)."""
-    from ..costmodel.profiles import normalize_dtype
+    from ..dtypes import normalize_model_dtype
     from ..costmodel.stages import operand_terms
-    return operand_terms(f.get("operands") or "native", normalize_dtype(dtype))
+    return operand_terms(f.get("operands") or "native", normalize_model_dtype(dtype))
 
 
 def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="per-tile",

@@ -396,8 +396,8 @@ def plan_points(algo, target: str, dtype: str, shape, budget: int = 8, *, db=Non
     the first ``budget`` configs of the ranked space that are not logged yet for this case
     (all of them with ``exhaustive``), after the default config when ``measure_default``.
     Early stopping can only measure fewer of them."""
-    from ..costmodel.profiles import normalize_dtype
-    dtype = normalize_dtype(dtype)
+    from ..dtypes import normalize_model_dtype
+    dtype = normalize_model_dtype(dtype)
     shape = tuple(int(x) for x in shape)
     store = db if isinstance(db, _db.TuningDB) else _db.TuningDB(db)
     out = []
@@ -446,8 +446,8 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int
     before timing it, so that it is measured at the GPU's power cap, as long runs see it
     (an H100 settles within ~0.2 s at 700 W; the default warm-up is 0.15 s)."""
     shape = tuple(int(x) for x in shape)
-    from ..costmodel.profiles import normalize_dtype
-    dtype = normalize_dtype(dtype)
+    from ..dtypes import normalize_model_dtype
+    dtype = normalize_model_dtype(dtype)
     warm = {}
     if sustained_s is not None:
         if _space.family(target) != "cuda":
@@ -672,8 +672,8 @@ def tune_many(cases, algo, target: str, dtype: str, budget: int = 8, *, jobs: in
     when its artifacts are done.  ``prebuilt``: a directory of artifacts built earlier
     (``index.jsonl``), used first.  ``build_dir``: keep the artifacts there (default: a
     temporary directory).  ``build_only``: compile and index, measure nothing (returns [])."""
-    from ..costmodel.profiles import normalize_dtype
-    dtype = normalize_dtype(dtype)
+    from ..dtypes import normalize_model_dtype
+    dtype = normalize_model_dtype(dtype)
     store = db if isinstance(db, _db.TuningDB) else _db.TuningDB(db)
     old = load_prebuilt(prebuilt) if prebuilt else None
     tmp = None
