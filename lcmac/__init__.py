@@ -1,7 +1,6 @@
 """lcmac: a compiler for lower-complexity matrix multiplication algorithms (LCMAs)."""
-__version__ = "0.1.0"
-
-from .errors import LcmacError  # noqa: E402
+from .errors import LcmacError
+from .version import __version__
 
 __all__ = ["__version__", "LcmacError", "auto", "build", "load"]
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import lcmac
+from lcmac.artifact.build import build
 from lcmac.errors import ArtifactError, DTypeError, ShapeError, TargetError, ToolchainError
 from lcmac.targets import TARGETS
 from lcmac.targets import aarch64 as arm
@@ -73,7 +74,7 @@ def artifacts(tmp_path_factory):
     def get(key):
         if key not in built:
             alg, tgt, dtype, M, N, K, _ = CASES[key]
-            built[key] = arm.build_artifact(alg, tgt, dtype, (M, N, K), root / key)
+            built[key] = str(build(alg, tgt, dtype, (M, N, K), out_dir=root / key))
         return built[key]
     return get
 
@@ -169,9 +170,7 @@ def test_no_cross_compiler_names_the_package(monkeypatch, tmp_path):
     monkeypatch.delenv("LCMAC_AARCH64_CC", raising=False)
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     with pytest.raises(ToolchainError, match="gcc-aarch64-linux-gnu libc6-dev-arm64-cross"):
-        arm.build_artifact("strassen", "aarch64-sve", "float32", (8, 8, 8), tmp_path / "out")
-    # the generic path (lcmac build / lcmac.build) fails the same way, in its compiler worker
-    from lcmac.artifact.build import build
+        build("strassen", "aarch64-sve", "float32", (8, 8, 8), out_dir=tmp_path / "out")
     with pytest.raises(ToolchainError, match="gcc-aarch64-linux-gnu libc6-dev-arm64-cross"):
         build("strassen", "aarch64-neon", "float32", (8, 8, 8), out_dir=tmp_path / "out")
 

@@ -356,6 +356,7 @@ def test_bf16_dot_product_numerics(builds, key):
     torch = pytest.importorskip("torch")
     import lcmac
     from lcmac.artifact.build import resolve_algorithm
+    _skip_unless_host_runs(_get(builds, key))
     f = lcmac.load(_get(builds, key))
     m = f.manifest
     g = torch.Generator().manual_seed(3)
@@ -392,8 +393,17 @@ def test_bf16_kernel_follows_target_features(builds):
     nat = _get(builds, "gemm-bf16-native")
     assert Manifest.read(nat).extra["gemm_kernel"] == ("vdpbf16ps" if HOST_BF16 else "fma")
     _check_bf16(nat)                    # built for this host
-    if HOST_BF16:                       # mcpu=sapphirerapids code: run it on such a CPU only
+    off_flags = tuple(Manifest.read(_get(builds, "gemm-bf16-dot-off")).extra["cpu_flags"])
+    if host_supports(T512, off_flags):  # mcpu=sapphirerapids code: run it on such a CPU only
         _check_bf16(_get(builds, "gemm-bf16-dot-off"))
+
+
+def _skip_unless_host_runs(path):
+    """mcpu=sapphirerapids code may use more than AVX512-BF16 (AVX512-FP16 moves): run it
+    only where the host has every CPU feature its manifest lists."""
+    flags = tuple(Manifest.read(path).extra["cpu_flags"])
+    if not host_supports(T512, flags):
+        pytest.skip(f"the host lacks CPU features this artifact needs ({', '.join(flags)})")
 
 
 def _check_bf16(path):
@@ -522,3 +532,17 @@ def test_cli_build(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "lcmac.cli", "build", "--algo", "gemm", "--dtype",
                           "fp16", "--shape", "8x8x8", "-o", str(tmp_path)], capture_output=True, text=True)
     assert bad.returncode == 2 and "float16" in bad.stderr
+
+
+@pytest.mark.slow
+def test_mcpu_features_are_checked_before_running(builds):
+    """Code for --mcpu sapphirerapids may use AVX512-FP16 and AMX as well as AVX512-BF16
+    (LLVM emits vmovw): the manifest lists every such flag, and a host without one of them
+    gets an error naming it from lcmac.load, never an illegal instruction."""
+    import lcmac
+    p = _get(builds, "gemm-bf16-dot-off")
+    flags = Manifest.read(p).extra["cpu_flags"]
+    assert {"avx512f", "avx512_bf16", "avx512_fp16", "amx_tile"} <= set(flags), flags
+    if not host_supports(T512, tuple(flags)):
+        with pytest.raises(TargetError, match="needs CPU features"):
+            lcmac.load(p)

@@ -51,31 +51,23 @@ from pathlib import Path
 from .. import errors
 from ..dtypes import normalize_dtype
 from ..errors import ArtifactError, DTypeError, ShapeError, TargetError, ToolchainError
+from ..ir import get
+from ..ir.algorithm import Algorithm
+from ..ir.transforms import power
+from ..schedules.cpu_config import resolve_config
+from ..schedules.cpu_lcma import programs_for
+from ..shapes import parse_shape
+from ..targets import Target, aarch64, get_target, host_target
+from ..version import __version__
+from . import tuning_log as db
+from .manifest import Manifest, sha256_file
 
 WORKERS = {"tvm": "lcmac.targets.tvm_worker", "tilelang": "lcmac.targets.tilelang_worker"}
 WORKER_TIMEOUT_S = float(os.environ.get("LCMAC_BUILD_TIMEOUT", "900"))
 
 
-def parse_shape(shape) -> tuple[int, int, int]:
-    """'MxNxK' or (M, N, K) → (M, N, K)."""
-    if isinstance(shape, str):
-        parts = shape.lower().replace("×", "x").split("x")
-    else:
-        parts = list(shape) if shape is not None else []
-    try:
-        vals = tuple(int(p) for p in parts)
-    except (TypeError, ValueError):
-        vals = ()
-    if len(vals) != 3 or min(vals) < 1:
-        raise ShapeError(f"shape {shape!r} must be M x N x K with positive integers, e.g. 1024x1024x1024")
-    return vals
-
-
 def resolve_algorithm(algo, levels: int = 1):
     """(Algorithm, plain_gemm, display name)."""
-    from ..ir import get
-    from ..ir.algorithm import Algorithm
-    from ..ir.transforms import power
     if not isinstance(levels, int) or levels < 1:
         raise ShapeError(f"levels must be a positive integer, got {levels!r}")
     if isinstance(algo, str) and algo.strip().lower() in ("gemm", "naive"):
@@ -91,7 +83,6 @@ def resolve_algorithm(algo, levels: int = 1):
 
 
 def _resolve_target(target):
-    from ..targets import Target, get_target, host_target
     if target is None:
         return host_target()
     if isinstance(target, Target):
@@ -106,7 +97,6 @@ def _resolve_config(t, dtype: str, config, alg, plain: bool, shape):
         except ValueError as e:
             raise TargetError(f"--config must be JSON: {e}") from None
     if t.family in ("x86", "aarch64"):
-        from ..schedules.cpu_config import resolve_config
         if config is None:
             # CPU blocks are cut from the shape (tasks balanced over the threads): a config
             # logged at another shape is not better than the shape-aware default
@@ -131,7 +121,6 @@ def _tuned_config(t, dtype, alg, plain, shape, exact_only: bool = False,
     only a config logged at this very shape (else None: the backend's default).
     ``operands``: CUDA configs of this operand mode only."""
     try:
-        from . import tuning_log as db
         hit = db.best_config(t.name, dtype, "gemm" if plain else alg.hash, shape,
                              operands=operands)
         if hit and exact_only and not hit[2]:
@@ -204,13 +193,14 @@ def _prepare(algo, target=None, dtype="float32", shape=None, levels: int = 1, co
     t = _resolve_target(target)
     dtype = normalize_dtype(dtype)
     _check_dtype(t, dtype)
+    if t.family == "aarch64":
+        aarch64.check_toolchain()        # fail here, naming the packages, not in the worker
     M, N, K = parse_shape(shape)
     alg, plain, alg_name = resolve_algorithm(algo, levels)
     cfg = _resolve_config(t, dtype, config, alg, plain, (M, N, K))
     if plain:
         progs = None
     else:
-        from ..schedules.cpu_lcma import programs_for   # pure Python (CSE), no compiler
         progs = {s: p.to_dict() for s, p in programs_for(alg).items()}
     if name is None:
         name = _slug(f"{alg_name}-{t.name}-{dtype}-{M}x{N}x{K}")
@@ -248,8 +238,6 @@ def _raise_error(backend: str, err: dict):
 
 
 def _finish(job: dict, resp: dict) -> Path:
-    from .. import __version__
-    from .manifest import Manifest, sha256_file
     t, req, name, out = job["t"], job["request"], job["name"], job["out"]
     tmp_lib, tmp_src = job["tmp_lib"], job["tmp_src"]
     alg, plain = job["alg"], job["plain"]

@@ -47,8 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from ..ir import catalogue
 from ..schedules.registry import FAMILIES
 from ..targets import schedule_family
+from ..version import __version__
 
 SCHEMA = "lcmac-tune/1"
 GEMM = "gemm"
@@ -102,7 +104,6 @@ def algo_identity(algo) -> tuple[str, str]:
     if isinstance(algo, str) and algo.lower() == VENDOR:
         return VENDOR, VENDOR
     if isinstance(algo, str):
-        from ..ir import catalogue
         algo = catalogue.get(algo)
     return algo.name, algo.hash
 
@@ -135,7 +136,6 @@ def make_record(*, target: str, dtype: str, algorithm: str, algorithm_hash: str,
                 config, time_s: float | None, spread: float | None = None, repeats: int = 0,
                 predicted_s: float | None = None, status: str = "ok", error: str | None = None,
                 device: str | None = None, **extra) -> dict:
-    from .. import __version__
     rec = {"schema": SCHEMA, "target": target, "dtype": dtype, "algorithm": algorithm,
            "algorithm_hash": algorithm_hash, "shape": [int(x) for x in shape],
            "config": config_to_dict(config), "time_s": None if time_s is None else float(time_s),

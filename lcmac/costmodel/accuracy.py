@@ -52,8 +52,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DTypeError
 from ..dtypes import normalize_model_dtype
+from ..errors import DTypeError, ShapeError
+from ..ir import catalogue
+from ..schedules.cuda.config import FP8_BLOCK, FP8_MAX, FP8_TINY, SPLIT_SHIFT, bound_exponent, scale_exponent
 
 #: K simulated at most, per model dtype: storage-bound errors (2-byte, TF32) do not move with
 #: K (bf16 Strassen² 7.1/7.0/7.1/7.0× at K = 512…4096), accumulation-bound ones grow slowly
@@ -116,7 +118,6 @@ def _fp8_blocks(X: np.ndarray, axis: int) -> np.ndarray:
     block along K (``axis``) scaled so its amax maps to 448, rounded to E4M3, and multiplied
     back by its float32 scale (the GEMM applies the scales to each 128-wide slab's fp32
     product; the order of those fp32 multiplies is below E4M3's rounding)."""
-    from ..schedules.cuda.config import FP8_BLOCK, FP8_MAX, FP8_TINY
     X = np.moveaxis(np.asarray(X, dtype=np.float32), axis, -1)
     k = X.shape[-1]
     pad = -k % FP8_BLOCK                                # the kernels' zero padding
@@ -134,7 +135,6 @@ def _f16x2_matmul(At: np.ndarray, Bt: np.ndarray, ea: int, eb: int) -> np.ndarra
     slab the tensor cores sum hi·lo + lo·hi (modelled as exact, rounded to fp32 once per
     wgmma), it is added ×2**-11 into the fp32 accumulator, then hi·hi likewise; lo·lo is
     dropped.  Returns float32."""
-    from ..schedules.cuda.config import SPLIT_SHIFT
 
     def split(X, e):
         v = X.astype(np.float32) * np.float32(2.0 ** e)             # exact: a power of two
@@ -164,7 +164,6 @@ def _f16x2_matmul(At: np.ndarray, Bt: np.ndarray, ea: int, eb: int) -> np.ndarra
 def _fp16x2_scales(A: np.ndarray, B: np.ndarray, la: int, lb: int) -> tuple[int, int]:
     """The power-of-two exponents the kernels scale Ã and B̃ by (cuda_config.scale_exponent
     of each input's amax and its combine bound)."""
-    from ..schedules.cuda.config import scale_exponent
     return (scale_exponent(float(np.abs(A).max()), la), scale_exponent(float(np.abs(B).max()), lb))
 
 
@@ -216,7 +215,6 @@ def _roundings(d: str, operands: str) -> _Roundings:
 
 
 def _f16x2_stage(At, Bt, A, B, U, V):
-    from ..schedules.cuda.config import bound_exponent
     ea, eb = _fp16x2_scales(A, B, bound_exponent(U), bound_exponent(V))
     return _f16x2_matmul(At, Bt, ea, eb)
 
@@ -322,7 +320,6 @@ def error_ratio(algorithm, dtype="bfloat16", *, variant: str = "unfused", operan
         raise ValueError(f"K must be positive, got {K}")
     d = check_covered(dtype, operands)
     if isinstance(algorithm, str):
-        from ..ir import catalogue
         alg = catalogue.get(algorithm)
         name = algorithm
     else:
@@ -355,7 +352,6 @@ def screen_ratio(algorithm, dtype, *, variant: str = "unfused", operands: str = 
 @functools.lru_cache(maxsize=1024)
 def _cached(name, _hash, alg, d, variant, operands, ks, samples, block, seed) -> ErrorEstimate:
     if alg is None:
-        from ..ir import catalogue
         alg = catalogue.get(name)
     m, k, n = alg.grid
     rng = np.random.default_rng(seed)
@@ -369,7 +365,6 @@ def _cached(name, _hash, alg, d, variant, operands, ks, samples, block, seed) ->
 def _sampler(alg, inputs, block: int, k_cap: int, seed: int):
     """A function drawing the thin slice of the user's (A, B) that ``error_ratio`` simulates
     (the blocks as the kernels cut them: padded with zeros to a multiple of the grid)."""
-    from ..errors import ShapeError
     try:
         A, B = (np.asarray(x.detach().cpu().float() if hasattr(x, "detach") else x, dtype=np.float32)
                 for x in inputs)

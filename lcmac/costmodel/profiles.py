@@ -28,6 +28,7 @@ from typing import Mapping
 
 from ..dtypes import ITEMSIZE, normalize_model_dtype
 from ..errors import DTypeError, TargetError
+from ..targets import get_target
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -322,11 +323,6 @@ def profile_for_target(target) -> HardwareProfile:
     if t.lower() in PROFILES or t.lower() in _PROFILE_ALIASES:
         return get_profile(t)
     try:
-        from ..targets import get_target
         return get_profile(get_target(t).profile)   # 'cuda' (present GPU), 'host'
-    except ImportError:  # pragma: no cover
-        pass
     except TargetError as e:
         raise TargetError(f"{e}; or a hardware profile name: {', '.join(PROFILES)}") from None
-    raise TargetError(f"unknown target {target!r}; choose one of {', '.join(TARGET_PROFILES)} "
-                      f"or a profile: {', '.join(PROFILES)}")

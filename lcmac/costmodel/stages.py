@@ -53,8 +53,10 @@ from math import ceil
 from types import MappingProxyType
 from typing import Mapping
 
-from ..schedules.cuda.config import OPERAND_MODES   # a config module: no compiler imported
-from ..dtypes import ITEMSIZE
+from ..dtypes import ITEMSIZE, normalize_model_dtype
+from ..errors import LcmacError, ShapeError
+from ..ir.cse import addition_counts
+from ..schedules.cuda.config import OPERAND_MODES  # a config module: no compiler imported
 from .profiles import HardwareProfile, get_profile
 from .waves import onchip_fit, wave_analysis
 
@@ -148,7 +150,6 @@ def _quantities(alg, cse: bool) -> AlgQuantities:
     adds = None
     if cse:
         try:
-            from ..ir.cse import addition_counts
             red = addition_counts(alg)["reduced"]
             adds = {"A": int(red["A"]), "B": int(red["B"]), "H": int(red["H"])}
             src = "cse"
@@ -339,14 +340,11 @@ def operand_terms(mode: str, d: str) -> OperandTerms:
     if mode == "native":
         return OperandTerms(mode, d, 1, 1, ITEMSIZE[d], _out_bytes(d), False)
     if mode not in OPERAND_MODES:
-        from ..errors import LcmacError
         raise LcmacError(f"operands must be one of {OPERAND_MODES}, not {mode!r}")
     if mode == "fp16x2" and d not in ("float32", "tfloat32"):
-        from ..errors import LcmacError
         raise LcmacError(f"operands='fp16x2' splits float32 operands, not {d}")
     if mode == "fp8":
         if d not in ("bfloat16", "float16"):
-            from ..errors import LcmacError
             raise LcmacError(f"operands='fp8' quantizes bfloat16/float16 operands, not {d}")
         # E4M3 Ã/B̃ (+ a float32 scale per 128, 3% more bytes, left out); the block amax is
         # taken inside the combines (no extra pass); fp32 H
@@ -370,14 +368,12 @@ def _prep(M, N, K, dtype, profile):
     d = p.check_dtype(dtype)
     for nm, v in (("M", M), ("N", N), ("K", K)):
         if not isinstance(v, int) or v < 1:
-            from ..errors import ShapeError
             raise ShapeError(f"{nm}={v!r} must be a positive integer")
     return p, d
 
 
 def gemm_intensity(M: int, N: int, K: int, dtype: str) -> float:
     """Arithmetic intensity (FLOP/byte) of the plain GEMM's compulsory traffic."""
-    from ..dtypes import normalize_model_dtype
     d = normalize_model_dtype(dtype)
     return 2.0 * M * N * K / ((M * K + K * N) * ITEMSIZE[d] + M * N * _out_bytes(d))
 
@@ -444,7 +440,6 @@ def lcma_estimate(alg, M: int, N: int, K: int, dtype, profile, *, fused: bool = 
     p, d = _prep(M, N, K, dtype, profile)
     o = operand_terms(operands, d)
     if o.mode != "native" and fused:
-        from ..errors import LcmacError
         raise LcmacError(f"operands={o.mode!r} runs on Algorithm 1 only (fused=False)")
     q = quantities(alg, cse)
     m, k, n = q.grid

@@ -24,7 +24,9 @@ import ctypes
 import json
 import os
 
+from ..artifact.manifest import verify_library
 from ..errors import ArtifactError, DTypeError, LcmacError, ShapeError, TargetError
+from ..targets import TARGETS
 
 _TORCH_DT = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 
@@ -221,10 +223,8 @@ def load_cuda(meta_or_path, lib_path: str | None = None) -> CudaMatmul:
 def load(man, man_path) -> CudaMatmul:
     """``lcmac.load`` entry for ``backend == "tilelang"`` manifests (lcmac.runtime.manifest):
     checks the library's checksum, then returns the callable."""
-    from ..artifact.manifest import verify_library
     lib = verify_library(man, man_path)
     info = dict(man.extra or {})
-    from ..targets import TARGETS
     arch = info.get("arch") or TARGETS[man.target["name"]].arch
     meta = {"arch": arch, "dtype": man.dtype, "shape": [man.M, man.N, man.K],
             "workspace_bytes": info.get("workspace_bytes", 0),

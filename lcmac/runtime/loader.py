@@ -22,15 +22,16 @@ CPU has the SVE width the artifact needs).  On any other host ``load`` returns a
 from __future__ import annotations
 
 import ctypes
-import importlib
 import importlib.util
 import os
 import platform
 import threading
 from pathlib import Path
 
-from ..errors import ArtifactError, DTypeError, ShapeError, TargetError
 from ..artifact.manifest import Manifest, find_manifest, verify_library
+from ..errors import ArtifactError, DTypeError, ShapeError, TargetError
+from ..targets import aarch64, get_target, x86
+from . import cuda_loader, qemu_runner
 
 _CONTEXT_SYMBOLS = ("TVMBackendParallelLaunch", "TVMBackendAllocWorkspace", "TVMBackendFreeWorkspace",
                     "TVMBackendParallelBarrier")
@@ -182,7 +183,6 @@ class EmulatedFunction(LcmacFunction):
                 f"from {self.path}, EMULATED under qemu-aarch64{sve}: correctness only, not timing>")
 
     def _run(self, A, B, out) -> None:
-        from . import qemu_runner
         m = self.manifest
         verify_library(m, self.manifest_path)
         (C,) = qemu_runner.run_function(self.path, m.entry,
@@ -203,12 +203,10 @@ def _check_host(man: Manifest) -> None:
     if fam == "x86":
         if mach not in ("x86_64", "AMD64"):
             raise TargetError(f"artifact {man.name} is x86-64 code; this machine is {mach}")
-        from ..targets.x86 import check_runnable
         # cpu_flags: features the kernel itself needs beyond the target's (vdpbf16ps:
         # avx512_bf16); without the check such a library dies on an illegal instruction
-        check_runnable(man.target["name"], tuple(man.extra.get("cpu_flags", ()) or ()))
+        x86.check_runnable(man.target["name"], tuple(man.extra.get("cpu_flags", ()) or ()))
     elif fam == "aarch64":
-        from ..targets import aarch64
         if not aarch64.native_host():
             raise TargetError(f"artifact {man.name} is AArch64 code and this machine is {mach}: "
                               "lcmac.load runs it under qemu-user instead")
@@ -236,8 +234,6 @@ def _load_tvm(man: Manifest, man_path: Path):
 
 
 def _load_emulated(man: Manifest, man_path: Path, sve_vq) -> EmulatedFunction:
-    from ..targets import aarch64, get_target
-    from . import qemu_runner
     target = get_target(man.target["name"])
     if sve_vq is None:
         sve_vq = os.environ.get("LCMAC_SVE_VQ") or qemu_runner.default_sve_vq(target)
@@ -267,12 +263,9 @@ def load(path, *, sve_vq: int | None = None) -> LcmacFunction:
     man_path = find_manifest(path)
     man = Manifest.read(man_path)
     if man.backend == "tvm":
-        from ..targets.aarch64 import native_host
-        if man.target.get("family") == "aarch64" and not native_host():
+        if man.target.get("family") == "aarch64" and not aarch64.native_host():
             return _load_emulated(man, man_path.resolve(), sve_vq)
         return _load_tvm(man, man_path.resolve())
-    try:
-        mod = importlib.import_module(f"lcmac.runtime.{'cuda' if man.backend == 'tilelang' else man.backend}_loader")
-    except ImportError:
-        raise ArtifactError(f"no loader for {man.backend!r} artifacts in this lcmac ({man_path})") from None
-    return mod.load(man, man_path.resolve())
+    if man.backend == "tilelang":
+        return cuda_loader.load(man, man_path.resolve())
+    raise ArtifactError(f"no loader for {man.backend!r} artifacts in this lcmac ({man_path})")

@@ -31,8 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..artifact.manifest import Manifest, find_manifest, verify_library
 from ..errors import ArtifactError, LcmacError, ShapeError, TargetError
-from ..targets import aarch64 as _arm
+from ..targets import aarch64 as _arm, get_target
 
 HARNESS_SOURCE = Path(__file__).with_name("harness") / "lcmac_run.c"
 
@@ -186,8 +187,6 @@ def run_artifact(manifest, A: np.ndarray, B: np.ndarray, *, sve_vq: int | None =
     """C = A·B with the AArch64 lcmac artifact ``manifest`` (its JSON file, the ``.so``
     beside it, or a directory holding one manifest), after checking the library against
     the manifest's sha256.  ``sve_vq`` defaults to :func:`default_sve_vq`."""
-    from ..targets import get_target
-    from ..artifact.manifest import Manifest, find_manifest, verify_library
     man_path = find_manifest(manifest).resolve()
     man = Manifest.read(man_path)
     target = get_target(man.target["name"])

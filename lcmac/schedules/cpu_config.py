@@ -22,6 +22,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 
 from ..errors import DTypeError, TargetError
+from ..ir import catalogue
 
 #: Generation of the CPU templates a tuned config was measured on (tuning logs stamp it; the
 #: tuner and ``lcmac build`` ignore records of an older generation, whose timings describe
@@ -177,7 +178,6 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
     lanes = lanes_for(target, dtype)
     regs = _registers(target)
     if isinstance(algorithm, str) and algorithm != "gemm":
-        from ..ir import catalogue          # the tuner passes names: the default depends on R, m·n
         algorithm = catalogue.get(algorithm)
     alg = algorithm if not isinstance(algorithm, str) else None
     base = default_config(target, dtype, alg, shape=shape)

@@ -7,11 +7,12 @@ GEMM is the 1×1×1 algorithm through the same template (packing + micro-kernel)
 from __future__ import annotations
 
 from ..errors import DTypeError, ShapeError, TargetError
-from .cpu_combine import (emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad,
-                          needs_pad)
+from ..ir.algorithm import Algorithm
+from ..ir.cse import optimized_programs
+from ..ir.program import LinearProgram, combine_matrices, naive_program
+from .cpu_combine import emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad, needs_pad
 from .cpu_config import CpuConfig
-from .cpu_gemm import (DOT_LANES, DPBF16_LL, Writer, emit_gemm_stage, emit_tile_store, geometry,
-                       packed_stride)
+from .cpu_gemm import DOT_LANES, DPBF16_LL, Writer, emit_gemm_stage, emit_tile_store, geometry, packed_stride
 
 ENTRY = "lcmac_matmul"
 ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2}
@@ -20,10 +21,8 @@ ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2}
 def programs_for(alg) -> dict:
     """The CSE'd straight-line programs (falls back to the naive ones)."""
     try:
-        from ..ir.cse import optimized_programs
         return optimized_programs(alg)
     except ImportError:
-        from ..ir.program import combine_matrices, naive_program
         mats = combine_matrices(alg)
         return {s: naive_program(mats[s]) for s in ("A", "B", "H")}
 
@@ -170,8 +169,6 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
 def lower_request(request: dict, features=()) -> tuple[str, dict]:
     """A compiler-worker request (see ``lcmac.build``) → (TVMScript source, info);
     ``features`` as in ``generate`` (the target module resolves them)."""
-    from ..ir.algorithm import Algorithm
-    from ..ir.program import LinearProgram
     alg = Algorithm.from_dict(request["algorithm"])
     progs = request.get("programs")
     progs = {s: LinearProgram.from_dict(p) for s, p in progs.items()} if progs else None

@@ -18,7 +18,7 @@ SVE comes in two flavours:
   lowers to SVE ``z`` registers under a ``ptrue vlK`` predicate.  Such a binary is correct on
   any machine whose vector length is at least N bits (it uses N of them).
 
-This module imports neither apache-tvm nor TileLang at import time.
+This module imports no compiler (the apache-tvm plug-ins are in ``tvm_plugins``).
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from ..errors import TargetError, ToolchainError
+from ..errors import ArtifactError, TargetError, ToolchainError
+from .table import TARGETS
 
 #: Debian packages that provide the tools (the error messages name them)
 CROSS_GCC_PACKAGE = "gcc-aarch64-linux-gnu"
@@ -184,13 +185,19 @@ def host_sve_bits() -> int | None:
         return None
 
 
+def _table_target(name: str):
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise TargetError(f"unknown target {name!r}; choose one of {', '.join(TARGETS)}") from None
+
+
 def host_target():
     """The AArch64 target that suits this machine best: the fixed-length SVE target for its
     vector length when that is 256 or 512 bits (those use the packed GEMM/LCMA templates at
     the full width), otherwise ``aarch64-neon`` (128-bit SVE, e.g. Neoverse V2 / Grace, gains
     nothing over NEON with the same templates, and the VLA target's kernel is the simple
     unfused one)."""
-    from . import TARGETS
     bits = host_sve_bits() or 0
     if bits >= 512:
         return TARGETS["aarch64-sve512"]
@@ -203,8 +210,7 @@ def check_runnable(target) -> None:
     """On an AArch64 host: raise TargetError unless this CPU runs code for ``target`` (SVE
     present; at least the vector length a fixed-length SVE target was compiled for:
     sve512 code on 256-bit hardware would compute garbage, not fault)."""
-    from . import get_target
-    t = get_target(target) if isinstance(target, str) else target
+    t = _table_target(target) if isinstance(target, str) else target
     if not is_sve(t):
         return
     if "sve" not in host_features():
@@ -221,23 +227,8 @@ def check_runnable(target) -> None:
                           f"this CPU's are {bits}; rebuild for {alt}")
 
 
-def fcompile():
-    """An ``export_library`` fcompile that links with the AArch64 cross compiler."""
-    cc = cross_gcc()
-    from tvm.support import cc as tvm_cc   # imported only inside a compiler worker
-    return tvm_cc.cross_compiler(cc, options=["-O2"])
-
-
-def export_library(module, path: str) -> str:
-    """Link a compiled TVM module (``tvm.compile`` result or its ``.mod``) into an AArch64
-    shared library at ``path``."""
-    module.export_library(path, fcompile=fcompile())
-    return path
-
-
 def check_library(path: str) -> None:
     """Raise ArtifactError unless ``path`` is an AArch64 ELF shared object."""
-    from ..errors import ArtifactError
     with open(path, "rb") as f:
         head = f.read(20)
     if head[:4] != b"\x7fELF" or int.from_bytes(head[18:20], "little") != 183:  # EM_AARCH64
@@ -250,10 +241,8 @@ def disassemble(path: str) -> str:
                           text=True, check=True).stdout
 
 
-# ---------------------------------------------------------------------------------------
-# Building an artifact: lcmac.build.build → python -m lcmac.targets.tvm_worker, which calls
-# tvm_target / lower / export_library below (the contract lcmac.targets.x86 follows).
-# ---------------------------------------------------------------------------------------
+# Building an artifact: lcmac.artifact.build → python -m lcmac.targets.tvm_worker, which
+# calls the AArch64 plug-ins in lcmac.targets.tvm_plugins.
 
 def kernel_kind(target) -> str:
     """``cpu_lcma``: the CPU backend's packed templates at the target's fixed vector width
@@ -263,52 +252,8 @@ def kernel_kind(target) -> str:
     return "te_vla" if is_sve(target) and target.vector_bits is None else "cpu_lcma"
 
 
-def build_artifact(algorithm: str, target: str, dtype: str, shape, out_dir, *,
-                   config: dict | None = None, levels: int = 1, name: str | None = None) -> str:
-    """Cross-compile ``algorithm`` (catalogue expression such as ``strassen^2``, or ``gemm``)
-    for an AArch64 ``target`` at ``shape`` = (M, N, K) into ``out_dir`` through
-    ``lcmac.build.build`` (the apache-tvm worker calls this module's ``tvm_target``,
-    ``lower`` and ``export_library``); returns the manifest path.  The cross toolchain is
-    checked first, so a missing one fails fast with the Debian package to install."""
-    from . import get_target
-    from ..artifact.build import build
-    t = get_target(target)
-    if t.family != "aarch64":
-        raise TargetError(f"{t.name} is not an AArch64 target")
+def check_toolchain() -> None:
+    """Raise ToolchainError, naming the Debian packages, unless the cross compiler and its
+    sysroot are here (a build checks this before it starts its compiler worker)."""
     cross_gcc()
     sysroot()
-    return str(build(algorithm, t, dtype, shape, levels=levels, config=config,
-                     out_dir=out_dir, name=name))
-
-
-def tvm_target(request: dict) -> dict:
-    """The TVM target dict for a build request (worker contract, as lcmac.targets.x86)."""
-    d = dict(request["target"]["dict"])
-    if request.get("mcpu") and request["mcpu"] not in ("native", "host"):
-        d["mcpu"] = request["mcpu"]
-    return d
-
-
-def lower(request: dict) -> tuple[str, dict]:
-    """TVMScript source of the kernel (worker contract).  Fixed-width targets: the CPU
-    backend's packed template (``lcmac.targets.x86.lower``, which is target-neutral: the
-    vector width comes from the config's nr and the target's vector_bits).  ``aarch64-sve``:
-    the vscale lowering, scheduled here and printed as TVMScript (imports apache-tvm, so only
-    inside the worker)."""
-    cross_gcc()          # fail before compiling when the linker is missing
-    from . import get_target
-    t = get_target(request["target"]["name"])
-    if kernel_kind(t) == "cpu_lcma":
-        from .x86 import lower as cpu_lower
-        src, info = cpu_lower(request)
-        return src, {**info, "kernel": "cpu_lcma"}
-    from ..ir.algorithm import Algorithm
-    from ..schedules.te_lcma import lcma_prim_func
-    alg = Algorithm.from_dict(request["algorithm"])
-    shp = request["shape"]
-    p = schedule_params(t, request["dtype"])
-    mr = int((request.get("config") or {}).get("mr", p.mr))
-    entry = request.get("entry", "lcmac_matmul")
-    mod = lcma_prim_func(alg, shp["M"], shp["K"], shp["N"], request["dtype"], lanes=p.lanes,
-                         mr=mr, vla=True, name=entry)
-    return mod[entry].script(), {"kernel": "te_vla", "lanes_per_vscale": p.lanes, "mr": mr}

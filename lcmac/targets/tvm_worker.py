@@ -1,46 +1,44 @@
 """Compiler worker for the apache-tvm backend: ``python -m lcmac.targets.tvm_worker``.
 
 Reads one JSON request on stdin, writes one JSON response on stdout (the contract is in
-``lcmac.build``'s docstring).  This process imports apache-tvm and never TileLang (the two
-cannot share a process).  Target specifics come from ``lcmac.targets.<family>`` (``x86``,
-``aarch64``): ``tvm_target(request)``, ``lower(request) -> (TVMScript source, info)``,
-``export_library(rt_module, path)``.
+``lcmac.artifact.build``'s docstring).  This process imports apache-tvm and never TileLang
+(the two cannot share a process).  Target specifics come from the family's plug-ins in
+``lcmac.targets.tvm_plugins``: ``tvm_target(request)``, ``lower(request) -> (TVMScript
+source, info)``, ``export_library(rt_module, path)``.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 import time
 import traceback
 
+import tvm
+from tvm.script import tirx as T
+
+from lcmac.errors import TargetError
+from lcmac.targets.tvm_plugins import PLUGINS
+
 
 def handle(request: dict) -> dict:
     fam = request["target"]["family"]
-    try:
-        tmod = importlib.import_module(f"lcmac.targets.{fam}")
-    except ImportError as e:
-        raise RuntimeError(f"no target module lcmac.targets.{fam}: {e}") from e
-    for fn in ("tvm_target", "lower", "export_library"):
-        if not hasattr(tmod, fn):
-            from lcmac.errors import TargetError
-            raise TargetError(f"the {fam} target module has no {fn}(): building for "
-                              f"{request['target']['name']} is not supported yet")
+    if fam not in PLUGINS:
+        raise TargetError(f"the apache-tvm backend has no plug-ins for the {fam} family: "
+                          f"building for {request['target']['name']} is not supported")
+    tvm_target, lower, export_library = PLUGINS[fam]
     t0 = time.perf_counter()
-    source, info = tmod.lower(request)
+    source, info = lower(request)
     if request.get("source"):
         with open(request["source"], "w") as f:
             f.write(source)
     t1 = time.perf_counter()
-    import tvm
-    from tvm.script import tirx as T
     func = tvm.script.from_source(source, extra_vars={"T": T})
     mod = tvm.IRModule({request.get("entry", "lcmac_matmul"): func})
-    tdict = tmod.tvm_target(request)          # resolves mcpu "native" once
+    tdict = tvm_target(request)          # resolves mcpu "native" once
     target = tvm.target.Target(tdict)
     lib = tvm.compile(mod, target=target)
     t2 = time.perf_counter()
-    tmod.export_library(lib, request["library"])
+    export_library(lib, request["library"])
     t3 = time.perf_counter()
     if request.get("asm"):
         try:

@@ -32,6 +32,8 @@ import multiprocessing as mp
 import statistics
 import time
 
+from ..runtime.loader import load
+
 CHECK_ROWS = 32
 
 
@@ -292,15 +294,7 @@ def measure_artifact(path: str, target: str, dtype: str, shape, *, warmup: int =
     """Load, check and time one artifact (runs in the measuring process).  ``warm_s``: on a
     GPU, seconds of back-to-back calls before timing (seconds put the GPU at its power cap,
     the sustained state)."""
-    import lcmac
-    try:
-        f = lcmac.load(path)
-    except (AttributeError, ImportError, lcmac.LcmacError):
-        if not str(target).startswith("cuda"):
-            raise
-        # a TileLang artifact: the CUDA loader directly (``lcmac.load`` may not route to it yet)
-        from lcmac.runtime.cuda_loader import load_cuda
-        f = load_cuda(str(path))
+    f = load(path)
     if str(target).startswith("cuda"):
         return _measure_gpu(lambda A, B, C: f(A, B, out=C), dtype, shape, warmup=warmup,
                             repeats=repeats, min_run_s=min_run_s, check=check, warm_s=warm_s)
