@@ -402,7 +402,7 @@ def test_host_target_on_aarch64(monkeypatch, features, bits, want):
 
 
 def _bench_cpu():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_cpu.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_cpu.py"
     spec = importlib.util.spec_from_file_location("bench_cpu", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -16,7 +16,7 @@ import pytest
 
 from lcmac.targets.x86 import host_supports
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GCC = shutil.which("gcc")
 T512 = "x86_64-avx512"
 

@@ -18,7 +18,7 @@ from lcmac.ir.program import LinearProgram, combine_matrices
 from lcmac.ir.verify import brent_failures, verify
 
 DATA = Path(catalogue.__file__).parent / "data"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 AT_NAMES = ["at-2x2x2-r7", "at-2x2x3-r11", "at-2x2x4-r14", "at-2x2x5-r18", "at-2x3x3-r15",
             "at-2x3x4-r20", "at-2x3x5-r25", "at-2x4x4-r26", "at-2x5x5-r40", "at-3x5x5-r58",
