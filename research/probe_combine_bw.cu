@@ -1,4 +1,4 @@
-// Bandwidth probe for group-parallel combines (scripts/probe_combine_bw.py): NO outputs from
+// Bandwidth probe for group-parallel combines (research/probe_combine_bw.py): NO outputs from
 // NI inputs, each output the +/- sum of the inputs i with (i + o) % 3 == 0 (about NI/3
 // terms), blocks of `len` elements
 // laid out [NI][len] / [NO][len] as lcmac's workspaces.  VEC bf16 per load (4: 8 B, 8: 16 B),

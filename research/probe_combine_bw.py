@@ -1,16 +1,19 @@
 #!/usr/bin/env python
-"""Probe: how fast can a group-parallel combine stream on this GPU?  (bench/notes-cuda.md)
+"""Probe: how fast can a group-parallel combine stream on this GPU?  (docs/cuda-experiments.md)
 
-Times hand-written combine kernels (scripts/probe_combine_bw.cu: NO outputs from NI inputs,
+Times hand-written combine kernels (research/probe_combine_bw.cu: NO outputs from NI inputs,
 about NI/3 signed terms each, bf16 in, fp32 sums, bf16 out) at the sizes of Strassen² at
 16384³ (Combine H: 49 → 16 blocks of 4096², Combine A: 16 → 49) and Strassen (4 → 7, 7 → 4
 blocks of 8192²), in several thread shapes, beside torch's copy of the same number of bytes
 (the streaming ceiling).  Built twice: with ``__restrict__`` pointers and without.  These
 kernels are a yardstick for lcmac's generated combines, not part of lcmac.
 
-    python scripts/probe_combine_bw.py --out bench/results/h100-combine-bw.json
+    python research/probe_combine_bw.py --out bench/results/h100-combine-bw.json
 """
 import argparse, ctypes, json, os, statistics, subprocess, sys, tempfile
+
+# bench_cuda.py (scripts/) holds the timers and the record head these probes share
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHAPES = ((49, 16, 4096 * 4096), (16, 49, 4096 * 4096), (4, 7, 8192 * 8192), (7, 4, 8192 * 8192))
@@ -68,7 +71,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    sys.path.insert(0, HERE)
+    sys.path.insert(0, SCRIPTS)
     from bench_cuda import probe_record
     with tempfile.TemporaryDirectory() as d:
         runs = {("restrict" if r else "no_restrict"): measure(build(r, d)) for r in (True, False)}

@@ -12,9 +12,12 @@ reads the board's energy counter (NVML) around it:
 
 Prints effective TFLOP/s (2MNK/t), watts, mean SM clock and TFLOP per joule.
 
-    python scripts/probe_energy.py ART.json [ART.json ...] --seconds 2 --out bench/results/x.json
+    python research/probe_energy.py ART.json [ART.json ...] --seconds 2 --out bench/results/x.json
 """
 import argparse, ctypes, json, os, sys
+
+# bench_cuda.py (scripts/) holds the timers and the record head these probes share
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 
 
 class Nvml:
@@ -51,6 +54,7 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import torch
+    sys.path.insert(0, SCRIPTS)
     from bench_cuda import load_artifact, probe_record, sustained  # the benchmark's timer and loader
     nvml = Nvml()
     dev = torch.device("cuda")

@@ -8,8 +8,8 @@ registers (RS).  Timed on the GPU present, in one process (CUDA events):
 
 - ``ss``: lcmac's batched GEMM (Ã_r, B̃_r from memory) over the 5 two-block products;
 - ``rs``: the fused-A kernel over the same 5 products, reading A itself, pipelined by
-  TileLang (session 8: its loads and adds sit between wgmma waits);
-- ``ws<k slab>x<stages>``: the same with the pipeline written by hand (session 13): a
+  TileLang (2026-11-22, H100: its loads and adds sit between wgmma waits);
+- ``ws<k slab>x<stages>``: the same with the pipeline written by hand (2026-11-22): a
   producer warpgroup, async RS wgmma, the next step's sum while this step's wgmma runs;
   ``-one`` / ``-load`` controls and ``+mc`` (B multicast in 2-CTA clusters), see
   ``fused_a2_ws_kernel``;
@@ -18,12 +18,15 @@ registers (RS).  Timed on the GPU present, in one process (CUDA events):
 Checked first: each fused kernel's H against the batched GEMM's on Combine A's Ã_r (the fp32
 sum rounded once to bf16), to the bit.
 
-    python scripts/probe_fused_a.py --n 16384 --out bench/results/h100-fused-a.json
-    python scripts/probe_fused_a.py --n 16384 --cases pairs --kernels ws
+    python research/probe_fused_a.py --n 16384 --out bench/results/h100-fused-a.json
+    python research/probe_fused_a.py --n 16384 --cases pairs --kernels ws
         --ws-configs 64x3-one 64x3-load 64x3 --out bench/results/h100-bfloat16-fused-a-ws.json
         (one command)
 """
 import argparse, json, os, sys, time
+
+# bench_cuda.py (scripts/) holds the timers and the record head these probes share
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 
 import tilelang
 import tilelang.language as T
@@ -308,6 +311,7 @@ def main():
                 print(lower_to_cuda(fused_a2_ws_kernel(n, cases[c]), "sm_90a", {WS_SMEM_MERGE: True}))
         return
     import torch
+    sys.path.insert(0, SCRIPTS)
     from bench_cuda import burst_and_sustained, probe_record
     from lcmac.schedules.cuda.config import Blocking, CudaConfig
     from lcmac.schedules.cuda.kernels import batched_gemm

@@ -1,14 +1,17 @@
 #!/usr/bin/env python
-"""Probe: do the fused register-epilogue kernels hang?  (an open bug, bench/notes-cuda.md)
+"""Probe: do the fused register-epilogue kernels hang?  (an open bug, docs/cuda-experiments.md)
 
 For each case it builds the artifact, then calls it ``--sync`` times with a synchronize after
 each call, then ``--bursts`` times ``--burst`` calls back to back.  A watchdog ends the run
 (exit 3) when one step makes no progress for ``--watchdog`` seconds, and the log says which
 case and phase hung.
 
-    python scripts/probe_hang.py --out bench/results/h100-fused-hang.json
+    python research/probe_hang.py --out bench/results/h100-fused-hang.json
 """
 import argparse, json, os, subprocess, sys, threading, time
+
+# bench_cuda.py (scripts/) holds the timers and the record head these probes share
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 
 CASES = {   # name → (algorithm, n, config): the forms that hung in the step-table runs
     "fused-nca-ov-16384": ("strassen", 16384, {"fused": True, "cache_aware": False, "overlap_epilogue": True}),
@@ -37,6 +40,7 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import torch
+    sys.path.insert(0, SCRIPTS)
     from bench_cuda import probe_record
     from lcmac.runtime.cuda_loader import load_cuda
     log = probe_record("fused kernel hang", events=[])

@@ -14,9 +14,12 @@ independent calls (inputs fixed, two workspaces) three ways in one process:
 next to cuBLAS (torch.matmul, N calls).  The pipelined C of the last call is compared with the
 serial one bit for bit.  Optionally samples nvidia-smi (power, SM clock, throttle reasons).
 
-    python scripts/probe_overlap.py ART_DIR [ART_DIR ...] --calls 6 --out bench/results/x.json
+    python research/probe_overlap.py ART_DIR [ART_DIR ...] --calls 6 --out bench/results/x.json
 """
 import argparse, json, os, subprocess, sys, time
+
+# bench_cuda.py (scripts/) holds the timers and the record head these probes share
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 
 
 def main():
@@ -29,6 +32,7 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import torch
+    sys.path.insert(0, SCRIPTS)
     from bench_cuda import kernel_launchers, load_artifact, probe_record
     smi = None
     if args.smi:

@@ -16,9 +16,12 @@ store the last one.  Timed in one process on the GPU present (CUDA events):
 
 Checked first: each persistent kernel's H equals the grid kernel's bit for bit.
 
-    python scripts/probe_persistent.py --out bench/results/h100-bfloat16-persistent.json
+    python research/probe_persistent.py --out bench/results/h100-bfloat16-persistent.json
 """
 import argparse, json, os, sys, time
+
+# bench_cuda.py (scripts/) holds the timers and the record head these probes share
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 
 import tilelang
 import tilelang.language as T
@@ -75,6 +78,7 @@ def main():
         print(lower_to_cuda(persistent_bgemm(49, n // 4, args.sms or 132), "sm_90a"))
         return
     import torch
+    sys.path.insert(0, SCRIPTS)
     from bench_cuda import burst_and_sustained, probe_record
     from lcmac.schedules.cuda.config import Blocking, CudaConfig
     from lcmac.schedules.cuda.kernels import batched_gemm

@@ -17,7 +17,7 @@ The probe loads the *same* tile twice, so its H is 2·Ã·B̃ and its C wrong (r
 it times the cost of the sum only.  Run the artifacts with
 ``bench_cuda.py --artifacts OUT --stages --sustained 2`` and compare the batched_gemm stage.
 
-    python scripts/probe_producer_sum.py --n 16384 --out /tmp/probe-sum
+    python research/probe_producer_sum.py --n 16384 --out /tmp/probe-sum
 """
 import argparse, json, os, re, shutil, subprocess, sys, tempfile
 

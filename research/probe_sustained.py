@@ -7,9 +7,12 @@ cuBLAS and lcmac's plain TileLang GEMM at 8192³ once, the same GEMM 7 times bac
 16384³.  If 7 short launches take 7x one launch while a single long kernel runs slower per
 flop, the loss is sustained-load (clock/power) behaviour, not the batching.
 
-    python scripts/probe_sustained.py --out bench/results/h100-sustained.json
+    python research/probe_sustained.py --out bench/results/h100-sustained.json
 """
 import argparse, json, os, sys, tempfile, time
+
+# bench_cuda.py (scripts/) holds the timers and the record head these probes share
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 
 
 def main():
@@ -20,6 +23,7 @@ def main():
     args = ap.parse_args()
     import torch
     import lcmac
+    sys.path.insert(0, SCRIPTS)
     from bench_cuda import bench_fn, probe_record      # the benchmark's CUDA-event timer
     n = args.n
     d = tempfile.mkdtemp()

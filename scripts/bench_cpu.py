@@ -11,7 +11,14 @@ an AArch64 host; ``--target`` overrides, ``--dry-run`` prints the plan without b
 
     python scripts/bench_cpu.py                        # squares 1024/2048/4096 + LLM shapes
     python scripts/bench_cpu.py --sizes 2048 --no-llm --rounds 5
-Writes bench/results/cpu-<host>-float32.json (or --out).
+    python scripts/bench_cpu.py --artifacts out/*.json # artifacts you built, each against numpy
+
+With ``--artifacts`` nothing is built: every CPU artifact given (its manifest, or the ``.so``
+beside it) is timed against numpy at its own shape and dtype, interleaved in the same rounds;
+files that are not artifact manifests are skipped with a note.
+Writes out/bench-cpu/<host>-<dtype>-<UTC time>.json (``out/`` is not tracked; ``--out`` picks
+another path).  Results that the documentation cites are copied into bench/results/ by hand
+and listed in bench/results/index.json.
 """
 from __future__ import annotations
 
@@ -26,6 +33,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: where results go unless --out says otherwise: untracked (.gitignore has /out/)
+DEFAULT_OUT_DIR = ROOT / "out" / "bench-cpu"
 
 # (label, model, layer, M): moderate sizes from bench/llm_shapes.json (N, K read from the file)
 LLM_PICKS = [("DeepSeek-R1", "q_a_proj", 2048), ("DeepSeek-R1", "expert_down", 2048),
@@ -79,15 +88,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1024,2048,4096", help="square sizes, comma separated")
     ap.add_argument("--no-llm", action="store_true", help="skip the LLM shapes")
-    ap.add_argument("--llm-shapes", default=str(Path("/work/shared/bench/llm_shapes.json")
-                                                if Path("/work/shared/bench/llm_shapes.json").is_file()
+    ap.add_argument("--llm-shapes", default=str(ROOT / "bench" / "llm_shapes.json"
+                                                if (ROOT / "bench" / "llm_shapes.json").is_file()
                                                 else ROOT / "lcmac" / "tune" / "llm_shapes.json"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--pause", type=float, default=0.3, help="seconds of quiet before each timed call")
     ap.add_argument("--variants", default=",".join(v[0] for v in VARIANTS))
-    ap.add_argument("--artifacts", default=str(Path(tempfile.gettempdir()) / "lcmac-bench-cpu"))
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--artifacts", nargs="+", metavar="FILE", default=None,
+                    help="benchmark these artifacts (manifests .json, or their .so) against numpy "
+                         "instead of building the variants; non-manifest files are skipped")
+    ap.add_argument("--build-dir", default=str(Path(tempfile.gettempdir()) / "lcmac-bench-cpu"),
+                    help="where the variants' artifacts are built (default: a temporary directory)")
+    ap.add_argument("--out", default=None,
+                    help="the JSON written (default: out/bench-cpu/<host>-<dtype>-<UTC time>.json)")
     ap.add_argument("--target", default="host", help="lcmac target (default: this machine's)")
     ap.add_argument("--dry-run", action="store_true", help="print the target and cases, build nothing")
     ap.add_argument("--tuned", action="store_true",
@@ -100,6 +114,8 @@ def main(argv=None) -> int:
         os.environ[var] = str(args.threads)
     import numpy as np
     import lcmac
+    if args.artifacts is not None:
+        return bench_artifacts(args)
     from lcmac.artifact.build import build_many
     from lcmac.ir import get as get_algorithm
     from lcmac.schedules.cpu_config import default_config
@@ -113,7 +129,7 @@ def main(argv=None) -> int:
         print(f"target {target.name}; variants {', '.join(v[0] for v in want)}; cases "
               + "; ".join(f"{lb} {M}x{N}x{K}" for lb, M, N, K in cases))
         return 0
-    art = Path(args.artifacts)
+    art = Path(args.build_dir)
     print(f"# lcmac CPU benchmark, float32, {args.threads} threads, target {target.name}")
     print(f"# {cpu_description()}")
     print(f"# numpy {np.__version__}, median of {args.rounds} interleaved rounds, {args.pause}s pause")
@@ -149,19 +165,10 @@ def main(argv=None) -> int:
             f(A, B, out=C)
             errs[name] = float(np.linalg.norm(C - ref) / np.linalg.norm(ref))
         del ref
-        runs = {"numpy": [], **{n: [] for n, _ in fns}}
-
         def np_call():
             np.matmul(A, B, out=C)
         calls = [("numpy", np_call)] + [(n, (lambda f=f: f(A, B, out=C))) for n, f in fns]
-        for _ in range(args.rounds):
-            for name, call in calls:
-                time.sleep(args.pause)
-                call()                                  # warm (caches, workspace pool)
-                time.sleep(args.pause if name == "numpy" else 0.0)
-                t = time.perf_counter()
-                call()
-                runs[name].append(time.perf_counter() - t)
+        runs = interleaved(calls, args.rounds, args.pause)
         flops = 2.0 * M * N * K
         base = float(np.median(runs["numpy"]))
         print(f"\n{label}: M={M} N={N} K={K}  (builds {tb:.1f} s)")
@@ -179,21 +186,136 @@ def main(argv=None) -> int:
                                      "rel_error": errs.get(name)}
         results.append(row)
         del fns
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"cpu-{platform.node()}-float32.json"
+    write_results(args, "float32", {
+        "benchmark": "lcmac CPU float32", "target": target.name,
+        "configs": ("tuning log" if args.tuned else
+                    "templates' defaults for each shape (see each variant's config)"),
+        "results": results})
+    return 0
+
+
+def interleaved(calls, rounds: int, pause: float) -> dict[str, list[float]]:
+    """Time every (name, call) once per round, round-robin, ``pause`` seconds of quiet before
+    each call and after numpy's warm-up (OpenBLAS's spinning workers slow whatever runs next).
+    Each timed call follows an untimed one (caches, workspace pool)."""
+    runs: dict[str, list[float]] = {name: [] for name, _ in calls}
+    for _ in range(rounds):
+        for name, call in calls:
+            time.sleep(pause)
+            call()                                      # warm (caches, workspace pool)
+            time.sleep(pause if name == "numpy" else 0.0)
+            t = time.perf_counter()
+            call()
+            runs[name].append(time.perf_counter() - t)
+    return runs
+
+
+def default_out(dtype: str) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return DEFAULT_OUT_DIR / f"{platform.node() or 'host'}-{dtype}-{stamp}.json"
+
+
+def write_results(args, dtype: str, fields: dict) -> Path:
+    import numpy as np
+    import lcmac
+    out = Path(args.out) if args.out else default_out(dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": "lcmac CPU float32", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    doc = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join([Path(sys.executable).name] + sys.argv), "host": platform.node(),
-           "device": cpu_description(), "target": target.name, "threads": args.threads,
-           "rounds": args.rounds, "pause_s": args.pause,
-           "configs": ("tuning log" if args.tuned else
-                       "templates' defaults for each shape (see each variant's config)"),
-           "numpy": np.__version__,
+           "device": cpu_description(), "threads": args.threads,
+           "rounds": args.rounds, "pause_s": args.pause, "numpy": np.__version__,
            "lcmac": lcmac.__version__, "flops": "2*M*N*K (classical count)",
-           "load_average": os.getloadavg(), "results": results}
+           "load_average": os.getloadavg(), **fields}
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, out)
     print(f"\nwrote {out}")
+    return out
+
+
+def _manifest_path(p: Path) -> Path | None:
+    """The artifact manifest named by ``p`` (a manifest, or the library beside one), or None."""
+    cand = p.with_suffix(".json") if p.suffix == ".so" else p
+    try:
+        d = json.loads(cand.read_text())
+    except (OSError, ValueError):
+        return None
+    return cand if isinstance(d, dict) and str(d.get("format", "")).startswith("lcmac-artifact/") else None
+
+
+def bench_artifacts(args) -> int:
+    """``--artifacts``: each given CPU artifact against numpy at its own shape, interleaved."""
+    import numpy as np
+    import lcmac
+
+    found, seen = [], set()
+    for name in args.artifacts:
+        p = Path(name)
+        m = _manifest_path(p)
+        if m is None:
+            print(f"# skipped {name}: not an lcmac artifact manifest")
+            continue
+        if m.resolve() in seen:
+            continue
+        seen.add(m.resolve())
+        found.append(m)
+    if not found:
+        print("no artifacts to benchmark (give their manifests: out/*.json)", file=sys.stderr)
+        return 2
+    groups: dict[tuple, list] = {}
+    for m in found:
+        f = lcmac.load(m)
+        man = f.manifest
+        if man.backend != "tvm" or type(f).__name__ == "EmulatedFunction":
+            print(f"# skipped {m}: {man.target.get('name')} does not run natively on this CPU")
+            continue
+        if man.dtype not in ("float32", "float64"):
+            print(f"# skipped {m}: numpy has no {man.dtype} GEMM to compare with")
+            continue
+        groups.setdefault((man.M, man.N, man.K, man.dtype), []).append((m, f))
+    if not groups:
+        return 2
+    print(f"# lcmac CPU artifacts vs numpy, {args.threads} threads")
+    print(f"# {cpu_description()}")
+    print(f"# numpy {np.__version__}, median of {args.rounds} interleaved rounds, {args.pause}s pause")
+    results = []
+    for (M, N, K, dtype), fns in groups.items():
+        rng = np.random.default_rng(0)
+        A = rng.standard_normal((M, K)).astype(dtype)
+        B = rng.standard_normal((K, N)).astype(dtype)
+        C = np.empty((M, N), dtype)
+        ref = A.astype(np.float64) @ B.astype(np.float64)
+        nref = float(np.linalg.norm(ref))
+        errs = {"numpy": float(np.linalg.norm(A @ B - ref) / nref)}
+        labels = []
+        for m, f in fns:
+            label = m.stem
+            f(A, B, out=C)
+            errs[label] = float(np.linalg.norm(C - ref) / nref)
+            labels.append((label, f))
+        del ref
+
+        def np_call():
+            np.matmul(A, B, out=C)
+        calls = [("numpy", np_call)] + [(lb, (lambda f=f: f(A, B, out=C))) for lb, f in labels]
+        runs = interleaved(calls, args.rounds, args.pause)
+        flops = 2.0 * M * N * K
+        base = float(np.median(runs["numpy"]))
+        print(f"\n{dtype} M={M} N={N} K={K}")
+        print(f"  {'':44s} {'median ms':>9s} {'spread':>7s} {'GFLOP/s':>8s} {'vs numpy':>8s} {'rel.err':>9s}")
+        row = {"M": M, "N": N, "K": K, "dtype": dtype, "variants": {}}
+        for name, ts in runs.items():
+            med = float(np.median(ts))
+            spread = (max(ts) - min(ts)) / med
+            g, r = flops / med / 1e9, base / med
+            print(f"  {name:44s} {med * 1e3:9.2f} {spread * 100:6.1f}% {g:8.1f} {r:7.3f}x {errs[name]:9.2e}")
+            row["variants"][name] = {"median_s": med, "spread": spread, "gflops": g,
+                                     "ratio_vs_numpy": r, "seconds": ts, "rel_error": errs[name]}
+        results.append(row)
+    print("\n# spread = (max - min) / median of the rounds; vs numpy = numpy's median / this median")
+    dtypes = sorted({k[3] for k in groups})
+    write_results(args, "-".join(dtypes), {"benchmark": "lcmac CPU artifacts vs numpy",
+                                            "artifacts": [str(m) for m in found], "results": results})
     return 0
 
 
