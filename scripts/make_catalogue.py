@@ -14,8 +14,8 @@ compute exactly the combine matrices of the algorithm.  Admission rule: grid dim
 2..5 and every coefficient in {-1, 0, 1}.
 
     python scripts/make_catalogue.py \
-        --alphatensor /work/.mirror/google-deepmind+alphatensor/repo \
-        --fmm /work/.mirror/dronperminov+FastMatrixMultiplication/repo
+        --alphatensor PATH/TO/google-deepmind/alphatensor \
+        --fmm PATH/TO/dronperminov/FastMatrixMultiplication
 """
 from __future__ import annotations
 
@@ -266,10 +266,10 @@ def make_rational(path: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--alphatensor", type=Path,
-                    default=Path("/work/.mirror/google-deepmind+alphatensor/repo"))
-    ap.add_argument("--fmm", type=Path,
-                    default=Path("/work/.mirror/dronperminov+FastMatrixMultiplication/repo"))
+    ap.add_argument("--alphatensor", type=Path, required=True,
+                    help="a git checkout or bare mirror of google-deepmind/alphatensor")
+    ap.add_argument("--fmm", type=Path, required=True,
+                    help="a git checkout or bare mirror of dronperminov/FastMatrixMultiplication")
     ap.add_argument("--dps48", type=Path, default=None,
                     help="the Dumas-Pernet-Sedoglavic <4,4,4;48> scheme as u/v/w JSON (the "
                          "FastMatrixMultiplication layout, coefficients as \"1/4\" strings); "

@@ -17,7 +17,7 @@ Conventions
 * ``mem_bw``: DRAM bytes per second, reads plus writes.
 * dtypes use lcmac's canonical names (``lcmac.dtypes``) plus ``tfloat32``: float32 storage
   multiplied on TF32 tensor cores (GPU only).  Plain ``float32`` on a GPU means IEEE FP32 on
-  the CUDA cores, the "fp32 without TF32" of DESIGN.md.
+  the CUDA cores ("fp32 without TF32").
 """
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def _hopper(name, desc, bw, units, l2, src, *, bf16=989.4 * T, fp32=66.9 * T, fp
 _H100_SRC = ("NVIDIA H100 SXM5 datasheet: 989 TFLOP/s dense BF16/FP16, 495 TF32, 1979 FP8, "
              "67 FP64 tensor, 67 FP32 / 33.5 FP64 CUDA-core; 3.35 TB/s HBM3; 132 SMs, 228 KiB "
              "smem+L1 per SM, 256 KiB registers per SM, 50 MiB L2. gemm_efficiency from "
-             "DESIGN.md's measurements on the lent H100: cuBLAS bf16 721/771/689 TFLOP/s at "
+             "measurements on an H100 SXM (docs/cuda.md): cuBLAS bf16 721/771/689 TFLOP/s at "
              "4096³/8192³/16384³, fp32 (no TF32) 50–52 TFLOP/s. L2 bandwidth ~2.5× HBM is a "
              "judgement, not measured.")
 
@@ -243,7 +243,7 @@ def _build() -> dict[str, HardwareProfile]:
         "spr-2core", "this machine: Intel Sapphire Rapids VM, 2 cores, AVX-512 (+BF16, FP16, AMX)",
         cores=2, ghz=2.5e9, fma_ports=2, vector_bits=512, mem_bw=21 * G, l1=48 * KiB,
         l2=2 * MiB, l3=8 * MiB, fp16=True,
-        src="measured here (DESIGN.md): OpenBLAS fp32 GEMM 200–290 GFLOP/s at 1024–4096, copy "
+        src="measured on a 2-core Sapphire Rapids VM (docs/cpu.md): OpenBLAS fp32 GEMM 200–290 GFLOP/s at 1024–4096, copy "
             "bandwidth ~21 GB/s (bytes moved), one-pass Strassen Combine A at 20.5 GB/s; peak "
             "assumes 2 FMA ports × 16 fp32 lanes at ~2.5 GHz (320 GFLOP/s). bf16/fp16 at 2× fp32 "
             "(AVX512-BF16 / AVX512-FP16 dot products; AMX not modelled). lscpu: 48 KiB L1d, "

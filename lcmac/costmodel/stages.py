@@ -34,7 +34,7 @@ t_tile = 2·bm·bn·Kb / (per-SM achievable FLOP/s · tile efficiency · Kb/(Kb+
 output tiles that fit on chip (``waves.onchip_fit``), the best one chosen; on a CPU it is
 2·R·Mb·Nb·Kb / (achievable FLOP/s · 1/(1 + h/Mb + h/Nb + h/Kb)) — smaller GEMMs run at a
 lower fraction of peak, which is what makes one level of Strassen gain only a few percent on
-the 2-core CPU while two levels clear 10% (DESIGN.md's calibration).
+the 2-core CPU while two levels clear 10% (the CPU profile's calibration, docs/cpu.md).
 
 Totals (Eq. 9 unfused, Eq. 10 fused; ``overhead`` = kernel launches × launch overhead):
 
