@@ -2,32 +2,68 @@
 
 Commands print tables for people; ``--json`` prints a stable schema for tools
 (see README.md, "JSON output").
+
+Shapes are MxNxK (C = A·B with A M×K, B K×N, C M×N); algorithm grids are <m,k,n> and are
+written MxKxN.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import os
-import re
 import sys
+import tempfile
+import time
 
-from .errors import LcmacError
+from .artifact.build import build
+from .artifact.manifest import Manifest
+from .artifact.tuning_log import TuningDB
+from .costmodel import gemm_estimate, model_dtype, resolve_profile, select
+from .costmodel.accuracy import cuda_model_args, error_ratio
+from .costmodel.decision import with_errors
+from .dtypes import CANONICAL
+from .errors import LcmacError, ShapeError
+from .ir import catalogue
+from .ir.cse import optimized_programs
+from .ir.importers import load_file
+from .ir.program import stage_names
+from .ir.summary import summarize
+from .ir.verify import brent_failures
+from .schedules.cuda.config import OPERAND_MODES
+from .shapes import SHAPE_HELP, parse_shape
+from .targets import TARGETS, get_target, host_target, schedule_family
+from .tune import tuner
+from .tune.measured_decision import REGIMES, decide_by_measurement
+from .tune.plot import plot_predicted_vs_measured
+from .tune.shapes import llm_cpu_shapes, llm_shapes
+from .version import __version__
 
 JSON_SCHEMAS = {"list": "lcmac-list/1", "show": "lcmac-show/1", "verify": "lcmac-verify/1",
                 "select": "lcmac-select/1"}
+GRID_HELP = ("MxKxN: an algorithm's grid <m,k,n>, an m×k block of A times a k×n block of B "
+             "(e.g. 2x2x3)")
 
 
 def _dump(kind: str, payload: dict) -> None:
     print(json.dumps({"schema": JSON_SCHEMAS[kind], **payload}, indent=2, default=str))
 
 
-def parse_shape(text: str) -> tuple[int, int, int]:
-    """'MxNxK' → (M, N, K)."""
-    mt = re.fullmatch(r"\s*(\d+)\s*[xX×,]\s*(\d+)\s*[xX×,]\s*(\d+)\s*", text)
-    if not mt or min(int(g) for g in mt.groups()) < 1:
-        raise argparse.ArgumentTypeError(
-            f"shape {text!r} must be MxNxK with positive integers, e.g. 4096x4096x4096")
-    return tuple(int(g) for g in mt.groups())
+def shape_arg(text: str) -> tuple[int, int, int]:
+    """``--shape``: ``lcmac.shapes.parse_shape``, its error reported as argparse's."""
+    try:
+        return parse_shape(text)
+    except ShapeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def grid_arg(text: str) -> tuple[int, int, int]:
+    """``--grid``: three positive integers written as a shape is, meaning <m,k,n>."""
+    try:
+        return parse_shape(text)
+    except ShapeError:
+        raise argparse.ArgumentTypeError(f"grid {text!r} must be {GRID_HELP}") from None
 
 
 def _table(rows: list[list], header: list[str]) -> str:
@@ -39,11 +75,9 @@ def _table(rows: list[list], header: list[str]) -> str:
 
 # ---- list / show / verify ---------------------------------------------------------------
 def cmd_list(args) -> int:
-    from .ir import catalogue
-    from .ir.summary import summarize
     algs = catalogue.all_algorithms(include_naive=args.naive)
     if args.grid:
-        want = sorted(parse_shape(args.grid))
+        want = sorted(args.grid)
         algs = [a for a in algs if sorted(a.grid) == want]
     rows = [summarize(a) for a in algs]
     if args.json:
@@ -60,15 +94,10 @@ def cmd_list(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from .ir import catalogue
-    from .ir.cse import optimized_programs
-    from .ir.program import stage_names
-    from .ir.summary import summarize
     alg = catalogue.get(args.name)
     s = summarize(alg)
     progs = optimized_programs(alg)
     names = stage_names(alg)
-    from .costmodel.accuracy import error_ratio
     # the error this scheme adds, by dtype (Algorithm 1's roundings; lcmac.costmodel.accuracy)
     native = {dt: round(error_ratio(alg, dt).ratio, 2) for dt in ("bfloat16", "float16", "tfloat32")}
     # the scaled operand modes, against the plain GEMM on the same operands (fp16x2's ratio
@@ -102,10 +131,7 @@ def cmd_show(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .ir import catalogue
-    from .ir.verify import brent_failures
     if os.path.exists(args.target):
-        from .ir.importers import load_file
         algs = load_file(args.target, check=False)
         algs = algs if isinstance(algs, list) else [algs]
     else:
@@ -133,16 +159,14 @@ def cmd_verify(args) -> int:
 
 # ---- select -----------------------------------------------------------------------------
 def cmd_select(args) -> int:
-    from .costmodel import select
-    from .tune.space import model_dtype
     M, N, K = args.shape
     source = "model"
     dt = args.dtype
     mdt = model_dtype(args.target, args.dtype, args.operands)
     if args.measured:
-        from .tune.decide import decide
-        d = decide(M, N, K, args.dtype, args.target, db=args.logs, static_b=args.static_b,
-                   max_error=args.max_error, regime=args.regime)
+        d = decide_by_measurement(M, N, K, args.dtype, args.target, db=args.logs,
+                                  static_b=args.static_b, max_error=args.max_error,
+                                  regime=args.regime)
         cands, source = d.candidates, d.source
     else:
         cands = select(M, N, K, mdt, args.target, static_b=args.static_b, operands=args.operands,
@@ -151,7 +175,6 @@ def cmd_select(args) -> int:
             dt = mdt                        # shown as the GEMM stage's (CUDA float32: TF32)
     errors = args.error or args.max_error is not None
     if errors:                              # rows within the budget (if any), errors filled in
-        from .costmodel.decision import with_errors
         shown = with_errors(cands, mdt, args.operands, K, args.max_error, args.top)
     else:
         shown = cands[: args.top]
@@ -162,6 +185,12 @@ def cmd_select(args) -> int:
                          "target": args.target, "static_b": args.static_b, "source": source,
                          "decision": best.to_dict(), "candidates": [c.to_dict() for c in shown]})
         return 0
+    _print_selection(args, shown, best, source, dt, errors)
+    return 0
+
+
+def _print_selection(args, shown, best, source: str, dt: str, errors: bool) -> None:
+    M, N, K = args.shape
     rows = []
     for c in shown:
         d = c.to_dict()
@@ -187,20 +216,15 @@ def cmd_select(args) -> int:
     bd = best.to_dict()
     reason = (bd.get("reason") or "").removeprefix("decision: ")
     print(f"\ndecision: {bd['algorithm']}" + (f" ({reason})" if reason else ""))
-    return 0
 
 
 # ---- build ---------------------------------------------------------------------------------
 def cmd_build(args) -> int:
-    import time
-    from .artifact.build import build
-    from .targets import get_target, host_target
     t = host_target() if args.target in (None, "host") else get_target(args.target)
     t0 = time.perf_counter()
     path = build(args.algo, t, args.dtype, args.shape, levels=args.levels, config=args.config,
                  out_dir=args.output, name=args.name, mcpu=args.mcpu)
     dt = time.perf_counter() - t0
-    from .artifact.manifest import Manifest
     m = Manifest.read(path)
     print(f"built {m.algorithm['name']} (<{','.join(map(str, m.algorithm['grid']))};"
           f"{m.algorithm['rank']}>, levels {m.algorithm['levels']}) for {m.target['name']} "
@@ -227,7 +251,6 @@ def cmd_build(args) -> int:
 def _predicted_error(m) -> str:
     """The accuracy model's word on a built LCMA ('' for the plain GEMM or an unmodelled
     operand mode): its error as a multiple of the plain GEMM's, on normal inputs."""
-    from .costmodel.accuracy import cuda_model_args, error_ratio
     if m.algorithm["rank"] <= 1:
         return ""
     cfg = m.config or {}
@@ -248,7 +271,6 @@ def _predicted_error(m) -> str:
 # ---- tune ----------------------------------------------------------------------------------
 def _tune_cases(args) -> list | None:
     if args.shapes in ("llm", "llm-cpu"):
-        from .tune.shapes import llm_cpu_shapes, llm_shapes
         fn = llm_shapes if args.shapes == "llm" else llm_cpu_shapes
         return fn(ms=args.m, limit=args.limit)
     if args.shape:
@@ -260,18 +282,12 @@ def _dry_measure(target, dtype, shape, seed: int = 0):
     """--dry-run: no compiler, no kernel — the model's estimate × a deterministic ±15 %
     'measurement' (the vendor: the cost model's plain-GEMM time × the same noise), to try the
     command's flow."""
-    import hashlib
-    import math
-
     def fake(pt):
         h = int(hashlib.sha1(f"{seed}|{shape}|{pt.algorithm}|{pt.key}".encode()).hexdigest()[:8], 16)
         noise = 0.85 + 0.3 * (h / 0xFFFFFFFF)
         t = pt.predicted_s
         if pt.algorithm == "vendor":
-            from .costmodel import gemm_estimate
-            from .costmodel.decision import _resolve
-            from .tune.space import model_dtype
-            p, d = _resolve(target, model_dtype(target, dtype), None)
+            p, d = resolve_profile(target, model_dtype(target, dtype), None)
             t = gemm_estimate(*shape, d, p).time_s
         if t is None or not math.isfinite(t):
             return None
@@ -279,82 +295,87 @@ def _dry_measure(target, dtype, shape, seed: int = 0):
     return fake
 
 
-def cmd_tune(args) -> int:
-    import math
-    from .tune import tuner
-    from .artifact.tuning_log import TuningDB
-    from .tune.space import family
-    cases = _tune_cases(args)
-    if not cases:
-        print("lcmac tune: error: give --shape MxNxK or --shapes llm|llm-cpu", file=sys.stderr)
-        return 2
-    algo = args.algo if "," not in args.algo else [a.strip() for a in args.algo.split(",")]
-    gpu = family(args.target) == "cuda"
-    repeats = args.repeats or (15 if gpu else 5)
-    logs = args.logs
-    if args.dry_run and logs is None:
-        import tempfile
-        logs = tempfile.mkdtemp(prefix="lcmac-dry-run-")
-    store = TuningDB(logs)
-    results, rows = [], []
+def _tune_refusal(args, gpu: bool) -> str:
+    """Why these options cannot be tuned together ('' when they can)."""
+    if args.sustained is not None and not gpu:
+        return ("--sustained is a GPU measurement (the power-capped steady state); CPU timings "
+                "are taken as they are")
+    if args.operands != "native" and not gpu:
+        return "--operands is a CUDA option (scaled fp16 operands)"
+    if args.dry_run and (args.build_only or args.prebuilt):
+        return "--dry-run does not combine with --build-only/--prebuilt"
+    return ""
+
+
+def _tune_options(args, gpu: bool, store) -> dict:
+    """``tuner.tune``'s keyword options from the command line."""
     kw = dict(budget=args.budget, patience=args.patience, db=store, top_lcmas=args.top_lcmas,
-              repeats=repeats, progress=not args.quiet, measure_default=args.compare_default,
-              exhaustive=args.exhaustive, tag=args.tag, vendor=args.vendor,
-              max_error=args.max_error)
+              repeats=args.repeats or (15 if gpu else 5), progress=not args.quiet,
+              measure_default=args.compare_default, exhaustive=args.exhaustive, tag=args.tag,
+              vendor=args.vendor, max_error=args.max_error)
     if args.sustained is not None:
-        if not gpu:
-            print("lcmac tune: error: --sustained is a GPU measurement (the power-capped steady "
-                  "state); CPU timings are taken as they are", file=sys.stderr)
-            return 2
         kw["sustained_s"] = args.sustained
     if args.operands != "native":
-        if not gpu:
-            print("lcmac tune: error: --operands is a CUDA option (scaled fp16 operands)",
-                  file=sys.stderr)
-            return 2
         kw["operands"] = args.operands
     if gpu:
         kw.update(min_run_s=0.01, warmup=3)
-    rate = 1e3 if gpu else 1.0     # GFLOP/s on CPUs, TFLOP/s on GPUs
+    return kw
+
+
+def _result_rows(r, rate: float) -> list[list]:
+    """The summary table's rows of one shape's ``TuneResult`` (``rate``: 1e3 for TFLOP/s)."""
+    rows = []
+    best = r.best
+    shape = "x".join(map(str, r.shape))
+    vendor_best = bool(r.vendor_time and best is not None and r.vendor_time < best.time_s)
+    for row in r.summary_rows():
+        rows.append([shape, row["algorithm"], row["trials"],
+                     f"{row['best_ms']:.3f}", f"{row['gflops'] / rate:.1f}", f"{row['predicted_ms']:.3f}",
+                     "-" if row["spearman"] != row["spearman"] or row["trials"] < 3
+                     else f"{row['spearman']:.2f}",
+                     "-" if row["default_ms"] != row["default_ms"] else f"{row['default_ms'] / row['best_ms']:.2f}x",
+                     "-" if row["vs_vendor"] != row["vs_vendor"] else f"{row['vs_vendor']:.3f}x",
+                     "*" if best is not None and row["algorithm"] == best.point.algorithm
+                     and not vendor_best else ""])
+    if r.vendor_time:
+        M, N, K = r.shape
+        rows.append([shape, f"vendor ({r.vendor_config.get('library', '?')})", 1,
+                     f"{r.vendor_time * 1e3:.3f}", f"{2 * M * N * K / r.vendor_time / 1e9 / rate:.1f}",
+                     "-", "-", "-", "1.000x",
+                     "*" if best is None or r.vendor_time < best.time_s else ""])
+    if best is None:
+        rows.append([shape, "(all failed)", len(r.trials), "-", "-", "-", "-", "-", "-", ""])
+        for t in r.trials[:3]:
+            print(f"  failed: {t.error}", file=sys.stderr)
+    return rows
+
+
+def cmd_tune(args) -> int:
+    cases = _tune_cases(args)
+    gpu = schedule_family(args.target) == "cuda"
+    why = "give --shape MxNxK or --shapes llm|llm-cpu" if not cases else _tune_refusal(args, gpu)
+    if why:
+        print(f"lcmac tune: error: {why}", file=sys.stderr)
+        return 2
+    algo = args.algo if "," not in args.algo else [a.strip() for a in args.algo.split(",")]
+    logs = args.logs
+    if args.dry_run and logs is None:
+        logs = tempfile.mkdtemp(prefix="lcmac-dry-run-")
+    store = TuningDB(logs)
+    kw = _tune_options(args, gpu, store)
+    results, rows = [], []
 
     def add_rows(label, r):
         results.append(r)
-        best = r.best
-        shape = r.shape
-        for row in r.summary_rows():
-            rows.append(["x".join(map(str, shape)), row["algorithm"], row["trials"],
-                         f"{row['best_ms']:.3f}", f"{row['gflops'] / rate:.1f}", f"{row['predicted_ms']:.3f}",
-                         "-" if row["spearman"] != row["spearman"] or row["trials"] < 3
-                         else f"{row['spearman']:.2f}",
-                         "-" if row["default_ms"] != row["default_ms"] else f"{row['default_ms'] / row['best_ms']:.2f}x",
-                         "-" if row["vs_vendor"] != row["vs_vendor"] else f"{row['vs_vendor']:.3f}x",
-                         "*" if best is not None and row["algorithm"] == best.point.algorithm
-                         and not (r.vendor_time and r.vendor_time < best.time_s) else ""])
-        if r.vendor_time:
-            M, N, K = shape
-            rows.append(["x".join(map(str, shape)), f"vendor ({r.vendor_config.get('library', '?')})", 1,
-                         f"{r.vendor_time * 1e3:.3f}", f"{2 * M * N * K / r.vendor_time / 1e9 / rate:.1f}",
-                         "-", "-", "-", "1.000x",
-                         "*" if best is None or r.vendor_time < best.time_s else ""])
-        if best is None:
-            rows.append(["x".join(map(str, shape)), "(all failed)", len(r.trials), "-", "-", "-", "-",
-                         "-", "-", ""])
-            for t in r.trials[:3]:
-                print(f"  failed: {t.error}", file=sys.stderr)
+        rows.extend(_result_rows(r, 1e3 if gpu else 1.0))   # GFLOP/s on CPUs, TFLOP/s on GPUs
 
-    use_many = (args.build_only or args.prebuilt or (gpu and not args.dry_run and args.jobs > 1
-                                                     and len(cases) > 1))
-    if use_many:
-        if args.dry_run:
-            print("lcmac tune: error: --dry-run does not combine with --build-only/--prebuilt",
-                  file=sys.stderr)
-            return 2
+    if args.build_only or args.prebuilt or (gpu and not args.dry_run and args.jobs > 1 and len(cases) > 1):
         for i, (label, shape) in enumerate(cases, 1):
             print(f"[{i}/{len(cases)}] {label + ' ' if label else ''}{'x'.join(map(str, shape))} "
                   f"{args.dtype} on {args.target}", file=sys.stderr)
-        res = tuner.tune_many(cases, algo, args.target, args.dtype, jobs=args.jobs,
-                              prebuilt=args.prebuilt, build_dir=args.build_only or args.build_dir,
-                              build_only=bool(args.build_only), on_result=add_rows, **kw)
+        tuner.tune_many(cases, algo, args.target, args.dtype, jobs=args.jobs,
+                        prebuilt=args.prebuilt, build_dir=args.build_only or args.build_dir,
+                        build_only=bool(args.build_only), on_result=add_rows, **kw)
         if args.build_only:
             print(f"built into {args.build_only} (index.jsonl); measure elsewhere with "
                   f"`lcmac tune ... --prebuilt {args.build_only}`")
@@ -364,14 +385,13 @@ def cmd_tune(args) -> int:
             fake = _dry_measure(args.target, args.dtype, shape) if args.dry_run else None
             print(f"[{i}/{len(cases)}] tuning {label + ' ' if label else ''}{'x'.join(map(str, shape))} "
                   f"{args.dtype} on {args.target}", file=sys.stderr)
-            r = tuner.tune(algo, args.target, args.dtype, shape, jobs=args.jobs, measure_fn=fake, **kw)
-            add_rows(label, r)
-    print(_table(rows, ["shape", "algorithm", "trials", "best ms", "TFLOP/s" if gpu else "GFLOP/s", "model ms", "spearman",
-                        "vs default", "vs vendor", "best"]))
+            add_rows(label, tuner.tune(algo, args.target, args.dtype, shape, jobs=args.jobs,
+                                       measure_fn=fake, **kw))
+    print(_table(rows, ["shape", "algorithm", "trials", "best ms", "TFLOP/s" if gpu else "GFLOP/s",
+                        "model ms", "spearman", "vs default", "vs vendor", "best"]))
     print(f"\nlogged to {store.root}" + ("  (dry run: model × noise, nothing built)" if args.dry_run
                                           else "  (`lcmac build` uses the best logged config for a shape)"))
     if args.plot:
-        from .tune.plot import plot_predicted_vs_measured
         try:
             trials = [t for r in results for t in r.trials]
             print(f"plot: {plot_predicted_vs_measured(trials, args.plot, f'{args.target} {args.dtype}')}")
@@ -380,47 +400,67 @@ def cmd_tune(args) -> int:
     return 0 if results and all(r.best is not None for r in results) else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .schedules.cuda.config import OPERAND_MODES    # a config module: no compiler
-    from . import __version__
-    p = argparse.ArgumentParser(prog="lcmac", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"lcmac {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+# ---- the command line ----------------------------------------------------------------------
+TARGET_NAMES = ", ".join(TARGETS)
+DTYPE_HELP = (f"element type: {', '.join(CANONICAL)}, or an alias (bf16, fp16, fp32, fp64, "
+              f"fp8); default float32")
 
-    s = sub.add_parser("list", help="list the algorithm catalogue")
+
+def _add_list(sub) -> None:
+    s = sub.add_parser("list", help="list the algorithm catalogue",
+                       description="The catalogue: each algorithm's grid <m,k,n>, rank R, "
+                                   "saving over the naive m·k·n products, nonzeros of U/V/W and "
+                                   "additions before and after common-subexpression elimination.")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-list/1)")
     s.add_argument("--naive", action="store_true", help="include the naive <m,k,n;mkn> schemes")
-    s.add_argument("--grid", metavar="MxKxN", help="only algorithms for this grid (any order)")
+    s.add_argument("--grid", type=grid_arg, metavar="MxKxN",
+                   help="only algorithms of this grid <m,k,n>, written MxKxN, in any order of "
+                        "m, k, n (e.g. 2x2x3: a grid, not a shape)")
     s.set_defaults(func=cmd_list)
 
-    s = sub.add_parser("show", help="one algorithm in full, with its combine programs")
+
+def _add_show(sub) -> None:
+    s = sub.add_parser("show", help="one algorithm in full, with its combine programs",
+                       description="One algorithm: its source, hash, nonzeros, additions, the "
+                                   "error it is predicted to add per dtype, and the straight-line "
+                                   "programs of Combine A, B and H.")
     s.add_argument("name", help="catalogue name or expression: strassen, strassen^2, a*b, a@MxKxN")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-show/1)")
     s.add_argument("--full", action="store_true", help="print combine programs even for large R")
     s.add_argument("--max-rank", type=int, default=64, help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_show)
 
-    s = sub.add_parser("verify", help="check an algorithm exactly against the Brent equations")
+
+def _add_verify(sub) -> None:
+    s = sub.add_parser("verify", help="check an algorithm exactly against the Brent equations",
+                       description="Exact (rational) check of every Brent equation; exit status "
+                                   "1 when one fails.")
     s.add_argument("target", metavar="FILE_OR_NAME",
                    help="a catalogue name, or a file: AlphaTensor .npz, FastMatrixMultiplication "
                         "JSON, lcmac JSON")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-verify/1)")
     s.set_defaults(func=cmd_verify)
 
-    s = sub.add_parser("select", help="rank GEMM and every applicable LCMA for a shape")
-    s.add_argument("--shape", required=True, type=parse_shape, metavar="MxNxK",
-                   help="C is MxN, the inner dimension K")
-    s.add_argument("--target", required=True, help="e.g. cuda-sm90a, x86_64-avx512, aarch64-sve")
-    s.add_argument("--dtype", default="float32", help="float32, float64, bf16, fp16, fp8")
+
+def _add_select(sub) -> None:
+    s = sub.add_parser("select", help="rank GEMM and every applicable LCMA for a shape",
+                       description="The cost model's ranking of the plain GEMM and every "
+                                   "applicable LCMA for one shape, with each one's predicted "
+                                   "error, and its decision (--measured: the tuning log's "
+                                   "measurements first, as lcmac.auto decides at run time).")
+    s.add_argument("--shape", required=True, type=shape_arg, metavar="MxNxK", help=SHAPE_HELP)
+    s.add_argument("--target", required=True, help=f"one of {TARGET_NAMES}")
+    s.add_argument("--dtype", default="float32", help=DTYPE_HELP)
     s.add_argument("--top", type=int, default=10, help="rows to print (default 10)")
     s.add_argument("--static-b", action="store_true",
                    help="B is a static weight: Combine B is done once, offline")
     s.add_argument("--measured", action="store_true",
                    help="use the tuning log's measurements (lcmac tune), the vendor GEMM included, "
                         "as the decision does at run time")
-    s.add_argument("--logs", default=None, metavar="DIR", help="tuning-log directory for --measured")
-    s.add_argument("--regime", default="burst", choices=("burst", "sustained"),
+    s.add_argument("--logs", default=None, metavar="DIR",
+                   help="tuning-log directory for --measured (default $LCMAC_TUNING_LOGS or "
+                        "./tuning_logs of the checkout)")
+    s.add_argument("--regime", default="burst", choices=REGIMES,
                    help="with --measured: decide on the log's burst records (default) or on its "
                         "sustained ones (lcmac tune --sustained: a GPU at its power cap)")
     s.add_argument("--operands", default="native", choices=OPERAND_MODES,
@@ -429,17 +469,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-error", type=float, default=None, metavar="X",
                    help="error budget: leave out LCMAs whose predicted error exceeds X times the "
                         "plain GEMM's in this dtype (e.g. 4 admits bf16 Strassen at ~3.5x)")
-    s.add_argument("--error", action="store_true",
-                   help="show each printed row's predicted error (x the plain GEMM's)")
+    s.add_argument("--error", action=argparse.BooleanOptionalAction, default=True,
+                   help="show each printed row's predicted error, x the plain GEMM's (default; "
+                        "--no-error skips the accuracy model, about 0.3 s a row)")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-select/1)")
     s.set_defaults(func=cmd_select)
 
-    s = sub.add_parser("build", help="compile an algorithm (or the plain GEMM) into a library + manifest")
+
+def _add_build(sub) -> None:
+    s = sub.add_parser("build", help="compile an algorithm (or the plain GEMM) into a library + manifest",
+                       description="Compile one algorithm for one target, dtype and shape into "
+                                   "a shared library and its JSON manifest (lcmac.load reads "
+                                   "them). Without --config: the tuning log's best config for "
+                                   "the shape (lcmac tune; CPUs: this exact shape), else the "
+                                   "backend's default.")
     s.add_argument("--algo", required=True, help="gemm, or a catalogue name/expression (strassen, strassen^2, ...)")
-    s.add_argument("--target", default=None, help="target name (default: this host)")
-    s.add_argument("--dtype", default="float32", help="float32, float64, bf16, ...")
-    s.add_argument("--shape", required=True, type=parse_shape, metavar="MxNxK",
-                   help="C is MxN, the inner dimension K")
+    s.add_argument("--target", default=None,
+                   help=f"one of {TARGET_NAMES}; 'cuda' (the GPU present) or 'host' (default: this CPU)")
+    s.add_argument("--dtype", default="float32", help=DTYPE_HELP)
+    s.add_argument("--shape", required=True, type=shape_arg, metavar="MxNxK", help=SHAPE_HELP)
     s.add_argument("--levels", type=int, default=1, help="recursion levels of the algorithm (default 1)")
     s.add_argument("--config", default=None, metavar="JSON",
                    help="schedule knobs as JSON, e.g. '{\"mc\": 128}'; CUDA operand precision: "
@@ -451,6 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", default=".", metavar="DIR", help="output directory (default .)")
     s.set_defaults(func=cmd_build)
 
+
+def _add_tune(sub) -> None:
     s = sub.add_parser("tune", help="measure configs (model-ranked) and log the best per shape",
                        description="Measure configs in the cost model's order and log every "
                                    "measurement (tuning_logs/<target>-<dtype>.jsonl); prints a "
@@ -458,17 +508,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "predicted-vs-measured plot.")
     s.add_argument("--algo", default="auto",
                    help="gemm, a catalogue expression (strassen, strassen^2), a comma list, or auto "
-                        "(GEMM + the cost model's best LCMAs)")
-    s.add_argument("--target", required=True, help="e.g. x86_64-avx512, cuda-sm90a")
-    s.add_argument("--dtype", default="float32", help="float32, float64, bf16, ...")
+                        "(GEMM + the cost model's best LCMAs; the default)")
+    s.add_argument("--target", required=True, help=f"one of {TARGET_NAMES}")
+    s.add_argument("--dtype", default="float32", help=DTYPE_HELP)
     g = s.add_mutually_exclusive_group(required=True)
-    g.add_argument("--shape", type=parse_shape, metavar="MxNxK", help="one shape")
+    g.add_argument("--shape", type=shape_arg, metavar="MxNxK", help=f"one shape, {SHAPE_HELP}")
     g.add_argument("--shapes", choices=["llm", "llm-cpu"],
                    help="a shape list: llm = the LLM linear layers (every distinct N,K) at each "
                         "--m; llm-cpu = those a 2-core CPU tunes in minutes (M=512, ≤ 80 GFLOP)")
     s.add_argument("--m", type=int, nargs="+", default=None, metavar="M",
                    help="token counts for --shapes (default: llm 8192 16384, llm-cpu 512)")
-    s.add_argument("--limit", type=int, default=None, help="at most this many shapes")
+    s.add_argument("--limit", type=int, default=None, help="at most this many shapes of --shapes")
     s.add_argument("--budget", type=int, default=8, help="configs measured per algorithm (default 8)")
     s.add_argument("--exhaustive", action="store_true",
                    help="measure every fitting config (for the search metrics; slow)")
@@ -508,6 +558,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "(logs to a temporary directory unless --logs), to try the flow")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_tune)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lcmac", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"lcmac {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_add_list, _add_show, _add_verify, _add_select, _add_build, _add_tune):
+        add(sub)
     return p
 
 

@@ -1,13 +1,15 @@
 """The runtime's automatic choice: ``mm = lcmac.auto(artifacts="DIR")``; ``C = mm(A, B)``.
 
-Per call shape (M, N, K) and dtype, ``lcmac.tune.decide`` picks the vendor GEMM (numpy's
-BLAS / torch.matmul = cuBLAS), lcmac's plain GEMM or an LCMA, preferring logged
-measurements over the model (issue: "the runtime's automatic choice ... falls back to plain
-GEMM when no LCMA is predicted or measured to win").  The chosen lcmac kernel comes from an
-artifact in ``artifacts`` (indexed by its manifest: algorithm, shape, dtype, target); with
-``build=True`` a missing one is compiled there first (needs the compilers: apache-tvm for
-CPU targets, TileLang and nvcc for CUDA; tested on an H100 with CUDA tensors).  When the chosen kernel has no artifact and may not be built, the call goes to the
-vendor GEMM and ``plan()`` says why: a missing artifact never raises, never returns garbage.
+Per call shape (M, N, K) and dtype, ``lcmac.tune.decide_by_measurement`` picks the vendor
+GEMM (numpy's BLAS / torch.matmul = cuBLAS), lcmac's plain GEMM or an LCMA, preferring
+logged measurements over the model (issue: "the runtime's automatic choice ... falls back to
+plain GEMM when no LCMA is predicted or measured to win").  The chosen lcmac kernel comes
+from an artifact in ``artifacts`` (indexed by its manifest: algorithm, shape, dtype,
+target); with ``build=True`` a missing one is compiled there first (needs the compilers:
+apache-tvm for CPU targets, TileLang and nvcc for CUDA; tested on an H100 with CUDA
+tensors).  When the chosen kernel has no artifact and may not be built, the call goes to
+the vendor GEMM and ``plan()`` says why: a missing artifact never raises, never returns
+garbage.
 
 Decisions are cached per (M, N, K, dtype); ``plan(M, N, K, dtype)`` shows one without
 running anything.  Operands are checked by the loaded artifact as for ``lcmac.load``.
@@ -18,14 +20,21 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DTypeError, ShapeError, TargetError
+from .artifact.build import build as build_artifact
 from .artifact.manifest import Manifest
+from .costmodel.decision import check_error_budget
+from .dtypes import normalize_dtype
+from .errors import DTypeError, ShapeError, TargetError
+from .runtime.loader import load
+from .targets import get_target
+from .tune.measured_decision import check_regime, decide_by_measurement, vendor_matmul
 
 
 @dataclass(frozen=True)
 class Plan:
     """What one shape runs: ``runs`` is ``"vendor"`` or the lcmac algorithm; ``artifact`` its
-    manifest (None for vendor); ``decision`` the decide() result; ``why`` in words."""
+    manifest (None for vendor); ``decision`` the ``decide_by_measurement`` result; ``why``
+    in words."""
     shape: tuple
     dtype: str
     runs: str
@@ -35,8 +44,7 @@ class Plan:
 
 
 def _dtype_name(x) -> str:
-    from .dtypes import normalize_dtype    # numpy and torch dtypes alike; unknown: DTypeError
-    return normalize_dtype(x.dtype)
+    return normalize_dtype(x.dtype)        # numpy and torch dtypes alike; unknown: DTypeError
 
 
 def _is_cuda(x) -> bool:
@@ -62,10 +70,8 @@ class AutoMatmul:
         self.build = build
         self.vendor = vendor
         if max_error is not None:
-            from .costmodel.decision import check_error_budget
             max_error = check_error_budget(max_error)
         self.max_error = max_error
-        from .tune.decide import check_regime
         self.regime = check_regime(regime)
         self._plans: dict[tuple, Plan] = {}
         self._fns: dict[Path, object] = {}
@@ -93,14 +99,11 @@ class AutoMatmul:
     def _target_for(self, cuda: bool) -> str:
         if self.target:
             return self.target
-        from .targets import get_target
         return get_target("cuda" if cuda else "host").name
 
     # ---- the decision ---------------------------------------------------------------------
     def plan(self, M: int, N: int, K: int, dtype="float32", *, target: str | None = None) -> Plan:
         """The choice for one shape (cached), without running it."""
-        from .dtypes import normalize_dtype
-        from .tune.decide import decide
         d = normalize_dtype(dtype)
         tgt = target or self._target_for(cuda=False)
         key = (int(M), int(N), int(K), d, tgt)
@@ -108,17 +111,16 @@ class AutoMatmul:
             hit = self._plans.get(key)
         if hit is not None:
             return hit
-        dec = decide(*key[:3], d, tgt, db=self.logs, vendor=self.vendor, max_error=self.max_error,
-                     regime=self.regime)
+        dec = decide_by_measurement(*key[:3], d, tgt, db=self.logs, vendor=self.vendor,
+                                    max_error=self.max_error, regime=self.regime)
         shape = key[:3]
         if dec.is_vendor:
             p = Plan(shape, d, "vendor", None, dec, dec.describe())
         else:
             art = self._artifact(dec.algorithm, shape, d, tgt)
             if art is None and self.build:
-                from .artifact.build import build as _build
                 out = self.artifacts or Path.home() / ".cache" / "lcmac" / "artifacts"
-                art = Path(_build(dec.algorithm, tgt, d, shape, out_dir=str(out)))
+                art = Path(build_artifact(dec.algorithm, tgt, d, shape, out_dir=str(out)))
                 self._index = None          # rescan: the new manifest
             if art is None:
                 why = (f"vendor GEMM: {dec.algorithm} was chosen ({dec.describe()}) but no "
@@ -146,11 +148,9 @@ class AutoMatmul:
             raise TargetError("A and B are on different devices")
         p = self.plan(M, N, K, _dtype_name(A), target=self._target_for(_is_cuda(A)))
         if p.artifact is None:
-            from .tune.decide import vendor_matmul
             return vendor_matmul(A, B, out=out)
         fn = self._fns.get(p.artifact)
         if fn is None:
-            from .runtime.loader import load
             fn = self._fns.setdefault(p.artifact, load(p.artifact))
         return fn(A, B, out=out)
 
@@ -162,5 +162,5 @@ class AutoMatmul:
 
 def auto(artifacts=None, **kw) -> AutoMatmul:
     """``lcmac.auto(artifacts="DIR", target=None, logs=None, build=False, vendor=True,
-    max_error=None)``."""
+    max_error=None, regime="burst")``."""
     return AutoMatmul(artifacts, **kw)

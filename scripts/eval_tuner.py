@@ -11,14 +11,14 @@ Per log file (target × dtype):
   Spearman's ρ between the model's per-config prediction (as logged at tuning time) and the
   measured time, and the trials needed — in the tuner's order, i.e. the model's ranking — to
   get within 3 % of the best config of the whole space (also as a fraction of the space);
-  ρ is also recomputed with the current model (``space.estimate``), and over the small
-  spaces of the shape-by-shape tuning (≥ 3 configs);
+  ρ is also recomputed with the current model (``costmodel.config_estimates.estimate``),
+  and over the small spaces of the shape-by-shape tuning (≥ 3 configs);
 * **tuned vs default**: the best measured config over the backend's default config, per case
   (records flagged ``default``, or the space's record of the same kernel);
 * **decision quality** on the logged shapes: options = the best measured time of every
   algorithm at the shape (GEMM, LCMAs, and the vendor GEMM measured in the same run);
-  ``decide`` is asked (a) with the whole log (in-sample: what ``lcmac`` does at run time),
-  (b) leave-one-shape-out (the shape's own records hidden: does the log generalise?),
+  ``decide_by_measurement`` is asked (a) with the whole log (in-sample: what ``lcmac`` does
+  at run time), (b) leave-one-shape-out (the shape's own records hidden: does the log generalise?),
   (c) with no log (the model alone), and (d) in-sample without the vendor option (is the
   vendor fallback needed?).  For each: the share of shapes whose choice is within 3 % of the
   best measured option, within 3 % of the best lcmac kernel, and how often (and by how much
@@ -40,11 +40,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from lcmac.artifact import tuning_log as tdb  # noqa: E402
-from lcmac.tune import metrics  # noqa: E402
+from lcmac.costmodel.config_estimates import estimate  # noqa: E402
+from lcmac.tune import metrics, space  # noqa: E402
+from lcmac.tune.calibrate import calibrate  # noqa: E402
+from lcmac.tune.measured_decision import decide_by_measurement  # noqa: E402
+from lcmac.tune.tuner import resolved_config  # noqa: E402
 
 
 class ListDB:
-    """The part of ``TuningDB`` that ``decide`` reads, over a list of records."""
+    """The part of ``TuningDB`` that ``decide_by_measurement`` reads, over a list of records."""
 
     def __init__(self, records):
         self._r = list(records)
@@ -59,8 +63,6 @@ class ListDB:
 def default_equivalent(records):
     """Records flagged ``default``, plus, for cases without one, the space's record of the
     same kernel as the backend's default config (e.g. CudaConfig() = 128×256×64, 4 stages)."""
-    from lcmac.tune import space
-    from lcmac.tune.tuner import _resolved
     have = {metrics._case(r) for r in records if r.get("default")}
     out = []
     for r in records:
@@ -70,21 +72,20 @@ def default_equivalent(records):
             d = space.default_config(r["target"], r["dtype"])
         except Exception:  # noqa: BLE001
             continue
-        if d is not None and _resolved(d, r["dtype"]) == _resolved(r["config"], r["dtype"]):
+        if d is not None and resolved_config(d, r["dtype"]) == resolved_config(r["config"], r["dtype"]):
             out.append({**r, "default": True})
     return out
 
 
 def current_model_spearman(case_rows, records):
     """ρ of the current model's per-config estimate vs the logged times of one case."""
-    from lcmac.tune import space
     out = []
     for c in case_rows:
         recs = [r for r in records if r.get("status") == "ok" and metrics._case(r) ==
                 (c["target"], c["dtype"], c["algorithm"], tuple(c["shape"]))]
         try:
-            pred = [space.estimate(c["target"], c["dtype"], c["shape"], c["algorithm"],
-                                   space.config_from_dict(c["target"], r["config"]))["time_s"]
+            pred = [estimate(c["target"], c["dtype"], c["shape"], c["algorithm"],
+                             space.config_from_dict(c["target"], r["config"]))["time_s"]
                     for r in recs]
         except Exception as e:  # noqa: BLE001 - a config class that changed incompatibly
             out.append({"error": f"{type(e).__name__}: {e}"})
@@ -95,21 +96,21 @@ def current_model_spearman(case_rows, records):
 
 
 def decisions(records, target, dtype):
-    from lcmac.tune.decide import decide
     opts = metrics.best_options(records, target, dtype)
     # only shapes where the comparison means something: GEMM and the vendor measured
     opts = {s: o for s, o in opts.items() if tdb.GEMM in o}
     ok = [r for r in records if r["status"] == "ok"]
     ch_in, ch_out, ch_model, ch_novendor = {}, {}, {}, {}
+
+    def choice(shape, recs, **kw):
+        return decide_by_measurement(*shape, dtype, target, db=ListDB(recs), **kw).algorithm
     for shape in opts:
-        M, N, K = shape
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ch_in[shape] = decide(M, N, K, dtype, target, db=ListDB(ok)).algorithm
-            ch_novendor[shape] = decide(M, N, K, dtype, target, db=ListDB(ok), vendor=False).algorithm
-            rest = [r for r in ok if tuple(r["shape"]) != shape]
-            ch_out[shape] = decide(M, N, K, dtype, target, db=ListDB(rest)).algorithm
-            ch_model[shape] = decide(M, N, K, dtype, target, db=ListDB([])).algorithm
+            ch_in[shape] = choice(shape, ok)
+            ch_novendor[shape] = choice(shape, ok, vendor=False)
+            ch_out[shape] = choice(shape, [r for r in ok if tuple(r["shape"]) != shape])
+            ch_model[shape] = choice(shape, [])
     return {"in_sample": metrics.decision_quality(opts, ch_in),
             "leave_one_shape_out": metrics.decision_quality(opts, ch_out),
             "model_only": metrics.decision_quality(opts, ch_model),
@@ -160,7 +161,6 @@ def evaluate(path, plots_dir=None):
     except Exception as e:  # noqa: BLE001
         out["decision"] = {"error": f"{type(e).__name__}: {e}"}
     try:
-        from lcmac.tune.calibrate import calibrate
         cal = calibrate(ok, target, dtype)
         out["calibration"] = {"values": cal.values, "before": cal.before, "after": cal.after, "points": cal.n}
     except Exception as e:  # noqa: BLE001

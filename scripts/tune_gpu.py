@@ -76,7 +76,7 @@ def main() -> int:
     t0 = time.time()
 
     import torch
-    from lcmac.tune import tuner
+    from lcmac.tune import builders, tuner
     from lcmac.artifact.tuning_log import TuningDB, log_path
     from lcmac.tune.measure import MeasureWorker
     try:
@@ -97,8 +97,8 @@ def main() -> int:
             items = [it for it in items if it[1] in keep]
         plans.append((c, dtype, items))
 
-    pre = tuner.Prebuilder(args.jobs, args.build_dir, nice=args.nice)
-    old = tuner.load_prebuilt(args.prebuilt) if args.prebuilt else None
+    pre = builders.Prebuilder(args.jobs, args.build_dir, nice=args.nice)
+    old = builders.load_prebuilt(args.prebuilt) if args.prebuilt else None
     if old is not None:
         print(f"{old.n_entries} prebuilt artifacts in {args.prebuilt}", flush=True)
     n_old = 0

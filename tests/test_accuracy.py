@@ -192,8 +192,8 @@ def test_cli_select_prints_the_predicted_errors():
 def test_decide_checks_every_measured_lcma_against_the_budget():
     # the committed H100 log has Strassen, Strassen², DPS and Winograd² measured at 16384³;
     # Winograd² (12.2x) ties Strassen² there and must not be chosen under a budget of 8
-    from lcmac.tune.decide import decide
-    d = decide(*SQ, "bfloat16", "cuda-sm90a", max_error=8.0)
+    from lcmac.tune.measured_decision import decide_by_measurement
+    d = decide_by_measurement(*SQ, "bfloat16", "cuda-sm90a", max_error=8.0)
     measured = [c for c in d.candidates if c.measured and not c.is_gemm and c.algorithm != "vendor"]
     assert measured and all(c.error_ratio is not None and c.error_ratio <= 8.0 for c in measured)
     assert "winograd^2" not in {c.algorithm for c in d.candidates}
@@ -246,10 +246,10 @@ def test_a_measured_lcma_is_checked_in_its_tuned_form():
     # the committed H100 log's best Strassen config at 8192³ stores Combine H through the TMA
     # engine (3.76x the GEMM's error, against 3.48x for the Algorithm 1 form the model costs):
     # the budget must judge the kernel that was measured and that a build from the log makes
-    from lcmac.tune.decide import decide
-    tight = decide(8192, 8192, 8192, "bfloat16", "cuda-sm90a", max_error=3.6)
+    from lcmac.tune.measured_decision import decide_by_measurement
+    tight = decide_by_measurement(8192, 8192, 8192, "bfloat16", "cuda-sm90a", max_error=3.6)
     assert "strassen" not in {c.algorithm for c in tight.candidates}
-    loose = decide(8192, 8192, 8192, "bfloat16", "cuda-sm90a", max_error=3.9)
+    loose = decide_by_measurement(8192, 8192, 8192, "bfloat16", "cuda-sm90a", max_error=3.9)
     s = next(c for c in loose.candidates if c.algorithm == "strassen")
     assert s.measured and s.variant == "tma_reduce" and "tuned config" in s.reason
     assert s.error_ratio == pytest.approx(error_ratio("strassen", "bf16", variant="tma_reduce",

@@ -94,6 +94,27 @@ def test_select_table_and_json(capsys):
     assert code == 2 and "unknown target 'tpu'" in err
 
 
+def test_select_shows_the_predicted_error_by_default(capsys):
+    # a new user sees each LCMA's error beside its speed-up (dps-4x4x4-r48: ~7x bf16 GEMM's)
+    code, out, _ = run(capsys, "select", "--shape", "16384x16384x16384", "--target",
+                       "cuda-sm90a", "--dtype", "bf16", "--top", "3")
+    assert code == 0 and "error×" in out.splitlines()[2]
+    rows = {ln.split()[0]: ln.split() for ln in out.splitlines()[4:7]}
+    assert 6.5 < float(rows["dps-4x4x4-r48"][-1]) < 7.5
+    code, out, _ = run(capsys, "select", "--shape", "16384x16384x16384", "--target",
+                       "cuda-sm90a", "--dtype", "bf16", "--top", "3", "--no-error")
+    assert code == 0 and "error×" not in out
+    code, out, _ = run(capsys, "select", "--shape", "2048x2048x2048", "--target",
+                       "x86_64-avx512", "--json", "--top", "2")
+    assert [c["error_ratio"] for c in json.loads(out)["candidates"]][0] == 1.0
+
+
+def test_grid_is_not_a_shape(capsys):
+    with pytest.raises(SystemExit):
+        main(["list", "--grid", "2x0x3"])
+    assert "<m,k,n>" in capsys.readouterr().err
+
+
 def test_console_script_runs():
     out = subprocess.run([sys.executable, "-m", "lcmac.cli", "--version"], capture_output=True,
                          text=True, check=True)

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from lcmac.costmodel import (STAGES, HardwareProfile, decide, gemm_estimate,
+from lcmac.costmodel import (STAGES, HardwareProfile, decide_by_model, gemm_estimate,
                              gemm_is_memory_bound, get_profile, lcma_estimate, onchip_fit,
                              profile_for_target, profile_names, quantities, select,
                              stage_table, wave_analysis, waves_for)
@@ -125,7 +125,7 @@ def test_eq8_memory_bound_falls_back_to_gemm():
 def test_select_gemm_first_on_small_shapes(shape, dtype, target):
     c = select(*shape, dtype, target)
     assert c[0].algorithm == "gemm" and c[0].reason.startswith("decision")
-    assert decide(*shape, dtype, target).algorithm == "gemm"
+    assert decide_by_model(*shape, dtype, target).algorithm == "gemm"
 
 
 def test_model_sanity_against_design_measurements():

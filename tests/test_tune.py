@@ -9,9 +9,10 @@ import warnings
 import pytest
 
 from lcmac.artifact import tuning_log as tdb
-from lcmac.tune import space, tuner
+from lcmac.costmodel import config_estimates as est
+from lcmac.tune import builders, space, tuner
 from lcmac.tune.calibrate import calibrate, model_time
-from lcmac.tune.decide import decide
+from lcmac.tune.measured_decision import decide_by_measurement
 from lcmac.tune.metrics import space_report, spearman, trials_to_within
 
 CPU, GPU = "x86_64-avx512", "cuda-sm90a"
@@ -28,15 +29,15 @@ def rec(shape=(1024, 1024, 1024), t=0.01, algo="gemm", cfg=None, target=CPU, dty
 def test_pruning_rejects_configs_that_overflow_on_chip_memory():
     big_smem = {"block_m": 256, "block_n": 256, "block_k": 128, "stages": 4, "threads": 256}
     ok_gpu = {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 3, "threads": 256}
-    assert not space.fit_check(GPU, "bfloat16", big_smem).fits
-    assert "shared memory" in space.fit_check(GPU, "bfloat16", big_smem).reason
-    assert space.fit_check(GPU, "bfloat16", ok_gpu).fits
+    assert not est.fit_check(GPU, "bfloat16", big_smem).fits
+    assert "shared memory" in est.fit_check(GPU, "bfloat16", big_smem).reason
+    assert est.fit_check(GPU, "bfloat16", ok_gpu).fits
     too_many_regs = {"mr": 16, "nr": 64, "kc": 128, "mc": 64, "nc": 1024}
     l1_overflow = {"mr": 8, "nr": 64, "kc": 4096, "mc": 32, "nc": 1024}   # 1 MiB micro-panel
     llc_overflow = {"mr": 8, "nr": 32, "kc": 128, "mc": 64, "nc": 65536}
-    assert "register" in space.fit_check(CPU, "float32", too_many_regs).reason
-    assert "L1" in space.fit_check(CPU, "float32", l1_overflow).reason
-    assert "last-level" in space.fit_check(CPU, "float32", llc_overflow).reason
+    assert "register" in est.fit_check(CPU, "float32", too_many_regs).reason
+    assert "L1" in est.fit_check(CPU, "float32", l1_overflow).reason
+    assert "last-level" in est.fit_check(CPU, "float32", llc_overflow).reason
     sp = space.ranked_space(CPU, "float32", "gemm", (512, 512, 512),
                             configs=[too_many_regs, l1_overflow, {"mr": 8, "nr": 32, "kc": 128, "mc": 64, "nc": 1024}])
     assert len(sp.ranked) == 1 and len(sp.pruned) == 2
@@ -56,7 +57,7 @@ def test_tma_reduce_is_in_the_space_where_the_worker_builds_it():
     base = {"block_m": 128, "block_n": 256, "block_k": 64, "stages": 3, "threads": 256}
 
     def ratio(algo, n):
-        t = lambda extra: space.estimate(GPU, "bfloat16", (n, n, n), algo, {**base, **extra})["time_s"]
+        t = lambda extra: est.estimate(GPU, "bfloat16", (n, n, n), algo, {**base, **extra})["time_s"]
         # against Algorithm 1 as measured then, every operand written (direct_views="none")
         return t({"fused": True, "tma_reduce": True}) / t({"fused": False, "persistent": True,
                                                             "direct_views": "none"})
@@ -73,10 +74,10 @@ def test_configs_a_target_never_builds_are_pruned_by_name():
                          ({"fused": True, "tma_reduce": True}, "no TMA"),
                          ({"fused": True, "split_group": True, "overlap_epilogue": True}, "overlap_epilogue")):
         cfg = {**small, **extra}
-        assert space.fit_check("cuda-sm90a", "bfloat16", cfg).fits, extra
-        fit = space.fit_check("cuda-sm80", "bfloat16", cfg)
+        assert est.fit_check("cuda-sm90a", "bfloat16", cfg).fits, extra
+        fit = est.fit_check("cuda-sm80", "bfloat16", cfg)
         assert not fit.fits and "not built for this target" in fit.reason and words in fit.reason, fit.reason
-    assert space.fit_check("cuda-sm80", "bfloat16", small).fits
+    assert est.fit_check("cuda-sm80", "bfloat16", small).fits
 
 
 def test_ranked_space_orders_by_estimate_and_prefers_sane_tiles():
@@ -84,11 +85,11 @@ def test_ranked_space_orders_by_estimate_and_prefers_sane_tiles():
                             configs=space.default_space("cuda", "bfloat16", None))
     ts = [p.predicted_s for p in sp.ranked]
     assert ts == sorted(ts) and len(sp.pruned) > 0
-    best = space.features(sp.ranked[0].config)
+    best = sp.ranked[0].config_dict()
     assert best["block_m"] * best["block_n"] >= 128 * 128  # big tiles win at 4096³
     # LCMA estimate = combines + R sub-GEMMs; Strassen sub-GEMMs are cheaper than 8 of them
-    e = space.estimate(CPU, "float32", (2048, 2048, 2048), "strassen", {"mr": 8, "nr": 32})
-    assert e["combine_s"] > 0 and e["gemm_s"] < space.estimate(CPU, "float32", (2048,) * 3, "gemm",
+    e = est.estimate(CPU, "float32", (2048, 2048, 2048), "strassen", {"mr": 8, "nr": 32})
+    assert e["combine_s"] > 0 and e["gemm_s"] < est.estimate(CPU, "float32", (2048,) * 3, "gemm",
                                                                  {"mr": 8, "nr": 32})["gemm_s"]
 
 
@@ -245,23 +246,23 @@ def test_decide_prefers_a_measured_winner_and_falls_back_to_gemm(tmp_path):
     store = tdb.TuningDB(tmp_path)
     shape = (2048, 2048, 2048)
     # nothing logged: the model decides
-    d0 = decide(*shape, "float32", CPU, db=tmp_path)
+    d0 = decide_by_measurement(*shape, "float32", CPU, db=tmp_path)
     assert d0.source == "model"
     # measured: strassen beats gemm → strassen, whatever the model thinks
     store.append([rec(shape=shape, t=0.060), rec(shape=shape, algo="strassen", t=0.050)])
-    d1 = decide(*shape, "float32", CPU, db=tmp_path)
+    d1 = decide_by_measurement(*shape, "float32", CPU, db=tmp_path)
     assert d1.source == "exact" and d1.algorithm == "strassen" and d1.candidate.measured
     # a shape where every measured LCMA loses → plain GEMM
     shape2 = (1024, 1024, 1024)
     store.append([rec(shape=shape2, t=0.008), rec(shape=shape2, algo="strassen", t=0.010),
                   rec(shape=shape2, algo="strassen^2", t=0.012)])
-    d2 = decide(*shape2, "float32", CPU, db=tmp_path)
+    d2 = decide_by_measurement(*shape2, "float32", CPU, db=tmp_path)
     assert d2.algorithm == "gemm" and d2.candidate.measured
     # a nearby unlogged shape uses the nearest logged shape's measured ratios
-    d3 = decide(2048, 2048, 1800, "float32", CPU, db=tmp_path)
+    d3 = decide_by_measurement(2048, 2048, 1800, "float32", CPU, db=tmp_path)
     assert d3.source.startswith("nearest logged shape 2048x2048x2048") and d3.algorithm == "strassen"
     # memory-bound shape with nothing measured: plain GEMM
-    d4 = decide(16, 4096, 4096, "float32", CPU, db=tmp_path)
+    d4 = decide_by_measurement(16, 4096, 4096, "float32", CPU, db=tmp_path)
     assert d4.algorithm == "gemm"
 
 
@@ -358,25 +359,25 @@ def test_decision_quality_counts_misses_and_vendor_losses():
 
 
 def test_decide_takes_the_vendor_gemm_when_it_is_faster(tmp_path):
-    from lcmac.tune.decide import vendor_matmul
+    from lcmac.tune.measured_decision import vendor_matmul
     store = tdb.TuningDB(tmp_path)
     shape = (2048, 2048, 2048)
     vcfg = {"library": "openblas", "api": "numpy.matmul"}
     store.append([rec(shape=shape, t=0.060), rec(shape=shape, algo="strassen", t=0.050),
                   rec(shape=shape, algo="vendor", t=0.040, cfg=vcfg)])
-    d = decide(*shape, "float32", CPU, db=tmp_path)
+    d = decide_by_measurement(*shape, "float32", CPU, db=tmp_path)
     assert d.is_vendor and d.algorithm == "vendor" and d.candidate.measured
     assert d.candidates[1].algorithm == "strassen"        # the best lcmac kernel next
     # without the vendor option lcmac's own best is chosen
-    assert decide(*shape, "float32", CPU, db=tmp_path, vendor=False).algorithm == "strassen"
+    assert decide_by_measurement(*shape, "float32", CPU, db=tmp_path, vendor=False).algorithm == "strassen"
     # a slower vendor GEMM does not displace a measured winner
     shape2 = (1024, 1024, 1024)
     store.append([rec(shape=shape2, t=0.008), rec(shape=shape2, algo="strassen", t=0.010),
                   rec(shape=shape2, algo="vendor", t=0.009, cfg=vcfg)])
-    d2 = decide(*shape2, "float32", CPU, db=tmp_path)
+    d2 = decide_by_measurement(*shape2, "float32", CPU, db=tmp_path)
     assert d2.algorithm == "gemm" and any(c.algorithm == "vendor" for c in d2.candidates)
     # the ratio transfers to a nearby unlogged shape
-    assert decide(2048, 2048, 1900, "float32", CPU, db=tmp_path).is_vendor
+    assert decide_by_measurement(2048, 2048, 1900, "float32", CPU, db=tmp_path).is_vendor
     import numpy as np
     A, B = np.ones((3, 4), np.float32), np.ones((4, 5), np.float32)
     assert np.array_equal(vendor_matmul(A, B), A @ B)
@@ -385,16 +386,16 @@ def test_decide_takes_the_vendor_gemm_when_it_is_faster(tmp_path):
 def test_decide_wants_a_margin_over_the_vendor_on_times_from_another_shape(tmp_path):
     """At a logged shape the fastest measurement wins however small its lead; at an unlogged
     shape the neighbour's ratios must put an lcmac kernel ahead of the vendor GEMM by more
-    than decide.TRANSFER_MARGIN."""
-    from lcmac.tune.decide import TRANSFER_MARGIN
+    than measured_decision.TRANSFER_MARGIN."""
+    from lcmac.tune.measured_decision import TRANSFER_MARGIN
     vcfg = {"library": "openblas", "api": "numpy.matmul"}
     for lead, want_vendor in ((0.5 * TRANSFER_MARGIN, True), (3 * TRANSFER_MARGIN, False)):
         store = tdb.TuningDB(tmp_path / str(lead))
         shape = (2048, 2048, 2048)
         store.append([rec(shape=shape, t=0.040 / (1 + lead)),
                       rec(shape=shape, algo="vendor", t=0.040, cfg=vcfg)])
-        assert decide(*shape, "float32", CPU, db=store).algorithm == "gemm"
-        near = decide(2048, 2048, 1900, "float32", CPU, db=store)
+        assert decide_by_measurement(*shape, "float32", CPU, db=store).algorithm == "gemm"
+        near = decide_by_measurement(2048, 2048, 1900, "float32", CPU, db=store)
         assert near.is_vendor == want_vendor, (lead, near.describe())
 
 
@@ -409,7 +410,7 @@ def test_decide_scales_the_model_by_the_lcmas_measured_when_the_gemm_was_not(tmp
     store.append([rec(shape=shape, algo="strassen", t=t_s),
                   rec(shape=shape, algo="vendor", t=1.5 * model["gemm"],
                       cfg={"library": "openblas", "api": "numpy.matmul"})])
-    d = decide(*shape, "float32", CPU, db=store)
+    d = decide_by_measurement(*shape, "float32", CPU, db=store)
     g = next(c for c in d.candidates if c.is_gemm)
     assert not g.measured and g.predicted_time_s == pytest.approx(2.0 * model["gemm"], rel=1e-9)
     assert "measured / predicted strassen here" in g.reason
@@ -447,28 +448,28 @@ def test_prebuilt_index_lookup_tolerates_new_config_fields(tmp_path):
     (tmp_path / "index.jsonl").write_text(json.dumps(
         {"target": CPU, "dtype": "float32", "algorithm": "gemm", "algorithm_hash": "gemm",
          "shape": [256, 256, 256], "config": old_cfg, "manifest": "a/m.json"}) + "\n")
-    find = tuner.load_prebuilt(tmp_path)
+    find = builders.load_prebuilt(tmp_path)
     assert find(pt, CPU, "float32", (256, 256, 256)) == str(d / "m.json")
     assert find(pt, CPU, "float32", (512, 256, 256)) is None
     other = dict(old_cfg, mr=old_cfg["mr"] + 1)
     (tmp_path / "index.jsonl").write_text(json.dumps(
         {"target": CPU, "dtype": "float32", "algorithm": "gemm", "algorithm_hash": "gemm",
          "shape": [256, 256, 256], "config": other, "manifest": "a/m.json"}) + "\n")
-    assert tuner.load_prebuilt(tmp_path)(pt, CPU, "float32", (256, 256, 256)) is None
+    assert builders.load_prebuilt(tmp_path)(pt, CPU, "float32", (256, 256, 256)) is None
 
 
 def test_cuda_float32_is_priced_as_tf32_and_llm_cpu_subset_is_small():
     from lcmac.tune.shapes import llm_cpu_shapes
     cfg = {"block_m": 128, "block_n": 256, "block_k": 32, "stages": 4, "threads": 256}
-    t32 = space.estimate(GPU, "float32", (8192, 8192, 8192), "gemm", cfg)["time_s"]
-    tbf = space.estimate(GPU, "bfloat16", (8192, 8192, 8192), "gemm", dict(cfg, block_k=64))["time_s"]
+    t32 = est.estimate(GPU, "float32", (8192, 8192, 8192), "gemm", cfg)["time_s"]
+    tbf = est.estimate(GPU, "bfloat16", (8192, 8192, 8192), "gemm", dict(cfg, block_k=64))["time_s"]
     assert t32 < 3.5 * tbf            # TF32 tensor cores (~½ bf16), not CUDA-core FP32 (~1/15)
-    assert space.model_dtype(GPU, "float32") == "tfloat32" and space.model_dtype(CPU, "float32") == "float32"
+    assert est.model_dtype(GPU, "float32") == "tfloat32" and est.model_dtype(CPU, "float32") == "float32"
     shapes = llm_cpu_shapes()
     assert 5 <= len(shapes) <= 25 and all(2 * m * n * k <= 80e9 for _, (m, n, k) in shapes)
     # the fused Combine H pays its read-modify-write epilogue on a GPU: unfused ranks first
-    f = space.estimate(GPU, "bfloat16", (16384,) * 3, "strassen", dict(cfg, block_k=64, fused=True))
-    u = space.estimate(GPU, "bfloat16", (16384,) * 3, "strassen", dict(cfg, block_k=64, fused=False))
+    f = est.estimate(GPU, "bfloat16", (16384,) * 3, "strassen", dict(cfg, block_k=64, fused=True))
+    u = est.estimate(GPU, "bfloat16", (16384,) * 3, "strassen", dict(cfg, block_k=64, fused=False))
     assert u["time_s"] < f["time_s"]
 
 
@@ -498,16 +499,16 @@ def test_decide_skips_failed_algorithms_and_uses_the_global_vendor_ratio(tmp_pat
                           algorithm_hash=tdb.algo_identity("strassen")[1], shape=shape,
                           config={"mr": 8}, time_s=None, status="error", error="wrong result")
     store.append([rec(shape=shape, t=1.0), bad, rec(shape=shape, algo="vendor", t=1.2, cfg=vcfg)])
-    d = decide(*shape, "float32", CPU, db=tmp_path)
+    d = decide_by_measurement(*shape, "float32", CPU, db=tmp_path)
     assert "strassen" not in [c.algorithm for c in d.candidates]       # it only ever failed here
     assert d.algorithm != "strassen"
     # far from every logged shape: the model decides, but the vendor/GEMM ratio (1.2 here:
     # the vendor is slower) carries over; with a faster vendor it is chosen
     far = (64, 64, 64)
-    assert not decide(*far, "float32", CPU, db=tmp_path).is_vendor
+    assert not decide_by_measurement(*far, "float32", CPU, db=tmp_path).is_vendor
     store.append([rec(shape=(2048, 2048, 2048), t=1.0), rec(shape=(2048, 2048, 2048), algo="vendor", t=0.4, cfg=vcfg),
                   rec(shape=(1024, 1024, 1024), t=1.0), rec(shape=(1024, 1024, 1024), algo="vendor", t=0.4, cfg=vcfg)])
-    d = decide(*far, "float32", CPU, db=tmp_path)
+    d = decide_by_measurement(*far, "float32", CPU, db=tmp_path)
     assert d.is_vendor and "ratio" in d.source
 
 
@@ -541,7 +542,7 @@ def test_operand_mode_space_fit_and_ranking():
     model ranks first the tile measured best on the H100 (the sweep of
     bench/results/h100-float32-f16x2-sweep.json: 128x128x64, 3 stages); three products."""
     sp = space.ranked_space(GPU, "float32", "strassen", (16384, 16384, 16384), operands="fp16x2")
-    fs = [space.features(p.config) for p in sp.ranked]
+    fs = [p.config_dict() for p in sp.ranked]
     assert fs and all(f["operands"] == "fp16x2" and f["fused"] is False for f in fs)
     assert not any((f["block_m"], f["block_n"], f["threads"]) == (128, 256, 256) for f in fs)
     reasons = " ".join(r for _, r in sp.pruned)
@@ -549,11 +550,11 @@ def test_operand_mode_space_fit_and_ranking():
     top = fs[0]
     assert (top["block_m"], top["block_n"], top["block_k"], top["stages"]) == (128, 128, 64, 3)
     cfg = {"block_m": 128, "block_n": 128, "block_k": 64, "stages": 3, "threads": 256}
-    x2 = space.estimate(GPU, "float32", (8192,) * 3, "gemm", {**cfg, "operands": "fp16x2"})
-    f16 = space.estimate(GPU, "float32", (8192,) * 3, "gemm", {**cfg, "operands": "fp16"})
+    x2 = est.estimate(GPU, "float32", (8192,) * 3, "gemm", {**cfg, "operands": "fp16x2"})
+    f16 = est.estimate(GPU, "float32", (8192,) * 3, "gemm", {**cfg, "operands": "fp16"})
     # three products, plus the per-slab fp32 adds (about 15 % at bk = 64 on an H100)
     assert 3.3 * f16["compute_s"] < x2["compute_s"] < 3.6 * f16["compute_s"]
-    k32 = space.estimate(GPU, "float32", (8192,) * 3, "gemm", {**cfg, "block_k": 32, "stages": 4,
+    k32 = est.estimate(GPU, "float32", (8192,) * 3, "gemm", {**cfg, "block_k": 32, "stages": 4,
                                                                "operands": "fp16x2"})
     assert k32["time_s"] > x2["time_s"]         # measured 7.36 vs 5.62 ms (tuning log, H100)
     assert x2["combine_s"] > f16["combine_s"] > 0          # amax + split passes
@@ -561,13 +562,13 @@ def test_operand_mode_space_fit_and_ranking():
     assert (d.operands, d.block_n, d.stages) == ("fp16x2", 128, 3)
     # its k slab of 0 means fp16's 64, not float32's 32 (the first H100 run measured a
     # 32-wide kernel as "the default")
-    assert tuner._resolved(d, "float32")["block_k"] == 64
-    assert tuner._resolved(space.default_config(GPU, "float32", "gemm"), "float32")["block_k"] == 32
+    assert tuner.resolved_config(d, "float32")["block_k"] == 64
+    assert tuner.resolved_config(space.default_config(GPU, "float32", "gemm"), "float32")["block_k"] == 32
 
 
 def test_log_lookups_keep_operand_modes_apart(tmp_path, monkeypatch):
     """A faster config of another precision is never the best config of this one: the log's
-    best config, lcmac build's default and its operands-only config, and decide()."""
+    best config, lcmac build's default and its operands-only config, and decide_by_measurement()."""
     from lcmac.artifact import build as lb
     from lcmac.targets import get_target
     monkeypatch.setenv("LCMAC_TUNING_LOGS", str(tmp_path))
@@ -582,7 +583,7 @@ def test_log_lookups_keep_operand_modes_apart(tmp_path, monkeypatch):
     t = get_target(GPU)
     assert lb._resolve_config(t, "float32", None, None, True, (4096,) * 3) == {"block_n": 256}
     assert lb._resolve_config(t, "float32", {"operands": "fp16x2"}, None, True, (4096,) * 3) == x2
-    d = decide(4096, 4096, 4096, "float32", GPU, db=tmp_path, vendor=False)
+    d = decide_by_measurement(4096, 4096, 4096, "float32", GPU, db=tmp_path, vendor=False)
     assert d.algorithm == "gemm" and d.source == "exact"      # 4 ms vs 5 ms, native only
 
 
@@ -638,12 +639,12 @@ def test_sustained_tuning_warms_each_kernel_up(tmp_path):
 def test_sustained_records_decide_only_when_asked():
     # the committed H100 log has sustained records (tag "sustained", warm_s 1.5) of Strassen²,
     # Winograd², Strassen and cuBLAS at 16384³ beside many burst ones
-    from lcmac.tune.decide import decide, regime_of
+    from lcmac.tune.measured_decision import regime_of
     assert regime_of({"warm_s": 1.5}) == "sustained"
     assert regime_of({"warm_s": 0.15}) == regime_of({}) == "burst"
     SQ = (16384, 16384, 16384)
-    burst = decide(*SQ, "bfloat16", "cuda-sm90a")
-    sus = decide(*SQ, "bfloat16", "cuda-sm90a", regime="sustained")
+    burst = decide_by_measurement(*SQ, "bfloat16", "cuda-sm90a")
+    sus = decide_by_measurement(*SQ, "bfloat16", "cuda-sm90a", regime="sustained")
     assert burst.regime == "burst" and sus.regime == "sustained"
     assert "sustained records" in sus.describe()
     # every sustained time is slower than the burst one of the same kernel (the power cap)
@@ -656,19 +657,18 @@ def test_sustained_records_decide_only_when_asked():
     assert 1.0 < f < 1.02 and "measured in burst runs" in dps.reason
     assert sus.algorithm == "strassen^2"
     with pytest.raises(ValueError, match="regime"):
-        decide(*SQ, "bfloat16", "cuda-sm90a", regime="warm")
+        decide_by_measurement(*SQ, "bfloat16", "cuda-sm90a", regime="warm")
 
 
 def test_a_regime_without_records_falls_back_to_the_model(tmp_path):
     from lcmac.tune import TuningDB
-    from lcmac.tune.decide import decide
     rec = {"schema": "lcmac-tune/1", "target": "cuda-sm90a", "dtype": "bfloat16",
            "shape": [8192, 8192, 8192], "config": {}, "status": "ok", "date": "2026-11-22T00:00:00Z",
            "lcmac_version": "0.1.0", "device": "test"}
     TuningDB(tmp_path).append([dict(rec, algorithm="gemm", algorithm_hash="gemm", time_s=1.6e-3),
                                dict(rec, algorithm="vendor", algorithm_hash="vendor", time_s=1.5e-3)])
-    assert decide(8192, 8192, 8192, "bfloat16", "cuda-sm90a", db=tmp_path).source == "exact"
-    d = decide(8192, 8192, 8192, "bfloat16", "cuda-sm90a", db=tmp_path, regime="sustained")
+    assert decide_by_measurement(8192, 8192, 8192, "bfloat16", "cuda-sm90a", db=tmp_path).source == "exact"
+    d = decide_by_measurement(8192, 8192, 8192, "bfloat16", "cuda-sm90a", db=tmp_path, regime="sustained")
     assert d.source == "model" and not d.measurements
 
 
@@ -686,7 +686,7 @@ def test_unmeasured_lcmas_take_the_measured_lcmas_scale():
     # twin of the measured Winograd² (the flip-graph <4,4,4;49>: same additions, same blocks
     # read in place) is not promised 2 % faster than Winograd² was measured
     import math
-    d = decide(16384, 16384, 16384, "bfloat16", "cuda-sm90a")
+    d = decide_by_measurement(16384, 16384, 16384, "bfloat16", "cuda-sm90a")
     lc = [c for c in d.candidates if c.measured and c.estimate is not None and not c.is_gemm]
     scale = math.exp(sum(math.log(c.predicted_time_s / c.estimate.time_s) for c in lc) / len(lc))
     fgr = next(c for c in d.candidates if c.algorithm == "fgr-4x4x4-r49")

@@ -1,10 +1,14 @@
 """The analytic cost model: hardware profiles, the per-stage LCMA model (FalconGEMM's
 Table II, Eq. 8–10, re-derived), GPU wave quantisation and on-chip fit, the accuracy model
 (`accuracy.error_ratio`: the error an LCMA adds, simulated at the kernels' rounding points),
-and the decision (`select`) that ranks plain GEMM against every applicable catalogue
-algorithm, optionally within an error budget."""
+the decision (`select`, `decide_by_model`) that ranks plain GEMM against every applicable
+catalogue algorithm, optionally within an error budget, and the per-config estimates the
+tuner ranks its search space with (`config_estimates.estimate`, `config_estimates.fit_check`;
+`model_dtype`: the dtype a target's kernels are priced in, CUDA float32 = TF32)."""
 from .accuracy import ErrorEstimate, error_ratio
-from .decision import SCHEMA, Candidate, candidate_names, decide, select
+from .config_estimates import model_dtype
+from .decision import (SCHEMA, Candidate, candidate_names, decide_by_model, resolve_profile,
+                       select)
 from .profiles import PROFILES, TARGET_PROFILES, HardwareProfile, get_profile, profile_for_target, profile_names
 from .stages import (STAGES, AlgQuantities, Estimate, StageCost, gemm_estimate,
                      gemm_intensity, gemm_is_memory_bound, lcma_estimate, quantities,
@@ -13,7 +17,8 @@ from .waves import SCHEDULES, FitReport, WaveAnalysis, onchip_fit, wave_analysis
 
 __all__ = [
     "ErrorEstimate", "error_ratio",
-    "SCHEMA", "Candidate", "candidate_names", "decide", "select",
+    "model_dtype",
+    "SCHEMA", "Candidate", "candidate_names", "decide_by_model", "resolve_profile", "select",
     "PROFILES", "TARGET_PROFILES", "HardwareProfile", "get_profile",
     "profile_for_target", "profile_names",
     "STAGES", "AlgQuantities", "Estimate", "StageCost", "gemm_estimate", "gemm_intensity",

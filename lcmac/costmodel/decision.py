@@ -1,8 +1,10 @@
 """Decision: rank the plain GEMM and every applicable LCMA for one shape, dtype and target.
 
 ``select(M, N, K, dtype, target)`` returns a list of ``Candidate``, best first; the first
-one is *the decision*.  It is the plain GEMM when no LCMA is predicted faster (by at least
-``min_speedup``) or when the GEMM is memory-bound (Eq. 8).
+one is *the decision* (``decide_by_model`` returns it alone; ``lcmac.tune``'s
+``decide_by_measurement`` feeds ``select`` the tuning log's measurements).  It is the plain
+GEMM when no LCMA is predicted faster (by at least ``min_speedup``) or when the GEMM is
+memory-bound (Eq. 8).
 
 Candidates: the plain GEMM; every base catalogue algorithm with R < m·k·n in each of its
 symmetric images (``name`` on its own grid, ``name@MxKxN`` on the others; transforms.orbit);
@@ -47,10 +49,13 @@ from dataclasses import dataclass, field
 from math import ceil
 from typing import Iterable, Mapping
 
-from ..errors import CatalogueError, DTypeError
 from ..dtypes import normalize_model_dtype
-from .profiles import HardwareProfile, get_profile, profile_for_target
+from ..errors import CatalogueError, DTypeError
+from ..ir import catalogue
 from ..schedules.cuda.config import FP8_MAX_COMBINE, fp8_combine_size
+from ..targets import TARGETS
+from .accuracy import check_covered, error_ratio, screen_ratio
+from .profiles import HardwareProfile, get_profile, profile_for_target
 from .stages import (STAGES, AlgQuantities, Estimate, StageCost, compose_quantities,
                      gemm_estimate, gemm_intensity, lcma_estimate, orbit_quantities,
                      quantities)
@@ -90,11 +95,6 @@ class Candidate:
 
 
 # ---- candidate algorithms ----------------------------------------------------------------
-def _catalogue():
-    from ..ir import catalogue
-    return catalogue
-
-
 def _images(name: str) -> list[str]:
     """``name`` plus ``name@MxKxN`` for every other grid of its orbit."""
     q = candidate_quantities(name)
@@ -104,10 +104,9 @@ def _images(name: str) -> list[str]:
 @functools.lru_cache(maxsize=16)
 def candidate_names(levels: tuple[int, ...] = (1, 2)) -> tuple[str, ...]:
     """Catalogue expressions ``select`` considers for the given recursion levels."""
-    cat = _catalogue()
     bases = []
-    for nm in cat.base_names():
-        a = cat.get(nm)
+    for nm in catalogue.base_names():
+        a = catalogue.get(nm)
         if a.R < a.naive_rank:
             bases.append((nm, a))
     names: list[str] = []
@@ -134,7 +133,7 @@ def candidate_names(levels: tuple[int, ...] = (1, 2)) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=4096)
 def _get(name: str):
-    return _catalogue().get(name)
+    return catalogue.get(name)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -171,18 +170,17 @@ def candidate_quantities(name: str) -> AlgQuantities:
 
 
 # ---- resolving target / dtype ---------------------------------------------------------------
-def _resolve(target, dtype, profile) -> tuple[HardwareProfile, str]:
+def resolve_profile(target, dtype, profile=None) -> tuple[HardwareProfile, str]:
+    """(hardware profile, model dtype) for pricing ``dtype`` on ``target``: ``profile`` (a
+    name or a profile) when given, else the target's own.  DTypeError when the target or
+    its hardware does not support the dtype; TargetError for an unknown target."""
     d = normalize_model_dtype(dtype)                       # DTypeError on unknown names
     tgt = None
     if profile is not None:
         p = get_profile(profile)
     else:
         p = profile_for_target(target)               # TargetError on unknown targets
-        try:
-            from ..targets import TARGETS
-            tgt = TARGETS.get(str(target))
-        except ImportError:  # pragma: no cover
-            tgt = None
+        tgt = TARGETS.get(str(target))
     if tgt is not None:
         ok = tgt.dtypes + (("tfloat32",) if tgt.family == "cuda" and "float32" in tgt.dtypes else ())
         if d not in ok:
@@ -224,9 +222,8 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
     ("unfused", "fused", "tma_reduce"; ``accuracy.cuda_model_args``): its error is the one
     of the kernel that was measured, and that a build from the log makes.
     """
-    p, d = _resolve(target, dtype, profile)
+    p, d = resolve_profile(target, dtype, profile)
     if max_error is not None:
-        from .accuracy import check_covered
         max_error = check_error_budget(max_error)
         check_covered(d, operands)
     meas = dict(measurements or {})
@@ -234,15 +231,8 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
         if not (isinstance(v, (int, float)) and v > 0):
             raise ValueError(f"measurement for {key!r} must be positive seconds, got {v!r}")
     g = gemm_estimate(M, N, K, d, p, operands=operands)
-    flops = 2.0 * M * N * K
     g_time = float(meas.get("gemm", g.time_s))
-    g_measured = "gemm" in meas
-
-    ai = gemm_intensity(M, N, K, d)
-    ridge = p.ridge(d)
-    memory_bound = ai < ridge
     mb = min_block if min_block is not None else min_block_for(p)
-
     names = tuple(algorithms) if algorithms is not None else candidate_names(tuple(sorted(set(levels))))
     cands: list[Candidate] = []
     for nm in names:
@@ -252,54 +242,93 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
             if algorithms is not None:
                 raise
             continue
-        am, ak, an = alg.grid
-        naive_rank = am * ak * an
-        if alg.R >= naive_rank:
-            continue
-        if min(ceil(M / am), ceil(K / ak), ceil(N / an)) < mb:
-            continue
-        if operands == "fp8" and fp8_combine_size(am, ak, an, alg.R) > FP8_MAX_COMBINE:
-            continue            # the fp8 build refuses it (tilelang_worker._fp8_plan)
-        best = None
-        for fused in ((True, False) if operands == "native" else (False,)):
-            e = lcma_estimate(alg, M, N, K, d, p, fused=fused, static_b=static_b,
-                              group_parallel=group_parallel, operands=operands)
-            if best is None or e.time_s < best.time_s:
-                best = e
-        t = float(meas.get(nm, best.time_s))
-        saved = 1.0 - alg.R / naive_rank
-        comb = sum(best.stages[s].time_s for s in ("combine_a", "combine_b", "combine_h"))
-        why = (f"{alg.R}/{naive_rank} products ({saved:.1%} fewer multiplications); "
-               f"{best.variant} Combine H; combines {comb / max(best.stages['gemm'].time_s, 1e-30):.1%} "
-               f"of its GEMM stage")
-        variant = best.variant
-        if nm in meas:
-            why = "measured; " + why
-            tuned = (measured_variants or {}).get(nm)
-            if tuned and tuned != variant:
-                variant = tuned
-                why += f" (model's form); the tuned config: {tuned} Combine H"
-        cands.append(Candidate(nm, alg.grid, alg.R, variant, t, flops / t / 1e12,
-                               g_time / t, best.stages, best.overhead_s, why, nm in meas, best))
-
+        if _applies(alg, M, N, K, mb, operands):
+            cands.append(_lcma_candidate(nm, alg, (M, N, K), d, p, g_time, meas, static_b=static_b,
+                                         group_parallel=group_parallel, operands=operands,
+                                         measured_variants=measured_variants or {}))
     rejected: list[Candidate] = []
     if max_error is not None:
         cands, rejected = within_error_budget(cands, max_error, d, operands, K, g_time, min_speedup)
     if dedupe:
-        kept: dict = {}
-        for c in cands:
-            key = (c.grid, c.rank, c.variant, round(c.predicted_time_s, 15), c.measured,
-                   c.error_ratio)
-            if key in kept:
-                kept[key][1].append(c.algorithm)
-            else:
-                kept[key] = (c, [])
-        cands = [c if not same else _with_reason(c, c.reason + "; same cost: " + ", ".join(same[:4])
-                                                  + (f" (+{len(same) - 4})" if len(same) > 4 else ""))
-                 for c, same in kept.values()]
+        cands = _deduped(cands)
     cands.sort(key=lambda c: c.predicted_time_s)
-    best_lcma = cands[0] if cands else None
-    if memory_bound:
+    greason = _gemm_reason(cands[0] if cands else None, gemm_intensity(M, N, K, d), p.ridge(d),
+                           min_speedup, rejected, max_error, "gemm" in meas)
+    gc = Candidate("gemm", (1, 1, 1), 1, "gemm", g_time, 2.0 * M * N * K / g_time / 1e12, 1.0,
+                   g.stages, g.overhead_s, greason, "gemm" in meas, g,
+                   error_ratio=1.0 if max_error is not None else None)
+    if greason.startswith(("decision", "measured; decision")):
+        out = [gc] + cands
+    else:
+        out = sorted(cands + [gc], key=lambda c: c.predicted_time_s)
+        out[0] = _with_reason(out[0], "decision: " + out[0].reason)
+    return out
+
+
+def _applies(alg: AlgQuantities, M, N, K, min_block: int, operands: str) -> bool:
+    """Whether ``select`` considers ``alg`` for this shape: fewer products than the naive
+    scheme, blocks of at least ``min_block``, and (fp8 operands) a plan the build takes."""
+    am, ak, an = alg.grid
+    if alg.R >= am * ak * an:
+        return False
+    if min(ceil(M / am), ceil(K / ak), ceil(N / an)) < min_block:
+        return False
+    # the fp8 build refuses larger combines (tilelang_worker._fp8_plan)
+    return not (operands == "fp8" and fp8_combine_size(am, ak, an, alg.R) > FP8_MAX_COMBINE)
+
+
+def _lcma_candidate(nm: str, alg: AlgQuantities, shape, d: str, p: HardwareProfile,
+                    g_time: float, meas: Mapping[str, float], *, static_b: bool,
+                    group_parallel: bool, operands: str,
+                    measured_variants: Mapping[str, str]) -> Candidate:
+    """One LCMA priced with the faster of its Combine-H variants (native operands: fused and
+    unfused; scaled ones: unfused), its measured time instead where there is one."""
+    M, N, K = shape
+    naive_rank = alg.grid[0] * alg.grid[1] * alg.grid[2]
+    best = None
+    for fused in ((True, False) if operands == "native" else (False,)):
+        e = lcma_estimate(alg, M, N, K, d, p, fused=fused, static_b=static_b,
+                          group_parallel=group_parallel, operands=operands)
+        if best is None or e.time_s < best.time_s:
+            best = e
+    t = float(meas.get(nm, best.time_s))
+    saved = 1.0 - alg.R / naive_rank
+    comb = sum(best.stages[s].time_s for s in ("combine_a", "combine_b", "combine_h"))
+    why = (f"{alg.R}/{naive_rank} products ({saved:.1%} fewer multiplications); "
+           f"{best.variant} Combine H; combines {comb / max(best.stages['gemm'].time_s, 1e-30):.1%} "
+           f"of its GEMM stage")
+    variant = best.variant
+    if nm in meas:
+        why = "measured; " + why
+        tuned = measured_variants.get(nm)
+        if tuned and tuned != variant:
+            variant = tuned
+            why += f" (model's form); the tuned config: {tuned} Combine H"
+    return Candidate(nm, alg.grid, alg.R, variant, t, 2.0 * M * N * K / t / 1e12,
+                     g_time / t, best.stages, best.overhead_s, why, nm in meas, best)
+
+
+def _deduped(cands: list[Candidate]) -> list[Candidate]:
+    """Of candidates with the same grid, rank, variant, time and error, the first, with the
+    others named in its reason."""
+    kept: dict = {}
+    for c in cands:
+        key = (c.grid, c.rank, c.variant, round(c.predicted_time_s, 15), c.measured,
+               c.error_ratio)
+        if key in kept:
+            kept[key][1].append(c.algorithm)
+        else:
+            kept[key] = (c, [])
+    return [c if not same else _with_reason(c, c.reason + "; same cost: " + ", ".join(same[:4])
+                                             + (f" (+{len(same) - 4})" if len(same) > 4 else ""))
+            for c, same in kept.values()]
+
+
+def _gemm_reason(best_lcma: Candidate | None, ai: float, ridge: float, min_speedup: float,
+                 rejected: list[Candidate], max_error: float | None, measured: bool) -> str:
+    """The plain GEMM's reason: "decision: …" when it is the decision (memory-bound, Eq. 8;
+    no LCMA within the error budget, applicable or fast enough), else "baseline; …"."""
+    if ai < ridge:
         greason = (f"decision: plain GEMM — memory-bound (Eq. 8: intensity {ai:.1f} FLOP/B < "
                    f"ridge {ridge:.1f} FLOP/B), fewer multiplications cannot help")
     elif (best_lcma is None or best_lcma.speedup_vs_gemm < min_speedup) and rejected:
@@ -311,19 +340,11 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
                    f"{best_lcma.speedup_vs_gemm:.3f}× (needs ≥ {min_speedup:g}×)")
     else:
         greason = f"baseline; {best_lcma.algorithm} predicted {best_lcma.speedup_vs_gemm:.3f}× faster"
-    if g_measured:
+    if measured:
         greason = "measured; " + greason
     if rejected and best_lcma is not None and not greason.startswith("decision"):
         greason += f"; {_over_budget(rejected, max_error)}"
-    gc = Candidate("gemm", (1, 1, 1), 1, "gemm", g_time, flops / g_time / 1e12, 1.0, g.stages,
-                   g.overhead_s, greason, g_measured, g,
-                   error_ratio=1.0 if max_error is not None else None)
-    if greason.startswith(("decision", "measured; decision")):
-        out = [gc] + cands
-    else:
-        out = sorted(cands + [gc], key=lambda c: c.predicted_time_s)
-        out[0] = _with_reason(out[0], "decision: " + out[0].reason)
-    return out
+    return greason
 
 
 # ---- the error budget ----------------------------------------------------------------------
@@ -389,7 +410,6 @@ def _predicted_error(c: Candidate, dtype: str, operands: str, K: int,
     """``c``'s predicted error ÷ the plain GEMM's (1 for the GEMM itself), for the Combine-H
     variant it is costed with.  With ``screen_budget``, a one-sample screen first (a few %
     of noise, ~5x cheaper): a candidate it puts well over the budget skips the full estimate."""
-    from .accuracy import error_ratio, screen_ratio
     if c.is_gemm:
         return 1.0
     kw = dict(variant=c.variant, operands=operands, K=K)
@@ -412,6 +432,8 @@ def _with_reason(c: Candidate, reason: str) -> Candidate:
     return dataclasses.replace(c, reason=reason)
 
 
-def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", **kw) -> Candidate:
-    """The decision alone: ``select(...)[0]``."""
+def decide_by_model(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512",
+                    **kw) -> Candidate:
+    """The model's decision alone: ``select(...)[0]`` (``lcmac.tune.decide_by_measurement``
+    prefers the tuning log's measurements)."""
     return select(M, N, K, dtype, target, **kw)[0]

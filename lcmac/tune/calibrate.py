@@ -20,6 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..artifact import tuning_log as _db
+from ..costmodel import gemm_estimate, lcma_estimate, model_dtype, resolve_profile
+from ..dtypes import normalize_model_dtype
+from ..ir import catalogue
 
 BOUNDS = {"gemm_efficiency": (0.02, 1.0), "bandwidth_efficiency": (0.05, 1.0),
           "add_efficiency": (0.02, 1.0), "shape_half": (0.5, 2000.0),
@@ -52,11 +55,11 @@ def _points(records) -> list[tuple[str, tuple, float]]:
 
 
 def model_time(algorithm: str, shape, dtype, profile) -> float:
-    from ..costmodel import gemm_estimate, lcma_estimate
+    """The model's time of a tuned ``algorithm`` (the faster Combine-H variant, as
+    ``select`` prices it)."""
     M, N, K = shape
     if algorithm == _db.GEMM:
         return gemm_estimate(M, N, K, dtype, profile).time_s
-    from ..ir import catalogue
     alg = catalogue.get(algorithm)
     return min(lcma_estimate(alg, M, N, K, dtype, profile, fused=f).time_s for f in (True, False))
 
@@ -80,11 +83,8 @@ def _apply(profile, names, theta, dtype):
 def calibrate(records, target, dtype, *, profile=None,
               params=("gemm_efficiency", "bandwidth_efficiency"), iterations: int = 30) -> Calibration:
     """Fit ``params`` to ``records`` (tuning-log dicts for one target and dtype)."""
-    from ..costmodel.decision import _resolve
-    from ..dtypes import normalize_model_dtype
-    from .space import model_dtype
     d_log = normalize_model_dtype(dtype)
-    p0, d = _resolve(target, model_dtype(target, d_log), profile)   # CUDA float32 = TF32
+    p0, d = resolve_profile(target, model_dtype(target, d_log), profile)   # CUDA float32 = TF32
     pts = _points(r for r in records if (r.get("dtype") in (d_log, None))
                   and r.get("algorithm") != _db.VENDOR)
     if not pts:
@@ -135,5 +135,4 @@ def calibrate(records, target, dtype, *, profile=None,
 
 def calibrate_from_db(target, dtype, *, db=None, **kw) -> Calibration:
     store = db if isinstance(db, _db.TuningDB) else _db.TuningDB(db)
-    from ..dtypes import normalize_model_dtype
     return calibrate(list(store.records(str(target), normalize_model_dtype(dtype))), target, dtype, **kw)

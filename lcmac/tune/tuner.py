@@ -1,31 +1,34 @@
 """The autotuner: the model's ranking is the prior, measurement the judge.
 
-``tune(algo, target, dtype, shape, budget=N)``
+``tune(algo, target, dtype, shape, budget=N, **options)`` runs four steps:
 
-1. ranked space (``space.ranked_space``: enumerate → prune on-chip misfits → rank by the
+1. **plan** (``plan_search``): the algorithms (``algo="auto"``: the plain GEMM and the cost
+   model's ``top_lcmas`` best LCMAs for the shape, ``costmodel.select``) and each one's
+   ranked space (``space.ranked_space``: enumerate → prune on-chip misfits → rank by the
    analytic estimate); configs already in the log for this exact case are not re-run (their
    records count as trials);
-2. in model order, batches of ``jobs`` configs are compiled in parallel worker processes
-   (``build_fn``; default ``lcmac.build.build`` in a spawned process pool), then measured one
-   at a time in an isolated measuring process (``measure.MeasureWorker``) — never while
-   compiling, so timing does not share the cores with a compiler;
-3. stops after ``budget`` measurements per algorithm, or earlier when ``patience``
-   measurements in a row did not improve the best by more than ``min_improvement``
-   (``exhaustive=True``: every fitting config, no early stop — for the search metrics);
-4. every measurement (failures too) is appended to the tuning log (``db.TuningDB``), and
-   with ``vendor=True`` the vendor GEMM of the same shape (cuBLAS / numpy) as the baseline;
-5. returns a ``TuneResult`` (best algorithm + config + time, every trial, model-vs-measured
-   Spearman over the trials).
+2. **build**: in model order, batches of ``jobs`` configs are compiled in parallel worker
+   processes (``builders.Builder``; or ``build_fn``, or artifacts built ahead: ``prebuilt``);
+3. **measure**: one at a time in an isolated measuring process (``measure.MeasureWorker``) —
+   never while compiling, so timing does not share the cores with a compiler — until
+   ``budget`` measurements per algorithm, or earlier when ``patience`` measurements in a row
+   did not improve the best by more than ``min_improvement`` (``exhaustive=True``: every
+   fitting config, no early stop — for the search metrics); with ``vendor=True`` the vendor
+   GEMM of the same shape (cuBLAS / numpy) as the baseline;
+4. **log**: every measurement (failures too) is appended to the tuning log
+   (``artifact.tuning_log.TuningDB``).
 
-``algo="auto"`` tunes the plain GEMM and the cost model's ``top_lcmas`` best LCMAs for the
-shape (``lcmac.costmodel.select``), each with the same budget, and picks the fastest.
+It returns a ``TuneResult`` (best algorithm + config + time, every trial, model-vs-measured
+Spearman over the trials).  The keyword options are grouped into ``TuneOptions``
+(``SearchOptions``, ``BuildOptions``, ``MeasureOptions``, ``LogOptions``); ``tune_with``
+takes them as such.
 
 Many shapes on a GPU (``tune_many``): compiling and measuring overlap there (GPU timing does
 not share the CPU cores' work), so every shape's planned configs (``plan_points``) go to one
-pool of ``jobs`` compile threads (``Prebuilder``) up front, and each shape is measured as soon
-as its artifacts exist.  ``Prebuilder`` also writes ``index.jsonl`` beside the artifacts, so
-a build on one machine (``lcmac tune --build-only DIR``) can be measured on another
-(``--prebuilt DIR``).
+pool of ``jobs`` compile threads (``builders.Prebuilder``) up front, and each shape is
+measured as soon as its artifacts exist.  ``Prebuilder`` also writes ``index.jsonl`` beside
+the artifacts, so a build on one machine (``lcmac tune --build-only DIR``) can be measured
+on another (``--prebuilt DIR``).
 
 Tests and dry runs pass ``measure_fn(point) -> seconds | (seconds, spread) | dict`` instead
 of building anything.
@@ -33,21 +36,97 @@ of building anything.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import math
-import multiprocessing as mp
-import os
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..artifact import tuning_log as _db
+from ..costmodel import model_dtype, select
+from ..costmodel.config_estimates import default_block_k, estimate
+from ..costmodel.decision import with_errors
+from ..dtypes import normalize_model_dtype
+from ..schedules.cuda.config import NotSupportedYet
 from . import space as _space
+from .builders import Builder, Prebuilder, load_prebuilt
+from .measure import MeasureWorker
 from .metrics import spearman
+
+__all__ = ["BuildOptions", "LogOptions", "MeasureOptions", "Progress", "SearchOptions",
+           "SearchPlan", "Trial", "TuneOptions", "TuneResult", "auto_algorithms", "exhaustive",
+           "plan_points", "plan_search", "resolved_config", "tune", "tune_many", "tune_with"]
+
+
+# ---- options -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SearchOptions:
+    """What to try (the plan)."""
+    budget: int = 8                     # configs measured per algorithm, at most
+    patience: int = 4                   # stop after this many measurements without improving
+    min_improvement: float = 0.01       # ... the best by more than this fraction
+    exhaustive: bool = False            # every fitting config, no budget, no early stop
+    top_lcmas: int = 2                  # algo="auto": LCMAs tuned beside the plain GEMM
+    max_error: float | None = None      # algo="auto": only LCMAs predicted within this error
+    operands: str = "native"            # the CUDA operand mode searched (one per search)
+    profile: Any = None                 # a hardware profile to rank with (default: target's)
+    configs: Any = None                 # configs to rank instead of the backend's space
+    measure_default: bool = False       # also measure the backend's default config
+    vendor: bool = False                # also time the vendor GEMM as the baseline
+    reuse_log: bool = True              # configs logged for this case count, not re-run
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How the planned points become artifacts."""
+    jobs: int = 2                       # parallel compile processes
+    work_dir: str | None = None         # where the temporary artifacts go
+    build_fn: Callable | None = None    # (point, out_dir) -> artifact path, instead of build
+    prebuilt: Callable | None = None    # point -> artifact path | None, built ahead
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    """How an artifact is timed."""
+    repeats: int = 5
+    warmup: int = 2
+    min_run_s: float = 0.02
+    sustained_s: float | None = None    # GPUs: seconds of warm-up at the power cap
+    measure_fn: Callable | None = None  # point -> seconds | (seconds, spread) | dict (tests)
+    worker: Any = None                  # a MeasureWorker shared between calls (kept open)
+
+
+@dataclass(frozen=True)
+class LogOptions:
+    """Where the measurements go."""
+    db: Any = None                      # a TuningDB or its directory (default: the project's)
+    log: bool = True                    # append every measurement to the log
+    tag: str | None = None              # stored in every record
+    progress: Any = False               # a progress bar on stderr (or a Progress)
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """Every option of ``tune``, grouped by the step it steers."""
+    search: SearchOptions = field(default_factory=SearchOptions)
+    build: BuildOptions = field(default_factory=BuildOptions)
+    measure: MeasureOptions = field(default_factory=MeasureOptions)
+    log: LogOptions = field(default_factory=LogOptions)
+
+    @classmethod
+    def from_keywords(cls, **keywords) -> "TuneOptions":
+        """The options ``tune``'s keyword arguments spell (each goes to the group with a
+        field of its name); TypeError for a keyword no group has."""
+        parts = {}
+        for f in fields(cls):
+            names = {g.name for g in fields(f.default_factory)}
+            parts[f.name] = f.default_factory(**{k: keywords.pop(k) for k in list(keywords)
+                                                 if k in names})
+        if keywords:
+            raise TypeError(f"unexpected tuning option(s): {', '.join(sorted(keywords))}")
+        return cls(**parts)
 
 
 @dataclass
@@ -112,189 +191,6 @@ class TuneResult:
         return rows
 
 
-# ---- building (parallel worker processes) -------------------------------------------------
-def _build_worker(algorithm: str, target: str, dtype: str, shape, config, out_dir: str) -> str:
-    """Runs in a worker process: build one artifact, return its path."""
-    from ..artifact import build as _build
-    fn = getattr(_build, "build")
-    levels = 1  # recursion is part of the expression ("strassen^2")
-    algo = None if algorithm == _db.GEMM else algorithm
-    config = _db.config_to_dict(config) if config is not None else None  # build takes dicts
-    try:
-        art = fn(algo if algo is not None else "gemm", target, dtype, tuple(shape), levels, config, out_dir)
-    except TypeError:
-        art = fn(algo if algo is not None else "gemm", target=target, dtype=dtype, shape=tuple(shape),
-                 config=config, out_dir=out_dir)
-    for attr in ("path", "library", "lib_path", "manifest_path", "directory"):
-        v = getattr(art, attr, None)
-        if v:
-            return str(v)
-    return str(art if art is not None else out_dir)
-
-
-def _build_group(items) -> list:
-    """Runs in a worker process: several builds through one compiler worker (one compiler
-    import for the group: ``lcmac.build.build_many``); a path or an error string each."""
-    from ..artifact.build import build_many
-    jobs = [{"algo": a if a != _db.GEMM else "gemm", "target": t, "dtype": d, "shape": tuple(s),
-             "config": _db.config_to_dict(c) if c is not None else None, "out_dir": o}
-            for a, t, d, s, c, o in items]
-    out = []
-    for r in build_many(jobs):
-        if isinstance(r, BaseException):
-            msg = str(r).strip().splitlines()
-            out.append(f"build failed: {type(r).__name__}: {msg[-1] if msg else ''}")
-        else:
-            out.append(str(r))
-    return out
-
-
-class _Builder:
-    """Compiles a batch of points in ``jobs`` worker processes; a batch larger than ``jobs``
-    is split into ``jobs`` groups, each built by one compiler worker (``build_many``), which
-    saves the compiler's import per artifact (~2.5 s for apache-tvm)."""
-
-    def __init__(self, jobs: int):
-        self.jobs = max(1, jobs)
-        self.pool = None
-
-    def build(self, points, target, dtype, shape, root: Path) -> list[tuple[str | None, str]]:
-        if self.pool is None:
-            self.pool = cf.ProcessPoolExecutor(max_workers=self.jobs, mp_context=mp.get_context("spawn"))
-        items = []
-        for pt in points:
-            d = root / f"{pt.algorithm.replace('^', 'p').replace('*', 'x').replace('@', 'at')}-{abs(hash(pt.key)) % 10**10}"
-            items.append((pt.algorithm, target, dtype, tuple(shape), pt.config, str(d)))
-        if len(items) <= self.jobs:
-            groups = [[it] for it in items]
-        else:
-            k = -(-len(items) // self.jobs)
-            groups = [items[i:i + k] for i in range(0, len(items), k)]
-        futs = [self.pool.submit(_build_worker, *g[0]) if len(g) == 1 else self.pool.submit(_build_group, g)
-                for g in groups]
-        out = []
-        for g, f in zip(groups, futs):
-            try:
-                r = f.result()
-                rs = [r] if len(g) == 1 else r
-                out += [(None, x) if x.startswith("build failed:") else (x, "") for x in rs]
-            except cf.process.BrokenProcessPool as e:
-                self.close()
-                out += [(None, f"build worker crashed: {e}")] * len(g)
-            except Exception as e:  # noqa: BLE001 - reported as a failed trial
-                msg = str(e).strip().splitlines()
-                out += [(None, f"build failed: {type(e).__name__}: {msg[-1] if msg else ''}")] * len(g)
-        return out
-
-    def close(self):
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            self.pool = None
-
-
-def _artifact_dir(root: Path, pt, shape) -> Path:
-    slug = pt.algorithm.replace("^", "p").replace("*", "x").replace("@", "at")
-    import hashlib
-    h = hashlib.sha1(f"{pt.algorithm_hash}|{tuple(shape)}|{pt.key}".encode()).hexdigest()[:12]
-    return root / f"{slug}-{'x'.join(map(str, shape))}-{h}"
-
-
-class Prebuilder:
-    """Compile points ahead of measuring, ``jobs`` at a time, in threads (each build runs the
-    backend's compiler worker as a subprocess).  ``get(point, target, dtype, shape)`` waits for
-    that point's artifact; every finished build is appended to ``root/index.jsonl``, which
-    ``load_prebuilt`` reads on another machine."""
-
-    def __init__(self, jobs: int, root: str | os.PathLike, nice: int = 0):
-        self.nice = nice       # lower the compilers' priority (measuring at the same time)
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.pool = cf.ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="lcmac-build")
-        self.futs: dict = {}
-        self.lock = threading.Lock()
-        self.t0 = time.time()
-        self.built = self.failed = 0
-
-    @staticmethod
-    def key(pt, target, dtype, shape) -> tuple:
-        return (str(target), dtype, pt.algorithm_hash, tuple(int(x) for x in shape), pt.key)
-
-    def _run(self, pt, target, dtype, shape):
-        d = _artifact_dir(self.root, pt, shape)
-        if self.nice:
-            try:  # Linux: nice is per thread, and the compiler subprocesses inherit it
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
-            except (AttributeError, OSError):
-                pass
-        t = time.time()
-        try:
-            path = _build_worker(pt.algorithm, target, dtype, tuple(shape), pt.config, str(d))
-        except Exception:
-            with self.lock:
-                self.failed += 1
-            raise
-        rec = {"target": str(target), "dtype": dtype, "algorithm": pt.algorithm,
-               "algorithm_hash": pt.algorithm_hash, "shape": list(shape), "config": pt.config_dict(),
-               "manifest": os.path.relpath(path, self.root), "build_s": round(time.time() - t, 1)}
-        with self.lock:
-            self.built += 1
-            with open(self.root / "index.jsonl", "a") as f:
-                f.write(json.dumps(rec, sort_keys=True) + "\n")
-        return path
-
-    def submit(self, pt, target, dtype, shape):
-        k = self.key(pt, target, dtype, shape)
-        if k not in self.futs:
-            self.futs[k] = self.pool.submit(self._run, pt, target, dtype, tuple(shape))
-        return self.futs[k]
-
-    def get(self, pt, target, dtype, shape) -> str | None:
-        """The artifact of a submitted point (waits; raises its build error), else None."""
-        fut = self.futs.get(self.key(pt, target, dtype, shape))
-        return None if fut is None else fut.result()
-
-    def lookup(self, target, dtype, shape):
-        return lambda pt: self.get(pt, target, dtype, shape)
-
-    def wait(self):
-        cf.wait(list(self.futs.values()))
-
-    def close(self, cancel: bool = False):
-        self.pool.shutdown(wait=not cancel, cancel_futures=cancel)
-
-
-def load_prebuilt(root: str | os.PathLike):
-    """A lookup ``(point, target, dtype, shape) -> manifest path | None`` over the artifacts a
-    ``Prebuilder`` (``lcmac tune --build-only DIR``) left in ``root``.  A point matches an
-    entry of the same target, dtype, algorithm and shape whose config agrees on every knob
-    both name (a backend config class that gained a field since the build still matches)."""
-    root = Path(root)
-    entries: dict[tuple, list] = {}
-    idx = root / "index.jsonl"
-    if idx.is_file():
-        for line in idx.read_text().splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            k = (e["target"], e["dtype"], e["algorithm_hash"], tuple(e["shape"]))
-            entries.setdefault(k, []).append(e)
-
-    def find(pt, target, dtype, shape):
-        cand = entries.get((str(target), dtype, pt.algorithm_hash, tuple(int(x) for x in shape)), [])
-        want = pt.config_dict()
-        for e in cand:
-            have = e["config"]
-            if all(want[k] == have[k] for k in set(want) & set(have)):
-                path = root / e["manifest"]
-                if path.is_file():
-                    return str(path)
-        return None
-    find.n_entries = sum(len(v) for v in entries.values())  # type: ignore[attr-defined]
-    return find
-
-
-# ---- progress ------------------------------------------------------------------------------
 class Progress:
     """A plain-text progress bar on stderr (no dependency); silent when ``enabled`` is False."""
 
@@ -323,7 +219,6 @@ class Progress:
             self.stream.flush()
 
 
-# ---- the tuner -----------------------------------------------------------------------------
 def _normalize_measurement(m) -> dict:
     if isinstance(m, dict):
         return m
@@ -341,13 +236,11 @@ def auto_algorithms(target, dtype, shape, top_lcmas: int = 2, profile=None,
     that cannot build an algorithm reports the failure as a trial; it is not guessed here),
     of those predicted within ``max_error`` × the plain GEMM's error when given, both for the
     CUDA ``operands`` mode tuned."""
-    from ..costmodel import select
-    from ..costmodel.decision import with_errors
     M, N, K = shape
     kw = {"profile": profile} if profile is not None else {}
     if algorithms is not None:
         kw["algorithms"] = algorithms
-    mdt = _space.model_dtype(target, dtype, operands)
+    mdt = model_dtype(target, dtype, operands)
     if operands != "native":
         kw["operands"] = operands
     cands = [c for c in select(M, N, K, mdt, target, max_error=max_error, **kw) if not c.is_gemm]
@@ -366,11 +259,11 @@ def _algorithms(algo, target, dtype, shape, top_lcmas, profile, max_error=None,
     return [_db.algo_identity(algo)[0]]
 
 
-def _resolved(config, dtype) -> dict:
+def resolved_config(config, dtype) -> dict:
     """A config dict with the backend's "0 = the dtype's default" k slab spelled out."""
     d = _db.config_to_dict(config)
     if d.get("block_k") == 0:
-        d["block_k"] = _space.default_block_k(d, dtype)
+        d["block_k"] = default_block_k(d, dtype)
     return d
 
 
@@ -379,326 +272,404 @@ def _default_point(a, sp, target, dtype, shape, profile, operands="native"):
     them is the same kernel (so it is built and measured once)."""
     dcfg = _space.default_config(target, dtype, a, shape=shape, operands=operands)
     if dcfg is not None:
-        want = _resolved(dcfg, dtype)
+        want = resolved_config(dcfg, dtype)
         for pt in sp.ranked:
-            if _resolved(pt.config, dtype) == want:
+            if resolved_config(pt.config, dtype) == want:
                 return pt
-    pred = (_space.estimate(target, dtype, shape, a, dcfg, profile)["time_s"]
+    pred = (estimate(target, dtype, shape, a, dcfg, profile)["time_s"]
             if dcfg is not None else math.nan)
     return _space.Point(a, sp.ranked[0].algorithm_hash, dcfg, pred, {})
 
 
-def plan_points(algo, target: str, dtype: str, shape, budget: int = 8, *, db=None,
-                reuse_log: bool = True, top_lcmas: int = 2, profile=None, configs=None,
-                exhaustive: bool = False, measure_default: bool = False,
-                operands: str = "native", max_error: float | None = None) -> list:
+# ---- plan ----------------------------------------------------------------------------------
+@dataclass
+class SearchPlan:
+    """The algorithms of one case, each one's ranked space and the configs' ranks in it;
+    ``budget`` and ``patience`` as the search runs them (an exhaustive search: the largest
+    space, no early stop)."""
+    algorithms: list[str]
+    spaces: dict[str, _space.Space]
+    ranks: dict[str, dict[str, int]]     # algorithm → config key → position in its space
+    budget: int
+    patience: int
+
+
+def plan_search(algo, target: str, dtype: str, shape, search: SearchOptions) -> SearchPlan:
+    """Step 1: the algorithms to tune and their ranked spaces."""
+    algos = _algorithms(algo, target, dtype, shape, search.top_lcmas, search.profile,
+                        search.max_error, search.operands)
+    spaces = {a: _space.ranked_space(target, dtype, a, shape, profile=search.profile,
+                                     configs=search.configs, operands=search.operands)
+              for a in algos}
+    budget, patience = search.budget, search.patience
+    if search.exhaustive:
+        budget = max([len(sp.ranked) for sp in spaces.values()] + [1])
+        patience = budget + 1
+    ranks = {a: {pt.key: i for i, pt in enumerate(sp.ranked)} for a, sp in spaces.items()}
+    return SearchPlan(algos, spaces, ranks, budget, patience)
+
+
+def plan_points(algo, target: str, dtype: str, shape, budget: int = 8, **keywords) -> list:
     """The points ``tune`` with the same arguments would build, in its order: per algorithm
     the first ``budget`` configs of the ranked space that are not logged yet for this case
     (all of them with ``exhaustive``), after the default config when ``measure_default``.
     Early stopping can only measure fewer of them."""
-    from ..dtypes import normalize_model_dtype
-    dtype = normalize_model_dtype(dtype)
-    shape = tuple(int(x) for x in shape)
-    store = db if isinstance(db, _db.TuningDB) else _db.TuningDB(db)
+    opts = TuneOptions.from_keywords(budget=budget, **keywords)
+    return _planned_points(algo, target, normalize_model_dtype(dtype),
+                           tuple(int(x) for x in shape), opts.search, _store(opts.log.db))
+
+
+def _planned_points(algo, target, dtype, shape, search: SearchOptions, store) -> list:
+    plan = plan_search(algo, target, dtype, shape, search)
     out = []
-    for a in _algorithms(algo, target, dtype, shape, top_lcmas, profile, max_error, operands):
-        sp = _space.ranked_space(target, dtype, a, shape, profile=profile, configs=configs,
-                                 operands=operands)
+    for a in plan.algorithms:
+        sp = plan.spaces[a]
         if not sp.ranked:
             continue
         done = store.measured_configs(target, dtype, sp.ranked[0].algorithm_hash, shape) \
-            if reuse_log else set()
-        if measure_default:
-            dpt = _default_point(a, sp, target, dtype, shape, profile, operands)
+            if search.reuse_log else set()
+        if search.measure_default:
+            dpt = _default_point(a, sp, target, dtype, shape, search.profile, search.operands)
             if dpt.config is not None and dpt.key not in done:
                 out.append(dpt)
-        n = len(sp.ranked) if exhaustive else budget
-        out += [pt for pt in sp.ranked[:n] if pt.key not in done]
+        out += [pt for pt in sp.ranked[:plan.budget] if pt.key not in done]
     return out
 
 
-def tune(algo, target: str, dtype: str, shape, budget: int = 8, *, patience: int = 4,
-         min_improvement: float = 0.01, jobs: int = 2, db: _db.TuningDB | str | None = None,
-         measure_fn: Callable | None = None, build_fn: Callable | None = None,
-         top_lcmas: int = 2, repeats: int = 5, warmup: int = 2, min_run_s: float = 0.02,
-         reuse_log: bool = True, log: bool = True, progress: bool | Progress = False,
-         profile=None, configs=None, measure_default: bool = False,
-         work_dir: str | None = None, vendor: bool = False, exhaustive: bool = False,
-         tag: str | None = None, worker=None, prebuilt: Callable | None = None,
-         operands: str = "native", max_error: float | None = None,
-         sustained_s: float | None = None) -> TuneResult:
+def _store(db) -> _db.TuningDB:
+    return db if isinstance(db, _db.TuningDB) else _db.TuningDB(db)
+
+
+# ---- tune: plan → build → measure → log ------------------------------------------------------
+def tune(algo, target: str, dtype: str, shape, budget: int = 8, **options) -> TuneResult:
     """Tune one shape (see the module doc).  ``algo``: ``"gemm"``, a catalogue expression
     (``"strassen"``, ``"strassen^2"``), a list of them, or ``"auto"``.  ``budget``: configs
-    measured per algorithm (at most).  ``jobs``: parallel compile processes.  ``db``: a
-    ``TuningDB`` or its directory (default ``db.default_dir()``).  ``measure_fn(point)``:
-    replaces build+measure (tests).  ``build_fn(point, out_dir) -> artifact path``: replaces
-    the default ``lcmac.build.build`` (then measured in the measuring process).
-    ``prebuilt(point) -> artifact path | None``: artifacts built ahead (``Prebuilder``,
-    ``load_prebuilt``); the others are built here.  ``measure_default``: also measure the
-    backend's default config (logged with ``default: true``) for the tuned-vs-default
-    speed-up.  ``vendor``: also time the vendor GEMM (cuBLAS / numpy) on the same operands and
-    log it as algorithm ``"vendor"``.  ``exhaustive``: measure every fitting config (no budget,
-    no early stop).  ``tag``: stored in every record.  ``worker``: a ``MeasureWorker`` shared
-    between calls (kept open).  ``operands``: the CUDA operand mode searched
-    (CudaConfig.operands; one precision per search).  ``max_error``: with ``"auto"``, only
-    LCMAs predicted within that multiple of the plain GEMM's error (costmodel.accuracy).
-    ``sustained_s`` (GPUs): warm each kernel up for that many seconds of back-to-back calls
-    before timing it, so that it is measured at the GPU's power cap, as long runs see it
-    (an H100 settles within ~0.2 s at 700 W; the default warm-up is 0.15 s)."""
+    measured per algorithm (at most).  ``options``, by the step they steer (``TuneOptions``):
+
+    - search: ``patience``, ``min_improvement``, ``exhaustive`` (measure every fitting
+      config), ``top_lcmas`` and ``max_error`` (``"auto"``: LCMAs predicted within that
+      multiple of the plain GEMM's error, costmodel.accuracy), ``operands`` (the CUDA operand
+      mode searched, CudaConfig.operands; one precision per search), ``profile``,
+      ``configs``, ``measure_default`` (also measure the backend's default config, logged
+      with ``default: true``, for the tuned-vs-default speed-up), ``vendor`` (also time the
+      vendor GEMM, cuBLAS / numpy, on the same operands, logged as algorithm ``"vendor"``),
+      ``reuse_log``;
+    - build: ``jobs`` (parallel compile processes), ``work_dir``, ``build_fn(point,
+      out_dir) -> artifact path`` (instead of ``artifact.build.build``), ``prebuilt(point) ->
+      artifact path | None`` (artifacts built ahead: ``Prebuilder``, ``load_prebuilt``);
+    - measure: ``repeats``, ``warmup``, ``min_run_s``, ``sustained_s`` (GPUs: warm each
+      kernel up for that many seconds of back-to-back calls before timing it, so that it is
+      measured at the GPU's power cap, as long runs see it; an H100 settles within ~0.2 s at
+      700 W; the default warm-up is 0.15 s), ``measure_fn(point)`` (replaces build+measure:
+      tests), ``worker`` (a ``MeasureWorker`` shared between calls, kept open);
+    - log: ``db`` (a ``TuningDB`` or its directory), ``log``, ``tag`` (stored in every
+      record), ``progress``."""
+    return tune_with(algo, target, dtype, shape, TuneOptions.from_keywords(budget=budget, **options))
+
+
+def tune_with(algo, target: str, dtype: str, shape, opts: TuneOptions) -> TuneResult:
+    """``tune`` with its options as ``TuneOptions``."""
     shape = tuple(int(x) for x in shape)
-    from ..dtypes import normalize_model_dtype
     dtype = normalize_model_dtype(dtype)
-    warm = {}
-    if sustained_s is not None:
+    _check_request(target, opts)
+    store = _store(opts.log.db)
+    plan = plan_search(algo, target, dtype, shape, opts.search)
+    run = _TuningRun(target, dtype, shape, opts, plan, store)
+    try:
+        if opts.search.vendor:
+            run.measure_vendor()
+        for a in plan.algorithms:
+            run.tune_algorithm(a)
+    finally:
+        run.close()
+    return run.result
+
+
+def _check_request(target, opts: TuneOptions) -> None:
+    """Refuse what cannot be tuned, before anything is planned."""
+    sustained = opts.measure.sustained_s
+    if sustained is not None:
         if _space.family(target) != "cuda":
             raise ValueError("sustained_s is a GPU measurement (a power-capped steady state); "
                              f"target {target} is not a CUDA target")
-        if not (isinstance(sustained_s, (int, float)) and 0 < sustained_s <= 60):
-            raise ValueError(f"sustained_s must be seconds in (0, 60], got {sustained_s!r}")
-        warm = {"warm_s": float(sustained_s)}
-    if operands == "fp8":
-        from ..schedules.cuda.config import NotSupportedYet
+        if not (isinstance(sustained, (int, float)) and 0 < sustained <= 60):
+            raise ValueError(f"sustained_s must be seconds in (0, 60], got {sustained!r}")
+    if opts.search.operands == "fp8":
         # the vendor baseline would have to be cuBLAS's FP8 GEMM and the correctness check an
         # FP8-sized tolerance (scripts/bench_cuda.py measures both)
         raise NotSupportedYet("tuning operands='fp8' is not supported yet; build with "
                               "--config '{\"operands\": \"fp8\"}' (its measured tile "
                               "defaults) and compare with scripts/bench_cuda.py")
-    store = db if isinstance(db, _db.TuningDB) else _db.TuningDB(db)
-    algos = _algorithms(algo, target, dtype, shape, top_lcmas, profile, max_error, operands)
-    res = TuneResult(target, dtype, shape)
-    spaces = {}
-    for a in algos:
-        sp = _space.ranked_space(target, dtype, a, shape, profile=profile, configs=configs,
-                                 operands=operands)
-        spaces[a] = sp
-        res.space_sizes[a] = (len(sp.ranked), len(sp.pruned))
-    if exhaustive:
-        budget = max([len(sp.ranked) for sp in spaces.values()] + [1])
-        patience = budget + 1
-    total = (sum(min(budget, len(sp.ranked)) for sp in spaces.values())
-             + (len(algos) if measure_default else 0) + (1 if vendor else 0))
-    bar = progress if isinstance(progress, Progress) else Progress(total, enabled=bool(progress))
-    device = _db.device_name(target)
-    own_worker = worker is None
-    builder = _Builder(jobs) if (measure_fn is None and build_fn is None) else None
-    tmp = tempfile.TemporaryDirectory(prefix="lcmac-tune-", dir=work_dir) if measure_fn is None else None
-    rank_of = {a: {pt.key: i for i, pt in enumerate(sp.ranked)} for a, sp in spaces.items()}
-    # points compiled before a batch is measured: `jobs` (early stopping decides after each
-    # batch); an exhaustive search has no early stop, so larger batches, each job's share
-    # built by one compiler worker (one compiler import per share)
-    batch_n = max(1, jobs) * (8 if exhaustive else 1)
 
-    def record(pt, m, **extra):
-        extra = dict(extra)
-        if tag:
-            extra["tag"] = tag
-        if pt.algorithm in spaces:
-            extra.setdefault("space_size", len(spaces[pt.algorithm].ranked))
-            r = rank_of[pt.algorithm].get(pt.key)
+
+@dataclass
+class _EarlyStop:
+    """The search's stopping state: measurements so far and since the best last improved."""
+    min_improvement: float
+    best: float = math.inf
+    since: int = 0
+    n: int = 0
+
+    def saw(self, t: float | None) -> None:
+        """One more measurement (None: it failed)."""
+        self.n += 1
+        if t is not None and t < self.best * (1 - self.min_improvement):
+            self.best, self.since = t, 0
+        else:
+            self.since += 1
+
+
+class _TuningRun:
+    """One ``tune`` call's steps after the plan — build, measure, log — and its state: the
+    result so far, the progress bar, the compilers and the measuring process."""
+
+    def __init__(self, target, dtype, shape, opts: TuneOptions, plan: SearchPlan, store):
+        self.target, self.dtype, self.shape = target, dtype, shape
+        self.opts, self.plan, self.store = opts, plan, store
+        s, b, m = opts.search, opts.build, opts.measure
+        self.result = TuneResult(target, dtype, shape)
+        for a, sp in plan.spaces.items():
+            self.result.space_sizes[a] = (len(sp.ranked), len(sp.pruned))
+        total = (sum(min(plan.budget, len(sp.ranked)) for sp in plan.spaces.values())
+                 + (len(plan.algorithms) if s.measure_default else 0) + (1 if s.vendor else 0))
+        progress = opts.log.progress
+        self.bar = progress if isinstance(progress, Progress) else Progress(total, enabled=bool(progress))
+        self.device = _db.device_name(target)
+        self.worker, self.own_worker = m.worker, m.worker is None
+        self.builder = Builder(b.jobs) if (m.measure_fn is None and b.build_fn is None) else None
+        self.tmp = (tempfile.TemporaryDirectory(prefix="lcmac-tune-", dir=b.work_dir)
+                    if m.measure_fn is None else None)
+        # points compiled before a batch is measured: `jobs` (early stopping decides after
+        # each batch); an exhaustive search has no early stop, so larger batches, each job's
+        # share built by one compiler worker (one compiler import per share)
+        self.batch_n = max(1, b.jobs) * (8 if s.exhaustive else 1)
+        self.timing = {"warmup": m.warmup, "repeats": m.repeats, "min_run_s": m.min_run_s}
+        if m.sustained_s is not None:
+            self.timing["warm_s"] = float(m.sustained_s)
+
+    # ---- build ------------------------------------------------------------------------------
+    def build(self, points) -> list[tuple[str | None, str]]:
+        """(artifact path, "") or (None, why) per point: ``build_fn``, else ``prebuilt``,
+        else the compile workers."""
+        b = self.opts.build
+        root = Path(self.tmp.name)
+        built: list = [None] * len(points)
+        for i, pt in enumerate(points):
+            try:
+                if b.build_fn is not None:
+                    built[i] = (str(b.build_fn(pt, str(root / f"a{abs(hash(pt.key)) % 10**10}"))), "")
+                elif b.prebuilt is not None:
+                    path = b.prebuilt(pt)
+                    if path:
+                        built[i] = (str(path), "")
+            except Exception as e:  # noqa: BLE001 - reported as a failed trial
+                msg = str(e).strip().splitlines()
+                built[i] = (None, f"build failed: {type(e).__name__}: {msg[-1] if msg else ''}")
+        rest = [i for i, x in enumerate(built) if x is None]
+        if rest:
+            if self.builder is None:
+                self.builder = Builder(b.jobs)
+            for i, x in zip(rest, self.builder.build([points[i] for i in rest], self.target,
+                                                     self.dtype, self.shape, root)):
+                built[i] = x
+        return built
+
+    # ---- measure ----------------------------------------------------------------------------
+    def _measuring_process(self):
+        if self.worker is None:
+            self.worker = MeasureWorker()
+        return self.worker
+
+    def measure(self, points) -> list[dict]:
+        """One measurement dict per point (``status``, ``time_s``, ``spread``, …)."""
+        fn = self.opts.measure.measure_fn
+        if fn is not None:
+            return [_measured_by(fn, pt) for pt in points]
+        out = []
+        for pt, (path, err) in zip(points, self.build(points)):
+            if path is None:
+                out.append({"status": "error", "error": err})
+                continue
+            out.append(self._measuring_process().measure(path, self.target, self.dtype,
+                                                         self.shape, **self.timing))
+        return out
+
+    def measure_vendor(self) -> None:
+        """The vendor GEMM of the same shape, the same run's baseline."""
+        operands = self.opts.search.operands
+        vcfg = {"library": "vendor", **({"operands": operands} if operands != "native" else {})}
+        fn = self.opts.measure.measure_fn
+        if fn is not None:
+            m = _measured_by(fn, _space.Point(_db.VENDOR, _db.VENDOR, vcfg, math.nan, {}))
+        else:
+            m = self._measuring_process().measure_vendor(self.target, self.dtype, self.shape,
+                                                         operands=operands, **self.timing)
+        vcfg = m.pop("config", None) or vcfg
+        if m.get("status", "ok") == "ok":
+            self.result.vendor_time, self.result.vendor_config = float(m["time_s"]), vcfg
+            self.log(_space.Point(_db.VENDOR, _db.VENDOR, vcfg, math.nan, {}), m)
+            self.bar.update(f"vendor {vcfg.get('library', '')} {self.result.vendor_time * 1e3:.3f} ms")
+        else:
+            self.bar.update(f"vendor failed: {m.get('error', '')[:60]}")
+
+    def measure_default(self, a: str, sp) -> None:
+        """The backend's default config of ``a`` (from the log when measured before)."""
+        s = self.opts.search
+        dpt = _default_point(a, sp, self.target, self.dtype, self.shape, s.profile, s.operands)
+        prev = [r for r in self.store.query(self.target, self.dtype, algorithm_hash=dpt.algorithm_hash,
+                                            shape=self.shape)
+                if _db.config_key(r["config"]) == dpt.key] if s.reuse_log else []
+        if prev:  # measured before: not re-run
+            self.result.default_times[a] = min(r["time_s"] for r in prev)
+            self.bar.update(f"{a} default config (from log)")
+            return
+        m = self.measure([dpt])[0]
+        self.bar.update(f"{a} default config")
+        if m.get("status", "ok") == "ok":
+            self.result.default_times[a] = m["time_s"]
+            if dpt.config is not None:
+                self.log(dpt, m, default=True)
+
+    # ---- the search -------------------------------------------------------------------------
+    def tune_algorithm(self, a: str) -> None:
+        """Measure ``a``'s ranked configs in model order until the budget or the patience
+        runs out; ``result.stopped[a]`` says which."""
+        sp = self.plan.spaces[a]
+        if not sp.ranked:
+            self.result.stopped[a] = "no config fits on chip"
+            return
+        if self.opts.search.measure_default:
+            self.measure_default(a, sp)
+        done, logged = self._logged(sp.ranked[0].algorithm_hash)
+        budget, patience = self.plan.budget, self.plan.patience
+        stop = _EarlyStop(self.opts.search.min_improvement)
+        queue = list(sp.ranked)
+        reason = "space exhausted"
+        while queue and stop.n < budget:
+            batch = []
+            while queue and len(batch) < self.batch_n and stop.n + len(batch) < budget:
+                pt = queue.pop(0)
+                if pt.key not in done:
+                    batch.append(pt)
+                elif pt.key in logged:    # already measured: counts as a trial, not re-run
+                    r = logged[pt.key]
+                    self.result.trials.append(Trial(pt, r["time_s"], r.get("spread"), from_log=True, record=r))
+                    self.bar.update(f"{a} (from log) {r['time_s'] * 1e3:.3f} ms")
+                    stop.saw(r["time_s"])
+            for pt, m in zip(batch, self.measure(batch) if batch else []):
+                stop.saw(self._trial(a, pt, m))
+            if stop.n >= budget and not self.opts.search.exhaustive:
+                reason = f"budget of {budget} measurements"
+            elif stop.since >= patience and math.isfinite(stop.best):
+                reason = f"no improvement in {stop.since} measurements (patience {patience})"
+                break
+        self.result.stopped[a] = reason
+
+    def _logged(self, algorithm_hash: str) -> tuple[set, dict]:
+        """(keys of configs logged for this case, errors included; the best ok record of
+        each) — empty without ``reuse_log``."""
+        if not self.opts.search.reuse_log:
+            return set(), {}
+        done = self.store.measured_configs(self.target, self.dtype, algorithm_hash, self.shape)
+        logged: dict = {}
+        if done:
+            for r in self.store.query(self.target, self.dtype, algorithm_hash=algorithm_hash,
+                                      shape=self.shape):
+                k = _db.config_key(r["config"])
+                if k not in logged or r["time_s"] < logged[k]["time_s"]:
+                    logged[k] = r
+        return done, logged
+
+    def _trial(self, a: str, pt, m: dict) -> float | None:
+        """Log one measurement and add it to the result; its time (None: it failed)."""
+        rec = self.log(pt, m)
+        if m.get("status", "ok") != "ok":
+            self.result.trials.append(Trial(pt, None, status="error", error=m.get("error", ""), record=rec))
+            self.bar.update(f"{a} failed: {m.get('error', '')[:60]}")
+            return None
+        t = float(m["time_s"])
+        self.result.trials.append(Trial(pt, t, m.get("spread"), record=rec))
+        self.bar.update(f"{a} {t * 1e3:.3f} ms (model {pt.predicted_s * 1e3:.3f})")
+        return t
+
+    # ---- log --------------------------------------------------------------------------------
+    def log(self, pt, m: dict, **extra) -> dict:
+        """The tuning-log record of one measurement (appended unless ``log=False``)."""
+        lo = self.opts.log
+        if lo.tag:
+            extra["tag"] = lo.tag
+        sp = self.plan.spaces.get(pt.algorithm)
+        if sp is not None:
+            extra.setdefault("space_size", len(sp.ranked))
+            r = self.plan.ranks[pt.algorithm].get(pt.key)
             if r is not None:
                 extra.setdefault("rank", r)
         for k in ("inner", "input_sets", "warm_s"):
             if m.get(k) is not None:
                 extra.setdefault(k, m[k])
         pred = pt.predicted_s if (pt.predicted_s is not None and math.isfinite(pt.predicted_s)) else None
-        rec = _db.make_record(target=target, dtype=dtype, algorithm=pt.algorithm,
-                              algorithm_hash=pt.algorithm_hash, shape=shape, config=pt.config,
-                              time_s=m.get("time_s") if m.get("status", "ok") == "ok" else None,
-                              spread=m.get("spread"), repeats=m.get("repeats", repeats),
-                              predicted_s=pred, status=m.get("status", "ok"),
-                              error=m.get("error"), device=device, **extra)
-        if log:
-            store.append(rec)
+        ok = m.get("status", "ok") == "ok"
+        rec = _db.make_record(target=self.target, dtype=self.dtype, algorithm=pt.algorithm,
+                              algorithm_hash=pt.algorithm_hash, shape=self.shape, config=pt.config,
+                              time_s=m.get("time_s") if ok else None, spread=m.get("spread"),
+                              repeats=m.get("repeats", self.opts.measure.repeats), predicted_s=pred,
+                              status=m.get("status", "ok"), error=m.get("error"),
+                              device=self.device, **extra)
+        if lo.log:
+            self.store.append(rec)
         return rec
 
-    def get_worker():
-        nonlocal worker
-        if worker is None:
-            from .measure import MeasureWorker
-            worker = MeasureWorker()
-        return worker
+    def close(self) -> None:
+        self.bar.close()
+        if self.worker is not None and self.own_worker:
+            self.worker.close()
+        if self.builder is not None:
+            self.builder.close()
+        if self.tmp is not None:
+            self.tmp.cleanup()
 
-    def build_points(points) -> list[tuple[str | None, str]]:
-        root = Path(tmp.name)
-        built: list = [None] * len(points)
-        for i, pt in enumerate(points):
-            try:
-                if build_fn is not None:
-                    built[i] = (str(build_fn(pt, str(root / f"a{abs(hash(pt.key)) % 10**10}"))), "")
-                elif prebuilt is not None:
-                    path = prebuilt(pt)
-                    if path:
-                        built[i] = (str(path), "")
-            except Exception as e:  # noqa: BLE001
-                msg = str(e).strip().splitlines()
-                built[i] = (None, f"build failed: {type(e).__name__}: {msg[-1] if msg else ''}")
-        rest = [i for i, b in enumerate(built) if b is None]
-        if rest:
-            nonlocal builder
-            if builder is None:
-                builder = _Builder(jobs)
-            for i, b in zip(rest, builder.build([points[i] for i in rest], target, dtype, shape, root)):
-                built[i] = b
-        return built
 
-    def measure_batch(points) -> list[dict]:
-        if measure_fn is not None:
-            out = []
-            for pt in points:
-                try:
-                    out.append(_normalize_measurement(measure_fn(pt)))
-                except Exception as e:  # noqa: BLE001
-                    out.append({"status": "error", "error": f"{type(e).__name__}: {e}"})
-            return out
-        out = []
-        for pt, (path, err) in zip(points, build_points(points)):
-            if path is None:
-                out.append({"status": "error", "error": err})
-                continue
-            out.append(get_worker().measure(path, target, dtype, shape, warmup=warmup,
-                                            repeats=repeats, min_run_s=min_run_s, **warm))
-        return out
-
+def _measured_by(fn, pt) -> dict:
     try:
-        if vendor:
-            vcfg = {"library": "vendor"}
-            if operands != "native":
-                vcfg["operands"] = operands
-            if measure_fn is not None:
-                vpt = _space.Point(_db.VENDOR, _db.VENDOR, vcfg, math.nan, {})
-                try:
-                    m = _normalize_measurement(measure_fn(vpt))
-                except Exception as e:  # noqa: BLE001
-                    m = {"status": "error", "error": f"{type(e).__name__}: {e}"}
-            else:
-                m = get_worker().measure_vendor(target, dtype, shape, warmup=warmup,
-                                                repeats=repeats, min_run_s=min_run_s,
-                                                operands=operands, **warm)
-            vcfg = m.pop("config", None) or vcfg
-            if m.get("status", "ok") == "ok":
-                res.vendor_time, res.vendor_config = float(m["time_s"]), vcfg
-                record(_space.Point(_db.VENDOR, _db.VENDOR, vcfg, math.nan, {}), m)
-                bar.update(f"vendor {vcfg.get('library', '')} {res.vendor_time * 1e3:.3f} ms")
-            else:
-                bar.update(f"vendor failed: {m.get('error', '')[:60]}")
-        for a in algos:
-            sp = spaces[a]
-            if not sp.ranked:
-                res.stopped[a] = "no config fits on chip"
-                continue
-            if measure_default:
-                dpt = _default_point(a, sp, target, dtype, shape, profile, operands)
-                prev = [r for r in store.query(target, dtype, algorithm_hash=dpt.algorithm_hash,
-                                               shape=shape)
-                        if _db.config_key(r["config"]) == dpt.key] if reuse_log else []
-                if prev:  # measured before: not re-run
-                    res.default_times[a] = min(r["time_s"] for r in prev)
-                    bar.update(f"{a} default config (from log)")
-                else:
-                    m = measure_batch([dpt])[0]
-                    bar.update(f"{a} default config")
-                    if m.get("status", "ok") == "ok":
-                        res.default_times[a] = m["time_s"]
-                        if dpt.config is not None:
-                            record(dpt, m, default=True)
-            done = store.measured_configs(target, dtype, sp.ranked[0].algorithm_hash, shape) \
-                if reuse_log else set()
-            logged = {}
-            if done:
-                for r in store.query(target, dtype, algorithm_hash=sp.ranked[0].algorithm_hash, shape=shape):
-                    k = _db.config_key(r["config"])
-                    if k not in logged or r["time_s"] < logged[k]["time_s"]:
-                        logged[k] = r
-            best, since, n = math.inf, 0, 0
-            queue = list(sp.ranked)
-            reason = "space exhausted"
-            while queue and n < budget:
-                batch = []
-                while queue and len(batch) < batch_n and n + len(batch) < budget:
-                    pt = queue.pop(0)
-                    if pt.key in done:
-                        if pt.key in logged:  # already measured: counts as a trial, not re-run
-                            r = logged[pt.key]
-                            res.trials.append(Trial(pt, r["time_s"], r.get("spread"), from_log=True, record=r))
-                            n += 1
-                            bar.update(f"{a} (from log) {r['time_s'] * 1e3:.3f} ms")
-                            if r["time_s"] < best * (1 - min_improvement):
-                                best, since = r["time_s"], 0
-                            else:
-                                since += 1
-                        continue
-                    batch.append(pt)
-                for pt, m in zip(batch, measure_batch(batch) if batch else []):
-                    rec = record(pt, m)
-                    n += 1
-                    if m.get("status", "ok") == "ok":
-                        t = float(m["time_s"])
-                        res.trials.append(Trial(pt, t, m.get("spread"), record=rec))
-                        bar.update(f"{a} {t * 1e3:.3f} ms (model {pt.predicted_s * 1e3:.3f})")
-                        if t < best * (1 - min_improvement):
-                            best, since = t, 0
-                        else:
-                            since += 1
-                    else:
-                        res.trials.append(Trial(pt, None, status="error", error=m.get("error", ""), record=rec))
-                        bar.update(f"{a} failed: {m.get('error', '')[:60]}")
-                        since += 1
-                if n >= budget and not exhaustive:
-                    reason = f"budget of {budget} measurements"
-                elif since >= patience and math.isfinite(best):
-                    reason = f"no improvement in {since} measurements (patience {patience})"
-                    break
-            res.stopped[a] = reason
-    finally:
-        bar.close()
-        if worker is not None and own_worker:
-            worker.close()
-        if builder is not None:
-            builder.close()
-        if tmp is not None:
-            tmp.cleanup()
-    return res
+        return _normalize_measurement(fn(pt))
+    except Exception as e:  # noqa: BLE001 - a failed trial
+        return {"status": "error", "error": f"{type(e).__name__}: {e}"}
 
 
-def tune_many(cases, algo, target: str, dtype: str, budget: int = 8, *, jobs: int = 2,
-              db=None, prebuilt: str | None = None, build_dir: str | None = None,
-              build_only: bool = False, exhaustive: bool = False, measure_default: bool = False,
-              top_lcmas: int = 2, profile=None, configs=None, reuse_log: bool = True,
-              on_result: Callable | None = None, operands: str = "native",
-              **kw) -> list[TuneResult]:
+# ---- many shapes ------------------------------------------------------------------------------
+def tune_many(cases, algo, target: str, dtype: str, budget: int = 8, *, prebuilt: str | None = None,
+              build_dir: str | None = None, build_only: bool = False,
+              on_result: Callable | None = None, **options) -> list[TuneResult]:
     """Tune several shapes (``cases``: [(label, (M, N, K))]) with one shared measuring
-    process.  Compiling overlaps measuring (see the module doc): every planned point goes to
-    one ``Prebuilder`` of ``jobs`` threads at once, in case order, and each case is measured
-    when its artifacts are done.  ``prebuilt``: a directory of artifacts built earlier
-    (``index.jsonl``), used first.  ``build_dir``: keep the artifacts there (default: a
-    temporary directory).  ``build_only``: compile and index, measure nothing (returns [])."""
-    from ..dtypes import normalize_model_dtype
+    process; ``options`` as ``tune``'s (``jobs``: compile threads).  Compiling overlaps
+    measuring (see the module doc): every planned point goes to one ``Prebuilder`` of
+    ``jobs`` threads at once, in case order, and each case is measured when its artifacts
+    are done.  ``prebuilt``: a directory of artifacts built earlier (``index.jsonl``), used
+    first.  ``build_dir``: keep the artifacts there (default: a temporary directory).
+    ``build_only``: compile and index, measure nothing (returns [])."""
     dtype = normalize_model_dtype(dtype)
-    store = db if isinstance(db, _db.TuningDB) else _db.TuningDB(db)
+    opts = TuneOptions.from_keywords(budget=budget, **options)
+    store = _store(opts.log.db)
     old = load_prebuilt(prebuilt) if prebuilt else None
     tmp = None
     if build_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="lcmac-prebuild-")
         build_dir = tmp.name
-    pre = Prebuilder(jobs, build_dir, nice=0 if build_only else 10)
+    pre = Prebuilder(opts.build.jobs, build_dir, nice=0 if build_only else 10)
     results: list[TuneResult] = []
     worker = None
     try:
         for _, shape in cases:
-            for pt in plan_points(algo, target, dtype, shape, budget, db=store, reuse_log=reuse_log,
-                                  top_lcmas=top_lcmas, profile=profile, configs=configs,
-                                  exhaustive=exhaustive, measure_default=measure_default,
-                                  operands=operands, max_error=kw.get("max_error")):
+            for pt in _planned_points(algo, target, dtype, tuple(int(x) for x in shape),
+                                      opts.search, store):
                 if old is None or old(pt, target, dtype, shape) is None:
                     pre.submit(pt, target, dtype, shape)
         if build_only:
-            n = len(pre.futs)
-            bar = Progress(n, enabled=kw.get("progress", False) is not False)
+            bar = Progress(len(pre.futs), enabled=opts.log.progress is not False)
             for _ in cf.as_completed(list(pre.futs.values())):
                 bar.update(f"built ({pre.failed} failed)")
             bar.close()
             return []
-        from .measure import MeasureWorker
         worker = MeasureWorker()
         for label, shape in cases:
             shape = tuple(int(x) for x in shape)
@@ -706,10 +677,10 @@ def tune_many(cases, algo, target: str, dtype: str, budget: int = 8, *, jobs: in
             def lookup(pt, shape=shape):
                 p = old(pt, target, dtype, shape) if old is not None else None
                 return p or pre.get(pt, target, dtype, shape)
-            r = tune(algo, target, dtype, shape, budget, jobs=1, db=store, worker=worker,
-                     prebuilt=lookup, exhaustive=exhaustive, measure_default=measure_default,
-                     top_lcmas=top_lcmas, profile=profile, configs=configs, reuse_log=reuse_log,
-                     operands=operands, **kw)
+            case = replace(opts, build=replace(opts.build, jobs=1, prebuilt=lookup),
+                           measure=replace(opts.measure, worker=worker),
+                           log=replace(opts.log, db=store))
+            r = tune_with(algo, target, dtype, shape, case)
             results.append(r)
             if on_result is not None:
                 on_result(label, r)

@@ -1,6 +1,6 @@
 """The decision that learns: measurements from the tuning log override the model.
 
-``decide(M, N, K, dtype, target)`` gathers, per algorithm, the best logged time for this
+``decide_by_measurement(M, N, K, dtype, target)`` gathers, per algorithm, the best logged time for this
 shape and hands them to ``lcmac.costmodel.select`` through its ``measurements=`` hook:
 
 - exact shape logged → those times are used as they are;
@@ -34,7 +34,7 @@ whenever it is faster than the otherwise chosen kernel.  ``Decision.is_vendor`` 
 measured vendor GEMM.
 
 On CUDA targets a float32 case is priced by the model as ``tfloat32`` (lcmac's CUDA float32
-GEMM multiplies on the TF32 tensor cores; ``space.model_dtype``); the log stays float32.
+GEMM multiplies on the TF32 tensor cores; ``costmodel.model_dtype``); the log stays float32.
 
 **Burst or sustained.**  A GPU under a long job runs at its power cap, where kernels rank
 differently than in short bursts (H100, 16384³ bf16: Strassen 1.03× cuBLAS in a burst and
@@ -49,7 +49,14 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..artifact import tuning_log as _db
+from ..costmodel import gemm_estimate, model_dtype, resolve_profile, select
+from ..costmodel.accuracy import cuda_model_args
+from ..costmodel.decision import Candidate, candidate_names, within_error_budget
+from ..dtypes import normalize_model_dtype
+from ..targets import get_target
 
 
 #: records warmed up at least this long before timing are of the sustained regime
@@ -109,13 +116,8 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
     in the other regime, whose time there is scaled by the geometric mean of this regime's /
     the other's times over the kernels measured both ways at that shape (measured data in
     place of the model's guess; without a kernel measured both ways, none is carried)."""
-    from ..costmodel import gemm_estimate
-    from ..dtypes import normalize_model_dtype
-    from ..costmodel.decision import _resolve
-    from .space import model_dtype
     store = db if hasattr(db, "records") else _db.TuningDB(db)
     d = normalize_model_dtype(dtype)
-    import math
     by_regime: dict[str, dict[tuple, dict[str, float]]] = {g: {} for g in REGIMES}
     cfgs: dict[tuple, dict[str, dict]] = {}
     for r in store.records(str(target), d):
@@ -142,16 +144,14 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
     shape = (int(M), int(N), int(K))
 
     def variants(s):
-        from ..targets import get_target
         if get_target(str(target)).family != "cuda":
             return {}
-        from ..costmodel.accuracy import cuda_model_args
         return {a: cuda_model_args(d, c)[1] for a, c in cfgs.get(s, {}).items()
                 if a not in (_db.GEMM, _db.VENDOR)}
     if shape in best:
         return dict(best[shape]), "exact", shape, variants(shape), carried_at.get(shape, {})
     near = sorted((_db.shape_distance(shape, s), s) for s, per in best.items() if _db.GEMM in per)
-    p, md = _resolve(target, model_dtype(target, d), profile)
+    p, md = resolve_profile(target, model_dtype(target, d), profile)
     if not near or near[0][0] > max_distance:
         # nothing logged nearby: the model decides among lcmac's kernels, but whether the
         # vendor's GEMM beats lcmac's own is a property of the backend on this target, so
@@ -175,7 +175,6 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
 
 def _vendor_candidate(t: float, M, N, K, gemm_cand):
     """A ``Candidate`` for the measured vendor GEMM (stages: the model's plain GEMM's)."""
-    from ..costmodel.decision import Candidate
     g_time = gemm_cand.predicted_time_s
     return Candidate(_db.VENDOR, (1, 1, 1), 1, "vendor", t, 2.0 * M * N * K / t / 1e12,
                      g_time / t, gemm_cand.stages, gemm_cand.overhead_s,
@@ -185,7 +184,6 @@ def _vendor_candidate(t: float, M, N, K, gemm_cand):
 def failed_at(M, N, K, dtype, target, *, db=None) -> set[str]:
     """Algorithms whose every logged attempt at exactly this shape failed (build error, wrong
     result, device fault): not options here, whatever the model predicts."""
-    from ..dtypes import normalize_model_dtype
     store = db if hasattr(db, "records") else _db.TuningDB(db)
     shape = [int(M), int(N), int(K)]
     ok, bad = set(), set()
@@ -206,20 +204,19 @@ def _strip_decision(c):
 TRANSFER_MARGIN = 0.03
 
 
-def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, db=None,
-           profile=None, max_distance: float = 0.75, vendor: bool = True,
-           regime: str = "burst", **select_kw) -> Decision:
+def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
+                          db=None, profile=None, max_distance: float = 0.75, vendor: bool = True,
+                          regime: str = "burst", **select_kw) -> Decision:
     """GEMM, which LCMA, or the vendor GEMM for this shape, preferring logged measurements
-    (module doc).  ``db``: a ``TuningDB``, its directory, or any object with
-    ``records(target, dtype)``.  ``vendor=False`` leaves the vendor GEMM out (lcmac's own
-    kernels only).  ``regime``: "burst" or "sustained" records (module doc).
+    (module doc; ``lcmac.costmodel.decide_by_model`` is the model's word alone).  ``db``: a
+    ``TuningDB``, its directory, or any object with ``records(target, dtype)``.
+    ``vendor=False`` leaves the vendor GEMM out (lcmac's own kernels only).  ``regime``:
+    "burst" or "sustained" records (module doc).  ``select_kw`` go to ``costmodel.select``.
 
     With the plain GEMM measured at this shape, an LCMA that was not measured is judged by
     the model's time × (measured / predicted GEMM time here), so that a prediction is never
     compared with a measurement on different scales; algorithms that only ever failed at
     this shape are left out."""
-    from ..costmodel import select
-    from .space import model_dtype
     check_regime(regime)
     meas, source, logged, tuned_variants, carried = gather(
         M, N, K, dtype, target, db=db, max_distance=max_distance, profile=profile, regime=regime)
@@ -228,111 +225,19 @@ def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, d
     kw = dict(select_kw)
     if profile is not None:
         kw["profile"] = profile
-    if meas:
-        # algorithms measured but outside select's default candidate list still take part
-        try:
-            from ..costmodel.decision import candidate_names
-            names = set(candidate_names(tuple(sorted(set(kw.get("levels", (1, 2)))))))
-            extra = [a for a in meas if a != _db.GEMM and a not in names]
-            if extra and "algorithms" not in kw:
-                kw["algorithms"] = list(names) + extra
-        except Exception:  # noqa: BLE001
-            pass
-    mdt = model_dtype(target, dtype, select_kw.get("operands", "native"))
+    if meas and "algorithms" not in kw:
+        kw.update(_with_measured_algorithms(meas, kw.get("levels", (1, 2))))
+    operands = select_kw.get("operands", "native")
+    mdt = model_dtype(target, dtype, operands)
     cands = select(M, N, K, mdt, target, measurements=meas or None,
                    measured_variants=tuned_variants, **kw)
     cands = [c for c in cands if c.algorithm not in failed]
-    worth = []
-    g = next(c for c in cands if c.is_gemm)
-    # the model's times put on the measurements' scale (geometric mean of measured /
-    # predicted at this shape), so that a prediction never competes with a measurement of
-    # another scale.  The model errs alike within a kind of kernel (an LCMA's combines and
-    # batched GEMM; the plain GEMM's one tile), less so across kinds (H100, 16384³: GEMM
-    # ×1.033, the four LCMAs ×1.043–1.071): unmeasured LCMAs take the measured LCMAs' scale,
-    # the plain GEMM its own, either falling back on the other.
-    def _scale(ref, label=None):
-        ref = [c for c in ref if c.estimate is not None and c.estimate.time_s > 0]
-        if not ref:
-            return None
-        return (math.exp(sum(math.log(c.predicted_time_s / c.estimate.time_s) for c in ref) / len(ref)),
-                label or "/".join(c.algorithm for c in ref))
-    by_gemm = _scale([g], "GEMM") if g.measured else None
-    by_lcmas = _scale([c for c in cands if c.measured and not c.is_gemm])
-    scale_g, scale_l = by_gemm or by_lcmas, by_lcmas or by_gemm
-    scaled_by = scale_l[1] if scale_l else ""
-
-    def rescaled(c):
-        sc = scale_g if c.is_gemm else scale_l
-        if c.measured or sc is None or abs(sc[0] - 1.0) <= 1e-9:
-            return c
-        return dataclasses.replace(c, predicted_time_s=c.predicted_time_s * sc[0],
-                                   effective_tflops=c.effective_tflops / sc[0],
-                                   reason=f"{c.reason}; model time × {sc[0]:.3f} (measured / "
-                                          f"predicted {sc[1]} here)")
-    if scale_l:
-        cands = [rescaled(c) for c in cands]
-        g = next(c for c in cands if c.is_gemm)
-        cands = [dataclasses.replace(c, speedup_vs_gemm=g.predicted_time_s / c.predicted_time_s)
-                 for c in cands]
+    cands, scaled_by = _on_measured_scale(cands)
     if select_kw.get("max_error") is not None:
-        # the rescaled times can put a candidate ahead that select() did not check against
-        # the error budget: check again what could now be chosen (known errors are reused)
-        from ..costmodel.decision import within_error_budget
-        ok, _ = within_error_budget([c for c in cands if not c.is_gemm], float(select_kw["max_error"]),
-                                    mdt, select_kw.get("operands", "native"),
-                                    K, g.predicted_time_s)
-        ok = {c.algorithm: c for c in ok}
-        cands = [c if c.is_gemm else ok[c.algorithm] for c in cands if c.is_gemm or c.algorithm in ok]
-    measured = [c for c in cands if c.measured]
-    if any(c.is_gemm for c in measured) and any(not c.is_gemm for c in measured):
-        top = min(measured, key=lambda c: c.predicted_time_s)
-        worth = [c.algorithm for c in cands if not c.measured and not c.is_gemm
-                 and c.predicted_time_s < top.predicted_time_s][:3]
-        g_how = "measured" if _db.GEMM not in carried else "carried over from the other regime"
-        why = (f"decision: fastest measured ({top.predicted_time_s * 1e3:.3f} ms; plain GEMM "
-               f"{g.predicted_time_s * 1e3:.3f} ms {g_how})")
-        prev = top.reason.replace("decision: ", "").replace("measured; ", "")
-        top = dataclasses.replace(top, reason=why if top.is_gemm else f"{why}; {prev}")
-        cands = [top] + [_strip_decision(c) for c in cands if c.algorithm != top.algorithm]
-    elif measured and not g.measured:
-        # LCMAs measured, the GEMM not: the fastest of the measurements and of the model
-        # rescaled to them
-        top = min(cands, key=lambda c: c.predicted_time_s)
-        best_m = min(measured, key=lambda c: c.predicted_time_s)
-        worth = [c.algorithm for c in cands if not c.measured
-                 and c.predicted_time_s < best_m.predicted_time_s][:3]
-        kind = "measured" if top.measured else f"predicted, model scaled to the measured {scaled_by}"
-        top = dataclasses.replace(top, reason=f"decision: fastest ({kind}, {top.predicted_time_s * 1e3:.3f} "
-                                  f"ms); {_strip_decision(top).reason}")
-        cands = [top] + [_strip_decision(c) for c in cands if c.algorithm != top.algorithm]
-    elif g.measured:
-        # GEMM measured, no LCMA measured: an LCMA only on the (rescaled) model's word
-        lc = sorted((c for c in cands if not c.is_gemm), key=lambda c: c.predicted_time_s)
-        if lc and lc[0].predicted_time_s < g.predicted_time_s and not g.reason.startswith(
-                ("decision", "measured; decision")):
-            top = dataclasses.replace(lc[0], reason="decision: predicted faster than the measured "
-                                      f"GEMM (not measured yet); {_strip_decision(lc[0]).reason}")
-            worth = [top.algorithm]
-        else:
-            top = g if g.reason.startswith(("decision", "measured; decision")) else \
-                dataclasses.replace(g, reason=f"decision: measured {g.predicted_time_s * 1e3:.3f} ms; no "
-                                    "LCMA predicted faster (model scaled to the measured GEMM)")
-        cands = [top] + [_strip_decision(c) for c in cands if c.algorithm != top.algorithm]
+        cands = _within_budget_again(cands, float(select_kw["max_error"]), mdt, operands, K)
+    cands, worth = _judged_by_measurement(cands, carried, scaled_by)
     if vendor and v_time is not None:
-        gc = next(c for c in cands if c.is_gemm)
-        vc = _vendor_candidate(v_time, M, N, K, gc)
-        top = cands[0]
-        # times carried over from another shape are ratios measured there: an lcmac kernel
-        # must beat the vendor GEMM by more than their noise to be chosen over it
-        margin = 0.0 if source == "exact" else TRANSFER_MARGIN
-        if v_time < top.predicted_time_s * (1.0 + margin):
-            kind = "measured" if top.measured else "predicted"
-            vc = dataclasses.replace(vc, reason=(
-                f"decision: the vendor GEMM — measured {v_time * 1e3:.3f} ms, faster than the "
-                f"best lcmac kernel ({top.algorithm}, {kind} {top.predicted_time_s * 1e3:.3f} ms)"))
-            cands = [vc] + [_strip_decision(c) for c in cands]
-        else:
-            cands = [top] + sorted(cands[1:] + [vc], key=lambda c: c.predicted_time_s)
+        cands = _with_vendor(cands, v_time, (M, N, K), source)
         meas[_db.VENDOR] = v_time
     if carried:
         other = REGIMES[1 - REGIMES.index(regime)]
@@ -342,12 +247,125 @@ def decide(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *, d
     return Decision(cands[0], cands, meas, source, logged, worth, regime)
 
 
+def _with_measured_algorithms(meas: dict, levels) -> dict:
+    """``select``'s ``algorithms`` when some measured algorithm is outside its default
+    candidate list (they take part too), else nothing."""
+    names = candidate_names(tuple(sorted(set(levels))))
+    known = set(names)
+    extra = [a for a in meas if a != _db.GEMM and a not in known]
+    return {"algorithms": list(names) + extra} if extra else {}
+
+
+def _on_measured_scale(cands: list) -> tuple[list, str]:
+    """(candidates, whose measurements set the scale): the model's times put on the
+    measurements' scale (geometric mean of measured / predicted at this shape), so that a
+    prediction never competes with a measurement of another scale.  The model errs alike
+    within a kind of kernel (an LCMA's combines and batched GEMM; the plain GEMM's one tile),
+    less so across kinds (H100, 16384³: GEMM ×1.033, the four LCMAs ×1.043–1.071):
+    unmeasured LCMAs take the measured LCMAs' scale, the plain GEMM its own, either falling
+    back on the other."""
+    def scale(ref, label=None):
+        ref = [c for c in ref if c.estimate is not None and c.estimate.time_s > 0]
+        if not ref:
+            return None
+        return (math.exp(sum(math.log(c.predicted_time_s / c.estimate.time_s) for c in ref) / len(ref)),
+                label or "/".join(c.algorithm for c in ref))
+    g = next(c for c in cands if c.is_gemm)
+    by_gemm = scale([g], "GEMM") if g.measured else None
+    by_lcmas = scale([c for c in cands if c.measured and not c.is_gemm])
+    scale_g, scale_l = by_gemm or by_lcmas, by_lcmas or by_gemm
+    if not scale_l:
+        return cands, ""
+
+    def rescaled(c):
+        sc = scale_g if c.is_gemm else scale_l
+        if c.measured or sc is None or abs(sc[0] - 1.0) <= 1e-9:
+            return c
+        return dataclasses.replace(c, predicted_time_s=c.predicted_time_s * sc[0],
+                                   effective_tflops=c.effective_tflops / sc[0],
+                                   reason=f"{c.reason}; model time × {sc[0]:.3f} (measured / "
+                                          f"predicted {sc[1]} here)")
+    cands = [rescaled(c) for c in cands]
+    g = next(c for c in cands if c.is_gemm)
+    cands = [dataclasses.replace(c, speedup_vs_gemm=g.predicted_time_s / c.predicted_time_s)
+             for c in cands]
+    return cands, scale_l[1]
+
+
+def _within_budget_again(cands: list, max_error: float, mdt: str, operands: str, K: int) -> list:
+    """The rescaled times can put a candidate ahead that ``select`` did not check against
+    the error budget: check again what could now be chosen (known errors are reused)."""
+    g = next(c for c in cands if c.is_gemm)
+    ok, _ = within_error_budget([c for c in cands if not c.is_gemm], max_error, mdt, operands,
+                                K, g.predicted_time_s)
+    ok = {c.algorithm: c for c in ok}
+    return [c if c.is_gemm else ok[c.algorithm] for c in cands if c.is_gemm or c.algorithm in ok]
+
+
+def _judged_by_measurement(cands: list, carried: dict, scaled_by: str) -> tuple[list, list]:
+    """(candidates with the decision first, LCMAs worth tuning): with the GEMM and an LCMA
+    measured, the fastest measured one; with LCMAs measured but not the GEMM, the fastest of
+    the measurements and the rescaled model; with only the GEMM measured, an LCMA only on
+    the rescaled model's word; with nothing measured, ``select``'s own decision."""
+    g = next(c for c in cands if c.is_gemm)
+    measured = [c for c in cands if c.measured]
+    worth: list = []
+    if any(c.is_gemm for c in measured) and any(not c.is_gemm for c in measured):
+        top = min(measured, key=lambda c: c.predicted_time_s)
+        worth = [c.algorithm for c in cands if not c.measured and not c.is_gemm
+                 and c.predicted_time_s < top.predicted_time_s][:3]
+        g_how = "measured" if _db.GEMM not in carried else "carried over from the other regime"
+        why = (f"decision: fastest measured ({top.predicted_time_s * 1e3:.3f} ms; plain GEMM "
+               f"{g.predicted_time_s * 1e3:.3f} ms {g_how})")
+        prev = top.reason.replace("decision: ", "").replace("measured; ", "")
+        top = dataclasses.replace(top, reason=why if top.is_gemm else f"{why}; {prev}")
+    elif measured and not g.measured:
+        top = min(cands, key=lambda c: c.predicted_time_s)
+        best_m = min(measured, key=lambda c: c.predicted_time_s)
+        worth = [c.algorithm for c in cands if not c.measured
+                 and c.predicted_time_s < best_m.predicted_time_s][:3]
+        kind = "measured" if top.measured else f"predicted, model scaled to the measured {scaled_by}"
+        top = dataclasses.replace(top, reason=f"decision: fastest ({kind}, {top.predicted_time_s * 1e3:.3f} "
+                                  f"ms); {_strip_decision(top).reason}")
+    elif g.measured:
+        lc = sorted((c for c in cands if not c.is_gemm), key=lambda c: c.predicted_time_s)
+        g_decides = g.reason.startswith(("decision", "measured; decision"))
+        if lc and lc[0].predicted_time_s < g.predicted_time_s and not g_decides:
+            top = dataclasses.replace(lc[0], reason="decision: predicted faster than the measured "
+                                      f"GEMM (not measured yet); {_strip_decision(lc[0]).reason}")
+            worth = [top.algorithm]
+        else:
+            top = g if g_decides else \
+                dataclasses.replace(g, reason=f"decision: measured {g.predicted_time_s * 1e3:.3f} ms; no "
+                                    "LCMA predicted faster (model scaled to the measured GEMM)")
+    else:
+        return cands, worth
+    return [top] + [_strip_decision(c) for c in cands if c.algorithm != top.algorithm], worth
+
+
+def _with_vendor(cands: list, v_time: float, shape, source: str) -> list:
+    """The measured vendor GEMM among the candidates: first when it is faster than the
+    decision (times carried over from another shape are ratios measured there: an lcmac
+    kernel must beat the vendor GEMM by more than their noise, ``TRANSFER_MARGIN``)."""
+    gc = next(c for c in cands if c.is_gemm)
+    vc = _vendor_candidate(v_time, *shape, gc)
+    top = cands[0]
+    margin = 0.0 if source == "exact" else TRANSFER_MARGIN
+    if v_time < top.predicted_time_s * (1.0 + margin):
+        kind = "measured" if top.measured else "predicted"
+        vc = dataclasses.replace(vc, reason=(
+            f"decision: the vendor GEMM — measured {v_time * 1e3:.3f} ms, faster than the "
+            f"best lcmac kernel ({top.algorithm}, {kind} {top.predicted_time_s * 1e3:.3f} ms)"))
+        return [vc] + [_strip_decision(c) for c in cands]
+    return [top] + sorted(cands[1:] + [vc], key=lambda c: c.predicted_time_s)
+
+
 def vendor_matmul(A, B, out=None):
     """The vendor GEMM the ``"vendor"`` decision stands for: ``torch.matmul`` (cuBLAS on CUDA
     tensors; float32 with TF32 allowed, as measured) for torch tensors, ``numpy.matmul`` (its
     BLAS) otherwise."""
     if type(A).__module__.startswith("torch"):
-        import torch
+        import torch        # only for torch operands: numpy callers never load it
         if not (A.is_cuda and A.dtype == torch.float32):
             return torch.matmul(A, B, out=out)
         prev = torch.backends.cuda.matmul.allow_tf32
@@ -356,5 +374,4 @@ def vendor_matmul(A, B, out=None):
             return torch.matmul(A, B, out=out)
         finally:
             torch.backends.cuda.matmul.allow_tf32 = prev
-    import numpy as np
     return np.matmul(A, B, out=out)
