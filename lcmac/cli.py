@@ -37,7 +37,7 @@ from .targets import TARGETS, get_target, host_target, schedule_family
 from .tune import tuner
 from .tune.measured_decision import REGIMES, decide_by_measurement
 from .tune.plot import plot_predicted_vs_measured
-from .tune.shapes import llm_cpu_shapes, llm_shapes
+from .tune.llm_shapes import llm_cpu_shapes, llm_shapes
 from .version import __version__
 
 JSON_SCHEMAS = {"list": "lcmac-list/1", "show": "lcmac-show/1", "verify": "lcmac-verify/1",

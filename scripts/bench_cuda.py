@@ -28,7 +28,7 @@ sys.path.insert(0, ROOT)
 
 SQUARE = [4096, 8192, 16384]
 #: the step table (FalconGEMM Fig. 7) and the split-group ablation, in that order
-# (the fused forms without the cache-aware order, "-nca", hang: refused since session 9)
+# (the fused forms without the cache-aware order, "-nca", hang: the build refuses them)
 STEPS = ["strassen-alg1-rfast", "strassen-alg1", "strassen-sg-ov", "strassen-fused-ov", "strassen-pw-ov", "strassen-fused", "strassen-tr"]
 V1 = {"stages": 3, "policy": "square"}          # the first measured configuration
 VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults change with tuning)
@@ -54,7 +54,7 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "strassen^2-alg1": ("strassen^2", {"fused": False, "stages": 4, "policy": "fullrow"}),
     "strassen^2-alg1-s3": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow"}),
     "strassen-alg1-s3": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow"}),
-    # float32 (TF32 GEMM stage): the square warp split measured faster there (notes-cuda.md)
+    # float32 (TF32 GEMM stage): the square warp split measured faster there (docs/cuda-experiments.md)
     "strassen-alg1-sq": ("strassen", {"fused": False, "stages": 4, "policy": "square"}),
     "strassen^2-alg1-sq": ("strassen^2", {"fused": False, "stages": 4, "policy": "square"}),
     # L2 raster panel (T.use_swizzle panel_size): the default 8 vs narrower/wider panels
@@ -136,7 +136,7 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "strassen^2-alg1-p": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True}),
     "fg-4x4x5-r61-alg1": ("fg-4x4x5-r61", {"fused": False, "stages": 4, "policy": "fullrow"}),
     # combine tiles one or a few rows high and 1024-4096 columns wide: every thread of a warp
-    # reads one contiguous run of each input (the 16 x 256 tile, the default until session 10,
+    # reads one contiguous run of each input (the 16 x 256 tile, an earlier default,
     # reads 512 B runs 8 KB apart).  "-cr4": 4 x 256, the default since (the same config as
     # the variant without the suffix now; measured when the default was 16 rows)
     "strassen-alg1-p-cc1024": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "combine_rows": 4, "combine_cols": 1024}),
@@ -177,11 +177,11 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "laderman-alg1-f16s": ("laderman", {"operands": "fp16", "fused": False, "stages": 4, "policy": "fullrow"}),
     "laderman-alg1-sq": ("laderman", {"fused": False, "stages": 4, "policy": "square"}),
     "winograd-alg1-sq": ("winograd", {"fused": False, "stages": 4, "policy": "square"}),
-    # AlphaTensor's <4,4,4;49>: 2 single blocks per side with +1, 6 with −1 (read in place
-    # since session 12, the sign moved into Combine H)
+    # AlphaTensor's <4,4,4;49>: 2 single blocks per side with +1, 6 with −1 (read in place,
+    # the sign moved into Combine H)
     "at49-alg1-p": ("at-4x4x4-r49", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "direct_views": "none"}),
     "at49-alg1-p-v": ("at-4x4x4-r49", {"fused": False, "stages": 3, "policy": "fullrow", "persistent": True, "direct_views": "ab"}),
-    # session 13: more schemes in the scaled operand modes, to check the accuracy model on
+    # more schemes in the scaled operand modes, to check the accuracy model on
     "strassen^2-alg1-fp8": ("strassen^2", {"operands": "fp8", "fused": False}),
     "laderman-alg1-f16x2": ("laderman", {"operands": "fp16x2", "fused": False, "block_n": 128, "stages": 3, "policy": "fullrow"}),
     "hk-alg1-f16x2": ("hopcroft-kerr", {"operands": "fp16x2", "fused": False, "block_n": 128, "stages": 3, "policy": "fullrow"}),

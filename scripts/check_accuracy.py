@@ -7,7 +7,7 @@ for TF32 and fp8) next to the
 predicted one.  Exit status 1 when a prediction is further than ``--tolerance`` from its
 measurement.
 
-    python scripts/check_accuracy.py bench/results/h100-bfloat16-accuracy.json [...] \
+    python scripts/check_accuracy.py bench/results/h100-bfloat16-accuracy-a.json [...] \
         --out bench/results/accuracy-model-check.json
 """
 import argparse, datetime, json, sys

@@ -36,7 +36,7 @@ LLM_BUDGETS = (("gemm", 3), ("strassen", 2), ("strassen^2", 1))
 
 def campaign(name: str):
     """[(label, shape, algorithm, budget, options)] of one campaign."""
-    from lcmac.tune.shapes import llm_shapes
+    from lcmac.tune.llm_shapes import llm_shapes
     kind, dtype, *rest = name.split("-")
     dtype = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}.get(dtype, dtype)
     if kind == "exhaustive":

@@ -39,7 +39,7 @@ halves whose products are summed per 64-wide K slab and added into fp32
 K (up to ``K_CAP_FP16X2``): within 7 % of 38 H100/H200 rows, against 1 % for the
 storage-bound modes.
 
-Checked against the H100 (tests/test_accuracy.py reads bench/results): within a few percent
+Checked against the H100 (tests/costmodel/test_accuracy.py reads bench/results): within a few percent
 for bf16/fp16 and TF32, whose errors are set by the storage roundings.  float32/float64 on
 CPUs are accumulation-bound, and the CPU kernels sum K in another order than numpy's sgemm:
 there the prediction is indicative (−35 % to +70 % of bench_cpu's measurements, whose ratio

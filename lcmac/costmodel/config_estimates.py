@@ -315,7 +315,7 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     fused = bool(f.get("fused"))
     if fused and (f.get("split_group") or f.get("persistent")):
         # TileLang's persistent form of the fused kernel: 13-26% slower per product-time
-        # than the grid kernel with as many waves (H100, bench/notes-cuda.md v6; not located)
+        # than the grid kernel with as many waves (H100, docs/cuda-experiments.md; not located)
         t_compute *= 1.18
     if not ((f.get("persistent") and not fused) or f.get("tma_reduce")):
         # a grid of one-tile CTAs fills each CTA's pipeline after launch and drains it before
@@ -346,13 +346,13 @@ def _gpu_load_s(M, N, K, s, halves, p, tile, batch, cache_aware) -> float:
     if batch > 1 and cache_aware is False:
         # CTAs resident together read different products' panels: L2 hardly shares them,
         # every band comes from DRAM (measured on an H100: 2.0-2.3x the cache-aware time,
-        # bench/notes-cuda.md v4/v6, which this reproduces at 16384³)
+        # docs/cuda-experiments.md, which this reproduces at 16384³)
         dram = max(dram, l2)
     return max(dram / p.achievable_bw(), l2 / (p.l2_bw or 2.5 * p.mem_bw))
 
 
 #: bandwidth fraction of the fused kernel's read-modify-write epilogue: at 16384³ bf16
-#: Strassen its 12 partial-C RMWs (2.7 GB) cost ~2 ms on the H200 (bench/notes-cuda.md, v1)
+#: Strassen its 12 partial-C RMWs (2.7 GB) cost ~2 ms on the H200 (docs/cuda-experiments.md)
 FUSED_RMW_BW_FRACTION = 0.45
 #: the same for the TMA-engine epilogue (tma_reduce: stores and cp.reduce.async.bulk adds,
 #: asynchronous, partly absorbed by L2), fitted to its sustained H100 times against the

@@ -11,7 +11,7 @@ The tuner runs it in a separate worker process (``MeasureWorker``), one measurem
 time and never while compiling, so a crashing kernel cannot take the tuner down and the
 two shared cores are not shared with a compiler while timing.  After the correctness check
 (which calls BLAS) it pauses briefly: OpenBLAS's spinning threads slow TVM's for ~0.1 s
-(DESIGN.md).
+(docs/design.md).
 
 On a GPU the operands are drawn on the device (random normal, never zeros), rotated among
 several input sets when they would fit in L2 (a kernel must not be timed on cache-resident

@@ -200,7 +200,7 @@ def _strip_decision(c):
 
 #: how much faster than the vendor GEMM a kernel must look, on times carried over from the
 #: nearest logged shape, to be chosen over it (burst medians of the same kernel move 2-5 %
-#: between runs on the H100; bench/notes-cuda.md)
+#: between runs on the H100; docs/cuda-experiments.md)
 TRANSFER_MARGIN = 0.03
 
 

@@ -67,7 +67,7 @@ def default_config(target, dtype="float32", algorithm=None, shape=None, operands
 
 
 #: CUDA output tiles of the built-in space (block_m, block_n): the measured best 128×256
-#: (bench/notes-cuda.md), its transpose, the usual smaller Hopper tiles.
+#: (docs/cuda.md), its transpose, the usual smaller Hopper tiles.
 CUDA_TILES = ((128, 256), (256, 128), (128, 128), (64, 256), (128, 64), (64, 128), (64, 64))
 
 

@@ -13,7 +13,7 @@ from lcmac.costmodel.accuracy import _bf16, compare_with_run, cuda_model_args, e
 from lcmac.errors import DTypeError, ShapeError
 from lcmac.ir.algorithm import Algorithm
 
-RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 
 def test_bf16_rounding_is_to_nearest_even():

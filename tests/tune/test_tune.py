@@ -291,7 +291,7 @@ def test_cli_tune_parses_and_reports(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert code == 0 and "256x256x256" in out and "gemm" in out
     assert (tmp_path / "p.png").is_file()
-    from lcmac.tune.shapes import llm_shapes
+    from lcmac.tune.llm_shapes import llm_shapes
     assert all(len(s) == 3 for _, s in llm_shapes())
 
 
@@ -459,7 +459,7 @@ def test_prebuilt_index_lookup_tolerates_new_config_fields(tmp_path):
 
 
 def test_cuda_float32_is_priced_as_tf32_and_llm_cpu_subset_is_small():
-    from lcmac.tune.shapes import llm_cpu_shapes
+    from lcmac.tune.llm_shapes import llm_cpu_shapes
     cfg = {"block_m": 128, "block_n": 256, "block_k": 32, "stages": 4, "threads": 256}
     t32 = est.estimate(GPU, "float32", (8192, 8192, 8192), "gemm", cfg)["time_s"]
     tbf = est.estimate(GPU, "bfloat16", (8192, 8192, 8192), "gemm", dict(cfg, block_k=64))["time_s"]

@@ -1,5 +1,5 @@
 """Shape lists for tuning: the LLM linear layers of ``llm_shapes.json`` (copied into the
-package from the project's shared benchmark list; its ``origin`` field says so).
+package from ``bench/llm_shapes.json``; its ``origin`` field says so).
 
 - ``llm_shapes(ms)``: every distinct (N, K) of the three models at each token count M
   (default: the file's quick tuning subset ``M_tune``).

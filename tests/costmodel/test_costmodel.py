@@ -154,7 +154,7 @@ def test_candidate_schema_is_stable():
     c = select(4096, 4096, 4096, "bf16", "cuda-sm90a")
     keys = {"algorithm", "grid", "rank", "variant", "predicted_time_s", "effective_tflops",
             "speedup_vs_gemm", "measured", "overhead_s", "stages", "reason",
-            "error_ratio"}                      # added in session 12 (fields are only added)
+            "error_ratio"}                      # fields are only ever added
     skeys = {"flops", "bytes", "intensity", "time_s", "bound"}
     for x in c[:5] + [y for y in c if y.algorithm == "gemm"]:
         d = x.to_dict()
