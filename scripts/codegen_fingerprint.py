@@ -6,7 +6,8 @@ Run the tests with a kept base directory, then hash every generated source under
     python scripts/codegen_fingerprint.py /tmp/lcmac-fp > after.json
     python scripts/codegen_fingerprint.py --compare before.json after.json
 
-Generated sources are the ``<artifact>.src`` (CUDA) and ``<artifact>.tir.py`` (TensorIR)
+Generated sources are the ``<artifact>.src`` (CUDA bundle), ``*.cu`` (CUDA kernels the worker
+writes when asked) and ``<artifact>.tir.py`` (TensorIR)
 files that ``lcmac build`` keeps beside each library.  Keys are the paths below the base
 directory with pytest's numbered suffix dropped from the test's folder (it depends on which
 tests ran), values the sorted sha256 digests of the sources found under that key.
@@ -21,7 +22,7 @@ import re
 import sys
 from pathlib import Path
 
-SOURCE_SUFFIXES = (".src", ".tir.py")
+SOURCE_SUFFIXES = (".src", ".tir.py", ".cu")
 
 
 def fingerprint(root: Path) -> dict[str, list[str]]:

@@ -53,7 +53,7 @@ SHAPES = {
 def _default_cfg(algo):
     """R <= 7: the fused GEMM + Combine-H kernel (overlapped epilogue); larger ranks: the
     unfused path (their fused kernel has one epilogue branch per product: slow to compile and
-    slow to run, see bench/notes-cuda.md)."""
+    slow to run, see docs/cuda.md)."""
     if algo in ("gemm", "strassen", "winograd"):
         return {"fused": True, "overlap_epilogue": True} if algo != "gemm" else {}
     return {"fused": False}
@@ -67,7 +67,7 @@ CASES += [("strassen", (1000, 1064, 1032), {"fused": False}),
           ("winograd", (640, 648, 656), {"fused": False})]
 # persistent split-group kernel (+ fixup): 12 groups on 132 CTAs (each cut into 7
 # one-product pieces), whole rounds + split tail at 6144x6144, another grid size, Winograd's
-# W (the fused cache-aware ablation, rotated walks, hangs and is refused since session 9)
+# W (the fused cache-aware ablation, rotated walks, hangs and is refused)
 SG = {"fused": True, "split_group": True}
 CASES += [("strassen", (1000, 1064, 1032), SG),
           ("strassen", (1000, 1064, 1032), {**SG, "overlap_epilogue": True}),
@@ -100,7 +100,7 @@ MODEL_CASES = [("strassen", (1000, 1064, 1032), {"fused": False}),
                ("dps-4x4x4-r48", (1024, 1024, 1024), {"fused": False})] + TR_CASES[:1] + TR_CASES[2:]
 MODEL_CASES += [(a, SHAPES[a][0], {"fused": False}) for a in (_three, _445) if a]
 # buffers of more than 2³¹ elements (the LLM vocabulary projections; 64-bit index arithmetic,
-# cuda_kernels._dims): H and C of Strassen, B̃ and H of Strassen² (these faulted or returned
+# common.extents): H and C of Strassen, B̃ and H of Strassen² (these faulted or returned
 # garbage with int32 extents: tuning_logs/cuda-sm90a-bfloat16.jsonl)
 LARGE = [("strassen", (16384, 151936, 4096), {"fused": False}),
          ("strassen^2", (8192, 129280, 7168), {"fused": False})]

@@ -179,8 +179,9 @@ _ADD_THEN_WAIT = re.compile(r"(tl::tma_store_add\([^;]*\);\n(?:[ ]*\}\n)?[ ]*tl:
 
 
 def async_reduce_stores(code: str) -> str:
-    """Drop the wait after each TMA reduction of ``cuda_kernels.reduce_gemm_h``'s epilogue,
-    which waits itself before it writes the shared tile again (and before the CTA exits).
+    """Drop the wait after each TMA reduction of the epilogue of
+    ``schedules.cuda.fused.reduce_gemm_h``, which waits itself before it writes the shared
+    tile again (and before the CTA exits).
     The generated source must have that form; anything else raises."""
     out, n = _ADD_THEN_WAIT.subn(r"\1", code)
     if n == 0 or n != code.count("tl::tma_store_add("):
@@ -245,7 +246,7 @@ def _desc_block(code: str, desc: str) -> str:
 
 def view_loads(code: str, kname: str, sides: list[dict]) -> str:
     """Split each view side's descriptor (``sides``: [{"tensor": "At", "input": "A",
-    "blocks_per_row": Q, "sources": per-product source (``cuda_config.operand_sources``),
+    "blocks_per_row": Q, "sources": per-product source (``schedules.cuda.config.operand_sources``),
     "virtual_dims"/"_strides" (what TileLang made of the tensor it was given), "view_dims",
     "ws_dims", "ws_strides"}], dims and byte strides innermost first as cuTensorMapEncodeTiled
     takes them) into the input's descriptor and the workspace's: the device loads go through

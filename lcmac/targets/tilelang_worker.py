@@ -21,22 +21,105 @@ Response: {"ok": true, "library": path | null, "sources": [...], "kernels": [{"n
 "block", "smem_bytes", "args"}], "workspace_bytes": n, "entry_points": {...},
 "config": {...}, "arch": "sm_90a", "dtype": ..., "shape": [...], "algorithm": {...} | null,
 "ptxas": {...}} or {"ok": false, "error": message, "error_type": class name}.
+
+A build runs in three steps: ``plan`` (the kernels of the artifact: TileLang templates from
+``lcmac.schedules.cuda``, the workspace layout, the manifest's facts), ``emit_sources``
+(lowering to CUDA, the host-side rewrites of ``targets.cuda``, the entry file) and
+``host.compile_so`` (nvcc).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
+import traceback
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+from .. import ir
+from ..costmodel.profiles import get_profile
+from ..dtypes import ITEMSIZE, normalize_dtype
+from ..errors import DTypeError
+from ..ir.algorithm import Algorithm
+from ..ir.cse import optimized_programs
+from ..ir.program import (LinearProgram, combine_matrices, direct_outputs, keep_outputs,
+                          naive_program, scale_inputs)
+from ..schedules.cuda.config import (FP8_MAX_COMBINE, SMEM_PER_CTA, SUPPORTED_DTYPES, Blocking,
+                                     CudaConfig, NotSupportedYet, PersistentPlan, arch_why,
+                                     bound_exponent, check_operands, check_shape, check_smem,
+                                     cluster_kernels, direct_views_why, fp8_combine_size,
+                                     int64_buffers, is_lcma, needs_int64, operand_sources,
+                                     persistent_gemm, persistent_plan, side_read_in_place,
+                                     stage_bytes, tma_reduce_why, view_sides)
+from . import cuda as host
+from . import get_target
+
+# TileLang and the kernel templates (lcmac.schedules.cuda.gemm, ...) are imported inside the
+# functions that build or lower kernels: the tests import ``view_plan`` from this module in a
+# process that must not load TileLang.
+
+
+class Kernel(NamedTuple):
+    """One kernel of an artifact: its name (``<library name>_<name>`` in the library), the
+    TileLang PrimFunc, and the buffers it takes, in call order."""
+    name: str
+    func: object
+    args: list[str]
+
+
+class Plan(NamedTuple):
+    """The kernels of one artifact in launch order, the workspace layout [(buffer name, byte
+    offset)] whose last entry is ("__end__", total bytes), and the facts the manifest records
+    under ``extra`` (JSON; None: none)."""
+    kernels: list[Kernel]
+    workspace: list[tuple[str, int]]
+    info: dict | None
+
+
+@dataclass(frozen=True)
+class Request:
+    """A build request (the module docstring's JSON object), validated and resolved."""
+    target: object            # lcmac.targets.Target
+    dtype: str
+    shape: tuple[int, int, int]
+    algorithm: Algorithm | None
+    config: CudaConfig
+    programs: dict | None
+    out_dir: str
+    name: str
+    jobs: int
+    compile: bool
+
+    @classmethod
+    def parse(cls, req: dict) -> "Request":
+        target = get_target(req.get("target", "cuda-sm90a"))
+        if target.family != "cuda":
+            raise ValueError(f"the TileLang worker builds CUDA targets, not {target.name}")
+        dtype = normalize_dtype(req.get("dtype", "bfloat16"))
+        if dtype not in SUPPORTED_DTYPES:
+            if dtype == "float8_e4m3":
+                raise NotSupportedYet("float8_e4m3 is not supported yet by the CUDA backend")
+            raise DTypeError(f"the CUDA backend supports {SUPPORTED_DTYPES}, not {dtype}")
+        M, N, K = (int(x) for x in req["shape"])
+        check_shape(M, N, K, dtype)
+        alg = _resolve_algorithm(req.get("algorithm"))
+        cfg = CudaConfig.from_dict(req.get("config"), dtype=dtype, arch=target.arch,
+                                   lcma=is_lcma(alg))
+        cfg.check()
+        return cls(target, dtype, (M, N, K), alg, cfg, req.get("programs"),
+                   os.path.abspath(req.get("out_dir", ".")), req.get("name", "lcmac_cuda"),
+                   int(req.get("jobs", 2)), bool(req.get("compile", True)))
 
 
 def _programs(alg):
-    from ..ir.program import combine_matrices, naive_program
     try:
-        from ..ir.cse import optimized_programs
         return optimized_programs(alg), "cse"
-    except Exception:          # cse is optional (being written); fall back to naive programs
+    except Exception:          # a scheme CSE cannot handle: the naive programs
         cm = combine_matrices(alg)
         return {s: naive_program(cm[s]) for s in ("A", "B", "H")}, "naive"
 
@@ -44,10 +127,8 @@ def _programs(alg):
 def _resolve_algorithm(spec):
     if spec is None or spec in ("gemm", "plain"):
         return None
-    from ..ir.algorithm import Algorithm
     if isinstance(spec, dict):
         return Algorithm.from_dict(spec)
-    from .. import ir
     return ir.get(spec)
 
 
@@ -64,8 +145,6 @@ def _workspace(sizes: dict) -> list:
 def _sized_workspace(shape, shapes: dict):
     """Workspace layout of ``shapes`` {name: (dims, bytes per element)} and the names of the
     buffers (A, B, C and those) declared with int64 extents (more than 2³¹−1 elements)."""
-    import math
-    from ..schedules.cuda.config import needs_int64
     M, N, K = shape
     ws = _workspace({name: math.prod(dims) * item for name, (dims, item) in shapes.items()})
     dims = dict(A=(M, K), B=(K, N), C=(M, N), **{k: v[0] for k, v in shapes.items()})
@@ -75,7 +154,6 @@ def _sized_workspace(shape, shapes: dict):
 def _alg_programs(alg, programs):
     """(combine programs, how they were obtained): supplied by the caller, else CSE'd here."""
     if programs:
-        from ..ir.program import LinearProgram
         return {k: LinearProgram.from_dict(v) for k, v in programs.items()}, "supplied"
     return _programs(alg)
 
@@ -84,26 +162,24 @@ def _profile_units(arch: str, units=None) -> int:
     """SMs a persistent kernel is sized for: ``units`` if given, else the arch's profile."""
     if units is not None:
         return units
-    from ..costmodel.profiles import get_profile
     return get_profile("a100" if arch == "sm_80" else "h100").units
 
 
-def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
-    """The kernels of one artifact: [(kname, prim_func, [buffer names])] and the workspace
-    layout [(buffer name, byte offset)] (last entry "__end__" = total bytes).  ``units``: SMs
-    of the GPU the persistent kernel is sized for (default: the arch's profile)."""
-    from ..dtypes import ITEMSIZE
-    from ..schedules.cuda import kernels as K
-    from ..schedules.cuda.config import (Blocking, int64_buffers, persistent_gemm, persistent_plan,
-                                         view_sides)
-    M, N, K_ = shape
+def _blocking_info(blk: Blocking) -> dict:
+    return {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}
+
+
+# ---- plan: the kernels of one artifact -------------------------------------------------------
+def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None) -> Plan:
+    """The kernels of one artifact (``Plan``: kernels, workspace layout, manifest facts).
+    ``units``: SMs of the GPU the persistent kernel is sized for (default: the arch's
+    profile)."""
     # the unfused GEMM stage as a persistent kernel of P CTAs (0: the grid kernel)
     ctas = 0
     if persistent_gemm(cfg, dtype, arch):
         ctas = cfg.persistent_ctas or _profile_units(arch, units)
     if alg is not None and cfg.direct_views not in ("none", "auto"):
-        from ..schedules.cuda.config import NotSupportedYet, direct_views_why
-        why = direct_views_why(cfg, Blocking(M, N, K_, alg.m, alg.k, alg.n, alg.R), dtype, arch)
+        why = direct_views_why(cfg, Blocking(*shape, alg.m, alg.k, alg.n, alg.R), dtype, arch)
         if why:
             raise NotSupportedYet(f"direct_views={cfg.direct_views!r}: {why} (use direct_views='none')")
     if cfg.operands == "fp8":
@@ -114,100 +190,127 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None):
     # the plain GEMM goes through the same path as the 1x1x1 algorithm
     kmajor = dtype == "float32" and arch == "sm_90a" and cfg.tf32_wgmma
     if alg is None and not kmajor:
+        from ..schedules.cuda import gemm     # TileLang: this process only
         ws, wide = _sized_workspace(shape, {})
-        return ([("gemm", K.plain_gemm(M, N, K_, dtype, cfg, arch, ctas=ctas), ["A", "B", "C"])], ws,
-                {"int64_index": wide} if wide else None)
+        return Plan([Kernel("gemm", gemm.plain_gemm(*shape, dtype, cfg, arch, ctas=ctas), ["A", "B", "C"])],
+                    ws, {"int64_index": wide} if wide else None)
     if alg is None:
-        from .. import ir
         alg = ir.get("naive-1x1x1")
-        cfg = type(cfg).from_dict(dict(cfg.to_dict(), fused=False))
-    progs, how = _alg_programs(alg, programs)
-    blk = Blocking(M, N, K_, alg.m, alg.k, alg.n, alg.R)
-    item = ITEMSIZE[dtype]
-    # buffers of more than 2³¹−1 elements: declared with int64 extents (cuda_kernels._dims)
-    wide = int64_buffers(blk, cfg.fused and not kmajor, kmajor)
-    info = {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
-            "int64_index": wide}
+        cfg = replace(cfg, fused=False)
+    return _lcma_plan(alg, shape, dtype, cfg, programs, arch, units, ctas, kmajor)
+
+
+def _fused_form(blk: Blocking, dtype: str, cfg: CudaConfig, arch: str, units, kmajor: bool):
+    """(whether the fused kernel's epilogue runs on the TMA engine, the persistent plan of the
+    fused kernel or None); refuses the fused forms this config cannot build, by name."""
     if cfg.fused and cfg.tma_reduce and not kmajor:
-        from ..schedules.cuda.config import NotSupportedYet, tma_reduce_why
         why = tma_reduce_why(cfg, blk, dtype, arch)
         if why:
             raise NotSupportedYet(f"tma_reduce=True: {why} (use tma_reduce=False)")
     tma_reduce = cfg.fused and cfg.tma_reduce and not kmajor
-    pplan = None
     if cfg.fused and not cfg.cache_aware:
-        from ..schedules.cuda.config import NotSupportedYet
-        # an open bug: scripts/probe_hang.py (bench/results/h100-fused-hang*.json)
+        # an open bug: research/probe_hang.py (docs/cuda-templates.md)
         raise NotSupportedYet("the fused kernel's rotated walk (cache_aware=False) hangs on an "
                               "H100 (split-group and persistent forms within 7-191 calls, the "
-                              "grid form once; an open bug, bench/notes-cuda.md): use "
+                              "grid form once; an open bug, docs/cuda.md): use "
                               "cache_aware=True, or fused=False for the unfused ablation")
+    pplan = None
     if cfg.fused and (cfg.split_group or cfg.persistent) and not tma_reduce:
-        from ..schedules.cuda.config import NotSupportedYet, arch_why
         # TileLang 0.1.15's cp.async pipeline needs a constant trip count: a run-time one
         # (each CTA's share of the tail) fails in its CUDA codegen (Downcast Sub→IntImm)
         why = arch_why(cfg, dtype, arch)
         if why:
             raise NotSupportedYet(why)
         pplan = persistent_plan(blk, cfg, dtype, _profile_units(arch, units))
-    sizes = {n: e * item for n, e in blk.workspace_elems(cfg.fused).items()}
-    progs, views, negated = view_plan(progs, blk, view_sides(cfg, blk, dtype, arch))
+    return tma_reduce, pplan
+
+
+def _native_workspace(alg, blk: Blocking, dtype: str, cfg: CudaConfig, views: dict,
+                      pplan: PersistentPlan | None) -> list:
+    """Workspace layout of a native-operand LCMA: Ã, B̃ (less the operands read in place),
+    H (unfused), the split groups' partial C tiles (persistent fused)."""
+    sizes = {n: e * ITEMSIZE[dtype] for n, e in blk.workspace_elems(cfg.fused).items()}
     for side, d in views.items():
         sizes[side + "t"] = sizes[side + "t"] // blk.R * (blk.R - len(d))
     if pplan is not None:
         # fp32 partial C tiles of the split groups' non-lead pieces: one slot per tail CTA
         sizes["Ps"] = max(pplan.slots, 1) * alg.m * alg.n * cfg.block_m * cfg.block_n * 4
-    ws = _workspace(sizes)
-    if kmajor and alg.m * alg.k == 1:
-        ws = _workspace({"Bt": blk.Kb * blk.Nb * item})
-        ks = [("transpose_b", K.combine_b_kmajor(progs["B"], blk, dtype, cfg, arch=arch), ["B", "Bt"]),
-              ("gemm", K.plain_gemm(M, N, K_, dtype, cfg, arch, bt_shape=(blk.Nb, blk.Kb)), ["A", "Bt", "C"])]
-        wide = [n for n in ("A", "Bt", "C") if n in wide]
-        return ks, ws, dict(info, int64_index=wide, b_layout="K-major (transposed) for TF32 wgmma")
-    ks = [("combine_a", K.combine_ab("A", progs["A"], blk, dtype, cfg, arch), ["A", "At"])]
+    return _workspace(sizes)
+
+
+def _lcma_plan(alg, shape, dtype, cfg, programs, arch, units, ctas: int, kmajor: bool) -> Plan:
+    """Kernels of an LCMA with native operands: the combines, then the fused kernel (grid,
+    persistent with its fixup, or TMA-engine epilogue) or Algorithm 1's batched GEMM and
+    Combine H; the float32 TF32-wgmma path (``kmajor``) in ``_tf32_wgmma_plan``."""
+    from ..schedules.cuda import combines, fused, gemm     # TileLang: this process only
+    progs, how = _alg_programs(alg, programs)
+    blk = Blocking(*shape, alg.m, alg.k, alg.n, alg.R)
+    # buffers of more than 2³¹−1 elements: declared with int64 extents (common.extents)
+    info = {"blocking": _blocking_info(blk), "programs": how,
+            "int64_index": int64_buffers(blk, cfg.fused and not kmajor, kmajor)}
+    tma_reduce, pplan = _fused_form(blk, dtype, cfg, arch, units, kmajor)
+    progs, views, negated = view_plan(progs, blk, view_sides(cfg, blk, dtype, arch))
+    ws = _native_workspace(alg, blk, dtype, cfg, views, pplan)
     if kmajor:
-        if cfg.fused:
-            from ..schedules.cuda.config import NotSupportedYet
-            raise NotSupportedYet("the fused kernel for float32 on sm_90a is not supported yet "
-                                  "(use fused=False: TF32 wgmma path)")
-        ks.append(("combine_b", K.combine_b_kmajor(progs["B"], blk, dtype, cfg, arch=arch), ["B", "Bt"]))
-        ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg, kmajor_b=True, arch=arch), ["At", "Bt", "H"]))
-        ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
-        return ks, ws, dict(info, b_layout="K-major (transposed) for TF32 wgmma")
-    ks.append(("combine_b", K.combine_ab("B", progs["B"], blk, dtype, cfg, arch), ["B", "Bt"]))
+        return _tf32_wgmma_plan(alg, progs, blk, dtype, cfg, arch, ws, info)
+    ks = [Kernel("combine_a", combines.combine_ab("A", progs["A"], blk, dtype, cfg, arch), ["A", "At"]),
+          Kernel("combine_b", combines.combine_ab("B", progs["B"], blk, dtype, cfg, arch), ["B", "Bt"])]
     if tma_reduce:
         P = cfg.persistent_ctas or _profile_units(arch, units)
-        ks.append(("reduce_gemm_h", K.reduce_gemm_h(alg, blk, dtype, cfg, P, arch), ["At", "Bt", "C"]))
-        return ks, ws, info
+        ks.append(Kernel("reduce_gemm_h", fused.reduce_gemm_h(alg, blk, dtype, cfg, P, arch), ["At", "Bt", "C"]))
+        return Plan(ks, ws, info)
     if pplan is not None:
-        ks.append(("fused_gemm_h", K.fused_gemm_h(alg, blk, dtype, cfg, pplan, arch), ["At", "Bt", "C", "Ps"]))
+        ks.append(Kernel("fused_gemm_h", fused.fused_gemm_h(alg, blk, dtype, cfg, pplan, arch),
+                         ["At", "Bt", "C", "Ps"]))
         if pplan.split:
-            ks.append(("split_fixup", K.split_fixup(alg, blk, dtype, cfg, pplan, arch), ["Ps", "C"]))
-        return ks, ws, dict(info, persistent=pplan.to_dict())
+            ks.append(Kernel("split_fixup", fused.split_fixup(alg, blk, dtype, cfg, pplan, arch), ["Ps", "C"]))
+        return Plan(ks, ws, dict(info, persistent=pplan.to_dict()))
     if cfg.fused:
-        ks.append(("fused_gemm_h", K.fused_gemm_h(alg, blk, dtype, cfg, arch=arch), ["At", "Bt", "C"]))
+        ks.append(Kernel("fused_gemm_h", fused.fused_gemm_h(alg, blk, dtype, cfg, arch=arch), ["At", "Bt", "C"]))
     else:
-        ks.append(("batched_gemm", K.batched_gemm(blk, dtype, cfg, arch=arch, ctas=ctas, views=views),
-                   ["At", "Bt", "H"] + sorted(views)))
-        ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
+        ks.append(Kernel("batched_gemm", gemm.batched_gemm(blk, dtype, cfg, arch=arch, ctas=ctas, views=views),
+                         ["At", "Bt", "H"] + sorted(views)))
+        ks.append(Kernel("combine_h", combines.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
     out = dict(info)
     if views:
         out["direct_views"] = {side: {str(r): slot for r, slot in d.items()} for side, d in views.items()}
-        out["view_loads"] = _view_load_sides(blk, views, item)
+        out["view_loads"] = _view_load_sides(blk, views, ITEMSIZE[dtype])
         if negated:
             out["direct_views_negated"] = negated        # their sign is in Combine H's program
-    return ks, ws, out
+    return Plan(ks, ws, out)
+
+
+def _tf32_wgmma_plan(alg, progs, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str, ws: list,
+                     info: dict) -> Plan:
+    """float32 on sm_90a with ``tf32_wgmma``: B̃ written K-major by its combine, then the
+    batched GEMM and Combine H; the plain GEMM (the 1x1x1 algorithm) transposes B only."""
+    from ..schedules.cuda import combines, gemm     # TileLang: this process only
+    layout = "K-major (transposed) for TF32 wgmma"
+    if alg.m * alg.k == 1:
+        ws = _workspace({"Bt": blk.Kb * blk.Nb * ITEMSIZE[dtype]})
+        transpose = combines.combine_b_kmajor(progs["B"], blk, dtype, cfg, arch=arch)
+        ks = [Kernel("transpose_b", transpose, ["B", "Bt"]),
+              Kernel("gemm", gemm.plain_gemm(blk.M, blk.N, blk.K, dtype, cfg, arch, bt_shape=(blk.Nb, blk.Kb)),
+                     ["A", "Bt", "C"])]
+        wide = [n for n in ("A", "Bt", "C") if n in info["int64_index"]]
+        return Plan(ks, ws, dict(info, int64_index=wide, b_layout=layout))
+    if cfg.fused:
+        raise NotSupportedYet("the fused kernel for float32 on sm_90a is not supported yet "
+                              "(use fused=False: TF32 wgmma path)")
+    ks = [Kernel("combine_a", combines.combine_ab("A", progs["A"], blk, dtype, cfg, arch), ["A", "At"]),
+          Kernel("combine_b", combines.combine_b_kmajor(progs["B"], blk, dtype, cfg, arch=arch), ["B", "Bt"]),
+          Kernel("batched_gemm", gemm.batched_gemm(blk, dtype, cfg, kmajor_b=True, arch=arch), ["At", "Bt", "H"]),
+          Kernel("combine_h", combines.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"])]
+    return Plan(ks, ws, dict(info, b_layout=layout))
 
 
 def view_plan(progs: dict, blk, sides: str) -> tuple[dict, dict, list[int]]:
     """(programs, views, negated) for the operands the batched GEMM reads in place
     (``CudaConfig.direct_views``, resolved to ``sides``): those that are one input block with
-    coefficient ±1, on the sides ``cuda_config.side_read_in_place`` accepts.  ``views``:
+    coefficient ±1, on the sides ``config.side_read_in_place`` accepts.  ``views``:
     {"A"/"B": {product r: input slot}}; the combines' programs then write only the other
     operands.  A product whose operands carry an odd number of −1s is computed un-negated,
     H_r' = −H_r, and Combine H's program takes the sign (``negated``: those r)."""
-    from ..ir.program import direct_outputs, keep_outputs, scale_inputs
-    from ..schedules.cuda.config import side_read_in_place
     views, sign = {}, [1] * blk.R
     for side in ("A", "B"):
         d = direct_outputs(progs[side]) if side.lower() in sides else {}
@@ -225,11 +328,10 @@ def view_plan(progs: dict, blk, sides: str) -> tuple[dict, dict, list[int]]:
 
 def _view_load_sides(blk, views: dict, item: int) -> list[dict]:
     """``targets.cuda.view_loads``'s description of each view side: each product's source
-    (``cuda_config.operand_sources``), and dims and byte strides, innermost first in the
-    order TileLang 0.1.15 gives 4-D descriptors (columns, rows, block column, product), of
-    the [R, rows, Q, cols] tensor the kernel was written against, of the input's own
+    (``config.operand_sources``), and dims and byte strides, innermost first in the order
+    TileLang 0.1.15 gives 4-D descriptors (columns, rows, block column, product), of the
+    [R, rows, Q, cols] tensor the kernel was written against, of the input's own
     [P, rows, Q, cols] block view and of the workspace's Rw operands."""
-    from ..schedules.cuda.config import operand_sources
     sides = []
     for side, d in sorted(views.items()):
         P, Q, Rb, Cb = (blk.m, blk.k, blk.Mb, blk.Kb) if side == "A" else (blk.k, blk.n, blk.Kb, blk.Nb)
@@ -243,17 +345,15 @@ def _view_load_sides(blk, views: dict, item: int) -> list[dict]:
     return sides
 
 
-def _scaled_plan(alg, shape, dtype, cfg, programs, arch):
+def _scaled_plan(alg, shape, dtype, cfg, programs, arch) -> Plan:
     """Kernels of an artifact with scaled fp16 operands (CudaConfig.operands): amax of A and
     of B into S (zeroed by the entry point), combines writing scaled fp16 Ã/B̃ (hi and lo
     halves for fp16x2), the scaled GEMM stage writing fp32 H (or C directly for the plain
     GEMM: the 1x1x1 algorithm, whose combines only scale and split), Combine H."""
-    from ..schedules.cuda.config import (SMEM_PER_CTA, Blocking, NotSupportedYet,
-                                         bound_exponent, check_operands, stage_bytes)
-    from ..schedules.cuda import kernels as K
+    from ..schedules.cuda import combines, low_precision as lp     # TileLang: this process only
     check_operands(cfg, dtype)
     split = cfg.operands == "fp16x2"
-    bk = cfg.bk(K.OPERAND_DTYPE)
+    bk = cfg.bk(lp.OPERAND_DTYPE)
     stage = stage_bytes(cfg, dtype)
     limit = SMEM_PER_CTA[arch]
     if cfg.stages * stage > limit:
@@ -261,14 +361,13 @@ def _scaled_plan(alg, shape, dtype, cfg, programs, arch):
             f"operands={cfg.operands!r}: {cfg.stages} stages of {stage // 1024} KB "
             f"({'four' if split else 'two'} fp16 tiles of {cfg.block_m}x{bk} and {bk}x{cfg.block_n}) "
             f"exceed {arch}'s {limit // 1024} KB of shared memory: use fewer stages or a smaller tile")
-    M, N, K_ = shape
+    M, N, K = shape
     direct = alg is None
     if direct:
-        from .. import ir
         alg = ir.get("naive-1x1x1")
     progs, how = _alg_programs(alg, programs)
-    blk = Blocking(M, N, K_, alg.m, alg.k, alg.n, alg.R)
-    la, lb = bound_exponent(alg.U), bound_exponent(alg.V)
+    blk = Blocking(M, N, K, alg.m, alg.k, alg.n, alg.R)
+    bound_a, bound_b = bound_exponent(alg.U), bound_exponent(alg.V)
     shapes = {"S": ((2,), 4), "At": ((blk.R, blk.Mb, blk.Kb), 2), "Bt": ((blk.R, blk.Kb, blk.Nb), 2)}
     if split:
         shapes["Al"], shapes["Bl"] = shapes["At"], shapes["Bt"]
@@ -277,35 +376,33 @@ def _scaled_plan(alg, shape, dtype, cfg, programs, arch):
     ws, wide = _sized_workspace(shape, shapes)
     a_out = ["At", "Al"] if split else ["At"]
     b_out = ["Bt", "Bl"] if split else ["Bt"]
-    ks = [("amax_a", K.operand_amax(M, K_, dtype, 0, arch), ["A", "S"]),
-          ("amax_b", K.operand_amax(K_, N, dtype, 1, arch), ["B", "S"]),
-          ("combine_a", K.combine_ab("A", progs["A"], blk, dtype, cfg, arch, bound=la), ["A", "S", *a_out]),
-          ("combine_b", K.combine_ab("B", progs["B"], blk, dtype, cfg, arch, bound=lb), ["B", "S", *b_out])]
+    ks = [Kernel("amax_a", lp.operand_amax(M, K, dtype, 0, arch), ["A", "S"]),
+          Kernel("amax_b", lp.operand_amax(K, N, dtype, 1, arch), ["B", "S"]),
+          Kernel("combine_a", combines.combine_ab("A", progs["A"], blk, dtype, cfg, arch, bound=bound_a),
+                 ["A", "S", *a_out]),
+          Kernel("combine_b", combines.combine_ab("B", progs["B"], blk, dtype, cfg, arch, bound=bound_b),
+                 ["B", "S", *b_out])]
     gemm_args = (["At", "Al", "Bt", "Bl"] if split else ["At", "Bt"]) + ["S", "C" if direct else "H"]
-    ks.append(("gemm" if direct else "batched_gemm",
-               K.scaled_gemm(blk, dtype, cfg, (la, lb), direct, arch), gemm_args))
+    ks.append(Kernel("gemm" if direct else "batched_gemm",
+                     lp.scaled_gemm(blk, dtype, cfg, (bound_a, bound_b), direct, arch), gemm_args))
     if not direct:
-        ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
-    return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
-                    "int64_index": wide, "operands": cfg.operands, "zero": ["S"],
-                    "scale_bounds": [la, lb]}
+        ks.append(Kernel("combine_h", combines.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
+    return Plan(ks, ws, {"blocking": _blocking_info(blk), "programs": how, "int64_index": wide,
+                         "operands": cfg.operands, "zero": ["S"], "scale_bounds": [bound_a, bound_b]})
 
 
-def _fp8_plan(alg, shape, dtype, cfg, programs, arch):
+def _fp8_plan(alg, shape, dtype, cfg, programs, arch) -> Plan:
     """Kernels of an artifact with E4M3 operands (CudaConfig.operands="fp8"): the combines
     quantize Ã (per row) and B̃ (per column, K-major) with a float32 scale per 128 K, the
     fp8 GEMM stage writes fp32 H (or C for the plain GEMM: the 1x1x1 algorithm, whose
     combines only quantize), Combine H."""
-    from ..schedules.cuda.config import (FP8_MAX_COMBINE, Blocking, NotSupportedYet,
-                                         check_operands, fp8_combine_size)
-    from ..schedules.cuda import kernels as K
+    from ..schedules.cuda import combines, low_precision as lp     # TileLang: this process only
     if arch != "sm_90a":
         raise NotSupportedYet(f"operands='fp8' needs FP8 tensor cores (sm_90a); {arch} has none")
     check_operands(cfg, dtype)
-    M, N, K_ = shape
+    M, N, K = shape
     direct = alg is None
     if direct:
-        from .. import ir
         alg = ir.get("naive-1x1x1")
     # the larger schemes are refused rather than hanging a build in TileLang's lowering
     size = fp8_combine_size(alg.m, alg.k, alg.n, alg.R)
@@ -315,23 +412,22 @@ def _fp8_plan(alg, shape, dtype, cfg, programs, arch):
                               f"of its per-product block scales takes too long): use one recursion "
                               f"level, or operands='fp16'")
     progs, how = _alg_programs(alg, programs)
-    blk = Blocking(M, N, K_, alg.m, alg.k, alg.n, alg.R, k_align=16)
-    sc = K.fp8_scale_shapes(blk, cfg)
+    blk = Blocking(M, N, K, alg.m, alg.k, alg.n, alg.R, k_align=16)
+    scales = lp.fp8_scale_shapes(blk, cfg)
     shapes = {"At": ((blk.R, blk.Mb, blk.Kb), 1), "Bt": ((blk.R, blk.Nb, blk.Kb), 1),
-              "SA": (sc["SA"], 4), "SB": (sc["SB"], 4)}
+              "SA": (scales["SA"], 4), "SB": (scales["SB"], 4)}
     if not direct:
         shapes["H"] = ((blk.R, blk.Mb, blk.Nb), 4)
     ws, wide = _sized_workspace(shape, shapes)
-    ks = [("combine_a", K.fp8_combine("A", progs["A"], blk, dtype, cfg, arch), ["A", "At", "SA"]),
-          ("combine_b", K.fp8_combine("B", progs["B"], blk, dtype, cfg, arch), ["B", "Bt", "SB"]),
-          ("gemm" if direct else "batched_gemm", K.fp8_gemm(blk, dtype, cfg, direct, arch),
-           ["At", "Bt", "SA", "SB", "C" if direct else "H"])]
+    ks = [Kernel("combine_a", lp.fp8_combine("A", progs["A"], blk, dtype, cfg, arch), ["A", "At", "SA"]),
+          Kernel("combine_b", lp.fp8_combine("B", progs["B"], blk, dtype, cfg, arch), ["B", "Bt", "SB"]),
+          Kernel("gemm" if direct else "batched_gemm", lp.fp8_gemm(blk, dtype, cfg, direct, arch),
+                 ["At", "Bt", "SA", "SB", "C" if direct else "H"])]
     if not direct:
-        ks.append(("combine_h", K.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
-    return ks, ws, {"blocking": {"Mb": blk.Mb, "Nb": blk.Nb, "Kb": blk.Kb}, "programs": how,
-                    "int64_index": wide, "operands": "fp8",
-                    "b_layout": "K-major (transposed) E4M3 for fp8 wgmma",
-                    "scales": "float32 per 1x128 block along K (A rows, B columns)"}
+        ks.append(Kernel("combine_h", combines.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
+    return Plan(ks, ws, {"blocking": _blocking_info(blk), "programs": how, "int64_index": wide,
+                         "operands": "fp8", "b_layout": "K-major (transposed) E4M3 for fp8 wgmma",
+                         "scales": "float32 per 1x128 block along K (A rows, B columns)"})
 
 
 def gemm_precision(dtype: str, cfg) -> str:
@@ -345,6 +441,7 @@ def gemm_precision(dtype: str, cfg) -> str:
     return "tf32" if dtype == "float32" else dtype
 
 
+# ---- emit: CUDA sources ----------------------------------------------------------------------
 def _launch_info(code: str, kname: str) -> dict:
     grid = re.search(r"config\.gridDim = dim3\(([^)]*)\)", code)
     block = re.search(r"config\.blockDim = dim3\(([^)]*)\)", code)
@@ -372,100 +469,91 @@ def lower_to_cuda(func, arch: str, pass_configs: dict | None = None) -> str:
     return w.wrap(art.kernel_source)
 
 
-def build(req: dict) -> dict:
-    import tilelang
-    from ..dtypes import ITEMSIZE, normalize_dtype
-    from ..schedules.cuda.config import (SUPPORTED_DTYPES, CudaConfig, NotSupportedYet, is_lcma,
-                                         check_shape, check_smem, cluster_kernels)
-    from . import cuda as host
-    from . import get_target
-    from ..errors import DTypeError
+def _host_rewrites(code: str, kernel: Kernel, symbol: str, cfg: CudaConfig, clustered: tuple,
+                   info: dict | None) -> str:
+    """One lowered kernel made ready to link beside the others (``symbol``: its unique
+    name): its launcher renamed, then the rewrites of ``targets.cuda`` its template needs."""
+    fname = kernel.func.attrs["global_symbol"] if "global_symbol" in kernel.func.attrs else "main"
+    code = host.rename_launcher(code, str(fname), symbol)
+    if kernel.name in clustered:
+        code = host.cluster_pipeline(code, cfg.stages, cfg.threads)
+    if kernel.name == "reduce_gemm_h":
+        code = host.async_reduce_stores(code)
+    if kernel.name.startswith(host.STREAMING_KERNELS):
+        code = host.restrict_pointers(code, symbol)
+    if kernel.name == "batched_gemm" and (info or {}).get("view_loads"):
+        code = host.view_loads(code, symbol, info["view_loads"])
+    return code
 
-    t0 = time.time()
-    target = get_target(req.get("target", "cuda-sm90a"))
-    if target.family != "cuda":
-        raise ValueError(f"the TileLang worker builds CUDA targets, not {target.name}")
-    dtype = normalize_dtype(req.get("dtype", "bfloat16"))
-    if dtype not in SUPPORTED_DTYPES:
-        if dtype == "float8_e4m3":
-            raise NotSupportedYet("float8_e4m3 is not supported yet by the CUDA backend")
-        raise DTypeError(f"the CUDA backend supports {SUPPORTED_DTYPES}, not {dtype}")
-    M, N, K = (int(x) for x in req["shape"])
-    check_shape(M, N, K, dtype)
-    alg = _resolve_algorithm(req.get("algorithm"))
-    cfg = CudaConfig.from_dict(req.get("config"), dtype=dtype, arch=target.arch,
-                               lcma=is_lcma(alg))
-    cfg.check()
-    out_dir = os.path.abspath(req.get("out_dir", "."))
-    os.makedirs(out_dir, exist_ok=True)
-    name = req.get("name", "lcmac_cuda")
 
-    clustered = cluster_kernels(cfg, dtype, target.arch)
-    kernels, ws, extra = plan(alg, (M, N, K), dtype, cfg, req.get("programs"), target.arch)
+def _write(path: str, text: str) -> str:
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def emit_sources(p: Plan, rq: Request, clustered: tuple) -> tuple[list[str], list[dict], dict]:
+    """Lower every kernel of ``p`` and write its CUDA source, then the entry file chaining
+    them: (source paths, launch facts per kernel, the manifest's ``extra`` with the
+    prepared-B plan)."""
+    arch, name = rq.target.arch, rq.name
     sources, infos = [], []
-    tl_root = os.path.dirname(tilelang.__file__)
-    for kname, func, args in kernels:
-        code = lower_to_cuda(func, target.arch)
-        fname = func.attrs["global_symbol"] if "global_symbol" in func.attrs else "main"
-        code = host.rename_launcher(code, str(fname), f"{name}_{kname}")
-        if kname in clustered:
-            code = host.cluster_pipeline(code, cfg.stages, cfg.threads)
-        if kname == "reduce_gemm_h":
-            code = host.async_reduce_stores(code)
-        if kname.startswith(host.STREAMING_KERNELS):
-            code = host.restrict_pointers(code, f"{name}_{kname}")
-        if kname == "batched_gemm" and (extra or {}).get("view_loads"):
-            code = host.view_loads(code, f"{name}_{kname}", extra["view_loads"])
-        path = os.path.join(out_dir, f"{name}_{kname}.cu")
-        with open(path, "w") as f:
-            f.write(code)
-        sources.append(path)
-        info = _launch_info(code, kname)
-        info["args"] = args
-        infos.append(info)
-    check_smem(infos, target.arch)
-    klist = [{"name": f"{name}_{k[0]}", "args": k[2]} for k in kernels]
-    zero = (extra or {}).get("zero", [])
-    prepared = host.prepared_b_plan(klist, ws, zero, b_bytes=K * N * ITEMSIZE[dtype])
-    entry = host.entry_source(klist, ws, zero=zero, prepared=prepared)
+    for k in p.kernels:
+        symbol = f"{name}_{k.name}"
+        code = _host_rewrites(lower_to_cuda(k.func, arch), k, symbol, rq.config, clustered, p.info)
+        sources.append(_write(os.path.join(rq.out_dir, f"{symbol}.cu"), code))
+        infos.append(dict(_launch_info(code, k.name), args=k.args))
+    check_smem(infos, arch)
+    klist = [{"name": f"{name}_{k.name}", "args": k.args} for k in p.kernels]
+    zero = (p.info or {}).get("zero", [])
+    M, N, K = rq.shape
+    prepared = host.prepared_b_plan(klist, p.workspace, zero, b_bytes=K * N * ITEMSIZE[rq.dtype])
+    entry = host.entry_source(klist, p.workspace, zero=zero, prepared=prepared)
     if "kernels" in prepared:
         prepared = dict(prepared, kernels=[k[len(name) + 1:] for k in prepared["kernels"]])
-    extra = dict(extra or {}, prepared_b=prepared)
-    epath = os.path.join(out_dir, f"{name}_entry.cu")
-    with open(epath, "w") as f:
-        f.write(entry)
-    sources.append(epath)
+    sources.append(_write(os.path.join(rq.out_dir, f"{name}_entry.cu"), entry))
+    return sources, infos, dict(p.info or {}, prepared_b=prepared)
+
+
+# ---- build: plan, emit, compile --------------------------------------------------------------
+def build(req: dict) -> dict:
+    import tilelang     # the compiler: this process only
+    t0 = time.time()
+    rq = Request.parse(req)
+    os.makedirs(rq.out_dir, exist_ok=True)
+    alg, cfg, arch = rq.algorithm, rq.config, rq.target.arch
+    clustered = cluster_kernels(cfg, rq.dtype, arch)
+    p = plan(alg, rq.shape, rq.dtype, cfg, rq.programs, arch)
+    sources, infos, extra = emit_sources(p, rq, clustered)
     t_gen = time.time() - t0
     lib, ptxas = None, {}
-    if req.get("compile", True):
-        lib = os.path.join(out_dir, f"{name}.so")
-        ptxas = host.compile_so(sources, lib, target.arch, host.tilelang_include_dirs(tl_root),
-                                jobs=int(req.get("jobs", 2)))
+    if rq.compile:
+        lib = os.path.join(rq.out_dir, f"{rq.name}.so")
+        includes = host.tilelang_include_dirs(os.path.dirname(tilelang.__file__))
+        ptxas = host.compile_so(sources, lib, arch, includes, jobs=rq.jobs)
     resp = {"ok": True, "library": lib, "sources": sources, "kernels": infos,
-            "workspace_bytes": ws[-1][1], "workspace": ws[:-1],
+            "workspace_bytes": p.workspace[-1][1], "workspace": p.workspace[:-1],
             "entry_points": {"init": "lcmac_init", "run": "lcmac_run",
                              "last_error": "lcmac_last_error",
                              "workspace_bytes": "lcmac_workspace_bytes"},
-            "name": name, "config": cfg.to_dict(), "arch": target.arch, "target": target.name,
-            "dtype": dtype, "shape": [M, N, K],
-            "gemm_precision": gemm_precision(dtype, cfg),
+            "name": rq.name, "config": cfg.to_dict(), "arch": arch, "target": rq.target.name,
+            "dtype": rq.dtype, "shape": list(rq.shape),
+            "gemm_precision": gemm_precision(rq.dtype, cfg),
             "algorithm": alg.to_dict() if alg is not None else None,
             "algorithm_name": alg.name if alg is not None else "gemm",
             "algorithm_hash": alg.hash if alg is not None else None,
             "extra": extra, "ptxas": ptxas,
             "seconds": {"codegen": round(t_gen, 2), "total": round(time.time() - t0, 2)}}
     side = dict(resp, library=os.path.basename(lib) if lib else None,
-                sources=[os.path.basename(p) for p in sources])
-    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+                sources=[os.path.basename(s) for s in sources])
+    with open(os.path.join(rq.out_dir, f"{rq.name}.json"), "w") as f:
         json.dump(side, f, indent=1)
     return resp
 
 
 def build_contract(req: dict) -> dict:
-    """``lcmac.build``'s worker contract (version 1; see lcmac/build.py's docstring)."""
-    import shutil
-    import tempfile
-    from ..ir.algorithm import Algorithm
+    """``lcmac.build``'s worker contract (version 1; see lcmac/artifact/build.py's docstring)."""
+    import tilelang     # the compiler: this process only
     tgt = req["target"]
     shape = req["shape"]
     alg = None if req.get("plain_gemm") else Algorithm.from_dict(req["algorithm"])
@@ -487,7 +575,6 @@ def build_contract(req: dict) -> dict:
                     f.write(f"// ===== {os.path.basename(path)} =====\n")
                     f.write(open(path).read())
                     f.write("\n")
-        import tilelang
         info = {k: r[k] for k in ("kernels", "workspace_bytes", "workspace", "arch", "name",
                                   "gemm_precision", "extra", "ptxas")}
         info["entry"] = {"init": "lcmac_init", "run": "lcmac_run(A, B, C, workspace, stream)",
@@ -502,7 +589,6 @@ def build_contract(req: dict) -> dict:
 
 
 def _contract_error(e) -> dict:
-    import traceback
     return {"ok": False, "error": {"type": type(e).__name__, "message": str(e),
                                    "traceback": traceback.format_exc()[-6000:]}}
 
@@ -526,7 +612,6 @@ def main() -> int:
         else:
             resp = build(req)
     except Exception as e:  # the parent turns this into an exception of the same class
-        import traceback
         resp = {"ok": False, "error": str(e), "error_type": type(e).__name__,
                 "traceback": traceback.format_exc()[-6000:]}
     # TileLang logs to stdout/stderr; the response is the last line of stdout

@@ -1,8 +1,9 @@
 """Configs and shape bookkeeping for the CUDA (TileLang) templates.
 
-Nothing here imports TileLang: the runtime, the tests and the tuner read these without a
-compiler.  The templates themselves live in ``cuda_kernels.py`` (imported only inside the
-TileLang worker process).
+Nothing here imports TileLang: the runtime, the tests, the cost model and the tuner read
+these without a compiler.  The templates live beside it (``gemm``, ``combines``, ``fused``,
+``low_precision``) and are imported only inside the TileLang worker process.  What the
+knobs do and why the defaults are what they are: docs/cuda-templates.md.
 
 Layout of an LCMA run on the GPU (one artifact, one shape M×N×K, row-major operands):
 
@@ -17,9 +18,14 @@ M, N are never written.
 """
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from ...errors import LcmacError
+import numpy as np
+
+from ...dtypes import ITEMSIZE
+from ...errors import LcmacError, ShapeError
 
 
 class NotSupportedYet(LcmacError, NotImplementedError):
@@ -36,122 +42,78 @@ def round_up(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class CudaConfig:
-    """Template options the tuner may vary.
+    """Template options the tuner may vary (docs/cuda-templates.md: each knob, its default
+    and the measurements behind it).
 
     fused        True: group-parallel combines + fused GEMM/Combine-H kernel (FalconGEMM);
                  False: Algorithm 1 (combines, batched GEMM writing H, Combine-H kernel).
-    block_*      GEMM tile (CTA owns a block_m × block_n tile position of every C_ij).
+    block_*      GEMM tile (a CTA owns a block_m × block_n tile position of every C_ij);
+                 block_k 0: 64 for 2-byte dtypes, 32 for float32 (shared-memory fit).
     stages       software-pipeline depth of the K loop (TMA + mbarriers on sm_90a).
     threads      consumer threads per CTA (TileLang adds a producer warpgroup on sm_90a).
     swizzle      threadblock rasterisation panel (0 = off) for L2 reuse.
+    policy       warpgroup split: "square", "fullrow" (64×256 wgmma), "fullcol", or "auto"
+                 (fullrow for 2-byte types, square for float32).
     r_order      "natural" (r = 0..R-1) or "greedy" (an order that finishes C tiles early;
                  only affects the epilogue traffic, the result is the same up to rounding).
     cache_aware  CTAs resident at the same time work on the same product r and share its
                  Ã_r/B̃_r panels in L2 (FalconGEMM's cache-aware order).  Unfused: r is the
                  slowest grid index; False makes r the fastest (the ablation).  Fused: every
-                 CTA walks its group's products in the same order; False starts each group's
-                 walk at a different product (rotation by the tile position, so neighbouring
-                 CTAs read R different Ã_r/B̃_r), the ablation.  The fused ablation hangs
-                 on an H100 (persistent forms within 7-191 calls, the grid form once; an
-                 open bug, scripts/probe_hang.py): the worker refuses it.
+                 CTA walks its group's products in the same order; False rotates each
+                 group's walk by its tile position, an ablation the build refuses (it hangs).
     overlap_epilogue  one software pipeline over all (r, k) steps of a CTA, so the TMA producer
                  loads the next product's tiles while the consumers run the Combine-H epilogue
                  (instead of one pipeline per product with a barrier between them).
-    split_group  fused only: a persistent grid of P CTAs (``persistent_plan``).  Every CTA runs
-                 whole groups (a tile position's R products) in rounds of P; the groups of the
-                 partial last round are cut into contiguous pieces of Lt = ceil(rem·R/P)
-                 products, so that round takes Lt product-times instead of R (FalconGEMM
-                 §III-B; waves = ceil(R·T/P), lcmac.costmodel.waves).  A piece that does not
-                 start a group writes its fp32 partial C tiles to a workspace slot of its own,
-                 and a small second kernel adds those slots into C in a fixed order
-                 (deterministic, no atomics, no inter-CTA waiting).  No effect on the unfused
-                 path: its batched GEMM is already one CTA per H tile (the same wave count).
-    persistent   fused: the persistent grid without splitting (the tail groups stay whole:
-                 ceil(T/P)·R product-times); the ablation of split_group.  Unfused (the
-                 plain GEMM and Algorithm 1's batched GEMM; sm_90a, native 2-byte operands,
-                 ``persistent_gemm``): P CTAs walk the output tiles in the grid kernel's
-                 order (tile pid, pid + P, ...) with one software pipeline over every
-                 (tile, k) step, so the TMA producer loads the next tile's first slabs while
-                 the consumers store the last one; a one-tile CTA instead fills its pipeline
-                 after launch and drains it before the next CTA can start (about 1.7 µs per
-                 tile on an H100).  The output tile then needs shared memory of its own
-                 beside the pipeline (3 stages of the default tile).  H100, 16384³ bf16,
-                 sustained: Strassen²'s 49 products 666 → 687 TFLOP/s, Strassen's 7
-                 688 → 700 (bench/results/h100-bfloat16-persistent.json).  The default for
-                 an LCMA's batched GEMM where it applies and fits (``from_dict``); the plain
-                 GEMM keeps the grid kernel unless asked.
+    split_group  fused only: a persistent grid of P CTAs (``persistent_plan``) running whole
+                 groups (a tile position's R products) in rounds of P, the groups of the
+                 partial last round cut into pieces of Lt = ceil(rem·R/P) products (FalconGEMM
+                 §III-B; waves = ceil(R·T/P)).  A piece that does not start its group writes
+                 fp32 partial C tiles to a workspace slot of its own, which a second kernel
+                 adds into C in a fixed order (deterministic, no atomics).
+    persistent   fused: the persistent grid without splitting (the ablation of split_group).
+                 Unfused (sm_90a, native 2-byte operands, ``persistent_gemm``): P CTAs walk the
+                 output tiles in the grid kernel's order with one software pipeline over every
+                 (tile, k) step; the output tile then needs shared memory of its own.  The
+                 default for an LCMA's batched GEMM where it applies and fits (``from_dict``).
     persistent_ctas  P, the persistent grid size; 0 = SMs of the target's profile × CTAs that
-                 fit on one SM (1 for the default 128×256 tile with 4 stages).
-    tma_reduce   fused only (sm_90a, native 2-byte operands, a shape whose C blocks the
-                 tile divides exactly): the fused kernel's Combine-H epilogue runs on the
-                 TMA engine (``cuda_kernels.reduce_gemm_h``).  P persistent CTAs own whole
-                 groups, all at the same product r at a time (cache-aware); after product
-                 r's K loop the consumers put w·H_r in shared memory once per distinct
-                 coefficient and the TMA engine stores it into C_ij (the first contribution)
-                 or adds it there in L2 (cp.reduce.async.bulk .add), asynchronously to the
-                 next product's K loop.  Neither H nor a Combine-H pass exists; C holds the
-                 partial sums in its dtype, as the register epilogue does.  The fastest fused
-                 form, but not faster than Algorithm 1 on a power-capped H100/H200: 16384³
-                 sustained, Strassen 1.002x cuBLAS against 1.012x, Strassen² 0.937x against
-                 1.033x (bench/results/h100-bfloat16-tma-reduce.json; bench/notes-cuda.md).
-    combine_*    tile of the element-wise combine kernels.
+                 fit on one SM.
+    tma_reduce   fused only (sm_90a, native 2-byte operands, C blocks the tile divides): the
+                 Combine-H epilogue runs on the TMA engine (``fused.reduce_gemm_h``): no H,
+                 no Combine-H pass, C holds the partial sums in its dtype.
+    tf32_wgmma   float32 on sm_90a: B̃ K-major and TF32 wgmma (cp.async loads) instead of
+                 TF32 mma.sync with TMA loads.
+    combine_*    tile and threads of the element-wise combine kernels.
     operands     how the GEMM stage's operands Ã/B̃ are stored (``OPERAND_MODES``):
-                 "native": in the input dtype (float32: TF32 on the tensor cores);
-                 "fp16": fp16 scaled by a power of two from an amax pass over A and B
-                 (3 more mantissa bits than bf16; H kept fp32) — bf16 LCMAs at cuBLAS-level
-                 error, or float32 at TF32-class precision on the fp16 tensor-core rate;
-                 "fp16x2": float32 only, each operand split into hi + 2¹¹·lo fp16 halves and
-                 H = hi·hi + 2⁻¹¹(hi·lo + lo·hi) (Ootomo & Yokota 2022): fp32-level error
-                 on the fp16 tensor cores.  Algorithm 1 and the plain GEMM only.
-    cluster      2: CTAs run in clusters of two that own vertically adjacent tiles (rows by,
-                 by+1 of one column) and read each B slab once from L2 by TMA multicast into
-                 both CTAs' shared memory (cuBLAS's 2x1 clusters); 1: every CTA loads its
-                 own slabs.  sm_90a, 2-byte native operands, plain GEMM and Algorithm 1's
-                 batched GEMM (``cluster_kernels``).
-    store_via_smem  the GEMM stage (plain, batched, scaled-operand and fp8 GEMMs) writes its
-                 output tile through shared memory (stmatrix, then TMA stores on sm_90a;
-                 TileLang lets the tile alias the drained pipeline buffers); False: every
-                 thread stores its accumulator fragments straight to global memory
-                 (half-filled 32-byte sectors).  H100,
-                 16384³ bf16, sustained: plain GEMM 0.92x → 1.00x cuBLAS, Strassen 0.975x →
-                 1.016x (bench/results/h100-bfloat16-smem.json); scaled fp16 operands:
-                 neutral; fp8: off by default (``FP8_TILE_DEFAULTS``).  The fused kernels (a
-                 read-modify-write Combine-H epilogue) store from registers either way.
+                 "native" (float32: TF32 on the tensor cores); "fp16": fp16 scaled by a power
+                 of two from an amax pass over A and B (H kept fp32); "fp16x2": float32 only,
+                 hi + 2¹¹·lo fp16 halves, H = hi·hi + 2⁻¹¹(hi·lo + lo·hi); "fp8": E4M3 with
+                 1×128 block scales.  Algorithm 1 and the plain GEMM only.
+    cluster      2: CTAs run in clusters of two that own vertically adjacent tiles and read
+                 each B slab once from L2 by TMA multicast into both (``cluster_kernels``).
+    store_via_smem  the GEMM stage writes its output tile through shared memory (stmatrix,
+                 then TMA stores on sm_90a); False: from registers.  The fused kernels'
+                 read-modify-write epilogue stores from registers either way.
     direct_views  Algorithm 1 on sm_90a with native 2-byte operands (``direct_views_why``):
-                 the products whose operand on that side ("a", "b", "ab"; "none") is a single
-                 input block with coefficient ±1 (Strassen's Ã_3 = A11, B̃_2 = B11) read that
-                 block of A / B in place through a second TMA descriptor, and the combine
-                 writes only the other operands (Strassen: 5 of 7 per side, Winograd 4,
-                 Strassen² 45 of 49, Laderman 14 of 23); a −1 moves into Combine H's
-                 program (``tilelang_worker.view_plan``).  Same bits as the copy.  With "b",
-                 a prepared B (``prepare_b``) holds a copy of B beside B̃.  "auto" (the
-                 default): "ab" where the shape and config allow it, else "none".  H100,
-                 16384³ bf16, sustained: Winograd 1.005-1.011x → 1.024-1.032x cuBLAS,
-                 Strassen 1.015-1.020x → 1.022-1.025x, Strassen² 1.038-1.045x →
-                 1.041-1.046x; the GEMM stage is as fast either way
-                 (bench/results/h100-bfloat16-views-1.json, -2.json).
+                 products whose operand on a side ("a", "b", "ab"; "none") is one input block
+                 with coefficient ±1 read that block of A / B in place, and the combine
+                 writes only the other operands; "auto": "ab" where the shape allows it.
     """
-    fused: bool = False           # measured best on H200 (bench/notes-cuda.md); True = FalconGEMM fused
+    fused: bool = False
     block_m: int = 128
     block_n: int = 256
-    block_k: int = 0             # 0: 64 for 2-byte dtypes, 32 for float32 (shared-memory fit)
+    block_k: int = 0
     stages: int = 4
     threads: int = 256
     swizzle: int = 8
-    policy: str = "auto"         # warpgroup split: "square" | "fullrow" (64x256 wgmma) | "auto"
-                                 # (auto: fullrow for 2-byte types, square for float32 = measured)
+    policy: str = "auto"
     r_order: str = "natural"
     cache_aware: bool = True
     split_group: bool = False
     persistent: bool = False
     persistent_ctas: int = 0
     overlap_epilogue: bool = False
-    tf32_wgmma: bool = False     # float32 on sm_90a: B̃ K-major + TF32 wgmma (cp.async loads);
-                                 # measured slower than the default TF32 mma.sync + TMA path
-    # 4 rows x 256 columns: one 4-wide vector per thread.  Equal to 16 rows for the 2x2 schemes
-    # and Strassen², 3x faster for dense combines (dps-4x4x4-r48's Combine H: 1.0 vs 3.0 ms at
-    # 16384³ on the H100, bench/results/h100-bfloat16-restrict*.json)
-    combine_rows: int = 4
+    tf32_wgmma: bool = False
+    combine_rows: int = 4         # 4 × 256: one 4-wide vector per thread
     combine_cols: int = 256
     combine_threads: int = 256
     operands: str = "native"
@@ -166,14 +128,11 @@ class CudaConfig:
     @classmethod
     def from_dict(cls, d: dict | None, dtype: str | None = None, arch: str | None = None,
                   lcma: bool = True) -> "CudaConfig":
-        """``dtype`` and ``arch`` given: where ``d`` is silent on ``persistent``, an LCMA's
-        batched GEMM (``lcma``) is persistent wherever its template exists
-        (``persistent_gemm``) and, with the stages asked for, fits — the plain GEMM keeps the
-        grid kernel (persistent, it lost 3-5 % on wide-N LLM shapes, h100-bfloat16-llm-
-        persistent.json); where ``d`` is silent on ``stages``, the deepest
-        pipeline up to the default that fits the arch's shared memory (the default 4 stages
-        of a 128×256 tile need 192 KB: an sm_90a fits them, an sm_80's 163 KB does not;
-        beside a persistent kernel's output tile, 3 do)."""
+        """``d`` (a dict of fields) as a config.  With ``dtype`` and ``arch``, where ``d`` is
+        silent: an LCMA's batched GEMM (``lcma``) is persistent wherever that template exists
+        and, with the stages asked for, fits (the plain GEMM keeps the grid kernel); the
+        pipeline is the deepest, up to ``stages``'s default, that fits the arch's shared
+        memory.  operands="fp8" / "fp16x2" fill in their own tile defaults."""
         d = dict(d or {})
         names = {f.name for f in fields(cls)}
         unknown = set(d) - names
@@ -183,9 +142,7 @@ class CudaConfig:
         if d.get("operands") == "fp8":
             d = {**FP8_TILE_DEFAULTS, **d}
         if d.get("operands") == "fp16x2":
-            # two fp32 accumulators and four fp16 tiles per stage: the measured fit is a
-            # 128x128 tile, 3 stages (192 KB of shared memory); on sm_80 a spill-free
-            # 128x64, 2 stages; explicit values still win
+            # four fp16 tiles per stage and two fp32 accumulators; explicit values still win
             d = {**(SPLIT_TILE_DEFAULTS_SM80 if arch == "sm_80" else SPLIT_TILE_DEFAULTS), **d}
         cfg = cls(**d)
         if lcma and dtype is not None and arch is not None and "persistent" not in d:
@@ -284,16 +241,12 @@ FP8_TINY = 1e-30
 FP8_MAX_COMBINE = 256
 #: what CudaConfig.from_dict fills in for operands="fp8": a 128×128 tile (two fp32
 #: accumulators: the K slab's wgmma result and the scaled running sum), a 128-wide K slab
-#: (one scale block), 4 stages of 32 KB
+#: (one scale block), 4 stages of 32 KB, fp32 H stored from registers
 FP8_TILE_DEFAULTS = {"block_m": 128, "block_n": 128, "block_k": 128, "stages": 4,
-                     # H100 16384³: Strassen's fp32 H 3 % faster from registers (720 vs 698
-                     # TFLOP/s), the plain fp8 GEMM within 1 % (h100-bfloat16-operands-smem.json)
                      "store_via_smem": False}
 #: what CudaConfig.from_dict fills in for operands="fp16x2" where the caller is silent
 SPLIT_TILE_DEFAULTS = {"block_m": 128, "block_n": 128, "stages": 3}
-#: sm_80 (cp.async pipeline, no warp specialisation): ptxas spills 8-28 B for the 128x128
-#: tile at 2 stages and for 128x64 / 64x128 at 3 (at 512³ and 1000x1064x1032; 0 at 4096³);
-#: 128x64 at 2 stages spills at none of the three.  Never run on an A100.
+#: the same on sm_80 (cp.async pipeline, no warp specialisation): a tile ptxas does not spill
 SPLIT_TILE_DEFAULTS_SM80 = {"block_m": 128, "block_n": 64, "stages": 2}
 #: scaled fp16 operands: every Ã/B̃ entry is scaled below 2**SCALED_TOP (fp16's largest
 #: finite value is 65504 < 2**16; the lo half of a split is at most 2**(SCALED_TOP-11)·2**11)
@@ -306,7 +259,6 @@ SPLIT_SHIFT = 11
 def stage_bytes(cfg: "CudaConfig", dtype: str) -> int:
     """Shared memory of one stage of the GEMM stage's K loop: the A and B slabs, in the
     operand storage type (two halves each for fp16x2)."""
-    from ...dtypes import ITEMSIZE
     if cfg.operands == "native":
         return (cfg.block_m + cfg.block_n) * cfg.bk(dtype) * ITEMSIZE[dtype]
     if cfg.operands == "fp8":
@@ -368,7 +320,6 @@ def _persistent_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:
 def persistent_tile_bytes(cfg: "CudaConfig", dtype: str) -> int:
     """Shared memory the persistent unfused GEMM keeps for its output tile beside the
     pipeline (a one-tile CTA's tile aliases the drained pipeline buffers instead)."""
-    from ...dtypes import ITEMSIZE
     if not cfg.store_via_smem or not (cfg.persistent and not cfg.fused or cfg.fused and cfg.tma_reduce):
         return 0
     return cfg.block_m * cfg.block_n * ITEMSIZE.get(dtype, 4)
@@ -482,8 +433,7 @@ def is_lcma(algorithm) -> bool:
 def fp8_combine_size(m: int, k: int, n: int, R: int) -> int:
     """The fp8 combines' per-product block reductions, R × (blocks per combine input): each
     is its own reduction in the unrolled kernel, and TileLang's lowering time grows faster
-    than linearly with their number (measured: 28 for Strassen 11 s, 207 for Laderman 93 s;
-    Strassen², 784, not done after 10 minutes).  Builds above FP8_MAX_COMBINE are refused."""
+    than linearly with their number.  Builds above FP8_MAX_COMBINE are refused."""
     return R * max(m * k, k * n)
 
 
@@ -510,8 +460,6 @@ def check_operands(cfg: "CudaConfig", dtype: str) -> None:
 def bound_exponent(coeffs) -> int:
     """l with Σ|c| < 2**l for the worst row of a combine matrix (R × ...): every combined
     operand is then below 2**l · amax of its input, with room for fp32 rounding."""
-    import math
-    import numpy as np
     rows = np.abs(np.asarray(coeffs, dtype=float).reshape(len(coeffs), -1)).sum(axis=1)
     return int(math.floor(math.log2(max(float(rows.max()), 1.0)))) + 1
 
@@ -520,7 +468,6 @@ def scale_exponent(amax: float, l: int) -> int:
     """e of the power-of-two scale 2**e applied to an operand whose input has |x| ≤ amax and
     combine bound 2**l (the kernels compute the same from amax's float32 bits: biased
     exponent E, amax < 2**(E-126)); clamped so that 2**e and 2**-e are normal floats."""
-    import struct
     E = struct.unpack("<i", struct.pack("<f", float(amax)))[0] >> 23
     return max(min(SCALED_TOP + 126 - E - l, 126), -126)
 
@@ -559,8 +506,6 @@ def int64_buffers(blk: "Blocking", fused: bool, kmajor_b: bool = False) -> list[
 
 
 def check_shape(M: int, N: int, K: int, dtype: str) -> None:
-    from ...errors import ShapeError
-    from ...dtypes import ITEMSIZE
     if min(M, N, K) <= 0:
         raise ShapeError(f"shape must be positive, got M={M} N={N} K={K}")
     vec = 16 // ITEMSIZE[dtype]
@@ -574,7 +519,6 @@ def r_order(W, order: str) -> list[int]:
 
     "greedy": repeatedly take the product that completes the most C tiles soonest (fewest
     remaining contributions), so partial C tiles live for the shortest time."""
-    import numpy as np
     R = W.shape[0]
     if order == "natural":
         return list(range(R))
@@ -594,7 +538,6 @@ def ctas_per_sm(cfg: CudaConfig, dtype: str, smem_per_sm: int = SMEM_PER_CTA["sm
                 regs_per_sm: int = 65536) -> int:
     """CTAs of the fused kernel that fit on one SM at once (shared memory of the pipeline,
     accumulator registers of the consumers; the TMA producer warpgroup adds 128 threads)."""
-    from ...dtypes import ITEMSIZE
     bk = cfg.bk(dtype)
     smem = cfg.stages * (cfg.block_m * bk + bk * cfg.block_n) * ITEMSIZE[dtype] + 1024
     regs = cfg.threads * (cfg.block_m * cfg.block_n // cfg.threads + 40) + 128 * 40
@@ -665,7 +608,7 @@ def persistent_plan(blk: Blocking, cfg: CudaConfig, dtype: str, units: int) -> P
 
 def raster(g: int, gx: int, gy: int, panel: int) -> tuple[int, int]:
     """(row, col) tile position of linear index g: TileLang's rasterization2DRow (what
-    ``T.use_swizzle(panel)`` does to a gx × gy grid); cuda_kernels._raster emits the same."""
+    ``T.use_swizzle(panel)`` does to a gx × gy grid); ``common.raster`` emits the same."""
     if panel <= 0:
         return g // gx, g % gx
     psize = panel * gx
@@ -683,7 +626,6 @@ def combine_h_steps(W, order: list[int]):
     its non-zero W[r,i,j], ``first`` = C_ij's first contribution when the walk starts at
     step 0, ``prev`` = the previous step (cyclically) that contributes to C_ij;
     nxt[(i, j)][s] = steps from s (cyclically) to the next one contributing to C_ij."""
-    import numpy as np
     R = len(order)
     W = np.asarray(W, dtype=object)
     m, n = W.shape[1], W.shape[2]
@@ -724,5 +666,5 @@ def reduce_groups(W, order: list[int]):
 def first_in_piece(s0: int, prev: int, st: int, R: int) -> bool:
     """Is step s0 the first, in a walk starting at step st (st, st+1, … mod R), to add into
     a C tile whose previous contributing step (cyclically) is ``prev``?  (prev == s0: the
-    only one.)  cuda_kernels emits the same test when st is a run-time value."""
+    only one.)  The fused templates emit the same test when st is a run-time value."""
     return (s0 - st) % R <= (prev - st) % R

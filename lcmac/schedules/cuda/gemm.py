@@ -1,0 +1,279 @@
+"""The GEMM stage's templates: the plain GEMM and Algorithm 1's batched GEMM, each as a grid
+kernel (one CTA per output tile), a 2-CTA cluster kernel sharing B slabs by multicast, or a
+persistent kernel (P CTAs walking the tiles in one software pipeline).
+
+    plain_gemm      C = A·B (tensor cores via T.gemm: wgmma on sm_90a, mma on sm_80)
+    batched_gemm    H_r = Ã_r·B̃_r for every product r, optionally reading the single-block
+                    operands from A / B in place (``CudaConfig.direct_views``)
+
+The macros below (``k_loop``, ``store_tile``) are the K loop and the tile store the scaled
+and fp8 GEMM stages (``low_precision``) share.
+"""
+# (no `from __future__ import annotations`: TileLang evaluates the Tensor annotations)
+
+import tilelang.language as T
+from tilelang.cuda.language import pdl_sync
+
+from .common import ACCUM, GemmTile, emit_names, extents, keep_params, raster, uses_pdl
+from .config import Blocking, CudaConfig, NotSupportedYet
+
+
+@T.macro
+def k_loop(a_slab, b_slab, A_shared, B_shared, C_local, num_k, num_stages: int, policy,
+           kmajor: bool, multicast_b: bool = False):
+    """One output tile's pipelined K loop (TMA/cp.async slabs into shared memory, fp32
+    accumulators): ``a_slab(ko)``/``b_slab(ko)`` give the global regions of the ko-th A and B
+    slabs (B K-major when ``kmajor``).  ``multicast_b``: the CTA pair of a 2-CTA cluster
+    shares the B slab, rank 0 loads it into both (the generated loop is completed by
+    ``targets.cuda.cluster_pipeline``)."""
+    T.clear(C_local)
+    for ko in T.Pipelined(num_k, num_stages=num_stages):
+        T.copy(a_slab(ko), A_shared)
+        if multicast_b:
+            T.copy_cluster(b_slab(ko), B_shared, cluster_mask=0b11)
+        else:
+            T.copy(b_slab(ko), B_shared)
+        if kmajor:
+            T.gemm(A_shared, B_shared, C_local, transpose_B=True, policy=policy)
+        else:
+            T.gemm(A_shared, B_shared, C_local, policy=policy)
+
+
+@T.macro
+def store_tile(C_local, c_out, out_dtype, tile: GemmTile, C_shared=None):
+    """The accumulator tile ``C_local`` to the global region ``c_out`` (dtype ``out_dtype``):
+    through shared memory (stmatrix, then TMA stores on sm_90a; TileLang lets the tile alias
+    the drained pipeline buffers) when ``tile.store_via_smem``, else every thread stores its
+    fragments.  ``C_shared``: a shared tile allocated by the caller (a pipeline that never
+    drains)."""
+    if tile.store_via_smem:
+        if C_shared is None:
+            C_shared = T.alloc_shared((tile.block_m, tile.block_n), out_dtype)
+            emit_names(C_s=C_shared)
+        T.copy(C_local, C_shared)
+        T.copy(C_shared, c_out)
+    else:
+        T.copy(C_local, c_out)
+
+
+@T.macro
+def _gemm_tile(a_slab, b_slab, c_out, out_dtype, smem_dtype, b_tile, tile: GemmTile, num_k,
+               kmajor: bool, pdl: bool, swizzle: bool, multicast_b: bool = False):
+    """One CTA's whole output tile of a plain or batched GEMM: wait for the previous kernel
+    (PDL), the shared-memory slabs and fp32 accumulators, the rasterisation (``swizzle``),
+    the K loop, the store to the global region ``c_out`` (dtype ``out_dtype``)."""
+    if pdl:
+        pdl_sync()
+    A_shared = T.alloc_shared((tile.block_m, tile.block_k), smem_dtype)
+    B_shared = T.alloc_shared(b_tile, smem_dtype)
+    C_local = T.alloc_fragment((tile.block_m, tile.block_n), ACCUM)
+    emit_names(A_s=A_shared, B_s=B_shared, C_l=C_local)
+    if swizzle:
+        T.use_swizzle(panel_size=max(tile.swizzle, 1), enable=tile.swizzle > 0)
+    k_loop(a_slab, b_slab, A_shared, B_shared, C_local, num_k, tile.num_stages, tile.policy,
+           kmajor, multicast_b)
+    store_tile(C_local, c_out, out_dtype, tile)
+
+
+@T.macro
+def _persistent_tiles(a_slab, b_slab, c_out, tile_of, steps, out_dtype, smem_dtype, b_tile,
+                      tile: GemmTile, num_k, pdl: bool):
+    """A persistent CTA's share of a plain or batched GEMM (``cfg.persistent``, unfused):
+    ``steps`` output tiles, the q-th at ``tile_of(q)`` = (r, by, bx), and one software
+    pipeline over every (tile, k) step, so the TMA producer loads the next tile's first slabs
+    while the consumers store this one.  ``a_slab(r, by, ko)`` / ``b_slab(r, bx, ko)`` /
+    ``c_out(r, by, bx)`` give the global regions.  The pipeline never drains, so the output
+    tile (``store_via_smem``) has shared memory of its own."""
+    if pdl:
+        pdl_sync()
+    A_shared = T.alloc_shared((tile.block_m, tile.block_k), smem_dtype)
+    B_shared = T.alloc_shared(b_tile, smem_dtype)
+    C_local = T.alloc_fragment((tile.block_m, tile.block_n), ACCUM)
+    C_shared = T.alloc_shared((tile.block_m, tile.block_n), out_dtype) if tile.store_via_smem else None
+    emit_names(A_s=A_shared, B_s=B_shared, C_l=C_local)
+    if tile.store_via_smem:
+        emit_names(C_s=C_shared)
+    for it in T.Pipelined(steps * num_k, num_stages=tile.num_stages):
+        ko = it % num_k
+        r, by, bx = tile_of(it // num_k)
+        T.copy(a_slab(r, by, ko), A_shared)
+        T.copy(b_slab(r, bx, ko), B_shared)
+        T.gemm(A_shared, B_shared, C_local, policy=tile.policy, clear_accum=ko == 0)
+        if ko == num_k - 1:
+            store_tile(C_local, c_out(r, by, bx), out_dtype, tile, C_shared)
+
+
+def _persistent_walk(pid, ctas: int, R: int, gx: int, gy: int, panel: int, rfast: bool):
+    """(number of tiles, tile_of) of persistent CTA ``pid`` among ``ctas``: tiles pid,
+    pid + ctas, ... of the grid kernel's order (r slowest, TileLang's rasterisation within a
+    product; ``rfast``: r fastest, row-major, the cache-aware ablation)."""
+    tiles = R * gx * gy
+
+    def tile_of(q):
+        t = q * ctas + pid
+        if rfast:
+            g = t // R
+            return t % R, g // gx, g % gx
+        by, bx = raster(t % (gx * gy), gx, gy, panel)
+        return t // (gx * gy), by, bx
+
+    return T.ceildiv(tiles - pid, ctas), tile_of
+
+
+def _check_cluster_grid(gy: int, panel: int) -> None:
+    """A 2-CTA cluster grid runs x over the gy tile rows (clusters pair neighbours in x), and
+    TileLang's cluster-aware rasterisation swizzles whole clusters: gy and ``panel`` must be
+    even."""
+    if gy % 2:
+        raise NotSupportedYet(f"cluster=2 pairs vertically adjacent tiles and needs an even "
+                              f"number of tile rows, not {gy} (use cluster=1 or another block_m)")
+    if panel % 2:
+        raise NotSupportedYet(f"cluster=2 rasterises whole clusters and needs an even swizzle "
+                              f"panel, not {panel}")
+
+
+# ----------------------------------------------------------------------------------------------
+def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = "sm_90a",
+               bt_shape: tuple[int, int] | None = None, ctas: int = 0):
+    """C = A·B; ``bt_shape`` (Nb, Kb): B given transposed, Bt [Nb, Kb] K-major (TF32 wgmma
+    for float32 on sm_90a reads both operands K-major; TileLang picks wgmma only for tf32
+    tiles).  ``ctas`` > 0: a persistent grid of that many CTAs (``_persistent_tiles``)."""
+    tile = GemmTile.of(cfg, dtype)
+    block_m, block_n, block_k = tile.block_m, tile.block_n, tile.block_k
+    kmajor = bt_shape is not None
+    smem_dtype = T.tfloat32 if (kmajor and dtype == "float32") else dtype
+    b_dims = bt_shape if kmajor else (K, N)
+    b_tile = (block_n, block_k) if kmajor else (block_k, block_n)
+    pdl = uses_pdl(arch)
+
+    @T.macro
+    def body(A, B, C, bx, by, multicast_b: bool = False):
+        _gemm_tile(lambda ko: A[by * block_m, ko * block_k],
+                   (lambda ko: B[bx * block_n, ko * block_k]) if kmajor
+                   else (lambda ko: B[ko * block_k, bx * block_n]),
+                   C[by * block_m, bx * block_n], dtype, smem_dtype, b_tile, tile,
+                   T.ceildiv(K, block_k), kmajor, pdl, True, multicast_b)
+
+    if kmajor:
+        @T.prim_func
+        def lcmac_gemm_t(A: T.Tensor(extents(M, K), dtype), Bt: T.Tensor(extents(*b_dims), dtype),
+                         C: T.Tensor(extents(M, N), dtype)):
+            with T.Kernel(T.ceildiv(N, block_n), T.ceildiv(M, block_m), threads=cfg.threads) as (bx, by):
+                body(A, Bt, C, bx, by)
+        return lcmac_gemm_t
+
+    if ctas:
+        gx, gy = -(-N // block_n), -(-M // block_m)
+        num_ctas = min(ctas, gx * gy)
+
+        @T.prim_func
+        def lcmac_gemm_p(A: T.Tensor(extents(M, K), dtype), B: T.Tensor(extents(*b_dims), dtype),
+                         C: T.Tensor(extents(M, N), dtype)):
+            with T.Kernel(num_ctas, threads=cfg.threads) as pid:
+                steps, tile_of = _persistent_walk(pid, num_ctas, 1, gx, gy, cfg.swizzle, False)
+                _persistent_tiles(
+                    lambda r, by, ko: A[by * block_m:(by + 1) * block_m, ko * block_k:(ko + 1) * block_k],
+                    lambda r, bx, ko: B[ko * block_k:(ko + 1) * block_k, bx * block_n:(bx + 1) * block_n],
+                    lambda r, by, bx: C[by * block_m:(by + 1) * block_m, bx * block_n:(bx + 1) * block_n],
+                    tile_of, steps, dtype, smem_dtype, b_tile, tile, T.ceildiv(K, block_k), pdl)
+        return lcmac_gemm_p
+
+    if cfg.cluster == 2:
+        _check_cluster_grid(-(-M // block_m), cfg.swizzle)
+
+        @T.prim_func
+        def lcmac_gemm_c(A: T.Tensor(extents(M, K), dtype), B: T.Tensor(extents(*b_dims), dtype),
+                         C: T.Tensor(extents(M, N), dtype)):
+            # grid x runs over tile rows: a cluster is two vertically adjacent tiles
+            with T.ClusterKernel(T.ceildiv(M, block_m), T.ceildiv(N, block_n), threads=cfg.threads,
+                                 cluster_dims=(2, 1, 1)) as (by, bx):
+                body(A, B, C, bx, by, True)
+        return lcmac_gemm_c
+
+    @T.prim_func
+    def lcmac_gemm(A: T.Tensor(extents(M, K), dtype), B: T.Tensor(extents(*b_dims), dtype),
+                   C: T.Tensor(extents(M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_n), T.ceildiv(M, block_m), threads=cfg.threads) as (bx, by):
+            body(A, B, C, bx, by)
+    return lcmac_gemm
+
+
+# ----------------------------------------------------------------------------------------------
+def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = False,
+                 arch: str = "sm_90a", ctas: int = 0, views: dict | None = None):
+    """H_r = Ã_r · B̃_r for every r.  cache_aware=True: r is the slowest grid index, so the CTAs
+    resident together work on the same product and share its Ã_r / B̃_r panels in L2;
+    False (the ablation): r varies fastest, so neighbouring CTAs read R different panels.
+    kmajor_b: B̃ stored [R, Nb, Kb] (TF32 wgmma for float32 on sm_90a).  ``ctas`` > 0: a
+    persistent grid of that many CTAs walking the same order (``_persistent_tiles``).
+    ``views`` ({"A"/"B": {r: input slot}}, ``CudaConfig.direct_views``): those products read
+    their operand from A / B in place.  That side is then written against one [R, rows, Q,
+    cols] tensor indexed by r alone, whose descriptor the build splits into the input's and
+    the workspace's, each TMA load picking one from a table (``targets.cuda.view_loads``; a
+    select chain over r here cost the producer thread more than a k step takes, 49 products
+    deep).  The kernel then also takes A and/or B (after H), for that second descriptor."""
+    tile = GemmTile.of(cfg, dtype)
+    block_m, block_n, block_k = tile.block_m, tile.block_n, tile.block_k
+    R, Mb, Nb, Kb = blk.R, blk.Mb, blk.Nb, blk.Kb
+    gx, gy = -(-Nb // block_n), -(-Mb // block_m)
+    # TileLang picks wgmma only for tf32 tiles
+    smem_dtype = T.tfloat32 if (kmajor_b and dtype == "float32") else dtype
+    view_a, view_b = bool((views or {}).get("A")), bool((views or {}).get("B"))
+    a_shape = (R, Mb, blk.k, Kb) if view_a else (R, Mb, Kb)
+    b_shape = (R, Kb, blk.n, Nb) if view_b else (R, Nb, Kb) if kmajor_b else (R, Kb, Nb)
+    b_tile = (block_n, block_k) if kmajor_b else (block_k, block_n)
+    rfast = not kmajor_b and not cfg.cache_aware
+    pdl = uses_pdl(arch)
+    if cfg.cluster == 2:
+        # the cache-aware order (r the slowest grid index); grid x runs over tile rows
+        _check_cluster_grid(gy, cfg.swizzle)
+
+    def a_slab(At, r, by, ko):
+        if view_a:
+            return At[r, by * block_m:(by + 1) * block_m, 0, ko * block_k:(ko + 1) * block_k]
+        return At[r, by * block_m:(by + 1) * block_m, ko * block_k:(ko + 1) * block_k]
+
+    def b_slab(Bt, r, bx, ko):
+        if view_b:
+            return Bt[r, ko * block_k:(ko + 1) * block_k, 0, bx * block_n:(bx + 1) * block_n]
+        if kmajor_b:
+            return Bt[r, bx * block_n:(bx + 1) * block_n, ko * block_k:(ko + 1) * block_k]
+        return Bt[r, ko * block_k:(ko + 1) * block_k, bx * block_n:(bx + 1) * block_n]
+
+    @T.macro
+    def h_tile(At, Bt, H, bx, by, bz, swizzle, multicast_b: bool = False):
+        _gemm_tile(lambda ko: a_slab(At, bz, by, ko), lambda ko: b_slab(Bt, bz, bx, ko),
+                   H[bz, by * block_m:(by + 1) * block_m, bx * block_n:(bx + 1) * block_n], dtype,
+                   smem_dtype, b_tile, tile, T.ceildiv(Kb, block_k), kmajor_b, pdl, swizzle,
+                   multicast_b)
+
+    num_ctas = min(ctas, R * gx * gy)
+
+    @T.macro
+    def kernel(At, Bt, H):
+        if ctas:
+            with T.Kernel(num_ctas, threads=cfg.threads) as pid:
+                steps, tile_of = _persistent_walk(pid, num_ctas, R, gx, gy, cfg.swizzle, rfast)
+                _persistent_tiles(
+                    lambda r, by, ko: a_slab(At, r, by, ko), lambda r, bx, ko: b_slab(Bt, r, bx, ko),
+                    lambda r, by, bx: H[r, by * block_m:(by + 1) * block_m, bx * block_n:(bx + 1) * block_n],
+                    tile_of, steps, dtype, smem_dtype, b_tile, tile, T.ceildiv(Kb, block_k), pdl)
+        elif cfg.cluster == 2:
+            with T.ClusterKernel(gy, gx, R, threads=cfg.threads, cluster_dims=(2, 1, 1)) as (by, bx, bz):
+                h_tile(At, Bt, H, bx, by, bz, True, True)
+        elif rfast:
+            # r fastest (the ablation); no rasterisation, which would remap bxr and undo it
+            with T.Kernel(gx * R, gy, threads=cfg.threads) as (bxr, by):
+                h_tile(At, Bt, H, bxr // R, by, bxr % R, False)
+        else:
+            with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
+                h_tile(At, Bt, H, bx, by, bz, True)
+
+    @T.prim_func
+    def lcmac_bgemm(At: T.Tensor(extents(*a_shape), dtype), Bt: T.Tensor(extents(*b_shape), dtype),
+                    H: T.Tensor(extents(R, Mb, Nb), dtype), A: T.Tensor(extents(blk.M, blk.K), dtype),
+                    B: T.Tensor(extents(blk.K, blk.N), dtype)):
+        kernel(At, Bt, H)
+
+    # A and B stay parameters only for the sides read in place (their second descriptor)
+    return keep_params(lcmac_bgemm, [0, 1, 2] + [3] * view_a + [4] * view_b)

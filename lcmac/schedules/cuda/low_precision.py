@@ -1,0 +1,291 @@
+"""The GEMM stage on narrower operands than the input (``CudaConfig.operands``).
+
+Scaled fp16 ("fp16", "fp16x2"): an amax pass over A and over B, combines writing Ã/B̃ scaled
+by a power of two (``combines.combine_ab``; fp16x2 also writes the lo halves), and
+
+    operand_amax      S[side] = max |X| over the finite elements (as float bits)
+    operand_scale     the power of two an operand is scaled by, built from S's exponent bits
+    scaled_gemm       H_r (or C) = Ã_r·B̃_r from scaled fp16 operands, the scales undone in
+                      the epilogue (fp16x2: hi·hi + 2⁻¹¹(hi·lo + lo·hi) per K step)
+
+FP8 ("fp8"): E4M3 with one float32 scale per 1×128 block along K.
+
+    fp8_combine       Combine A / B quantizing Ã (per row) and B̃ (per column, written
+                      K-major) to E4M3
+    fp8_gemm          H_r (or C) = Σ_kb sa·sb·(Ã_r·B̃_r over the kb-th 128 K), fp8 wgmma
+"""
+# (no `from __future__ import annotations`: TileLang evaluates the Tensor annotations)
+
+import tilelang.language as T
+from tilelang.cuda.language import pdl_sync
+
+from .common import ACCUM, GemmTile, emit_names, evaluate, extents, keep_params, unrolled, uses_pdl
+from .config import FP8_BLOCK, FP8_MAX, FP8_TINY, SCALED_TOP, SPLIT_SHIFT, Blocking, CudaConfig
+from .gemm import k_loop, store_tile
+
+#: storage type of scaled operands
+OPERAND_DTYPE = "float16"
+#: storage type of fp8 operands
+FP8 = "float8_e4m3"
+
+
+# ---- scaled fp16 operands --------------------------------------------------------------------
+def operand_scale(S, side: int, bound: int, inverse: bool):
+    """2**e (or 2**-e) for operand ``side`` (0: A side, 1: B side) as an exact float32 built
+    from bits: E = biased exponent of amax (S[side] holds its float bits, amax < 2**(E-126)),
+    e = SCALED_TOP + 126 − E − bound, clamped to [−126, 126] — config.scale_exponent."""
+    E = T.shift_right(S[side], 23)
+    e = T.max(T.min(SCALED_TOP + 126 - bound - E, 126), -126)
+    if inverse:
+        e = -e
+    return T.reinterpret(T.shift_left(e + 127, 23), "float32")
+
+
+def operand_amax(rows: int, cols: int, dtype: str, side: int, arch: str = "sm_90a",
+                 tile_rows: int = 16, tile_cols: int = 256, chunk: int = 8):
+    """S[side] = max(S[side], bits of max |X| over the finite elements) (S zeroed by the
+    entry point before).  Each CTA reduces a (chunk·tile_rows) × tile_cols strip: element-wise
+    maxima in registers, one block reduction, one atomic; |x| ≥ 0, so comparing float bits as
+    int32 orders them.  ±inf and NaN are left out: one inf would set a scale of 2⁻¹¹⁰ or so
+    and flush every finite operand to zero (silently wrong outputs); left out, they stay
+    inf/NaN in Ã/B̃ and reach only the outputs they reach in the native path."""
+    pdl = uses_pdl(arch)
+
+    @T.prim_func
+    def lcmac_amax(X: T.Tensor(extents(rows, cols), dtype), S: T.Tensor((2,), "int32")):
+        with T.Kernel(T.ceildiv(cols, tile_cols), T.ceildiv(rows, tile_rows * chunk),
+                      threads=256) as (bx, by):
+            if pdl:
+                pdl_sync()
+            tile_max = T.alloc_fragment((tile_rows, tile_cols), ACCUM)
+            row_max = T.alloc_fragment((tile_rows,), ACCUM)
+            amax = T.alloc_fragment((1,), ACCUM)
+            emit_names(F=tile_max, mx=row_max, m1=amax)
+            T.fill(tile_max, 0)
+            for c in T.serial(chunk):
+                for x, y in T.Parallel(tile_rows, tile_cols):
+                    r = (by * chunk + c) * tile_rows + x
+                    cc = bx * tile_cols + y
+                    v = T.abs(T.cast(X[r, cc], ACCUM))
+                    tile_max[x, y] = T.max(tile_max[x, y], T.if_then_else(
+                        T.And(T.And(r < rows, cc < cols), v < T.infinity(ACCUM)), v, T.float32(0)))
+            T.reduce_max(tile_max, row_max, dim=1)
+            T.reduce_max(row_max, amax, dim=0)
+            if T.get_thread_binding(0) == 0:
+                T.atomic_max(S[side], T.reinterpret(amax[0], "int32"))
+
+    return lcmac_amax
+
+
+def scaled_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, bounds: tuple[int, int],
+                direct: bool, arch: str = "sm_90a"):
+    """The GEMM stage on scaled fp16 operands: for every r, H_r = 2**-(eA+eB) · Ã_r·B̃_r in
+    fp32 ([R, Mb, Nb]), or C itself (``direct``: the plain GEMM, R = 1, C [M, N] in dtype).
+    fp16x2: every K step's products land in a fresh fragment (hi·lo + lo·hi, then hi·hi)
+    and are added into the fp32 accumulator by ordinary (round-to-nearest) adds: the tensor
+    cores' own fp32 accumulation over the whole K loses bits (docs/cuda-templates.md), so it
+    only ever sums one block_k-long slice.  r is the slowest grid index (cache-aware order)."""
+    tile = GemmTile.of(cfg, OPERAND_DTYPE)
+    block_m, block_n, block_k = tile.block_m, tile.block_n, tile.block_k
+    R, Mb, Nb, Kb = blk.R, blk.Mb, blk.Nb, blk.Kb
+    gx, gy = -(-Nb // block_n), -(-Mb // block_m)
+    split = cfg.operands == "fp16x2"
+    op_dtype = OPERAND_DTYPE
+    out_shape = (blk.M, blk.N) if direct else (R, Mb, Nb)
+    out_dtype = dtype if direct else ACCUM
+    pdl = uses_pdl(arch)
+    bound_a, bound_b = bounds
+
+    @T.macro
+    def h_tile(At, Al, Bt, Bl, S, out, bx, by, bz):
+        A_shared = T.alloc_shared((block_m, block_k), op_dtype)
+        B_shared = T.alloc_shared((block_k, block_n), op_dtype)
+        C_local = T.alloc_fragment((block_m, block_n), ACCUM)
+        emit_names(A_s=A_shared, B_s=B_shared, C_h=C_local)
+        if split:
+            A_lo_shared = T.alloc_shared((block_m, block_k), op_dtype)
+            B_lo_shared = T.alloc_shared((block_k, block_n), op_dtype)
+            C_step = T.alloc_fragment((block_m, block_n), ACCUM)
+            emit_names(Al_s=A_lo_shared, Bl_s=B_lo_shared, C_t=C_step)
+        T.use_swizzle(panel_size=max(tile.swizzle, 1), enable=tile.swizzle > 0)
+        a_slab = lambda X, ko: X[bz, by * block_m:(by + 1) * block_m,  # noqa: E731
+                                 ko * block_k:(ko + 1) * block_k]
+        b_slab = lambda X, ko: X[bz, ko * block_k:(ko + 1) * block_k,  # noqa: E731
+                                 bx * block_n:(bx + 1) * block_n]
+        if split:
+            T.clear(C_local)
+            for ko in T.Pipelined(T.ceildiv(Kb, block_k), num_stages=tile.num_stages):
+                T.copy(a_slab(At, ko), A_shared)
+                T.copy(b_slab(Bt, ko), B_shared)
+                T.copy(a_slab(Al, ko), A_lo_shared)
+                T.copy(b_slab(Bl, ko), B_lo_shared)
+                T.gemm(A_shared, B_lo_shared, C_step, policy=tile.policy, clear_accum=True)
+                T.gemm(A_lo_shared, B_shared, C_step, policy=tile.policy)
+                for x, y in T.Parallel(block_m, block_n):
+                    C_local[x, y] = C_local[x, y] + C_step[x, y] * T.float32(2.0 ** -SPLIT_SHIFT)
+                T.gemm(A_shared, B_shared, C_step, policy=tile.policy, clear_accum=True)
+                for x, y in T.Parallel(block_m, block_n):
+                    C_local[x, y] = C_local[x, y] + C_step[x, y]
+        else:
+            k_loop(lambda ko: a_slab(At, ko), lambda ko: b_slab(Bt, ko), A_shared, B_shared, C_local,
+                   T.ceildiv(Kb, block_k), tile.num_stages, tile.policy, False)
+        inv = operand_scale(S, 0, bound_a, True) * operand_scale(S, 1, bound_b, True)
+        for x, y in T.Parallel(block_m, block_n):
+            C_local[x, y] = C_local[x, y] * inv
+        if direct:
+            store_tile(C_local, out[by * block_m, bx * block_n], out_dtype, tile)
+        else:
+            store_tile(C_local, out[bz, by * block_m:(by + 1) * block_m, bx * block_n:(bx + 1) * block_n],
+                       out_dtype, tile)
+
+    ops = extents(R, Mb, Kb), extents(R, Kb, Nb), extents(*out_shape)
+
+    @T.prim_func
+    def lcmac_sgemm(At: T.Tensor(ops[0], op_dtype), Al: T.Tensor(ops[0], op_dtype),
+                    Bt: T.Tensor(ops[1], op_dtype), Bl: T.Tensor(ops[1], op_dtype),
+                    S: T.Tensor((2,), "int32"), Out: T.Tensor(ops[2], out_dtype)):
+        with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
+            if pdl:
+                pdl_sync()
+            h_tile(At, Al, Bt, Bl, S, Out, bx, by, bz)
+
+    # the lo halves Al / Bl only for fp16x2
+    return keep_params(lcmac_sgemm, [0, 1, 2, 3, 4, 5] if split else [0, 2, 4, 5])
+
+
+# ---- FP8 operands: E4M3 with 1×128 block scales along K ---------------------------------------
+def fp8_scale_shapes(blk: Blocking, cfg: CudaConfig) -> dict:
+    """Scale buffers: SA [R, nkb, Mb'] (one per Ã row and K block), SB [R, nkb, Nb'] (one
+    per B̃ column and K block), rows padded to whole GEMM tiles so the GEMM never reads past
+    them (the padding's values only meet rows/columns that are never stored)."""
+    nkb = -(-blk.Kb // FP8_BLOCK)
+    mp = -(-blk.Mb // cfg.block_m) * cfg.block_m
+    np_ = -(-blk.Nb // cfg.block_n) * cfg.block_n
+    return {"SA": (blk.R, nkb, mp), "SB": (blk.R, nkb, np_)}
+
+
+@T.macro
+def _quantize_rows(F_local, amax_local, Xt, Sc, r, rows0, cols0, kb, nrows, ncols, rlim, clim):
+    """Quantize the fp32 tile F_local (nrows × 128 along K) row by row: Sc[r, kb, row] =
+    block amax / 448, Xt[r, row, col] = E4M3(F · 448 / amax) for the rows < rlim, cols < clim."""
+    T.reduce_absmax(F_local, amax_local, dim=1)
+    for x in T.Parallel(nrows):
+        amax_local[x] = T.max(amax_local[x], T.float32(FP8_TINY))
+    for x, y in T.Parallel(nrows, ncols):
+        if rows0 + x < rlim and cols0 + y < clim:
+            Xt[r, rows0 + x, cols0 + y] = T.cast(F_local[x, y] * (T.float32(FP8_MAX) / amax_local[x]), FP8)
+    for x in T.Parallel(nrows):
+        if rows0 + x < rlim:
+            Sc[r, kb, rows0 + x] = amax_local[x] * T.float32(1.0 / FP8_MAX)
+
+
+def fp8_combine(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
+    """Combine A (which="A": Ã [R, Mb, Kb] and SA, one scale per row and 128 K) or Combine B
+    ("B": B̃ written K-major, [R, Nb, Kb] — fp8 wgmma reads both operands K-major — and SB,
+    one scale per column and 128 K), quantized to E4M3 (fp8_scale_shapes).  A CTA stages one
+    128-wide K block × ``rows_per_cta`` output rows (A: 16 rows of Ã; B: 32 columns of B̃) of every input
+    block X_pq in shared memory, laid out [output row, K] (B transposed on the way, its reads
+    coalesced along N), then quantizes that block of all R outputs, each row by its amax."""
+    if which == "A":
+        P, Q, rows, cols, Rb, Cb = blk.m, blk.k, blk.M, blk.K, blk.Mb, blk.Kb
+        rows_per_cta, pad, out_shape = 16, 0, (blk.R, blk.Mb, blk.Kb)
+    else:
+        P, Q, rows, cols, Rb, Cb = blk.k, blk.n, blk.K, blk.N, blk.Kb, blk.Nb
+        rows_per_cta, pad, out_shape = 32, 2, (blk.R, blk.Nb, blk.Kb)    # +2: fewer bank conflicts
+    R, k_block = blk.R, FP8_BLOCK
+    # the CTA's tile of the input X
+    in_rows, in_cols = (rows_per_cta, k_block) if which == "A" else (k_block, rows_per_cta)
+    sc_shape = fp8_scale_shapes(blk, cfg)["SA" if which == "A" else "SB"]
+    pdl = uses_pdl(arch)
+
+    @T.macro
+    def body(X, Xt, Sc, bx, by):
+        if pdl:
+            pdl_sync()
+        X_shared = T.alloc_shared((P * Q, rows_per_cta, k_block + pad), dtype)
+        F_local = T.alloc_fragment((rows_per_cta, k_block), ACCUM)
+        amax_local = T.alloc_fragment((rows_per_cta,), ACCUM)
+        emit_names(S=X_shared, F=F_local, amax=amax_local)
+        for p in unrolled(P):
+            for q in unrolled(Q):
+                for x, y in T.Parallel(in_rows, in_cols):
+                    rr, cc = by * in_rows + x, bx * in_cols + y
+                    so, sk = (x, y) if which == "A" else (y, x)
+                    X_shared[p * Q + q, so, sk] = T.if_then_else(
+                        T.And(T.And(p * Rb + rr < rows, rr < Rb), T.And(q * Cb + cc < cols, cc < Cb)),
+                        X[p * Rb + rr, q * Cb + cc], T.cast(0, dtype))
+        for r in unrolled(R):
+            for o, k in T.Parallel(rows_per_cta, k_block):
+                ins = [T.cast(X_shared[i, o, k], ACCUM) for i in unrolled(P * Q)]
+                F_local[o, k] = evaluate(prog, ins)[r]
+            if which == "A":
+                _quantize_rows(F_local, amax_local, Xt, Sc, r, by * rows_per_cta, bx * k_block, bx,
+                               rows_per_cta, k_block, Rb, Cb)
+            else:
+                _quantize_rows(F_local, amax_local, Xt, Sc, r, bx * rows_per_cta, by * k_block, by,
+                               rows_per_cta, k_block, Cb, Rb)
+
+    grid = (T.ceildiv(Cb, in_cols), T.ceildiv(Rb, in_rows))
+    if which == "A":       # two signatures only for the scale buffer's name in the source
+        @T.prim_func
+        def lcmac_combine_fp8(X: T.Tensor(extents(rows, cols), dtype), Xt: T.Tensor(extents(*out_shape), FP8),
+                              SA: T.Tensor(extents(*sc_shape), ACCUM)):
+            with T.Kernel(*grid, threads=128) as (bx, by):
+                body(X, Xt, SA, bx, by)
+    else:
+        @T.prim_func
+        def lcmac_combine_fp8(X: T.Tensor(extents(rows, cols), dtype), Xt: T.Tensor(extents(*out_shape), FP8),
+                              SB: T.Tensor(extents(*sc_shape), ACCUM)):
+            with T.Kernel(*grid, threads=128) as (bx, by):
+                body(X, Xt, SB, bx, by)
+
+    return lcmac_combine_fp8
+
+
+def fp8_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, direct: bool, arch: str = "sm_90a"):
+    """The GEMM stage on E4M3 operands with 1×128 scales: for every 128-wide K slab, the
+    wgmma product lands in a fresh fp32 fragment and is added into the running sum times
+    SA[row]·SB[col] (the scales of that slab), so no scale is ever folded into an fp8 value.
+    Writes fp32 H [R, Mb, Nb], or C [M, N] in dtype (``direct``: the plain GEMM, R = 1)."""
+    tile = GemmTile.of(cfg, FP8)
+    block_m, block_n, block_k = tile.block_m, tile.block_n, tile.block_k
+    R, Mb, Nb, Kb = blk.R, blk.Mb, blk.Nb, blk.Kb
+    gx, gy = -(-Nb // block_n), -(-Mb // block_m)
+    scales = fp8_scale_shapes(blk, cfg)
+    out_shape = (blk.M, blk.N) if direct else (R, Mb, Nb)
+    out_dtype = dtype if direct else ACCUM
+    pdl = uses_pdl(arch)
+    num_k = -(-Kb // block_k)
+
+    @T.prim_func
+    def lcmac_fp8_gemm(At: T.Tensor(extents(R, Mb, Kb), FP8), Bt: T.Tensor(extents(R, Nb, Kb), FP8),
+                       SA: T.Tensor(extents(*scales["SA"]), ACCUM),
+                       SB: T.Tensor(extents(*scales["SB"]), ACCUM),
+                       Out: T.Tensor(extents(*out_shape), out_dtype)):
+        with T.Kernel(gx, gy, R, threads=cfg.threads) as (bx, by, bz):
+            if pdl:
+                pdl_sync()
+            A_shared = T.alloc_shared((block_m, block_k), FP8)
+            B_shared = T.alloc_shared((block_n, block_k), FP8)
+            SA_shared = T.alloc_shared((block_m,), ACCUM)
+            SB_shared = T.alloc_shared((block_n,), ACCUM)
+            C_step = T.alloc_fragment((block_m, block_n), ACCUM)
+            C_local = T.alloc_fragment((block_m, block_n), ACCUM)
+            emit_names(A_s=A_shared, B_s=B_shared, sa=SA_shared, sb=SB_shared, C_t=C_step, C_h=C_local)
+            T.use_swizzle(panel_size=max(tile.swizzle, 1), enable=tile.swizzle > 0)
+            T.clear(C_local)
+            for ko in T.Pipelined(num_k, num_stages=tile.num_stages):
+                T.copy(At[bz, by * block_m:(by + 1) * block_m, ko * block_k:(ko + 1) * block_k], A_shared)
+                T.copy(Bt[bz, bx * block_n:(bx + 1) * block_n, ko * block_k:(ko + 1) * block_k], B_shared)
+                T.copy(SA[bz, ko, by * block_m:(by + 1) * block_m], SA_shared)
+                T.copy(SB[bz, ko, bx * block_n:(bx + 1) * block_n], SB_shared)
+                T.gemm(A_shared, B_shared, C_step, transpose_B=True, policy=tile.policy, clear_accum=True)
+                for x, y in T.Parallel(block_m, block_n):
+                    C_local[x, y] = C_local[x, y] + C_step[x, y] * (SA_shared[x] * SB_shared[y])
+            if direct:
+                store_tile(C_local, Out[by * block_m, bx * block_n], out_dtype, tile)
+            else:
+                store_tile(C_local, Out[bz, by * block_m:(by + 1) * block_m, bx * block_n:(bx + 1) * block_n],
+                           out_dtype, tile)
+
+    return lcmac_fp8_gemm
