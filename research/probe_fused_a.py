@@ -314,7 +314,7 @@ def main():
     sys.path.insert(0, SCRIPTS)
     from bench_cuda import burst_and_sustained, probe_record
     from lcmac.schedules.cuda.config import Blocking, CudaConfig
-    from lcmac.schedules.cuda.kernels import batched_gemm
+    from lcmac.schedules.cuda.gemm import batched_gemm
     tgt = {"kind": "cuda", "arch": "sm_90a"}
     g = torch.Generator(device="cuda").manual_seed(0)
     A = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)

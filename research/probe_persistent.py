@@ -31,7 +31,7 @@ def persistent_bgemm(R: int, h: int, P: int, bm=128, bn=256, bk=64, stages=3, pa
                      via_smem=True):
     """H_r = At_r · Bt_r for all r; P CTAs, CTA pid takes tiles pid, pid + P, ... in the
     grid kernel's order (r slowest, TileLang's rasterization2DRow within a product)."""
-    from lcmac.schedules.cuda.kernels import _raster
+    from lcmac.schedules.cuda.common import raster as _raster
     gx, gy, nk = h // bn, h // bm, h // bk
     tiles = R * gx * gy
 
@@ -81,7 +81,7 @@ def main():
     sys.path.insert(0, SCRIPTS)
     from bench_cuda import burst_and_sustained, probe_record
     from lcmac.schedules.cuda.config import Blocking, CudaConfig
-    from lcmac.schedules.cuda.kernels import batched_gemm
+    from lcmac.schedules.cuda.gemm import batched_gemm
     tgt = {"kind": "cuda", "arch": "sm_90a"}
     P = args.sms or torch.cuda.get_device_properties(0).multi_processor_count
     g = torch.Generator(device="cuda").manual_seed(0)

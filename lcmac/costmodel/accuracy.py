@@ -114,7 +114,7 @@ def _e4m3(x: np.ndarray) -> np.ndarray:
 
 
 def _fp8_blocks(X: np.ndarray, axis: int) -> np.ndarray:
-    """The CUDA backend's fp8 operands (cuda_kernels.fp8_combine), dequantized: every 1×128
+    """The CUDA backend's fp8 operands (schedules.cuda.low_precision.fp8_combine), dequantized: every 1×128
     block along K (``axis``) scaled so its amax maps to 448, rounded to E4M3, and multiplied
     back by its float32 scale (the GEMM applies the scales to each 128-wide slab's fp32
     product; the order of those fp32 multiplies is below E4M3's rounding)."""
@@ -130,7 +130,7 @@ def _fp8_blocks(X: np.ndarray, axis: int) -> np.ndarray:
 
 
 def _f16x2_matmul(At: np.ndarray, Bt: np.ndarray, ea: int, eb: int) -> np.ndarray:
-    """The CUDA backend's fp16x2 GEMM stage (cuda_kernels.scaled_gemm), batched: operands
+    """The CUDA backend's fp16x2 GEMM stage (schedules.cuda.low_precision.scaled_gemm), batched: operands
     scaled by 2**ea / 2**eb (exact) and split into fp16 hi + 2**-11·lo halves; per 64-wide K
     slab the tensor cores sum hi·lo + lo·hi (modelled as exact, rounded to fp32 once per
     wgmma), it is added ×2**-11 into the fp32 accumulator, then hi·hi likewise; lo·lo is
@@ -162,7 +162,7 @@ def _f16x2_matmul(At: np.ndarray, Bt: np.ndarray, ea: int, eb: int) -> np.ndarra
 
 
 def _fp16x2_scales(A: np.ndarray, B: np.ndarray, la: int, lb: int) -> tuple[int, int]:
-    """The power-of-two exponents the kernels scale Ã and B̃ by (cuda_config.scale_exponent
+    """The power-of-two exponents the kernels scale Ã and B̃ by (schedules.cuda.config.scale_exponent
     of each input's amax and its combine bound)."""
     return (scale_exponent(float(np.abs(A).max()), la), scale_exponent(float(np.abs(B).max()), lb))
 

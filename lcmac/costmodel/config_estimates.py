@@ -169,7 +169,7 @@ def _cuda_misfits(target, dtype, f: dict, p, detail: dict) -> list[str]:
         r = onchip_fit(p, ops.gemm_dtype, {**f, "stages": f.get("stages", 3), "epilogue_smem": False})
         detail.update(r.to_dict())
         smem = r.onchip_bytes * ops.halves          # fp16x2: hi and lo slabs
-        # an output tile beside a pipeline that never drains (cuda_config decides which)
+        # an output tile beside a pipeline that never drains (schedules.cuda.config decides which)
         smem += persistent_tile_bytes(cuda_config_of(f), normalize_dtype(dtype))
         limit = GPU_SMEM_PER_CTA.get(p.name, p.onchip_per_unit)
         if not r.fits:
@@ -399,7 +399,7 @@ def combine_time(alg, M, N, K, dtype, p, *, fused_h: bool = False, operands: str
 
 def view_counts(target, dtype, shape, alg, f: dict) -> tuple[int, int]:
     """(Ã, B̃) operands the batched GEMM reads from A / B in place with config ``f`` on
-    ``target`` (``cuda_config.view_sides``; none on a bare profile, which has no arch)."""
+    ``target`` (``schedules.cuda.config.view_sides``; none on a bare profile, which has no arch)."""
     arch = getattr(target_object(target), "arch", None)
     if arch is None or f.get("fused"):
         return (0, 0)

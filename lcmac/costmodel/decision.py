@@ -213,7 +213,7 @@ def select(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
     the first in ``candidate_names`` order and list the others in its reason.
     ``operands``: the CUDA backend's operand mode ("native", "fp16", "fp16x2", "fp8"), priced
     for the GEMM and every LCMA alike (scaled operands: Algorithm 1 only; fp8: the schemes its
-    build takes, cuda_config.FP8_MAX_COMBINE).
+    build takes, schedules.cuda.config.FP8_MAX_COMBINE).
     ``max_error``: an error budget, as a multiple of the plain GEMM's error in this dtype.
     LCMAs that could be chosen are checked in order of predicted time
     (``accuracy.error_ratio``, the variant each is costed with) until one is within it; those

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from ..dtypes import ITEMSIZE, normalize_model_dtype
+from ..dtypes import normalize_model_dtype
 from ..errors import DTypeError, TargetError
 from ..targets import get_target
 

@@ -30,10 +30,6 @@ from ..schedules.cuda.config import Blocking, tma_reduce_why
 from ..schedules.registry import FAMILIES
 from ..targets import schedule_family as family
 
-# cost-model names the CUDA codegen tests read through this module
-from ..costmodel.config_estimates import target_profile as get_profile, view_counts  # noqa: F401
-_algorithm = algorithm_of
-
 
 # ---- enumeration ---------------------------------------------------------------------------
 def config_class(fam: str):
@@ -117,7 +113,7 @@ def default_space(fam: str, dtype: str, shape, algorithm=None, operands: str = "
                 out.append({**base, "fused": True, "overlap_epilogue": True, **sched})
             out.append({**base, "fused": False, "cache_aware": False})
             # the fused kernel with its Combine-H epilogue on the TMA engine, where the shape
-            # allows it (its C blocks whole multiples of the tile, cuda_config.tma_reduce_why)
+            # allows it (its C blocks whole multiples of the tile, schedules.cuda.config.tma_reduce_why)
             tr = {**base, "stages": 3, "fused": True, "tma_reduce": True}
             if _tma_reduce_fits(tr, dtype, shape, algorithm):
                 out.append(tr)
@@ -207,22 +203,3 @@ def ranked_space(target, dtype, algorithm, shape, *, profile=None, configs=None,
         ranked.append(Point(name, h, c, est["time_s"], est, k))
     ranked.sort(key=lambda pt: (pt.predicted_s, pt.key))
     return Space(ranked, pruned, source)
-
-
-def early_prune(space: Space, keep: int) -> list[Point]:
-    """The top ``keep`` of a ranked space, keeping variety: at most two configs that differ
-    only in the least important knob (pipeline stages / kc) among the first picks."""
-    out, groups = [], {}
-    for pt in space.ranked:
-        f = pt.config_dict()
-        g = tuple(sorted((k, str(v)) for k, v in f.items() if k not in ("stages", "kc")))
-        if groups.get(g, 0) >= 2:
-            continue
-        groups[g] = groups.get(g, 0) + 1
-        out.append(pt)
-        if len(out) >= keep:
-            break
-    if len(out) < keep:  # fill with the rest in model order
-        have = {pt.key for pt in out}
-        out += [pt for pt in space.ranked if pt.key not in have][: keep - len(out)]
-    return out

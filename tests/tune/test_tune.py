@@ -3,7 +3,6 @@ and the decision that prefers measurements.  CPU only and fast: a fake measure f
 stands in for real kernels (one small real CPU run is marked slow)."""
 import json
 import math
-import os
 import warnings
 
 import pytest
@@ -66,7 +65,7 @@ def test_tma_reduce_is_in_the_space_where_the_worker_builds_it():
 
 
 def test_configs_a_target_never_builds_are_pruned_by_name():
-    """cuda_config.arch_why: what sm_80's templates refuse for every shape (the persistent
+    """schedules.cuda.config.arch_why: what sm_80's templates refuse for every shape (the persistent
     unfused GEMM, clusters, the TMA epilogue, the overlapped persistent fused kernel)."""
     small = {"block_m": 128, "block_n": 128, "block_k": 32, "stages": 2, "threads": 256}
     for extra, words in (({"persistent": True, "fused": False}, "constant trip count"),

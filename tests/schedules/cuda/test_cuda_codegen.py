@@ -12,13 +12,14 @@ import shutil
 import subprocess
 import sys
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from lcmac.schedules.cuda.config import Blocking, CudaConfig, ceil_div
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(Path(__file__).resolve().parents[3])     # the repository
 
 
 def _have_tilelang() -> bool:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from lcmac.schedules.cuda.config import Blocking, CudaConfig
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(Path(__file__).resolve().parents[3])     # the repository
 TR = {"fused": True, "tma_reduce": True, "stages": 3}
 
 
@@ -23,8 +24,7 @@ def emulate_persistent(alg, M, N, K, cfg, units=132, seed=0):
     step → (group, product) map, rasterisation, first-write / read-modify-write decisions,
     workspace slots and fixup order.  C and the slots start as NaN, so a read of a value
     nothing wrote shows.  Returns (C, A @ B, plan); integer inputs make both exact."""
-    from lcmac.schedules.cuda.config import (combine_h_steps, first_in_piece, persistent_plan,
-                                             r_order, raster)
+    from lcmac.schedules.cuda.config import combine_h_steps, first_in_piece, persistent_plan, r_order, raster
     rng = np.random.default_rng(seed)
     A = rng.integers(-3, 4, (M, K)).astype(np.float64)
     B = rng.integers(-3, 4, (K, N)).astype(np.float64)
@@ -174,6 +174,7 @@ def test_default_stages_fit_the_arch_shared_memory():
     known, a config silent on ``stages`` gets the deepest pipeline that fits; an explicit
     value is kept (and checked after lowering: test_sm80_build_fits_shared_memory)."""
     from lcmac.schedules.cuda.config import SMEM_PER_CTA, persistent_tile_bytes, stage_bytes
+
     # sm_90a bf16: an LCMA's persistent GEMM stage (the default there) keeps its 64 KB output
     # tile beside the pipeline: 3 stages; asked for 4, it stays a grid kernel (which fits 4);
     # the plain GEMM (lcma=False) keeps the grid kernel
@@ -204,6 +205,7 @@ def test_operand_scale_keeps_every_combined_value_in_fp16_range():
     the largest |coefficient| sum) lands below 2**SCALED_TOP, so below fp16's 65504, for
     amax across float32's whole range; and 2**±e are normal floats."""
     import numpy as np
+
     from lcmac import ir
     from lcmac.schedules.cuda.config import SCALED_TOP, bound_exponent, scale_exponent
     for name in ("strassen", "winograd", "strassen^2", "laderman"):
@@ -228,6 +230,7 @@ def test_fp16x2_split_keeps_22_bits():
     where one fp16 keeps 2⁻¹¹; the product form used by the GEMM stage (hi·hi + 2⁻¹¹(hi·lo +
     lo·hi)) matches the float64 product to about 2⁻²²."""
     import numpy as np
+
     from lcmac.schedules.cuda.config import SCALED_TOP, SPLIT_SHIFT
     rng = np.random.default_rng(0)
     # |v| from fp16's smallest normal (2⁻¹⁴) to the top: 29 binades
@@ -420,17 +423,17 @@ def test_direct_views_refusals_and_auto():
 
 
 def test_view_counts_price_the_unwritten_operands():
-    from lcmac.tune import space
+    from lcmac.costmodel import config_estimates as est
     cfg = {"fused": False, "stages": 3}
-    alg = space._algorithm("winograd")
-    assert space.view_counts("cuda-sm90a", "bfloat16", (4096,) * 3, alg, cfg) == (3, 3)
-    assert space.view_counts("cuda-sm90a", "bfloat16", (4000,) * 3, alg, cfg) == (0, 0)   # not whole tiles
-    assert space.view_counts("cuda-sm80", "bfloat16", (4096,) * 3, alg, cfg) == (0, 0)
-    assert space.view_counts("cuda-sm90a", "bfloat16", (4096,) * 3, alg, {**cfg, "direct_views": "b"}) == (0, 3)
-    on = space.estimate("cuda-sm90a", "bfloat16", (4096,) * 3, "winograd", cfg)
-    off = space.estimate("cuda-sm90a", "bfloat16", (4096,) * 3, "winograd", {**cfg, "direct_views": "none"})
+    alg = est.algorithm_of("winograd")
+    assert est.view_counts("cuda-sm90a", "bfloat16", (4096,) * 3, alg, cfg) == (3, 3)
+    assert est.view_counts("cuda-sm90a", "bfloat16", (4000,) * 3, alg, cfg) == (0, 0)   # not whole tiles
+    assert est.view_counts("cuda-sm80", "bfloat16", (4096,) * 3, alg, cfg) == (0, 0)
+    assert est.view_counts("cuda-sm90a", "bfloat16", (4096,) * 3, alg, {**cfg, "direct_views": "b"}) == (0, 3)
+    on = est.estimate("cuda-sm90a", "bfloat16", (4096,) * 3, "winograd", cfg)
+    off = est.estimate("cuda-sm90a", "bfloat16", (4096,) * 3, "winograd", {**cfg, "direct_views": "none"})
     # 3 of 7 Ã and B̃ blocks (2048² bf16) not written
-    p = space.get_profile("cuda-sm90a")
+    p = est.target_profile("cuda-sm90a")
     assert off["combine_s"] - on["combine_s"] == pytest.approx(6 * 2048 * 2048 * 2 / p.achievable_bw())
 
 

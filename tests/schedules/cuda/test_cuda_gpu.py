@@ -14,10 +14,11 @@ import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(Path(__file__).resolve().parents[3])     # the repository
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
