@@ -2,8 +2,8 @@
 
 Per call shape (M, N, K) and dtype, ``lcmac.tune.decide_by_measurement`` picks the vendor
 GEMM (numpy's BLAS / torch.matmul = cuBLAS), lcmac's plain GEMM or an LCMA, preferring
-logged measurements over the model (issue: "the runtime's automatic choice ... falls back to
-plain GEMM when no LCMA is predicted or measured to win").  The chosen lcmac kernel comes
+logged measurements over the model, and falls back to the plain GEMM when no LCMA is
+predicted or measured to win.  The chosen lcmac kernel comes
 from an artifact in ``artifacts`` (indexed by its manifest: algorithm, shape, dtype,
 target); with ``build=True`` a missing one is compiled there first (needs the compilers:
 apache-tvm for CPU targets, TileLang and nvcc for CUDA; tested on an H100 with CUDA

@@ -17,7 +17,8 @@ The layers, lowest first (a module may import its own layer and any lower one):
     artifact   build, manifest, tuning log
     runtime    loaders (no compiler)
     tune       the tuner and the measured decision
-    app        lcmac.auto (dispatch), the CLI, the package itself
+    app        lcmac.auto (dispatch), lcmac.matmul and the torch op (ops), lcmac.nn, the CLI,
+               the package itself
 
 ``ALLOWED_UPWARD`` lists the upward imports that are allowed, each with its reason; at most
 ``MAX_UPWARD_ARROWS`` (layer, layer) pairs.
@@ -37,7 +38,8 @@ LAYER_OF = {
     "lcmac.errors": "base", "lcmac.dtypes": "base", "lcmac.shapes": "base", "lcmac.version": "base",
     "lcmac.ir": "ir", "lcmac.costmodel": "costmodel", "lcmac.schedules": "schedules",
     "lcmac.targets": "targets", "lcmac.artifact": "artifact", "lcmac.runtime": "runtime",
-    "lcmac.tune": "tune", "lcmac.dispatch": "app", "lcmac.cli": "app", "lcmac.__main__": "app",
+    "lcmac.tune": "tune", "lcmac.dispatch": "app", "lcmac.ops": "app", "lcmac.nn": "app",
+    "lcmac.cli": "app", "lcmac.__main__": "app",
     "lcmac": "app",
 }
 
