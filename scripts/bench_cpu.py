@@ -155,20 +155,7 @@ def main(argv=None) -> int:
             fns.append((name, lcmac.load(p)))
         tb = time.perf_counter() - t0
         cfgs = {n: f.manifest.config for n, f in fns}
-        rng = np.random.default_rng(0)
-        A = rng.standard_normal((M, K), dtype=np.float32)
-        B = rng.standard_normal((K, N), dtype=np.float32)
-        C = np.empty((M, N), np.float32)
-        ref = A.astype(np.float64) @ B.astype(np.float64)
-        errs = {}
-        for name, f in fns:
-            f(A, B, out=C)
-            errs[name] = float(np.linalg.norm(C - ref) / np.linalg.norm(ref))
-        del ref
-        def np_call():
-            np.matmul(A, B, out=C)
-        calls = [("numpy", np_call)] + [(n, (lambda f=f: f(A, B, out=C))) for n, f in fns]
-        runs = interleaved(calls, args.rounds, args.pause)
+        runs, errs = time_against_numpy((M, N, K), "float32", fns, args.rounds, args.pause)
         flops = 2.0 * M * N * K
         base = float(np.median(runs["numpy"]))
         print(f"\n{label}: M={M} N={N} K={K}  (builds {tb:.1f} s)")
@@ -192,6 +179,30 @@ def main(argv=None) -> int:
                     "templates' defaults for each shape (see each variant's config)"),
         "results": results})
     return 0
+
+
+def time_against_numpy(shape, dtype: str, fns, rounds: int, pause: float):
+    """Random normal A, B of ``shape`` = (M, N, K); each (name, f) in ``fns`` and numpy timed in
+    interleaved rounds.  Returns (seconds per round by name, relative error against float64 by
+    name, numpy's included)."""
+    import numpy as np              # after main() set the thread count OpenBLAS reads at import
+    M, N, K = shape
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((M, K)).astype(dtype)
+    B = rng.standard_normal((K, N)).astype(dtype)
+    C = np.empty((M, N), dtype)
+    ref = A.astype(np.float64) @ B.astype(np.float64)
+    nref = float(np.linalg.norm(ref))
+    errs = {"numpy": float(np.linalg.norm(A @ B - ref) / nref)}
+    for name, f in fns:
+        f(A, B, out=C)
+        errs[name] = float(np.linalg.norm(C - ref) / nref)
+    del ref
+
+    def np_call():
+        np.matmul(A, B, out=C)
+    calls = [("numpy", np_call)] + [(n, (lambda f=f: f(A, B, out=C))) for n, f in fns]
+    return interleaved(calls, rounds, pause), errs
 
 
 def interleaved(calls, rounds: int, pause: float) -> dict[str, list[float]]:
@@ -280,25 +291,8 @@ def bench_artifacts(args) -> int:
     print(f"# numpy {np.__version__}, median of {args.rounds} interleaved rounds, {args.pause}s pause")
     results = []
     for (M, N, K, dtype), fns in groups.items():
-        rng = np.random.default_rng(0)
-        A = rng.standard_normal((M, K)).astype(dtype)
-        B = rng.standard_normal((K, N)).astype(dtype)
-        C = np.empty((M, N), dtype)
-        ref = A.astype(np.float64) @ B.astype(np.float64)
-        nref = float(np.linalg.norm(ref))
-        errs = {"numpy": float(np.linalg.norm(A @ B - ref) / nref)}
-        labels = []
-        for m, f in fns:
-            label = m.stem
-            f(A, B, out=C)
-            errs[label] = float(np.linalg.norm(C - ref) / nref)
-            labels.append((label, f))
-        del ref
-
-        def np_call():
-            np.matmul(A, B, out=C)
-        calls = [("numpy", np_call)] + [(lb, (lambda f=f: f(A, B, out=C))) for lb, f in labels]
-        runs = interleaved(calls, args.rounds, args.pause)
+        runs, errs = time_against_numpy((M, N, K), dtype, [(m.stem, f) for m, f in fns],
+                                        args.rounds, args.pause)
         flops = 2.0 * M * N * K
         base = float(np.median(runs["numpy"]))
         print(f"\n{dtype} M={M} N={N} K={K}")
