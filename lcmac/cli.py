@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 
+from .artifact import cache as kcache
 from .artifact.build import build
 from .artifact.manifest import Manifest
 from .artifact.tuning_log import TuningDB
@@ -41,7 +42,8 @@ from .tune.llm_shapes import llm_cpu_shapes, llm_shapes
 from .version import __version__
 
 JSON_SCHEMAS = {"list": "lcmac-list/1", "show": "lcmac-show/1", "verify": "lcmac-verify/1",
-                "select": "lcmac-select/1"}
+                "select": "lcmac-select/1", "cache-info": "lcmac-cache-info/1",
+                "cache-list": "lcmac-cache-list/1"}
 GRID_HELP = ("MxKxN: an algorithm's grid <m,k,n>, an m×k block of A times a k×n block of B "
              "(e.g. 2x2x3)")
 
@@ -400,6 +402,67 @@ def cmd_tune(args) -> int:
     return 0 if results and all(r.best is not None for r in results) else 1
 
 
+# ---- cache ------------------------------------------------------------------------------------
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def cmd_cache_info(args) -> int:
+    inf = kcache.info(args.dir)
+    if args.json:
+        _dump("cache-info", inf)
+        return 0
+    state = "" if inf["exists"] else "  (not created yet)"
+    print(f"kernel cache  {inf['dir']}{state}")
+    print(f"entries       {inf['entries']}")
+    print(f"size          {_size(inf['bytes'])}")
+    print("set by        " + ("--dir" if args.dir else "LCMAC_CACHE_DIR (its kernels/ subdirectory)"
+                              if os.environ.get("LCMAC_CACHE_DIR") else
+                              "default (LCMAC_CACHE_DIR sets it)"))
+    return 0
+
+
+def cmd_cache_list(args) -> int:
+    es = kcache.entries(args.dir)
+    if args.json:
+        _dump("cache-list", {"dir": str(kcache.cache_dir(args.dir)), "entries": [
+            {"key": e.key, "algorithm": e.algorithm, "target": e.target, "dtype": e.dtype,
+             "shape_rule": e.shape_rule, "config": e.config, "lcmac_version": e.lcmac_version,
+             "created": e.created, "bytes": e.bytes, "ok": e.ok,
+             "manifest": str(e.manifest) if e.manifest else None} for e in es]})
+        return 0
+    if not es:
+        print(f"the kernel cache {kcache.cache_dir(args.dir)} holds no kernels")
+        return 0
+    rows = [[e.algorithm, e.target, e.dtype, e.shape_rule, _size(e.bytes), e.created.replace("T", " ")[:16],
+             e.key[:12] + ("" if e.ok else "  (damaged: rebuilt on next use)")] for e in es]
+    print(_table(rows, ["algorithm", "target", "dtype", "shape rule", "size", "created (UTC)", "key"]))
+    return 0
+
+
+def cmd_cache_clear(args) -> int:
+    inf = kcache.info(args.dir)
+    if not inf["exists"] or (inf["entries"] == 0 and inf["bytes"] == 0):
+        print(f"the kernel cache {inf['dir']} is empty")
+        return 0
+    what = f"{inf['entries']} kernels ({_size(inf['bytes'])}) from {inf['dir']}"
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print(f"lcmac cache clear: this would remove {what}; pass --yes to do it",
+                  file=sys.stderr)
+            return 2
+        if input(f"remove {what}? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 1
+    r = kcache.clear(args.dir)
+    print(f"removed {r['entries']} kernels ({_size(r['bytes'])}) from {inf['dir']}")
+    return 0
+
+
 # ---- the command line ----------------------------------------------------------------------
 TARGET_NAMES = ", ".join(TARGETS)
 DTYPE_HELP = (f"element type: {', '.join(CANONICAL)}, or an alias (bf16, fp16, fp32, fp64, "
@@ -560,12 +623,45 @@ def _add_tune(sub) -> None:
     s.set_defaults(func=cmd_tune)
 
 
+def _add_cache(sub) -> None:
+    s = sub.add_parser("cache", help="the kernel cache: where it is, what it holds, clear it",
+                       description="Kernels compiled on first use (lcmac.auto(build=True), "
+                                   "lcmac.artifact.cache.cached_build) live in the kernel cache: "
+                                   "$LCMAC_CACHE_DIR/kernels, else $XDG_CACHE_HOME/lcmac/kernels, "
+                                   "else ~/.cache/lcmac/kernels; one directory per key (algorithm, "
+                                   "target, dtype, shape rule, config, lcmac and compiler "
+                                   "versions). See docs/cache.md.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dir", default=None, metavar="DIR",
+                        help="the cache directory itself (default: as above)")
+    ops = s.add_subparsers(dest="cache_command", metavar="ACTION")
+    i = ops.add_parser("info", parents=[common], help="where the cache is, its entries and bytes",
+                       description="The cache directory, its number of entries and its size on "
+                                   "disk.")
+    i.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-cache-info/1)")
+    i.set_defaults(func=cmd_cache_info)
+    ls = ops.add_parser("list", parents=[common], help="the cached kernels, oldest first",
+                        description="One row per cached kernel: algorithm, target, dtype, shape "
+                                    "rule (exact:MxNxK = that one shape), size, date built and "
+                                    "the key's first digits.")
+    ls.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-cache-list/1)")
+    ls.set_defaults(func=cmd_cache_list)
+    c = ops.add_parser("clear", parents=[common], help="remove every cached kernel",
+                       description="Remove every cached kernel; they are compiled again on next "
+                                   "use. A build in progress in another process completes. "
+                                   "Asks first unless --yes.")
+    c.add_argument("--yes", "-y", action="store_true", help="do not ask (needed when not on a terminal)")
+    c.set_defaults(func=cmd_cache_clear)
+    s.set_defaults(func=lambda args: (s.print_help(), 2)[1])
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lcmac", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"lcmac {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_list, _add_show, _add_verify, _add_select, _add_build, _add_tune):
+    for add in (_add_list, _add_show, _add_verify, _add_select, _add_build, _add_tune,
+                _add_cache):
         add(sub)
     return p
 

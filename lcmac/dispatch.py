@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .artifact.build import build as build_artifact
+from .artifact.cache import cached_build
 from .artifact.manifest import Manifest
 from .costmodel.decision import check_error_budget
 from .dtypes import normalize_dtype
@@ -53,13 +54,15 @@ def _is_cuda(x) -> bool:
 
 class AutoMatmul:
     """``C = mm(A, B[, out=C])`` for any 2-D shape: vendor GEMM, lcmac GEMM or an LCMA per
-    shape (module doc).  ``target``: an lcmac target name for the kernels (default: this
-    CPU's for numpy/CPU tensors, ``cuda`` for CUDA tensors).  ``logs``: a tuning-log
-    directory (default the project's / ``LCMAC_TUNING_LOGS``).  ``max_error``: an error
-    budget as a multiple of the plain GEMM's error; LCMAs predicted over it are never chosen
-    (``lcmac.costmodel.accuracy``; bf16 Strassen ~3.5×, Strassen² ~7×).  ``regime``:
-    "sustained" decides on the tuning log's sustained records (a GPU at its power cap in a
-    long job; ``lcmac tune --sustained``), "burst" (default) on the ordinary ones."""
+    shape (module doc).  ``artifacts``: a directory of artifacts (None: none; with
+    ``build=True`` the kernel cache serves them).  ``target``: an lcmac target name for the
+    kernels (default: this CPU's for numpy/CPU tensors, ``cuda`` for CUDA tensors).
+    ``logs``: a tuning-log directory (default the project's / ``LCMAC_TUNING_LOGS``).
+    ``max_error``: an error budget as a multiple of the plain GEMM's error; LCMAs predicted
+    over it are never chosen (``lcmac.costmodel.accuracy``; bf16 Strassen ~3.5×, Strassen²
+    ~7×).  ``regime``: "sustained" decides on the tuning log's sustained records (a GPU at
+    its power cap in a long job; ``lcmac tune --sustained``), "burst" (default) on the
+    ordinary ones."""
 
     def __init__(self, artifacts=None, *, target: str | None = None, logs=None,
                  build: bool = False, vendor: bool = True, max_error: float | None = None,
@@ -119,13 +122,17 @@ class AutoMatmul:
         else:
             art = self._artifact(dec.algorithm, shape, d, tgt)
             if art is None and self.build:
-                out = self.artifacts or Path.home() / ".cache" / "lcmac" / "artifacts"
-                art = Path(build_artifact(dec.algorithm, tgt, d, shape, out_dir=str(out)))
-                self._index = None          # rescan: the new manifest
+                if self.artifacts is None:        # the kernel cache: compiled once, then loaded
+                    art = cached_build(dec.algorithm, tgt, d, shape).manifest
+                else:
+                    art = Path(build_artifact(dec.algorithm, tgt, d, shape, out_dir=str(self.artifacts)))
+                    self._index = None          # rescan: the new manifest
             if art is None:
+                where = (f"in {self.artifacts}" if self.artifacts is not None else
+                         "given (no artifacts directory)")
                 why = (f"vendor GEMM: {dec.algorithm} was chosen ({dec.describe()}) but no "
-                       f"artifact for {dec.algorithm} {tgt} {d} {M}x{N}x{K} is in "
-                       f"{self.artifacts} (build it with `lcmac build`, or pass build=True)")
+                       f"artifact for {dec.algorithm} {tgt} {d} {M}x{N}x{K} is {where} (build "
+                       f"it with `lcmac build`, or pass build=True)")
                 p = Plan(shape, d, "vendor", None, dec, why)
             else:
                 p = Plan(shape, d, dec.algorithm, art, dec, dec.describe())

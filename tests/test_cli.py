@@ -118,3 +118,33 @@ def test_console_script_runs():
     out = subprocess.run([sys.executable, "-m", "lcmac.cli", "--version"], capture_output=True,
                          text=True, check=True)
     assert out.stdout.startswith("lcmac ")
+
+
+def test_cache_commands_on_an_empty_cache(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("LCMAC_CACHE_DIR", str(tmp_path))
+    code, out, _ = run(capsys, "cache", "info")
+    assert code == 0 and str(tmp_path / "kernels") in out and "entries       0" in out
+    code, out, _ = run(capsys, "cache", "info", "--json")
+    doc = json.loads(out)
+    assert doc["schema"] == "lcmac-cache-info/1" and doc["entries"] == 0
+    assert doc["dir"] == str(tmp_path / "kernels")
+    code, out, _ = run(capsys, "cache", "list", "--json")
+    assert json.loads(out) == {"schema": "lcmac-cache-list/1", "dir": str(tmp_path / "kernels"),
+                               "entries": []}
+    assert run(capsys, "cache", "clear")[0] == 0
+    code, out, _ = run(capsys, "cache")                     # no action: the help, exit 2
+    assert code == 2 and "info" in out and "clear" in out
+
+
+def test_cache_clear_asks_first(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("LCMAC_CACHE_DIR", str(tmp_path))
+    entry = tmp_path / "kernels" / ("a" * 64)                 # an entry (damaged: no files)
+    entry.mkdir(parents=True)
+    (entry / "lib.so").write_bytes(b"\0" * 100)
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: False)
+    code, _, err = run(capsys, "cache", "clear")
+    assert code == 2 and "--yes" in err and entry.is_dir()
+    code, out, _ = run(capsys, "cache", "list")
+    assert "damaged" in out
+    code, out, _ = run(capsys, "cache", "clear", "--yes")
+    assert code == 0 and "removed 1 kernels" in out and not entry.exists()

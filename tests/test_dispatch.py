@@ -86,3 +86,24 @@ def test_bad_operands(setup):
         mm(A[0], B)
     with pytest.raises(DTypeError, match="one dtype"):
         mm(A, B.astype(np.float64))
+
+
+def test_build_without_a_directory_compiles_into_the_kernel_cache_once(setup, tmp_path,
+                                                                       monkeypatch):
+    from lcmac.artifact import build as build_mod
+    logs, _ = setup
+    monkeypatch.setenv("LCMAC_CACHE_DIR", str(tmp_path))
+    p = lcmac.auto(target=CPU, logs=logs, build=True).plan(*SHAPE)
+    assert p.runs == "strassen" and p.artifact.parent.parent == tmp_path / "kernels"
+
+    def refuse(backend, request):
+        raise AssertionError("compiled again: the kernel cache was not used")
+    monkeypatch.setattr(build_mod, "run_worker", refuse)
+    mm = lcmac.auto(target=CPU, logs=logs, build=True)      # another process, in effect
+    assert mm.plan(*SHAPE).artifact == p.artifact
+    A, B = _ab(*SHAPE)
+    ref = A.astype(np.float64) @ B.astype(np.float64)
+    assert np.abs(mm(A, B) - ref).max() < 1e-3 * np.abs(ref).max()
+    # no directory and no build: the vendor GEMM, saying why
+    p2 = lcmac.auto(target=CPU, logs=logs).plan(*SHAPE)
+    assert p2.runs == "vendor" and "no artifacts directory" in p2.why

@@ -82,7 +82,7 @@ def resolve_algorithm(algo, levels: int = 1):
     return alg, False, name
 
 
-def _resolve_target(target):
+def resolve_target(target):
     if target is None:
         return host_target()
     if isinstance(target, Target):
@@ -90,7 +90,10 @@ def _resolve_target(target):
     return get_target(str(target))
 
 
-def _resolve_config(t, dtype: str, config, alg, plain: bool, shape):
+def build_config(t, dtype: str, config, alg, plain: bool, shape, notes: list | None = None):
+    """The config a build of this case uses: ``config`` (a dict or JSON text) completed as the
+    backend does, else the tuning log's record.  What the log says about it goes to ``notes``
+    (a list) when one is given, else to stderr."""
     if isinstance(config, str):
         try:
             config = json.loads(config)
@@ -100,7 +103,7 @@ def _resolve_config(t, dtype: str, config, alg, plain: bool, shape):
         if config is None:
             # CPU blocks are cut from the shape (tasks balanced over the threads): a config
             # logged at another shape is not better than the shape-aware default
-            config = _tuned_config(t, dtype, alg, plain, shape, exact_only=True)
+            config = _tuned_config(t, dtype, alg, plain, shape, exact_only=True, notes=notes)
         try:
             return resolve_config(t, dtype, config, None if plain else alg, shape=shape).to_dict()
         except ValueError as e:
@@ -110,13 +113,20 @@ def _resolve_config(t, dtype: str, config, alg, plain: bool, shape):
     # precision, never taken for this one)
     if config is None or set(config) <= {"operands"}:
         ops = (config or {}).get("operands") or "native"
-        tuned = _tuned_config(t, dtype, alg, plain, shape, operands=ops)
+        tuned = _tuned_config(t, dtype, alg, plain, shape, operands=ops, notes=notes)
         config = {**(tuned or {}), **(config or {})}
     return dict(config or {})
 
 
+def _note(msg: str, notes: list | None) -> None:
+    if notes is None:
+        print(msg, file=sys.stderr)
+    else:
+        notes.append(msg)
+
+
 def _tuned_config(t, dtype, alg, plain, shape, exact_only: bool = False,
-                  operands: str = "native"):
+                  operands: str = "native", notes: list | None = None):
     """The tuning log's best config for this case, if any (never fatal).  ``exact_only``:
     only a config logged at this very shape (else None: the backend's default).
     ``operands``: CUDA configs of this operand mode only."""
@@ -124,23 +134,23 @@ def _tuned_config(t, dtype, alg, plain, shape, exact_only: bool = False,
         hit = db.best_config(t.name, dtype, "gemm" if plain else alg.hash, shape,
                              operands=operands)
         if hit and exact_only and not hit[2]:
-            print(f"lcmac build: the tuning log has this case only at other shapes (nearest "
+            _note(f"lcmac build: the tuning log has this case only at other shapes (nearest "
                   f"{'x'.join(map(str, hit[1]['shape']))}); using the shape's default config "
-                  f"(`lcmac tune` at this shape to log one)", file=sys.stderr)
+                  f"(`lcmac tune` at this shape to log one)", notes)
             return None
         if hit:  # say which logged config is used (exact shape or the nearest one)
             r = hit[1]
-            print(f"lcmac build: using the tuned config from "
+            _note(f"lcmac build: using the tuned config from "
                   f"{'this shape' if hit[2] else 'the nearest logged shape ' + 'x'.join(map(str, r['shape']))}"
                   f" ({r['time_s'] * 1e3:.3f} ms on {r.get('device', '?')}): "
-                  f"{json.dumps(hit[0], sort_keys=True)}", file=sys.stderr)
+                  f"{json.dumps(hit[0], sort_keys=True)}", notes)
         if not hit:
             stale = db.TuningDB().stale_count(t.name, dtype)
             if stale:
                 what = "GEMM" if plain else alg.name or "this algorithm"
-                print(f"lcmac build: no current tuning-log record of {what} for {t.name}/{dtype} "
+                _note(f"lcmac build: no current tuning-log record of {what} for {t.name}/{dtype} "
                       f"({stale} records of older templates are ignored); using the default "
-                      f"config (`lcmac tune` logs configs for the current ones)", file=sys.stderr)
+                      f"config (`lcmac tune` logs configs for the current ones)", notes)
         return dict(hit[0]) if hit else None
     except Exception:  # noqa: BLE001 - no tuning log, or one from an older schema
         return None
@@ -150,7 +160,7 @@ def _slug(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in s.replace("^", "p").replace("*", "x"))
 
 
-def _check_dtype(t, dtype: str) -> None:
+def check_dtype(t, dtype: str) -> None:
     if dtype not in t.dtypes:
         raise DTypeError(f"target {t.name} does not support {dtype}; choose one of {', '.join(t.dtypes)}")
     if t.backend == "tvm" and dtype not in ("float32", "float64", "bfloat16"):
@@ -190,14 +200,14 @@ def _prepare(algo, target=None, dtype="float32", shape=None, levels: int = 1, co
              out_dir=".", name: str | None = None, mcpu: str | None = None,
              keep_source: bool = True) -> dict:
     t0 = time.perf_counter()
-    t = _resolve_target(target)
+    t = resolve_target(target)
     dtype = normalize_dtype(dtype)
-    _check_dtype(t, dtype)
+    check_dtype(t, dtype)
     if t.family == "aarch64":
         aarch64.check_toolchain()        # fail here, naming the packages, not in the worker
     M, N, K = parse_shape(shape)
     alg, plain, alg_name = resolve_algorithm(algo, levels)
-    cfg = _resolve_config(t, dtype, config, alg, plain, (M, N, K))
+    cfg = build_config(t, dtype, config, alg, plain, (M, N, K))
     if plain:
         progs = None
     else:

@@ -522,15 +522,15 @@ def test_build_uses_cpu_logs_only_at_the_logged_shape(tmp_path, monkeypatch, cap
     tdb.TuningDB(tmp_path).append([rec(shape=(1024, 1024, 1024), t=0.01,
                                        cfg={"mr": 4, "nr": 32, "kc": 128, "mc": 64, "nc": 256})])
     t = get_target(CPU)
-    got = lb._resolve_config(t, "float32", None, None, True, (1000, 1024, 1024))
+    got = lb.build_config(t, "float32", None, None, True, (1000, 1024, 1024))
     want = default_config(t, "float32", None, shape=(1000, 1024, 1024)).to_dict()
     assert got == want
     assert "only at other shapes (nearest 1024x1024x1024)" in capsys.readouterr().err
-    exact = lb._resolve_config(t, "float32", None, None, True, (1024, 1024, 1024))
+    exact = lb.build_config(t, "float32", None, None, True, (1024, 1024, 1024))
     assert (exact["mr"], exact["mc"], exact["kc"]) == (4, 64, 128)
     tdb.TuningDB(tmp_path).append([{**rec(shape=(1024, 1024, 1024), t=0.01,
                                           cfg={"block_n": 128}), "target": "cuda-sm90a"}])
-    cuda = lb._resolve_config(get_target("cuda-sm90a"), "float32", None, None, True, (1000, 1024, 1024))
+    cuda = lb.build_config(get_target("cuda-sm90a"), "float32", None, None, True, (1000, 1024, 1024))
     assert cuda == {"block_n": 128}
 
 
@@ -580,8 +580,8 @@ def test_log_lookups_keep_operand_modes_apart(tmp_path, monkeypatch):
     assert tdb.best_config(GPU, "float32", "gemm", (4096,) * 3)[0] == {"block_n": 256}
     assert tdb.best_config(GPU, "float32", "gemm", (4096,) * 3, operands="fp16x2")[0] == x2
     t = get_target(GPU)
-    assert lb._resolve_config(t, "float32", None, None, True, (4096,) * 3) == {"block_n": 256}
-    assert lb._resolve_config(t, "float32", {"operands": "fp16x2"}, None, True, (4096,) * 3) == x2
+    assert lb.build_config(t, "float32", None, None, True, (4096,) * 3) == {"block_n": 256}
+    assert lb.build_config(t, "float32", {"operands": "fp16x2"}, None, True, (4096,) * 3) == x2
     d = decide_by_measurement(4096, 4096, 4096, "float32", GPU, db=tmp_path, vendor=False)
     assert d.algorithm == "gemm" and d.source == "exact"      # 4 ms vs 5 ms, native only
 
