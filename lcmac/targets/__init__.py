@@ -55,7 +55,8 @@ def host_target() -> Target:
     if platform.machine() in ("aarch64", "arm64"):
         return aarch64.host_target()    # SVE width decides neon/sve256/sve512
     try:
-        flags = open("/proc/cpuinfo").read()
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
     except OSError:
         flags = ""
     if "avx512f" in flags:

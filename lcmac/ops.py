@@ -1,0 +1,506 @@
+"""``lcmac.matmul``: C = A @ B for numpy arrays and torch tensors of any shape, and the torch
+op ``torch.ops.lcmac.matmul`` behind it for torch tensors.
+
+    C = lcmac.matmul(A, B)                          # …×M×K @ K×N → …×M×N
+    C = lcmac.matmul(A, B, algo="strassen")         # that kernel, whatever the model says
+    C = lcmac.matmul(A, B, max_error=4.0)           # only LCMAs predicted within 4× the GEMM's error
+
+A's leading dimensions are flattened into the rows: the product runs as one (∏…·M)×K @ K×N.
+
+**The choice** (``algo="auto"``) is ``lcmac.auto``'s per shape, from the tuning logs and the
+model (``lcmac.dispatch``; one shared decision-maker per (max_error, target) in the
+process).  Where it picks an LCMA, that kernel runs; where it picks the vendor GEMM or
+lcmac's plain GEMM (no LCMA predicted to win), ``numpy.matmul`` / ``torch.matmul`` runs.
+lcmac.matmul compiles LCMAs only: compiling a plain GEMM for every new shape would cost
+seconds for what the tuning logs measure within a few per cent of the vendor's.
+``algo="gemm"`` forces lcmac's plain GEMM, ``algo="vendor"`` the vendor GEMM, any catalogue
+name or expression (``"strassen"``, ``"winograd^2"``) that LCMA; ``plan()`` tells what runs
+for a shape and why, without running it.
+
+**One kernel per shape.**  Every artifact is compiled for one exact M×N×K, so the first call
+at a new shape that runs an lcmac kernel compiles it (a few seconds on a CPU, in a worker
+process) into the kernel cache (``lcmac.artifact.cache``: ``$LCMAC_CACHE_DIR/kernels``, default
+``~/.cache/lcmac/kernels``); later calls, in this process or another, load it.  With
+``LCMAC_CACHE_DIR=off`` nothing is compiled: "auto" runs the vendor GEMM (with a warning),
+a forced algorithm raises.
+
+**The torch op.**  ``torch.ops.lcmac.matmul(A, B, algo="auto", max_error=None)`` is a
+``torch.library.custom_op`` with a fake (shape-only) implementation, so ``torch.compile``
+traces it without a graph break, and an autograd formula whose two products run through the
+op again (dA = dC·Bᵀ, dB = Aᵀ·dC: an LCMA may serve those shapes too).  It is registered when
+this module is imported with torch already imported, on the first ``lcmac.matmul`` of a torch
+tensor, or by ``register()``; ``import lcmac`` never imports torch.  The op copies
+non-contiguous operands; ``lcmac.matmul`` refuses them instead, so that no copy is hidden.
+
+**A B that does not change** (a layer's weight): ``mark_static(B)`` lets an artifact that
+can combine B once (``prepare_b``: CUDA artifacts) keep the prepared form, per artifact,
+until B's version counter or storage changes.  CPU artifacts prepare nothing yet.
+"""
+import sys
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass
+
+from .artifact.build import resolve_algorithm
+from .artifact.cache import cached_build
+from .costmodel import model_dtype, select
+from .costmodel.decision import check_error_budget, with_errors
+from .dispatch import AutoMatmul
+from .dtypes import normalize_dtype
+from .errors import CatalogueError, DTypeError, LcmacError, ShapeError, TargetError
+from .runtime.loader import load
+from .targets import get_target
+from .tune.measured_decision import vendor_matmul
+
+__all__ = ["matmul", "plan", "MatmulPlan", "register", "mark_static", "kernel", "compute",
+           "check_operands", "OP_SCHEMA"]
+
+AUTO, VENDOR, GEMM = "auto", "vendor", "gemm"
+#: the dtypes lcmac.matmul takes (further limited by the target: CPU float32, float64 and,
+#: on x86_64-avx512, bfloat16; CUDA bfloat16, float16, float32)
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+OP_SCHEMA = '(Tensor A, Tensor B, str algo="auto", float? max_error=None) -> Tensor'
+#: prepared forms kept per static B (one per artifact, i.e. per row count M)
+MAX_PREPARED = 4
+
+_lock = threading.RLock()     # re-entrant: a weakref callback (mark_static) may fire under it
+_targets: dict[str, str] = {}
+_autos: dict[tuple, AutoMatmul] = {}
+_plans: dict[tuple, "MatmulPlan"] = {}
+_kernels: dict[tuple, object] = {}
+_kernel_locks: dict[tuple, threading.Lock] = {}
+_failed: dict[tuple, str] = {}
+
+
+# ---- operands ---------------------------------------------------------------------------------
+def _kind(x) -> str | None:
+    mod = type(x).__module__.split(".")[0]
+    return mod if mod in ("numpy", "torch") else None
+
+
+def _dtype_name(x, what: str) -> str:
+    """The element type's name; complex and unknown types are refused here."""
+    if _kind(x) == "numpy":
+        if x.dtype.kind == "c":
+            raise DTypeError(f"{what} is complex ({x.dtype}); lcmac multiplies real matrices only")
+        return str(x.dtype)
+    if x.is_complex():
+        raise DTypeError(f"{what} is complex ({x.dtype}); lcmac multiplies real matrices only")
+    return str(x.dtype).replace("torch.", "")
+
+
+def _device(x) -> str:
+    if _kind(x) == "numpy":
+        return "cpu"
+    return x.device.type
+
+
+def target_for(device: str) -> str:
+    """The lcmac target of a device type ("cpu": this CPU's; "cuda": the GPU present)."""
+    t = _targets.get(device)
+    if t is None:
+        if device not in ("cpu", "cuda"):
+            raise TargetError(f"lcmac runs on the CPU and on CUDA GPUs; the operands are on {device}")
+        t = _targets.setdefault(device, get_target("host" if device == "cpu" else "cuda").name)
+    return t
+
+
+def supported_dtypes(target: str) -> tuple:
+    """The dtypes lcmac.matmul takes on ``target``."""
+    return tuple(d for d in get_target(target).dtypes if d in DTYPES)
+
+
+def _check_dtype(name: str, target: str, what: str = "the operands") -> str:
+    ok = supported_dtypes(target)
+    try:
+        d = normalize_dtype(name)
+    except DTypeError:
+        d = None
+    if d not in ok:
+        raise DTypeError(f"lcmac.matmul takes {', '.join(ok)} on {target}; {what} have dtype {name}")
+    return d
+
+
+@dataclass(frozen=True)
+class _Operands:
+    kind: str            # "numpy" | "torch"
+    dtype: str           # lcmac's name
+    target: str
+    rows: tuple          # A's leading dimensions and M: C is rows × N
+    M: int               # the rows flattened
+    N: int
+    K: int
+
+
+def check_operands(A, B, *, contiguous: bool = True) -> _Operands:
+    """Check A (…×M×K) and B (K×N) for lcmac.matmul; errors name the problem."""
+    ka, kb = _kind(A), _kind(B)
+    for what, x, k in (("A", A, ka), ("B", B, kb)):
+        if k is None:
+            raise DTypeError(f"{what} must be a numpy array or a torch tensor, got {type(x).__name__}")
+    if ka != kb:
+        raise DTypeError(f"A and B must both be numpy arrays or both torch tensors; got {ka} and {kb}")
+    da, db = _dtype_name(A, "A"), _dtype_name(B, "B")
+    if da != db:
+        raise DTypeError(f"A and B must have one dtype; A is {da}, B is {db}")
+    if A.ndim < 2:
+        raise ShapeError(f"A must be a matrix or a batch of matrices (…×M×K); got shape {tuple(A.shape)}")
+    if B.ndim != 2:
+        raise ShapeError(f"B must be a K×N matrix (2-D; a batch of B is not supported); got shape "
+                         f"{tuple(B.shape)}")
+    K, (K2, N) = int(A.shape[-1]), (int(d) for d in B.shape)
+    if K != K2:
+        raise ShapeError(f"inner dimensions differ: A is {'x'.join(map(str, A.shape))}, B is {K2}x{N}")
+    dev_a = _device(A)
+    if ka == "torch" and A.device != B.device:
+        raise TargetError(f"A is on {A.device} and B on {B.device}; move both to one device")
+    target = target_for(dev_a)
+    dtype = _check_dtype(da, target)
+    if contiguous:
+        for what, x in (("A", A), ("B", B)):
+            if not _contiguous(x):
+                fix = "numpy.ascontiguousarray(x)" if ka == "numpy" else "x.contiguous()"
+                raise ShapeError(f"{what} is not contiguous (row-major) with shape {tuple(x.shape)}; "
+                                 f"pass a contiguous copy ({fix})")
+    rows = tuple(int(d) for d in A.shape[:-1])
+    M = 1
+    for d in rows:
+        M *= d
+    return _Operands(ka, dtype, target, rows, M, N, K)
+
+
+def _contiguous(x) -> bool:
+    return bool(x.flags["C_CONTIGUOUS"]) if _kind(x) == "numpy" else bool(x.is_contiguous())
+
+
+def _check_out(out, A, o: _Operands) -> None:
+    want = (*o.rows, o.N)
+    if _kind(out) != o.kind:
+        raise DTypeError(f"out must be a {o.kind} {'array' if o.kind == 'numpy' else 'tensor'} like A")
+    if tuple(out.shape) != want:
+        raise ShapeError(f"out has shape {tuple(out.shape)}; the product is {want}")
+    if _dtype_name(out, "out") != _dtype_name(A, "A"):
+        raise DTypeError(f"out has dtype {_dtype_name(out, 'out')}; A and B are {_dtype_name(A, 'A')}")
+    if o.kind == "torch" and out.device != A.device:
+        raise TargetError(f"out is on {out.device}, A on {A.device}")
+    if not _contiguous(out):
+        raise ShapeError("out is not contiguous (row-major); pass a contiguous array")
+
+
+def check_algo(algo) -> str:
+    """``algo`` itself when it names something lcmac.matmul can run ("auto", "vendor",
+    "gemm" or a catalogue name or expression); CatalogueError otherwise."""
+    if not isinstance(algo, str):
+        raise CatalogueError(f"algo must be a string (\"auto\", \"vendor\", \"gemm\" or an "
+                             f"algorithm name), got {type(algo).__name__}")
+    if algo in (AUTO, VENDOR):
+        return algo
+    resolve_algorithm(algo)           # unknown names: CatalogueError naming them
+    return algo
+
+
+def check_budget(max_error):
+    """``max_error`` as a float (None stays None); ValueError unless positive and finite."""
+    return None if max_error is None else check_error_budget(max_error)
+
+
+# ---- the decision -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MatmulPlan:
+    """What ``lcmac.matmul`` runs for one shape: ``runs`` is ``"vendor"`` (numpy.matmul /
+    torch.matmul) or the lcmac algorithm; ``decision`` the decision's algorithm ("vendor",
+    "gemm", an LCMA, or the one forced); ``speedup`` the predicted speed-up of what runs over
+    lcmac's plain GEMM (model, rescaled by the tuning logs' measurements; None for the vendor
+    GEMM or where the model does not price it); ``error`` its predicted error ÷ the plain
+    GEMM's; ``why`` in words."""
+    shape: tuple
+    dtype: str
+    target: str
+    algo: str
+    runs: str
+    decision: str
+    speedup: float | None
+    error: float | None
+    why: str
+
+    def to_dict(self) -> dict:
+        return {"shape": list(self.shape), "dtype": self.dtype, "target": self.target,
+                "algo": self.algo, "runs": self.runs, "decision": self.decision,
+                "speedup": self.speedup, "error": self.error, "why": self.why}
+
+
+def _auto(max_error, target: str) -> AutoMatmul:
+    """The process's decision-maker for (max_error, target)."""
+    key = (max_error, target)
+    with _lock:
+        mm = _autos.get(key)
+        if mm is None:
+            mm = _autos[key] = AutoMatmul(target=target, max_error=max_error)
+    return mm
+
+
+def _error_of(cand, target: str, dtype: str, K: int) -> float | None:
+    if cand.error_ratio is not None:
+        return float(cand.error_ratio)
+    try:
+        return float(with_errors([cand], model_dtype(target, dtype), "native", K)[0].error_ratio)
+    except (LcmacError, ValueError, TypeError):
+        return None           # a dtype or operand mode the accuracy model does not cover
+
+
+def _plan_auto(M, N, K, dtype, target, max_error) -> MatmulPlan:
+    dec = _auto(max_error, target).plan(M, N, K, dtype, target=target).decision
+    c = dec.candidate
+    if dec.is_vendor or c.is_gemm:
+        what = "the vendor GEMM was chosen" if dec.is_vendor else \
+            "lcmac's plain GEMM was chosen (no LCMA predicted to win; lcmac.matmul compiles LCMAs only)"
+        return MatmulPlan((M, N, K), dtype, target, AUTO, VENDOR, c.algorithm, None, 1.0,
+                          f"vendor GEMM: {what}: {dec.describe()}")
+    return MatmulPlan((M, N, K), dtype, target, AUTO, c.algorithm, c.algorithm,
+                      float(c.speedup_vs_gemm), _error_of(c, target, dtype, K), dec.describe())
+
+
+def _plan_forced(M, N, K, dtype, target, algo, max_error) -> MatmulPlan:
+    _, plain, name = resolve_algorithm(algo)
+    if plain:
+        return MatmulPlan((M, N, K), dtype, target, algo, GEMM, GEMM, 1.0, 1.0,
+                          "lcmac's plain GEMM, as asked (algo=\"gemm\")")
+    speedup = error = None
+    note = "the model does not price it at this shape"
+    try:
+        cands = select(M, N, K, model_dtype(target, dtype), target, algorithms=[name])
+        c = next((c for c in cands if c.algorithm == name), None)
+    except (LcmacError, ValueError):
+        c = None
+    if c is not None:
+        speedup, error = float(c.speedup_vs_gemm), _error_of(c, target, dtype, K)
+        note = f"model: {speedup:.3f}× the plain GEMM"
+        if error is not None:
+            note += f", predicted error {error:.2f}× the GEMM's"
+    if max_error is not None and error is not None and error > max_error:
+        raise LcmacError(f"{name} is predicted at {error:.2f}× the plain GEMM's error at "
+                         f"{M}x{N}x{K} {dtype}, over max_error={max_error:g}; pass algo=\"auto\" "
+                         f"to choose within the budget, or no max_error")
+    return MatmulPlan((M, N, K), dtype, target, algo, name, name, speedup, error,
+                      f"{name}, as asked (algo={algo!r}); {note}")
+
+
+def plan(M: int, N: int, K: int, dtype="float32", *, algo: str = AUTO, max_error=None,
+         target: str | None = None) -> MatmulPlan:
+    """What ``lcmac.matmul`` runs for C[M×N] = A[M×K]·B[K×N] (rows flattened), and why,
+    without compiling or running anything.  ``target``: default this CPU's."""
+    algo, max_error = check_algo(algo), check_budget(max_error)
+    target = target or target_for("cpu")
+    dtype = _check_dtype(str(dtype).replace("torch.", ""), target, "they")
+    key = (int(M), int(N), int(K), dtype, target, algo, max_error)
+    hit = _plans.get(key)
+    if hit is not None:
+        return hit
+    if algo == VENDOR:
+        p = MatmulPlan(key[:3], dtype, target, algo, VENDOR, VENDOR, None, 1.0,
+                       "the vendor GEMM, as asked (algo=\"vendor\")")
+    elif algo == AUTO:
+        p = _plan_auto(*key[:3], dtype, target, max_error)
+    else:
+        p = _plan_forced(*key[:3], dtype, target, algo, max_error)
+    with _lock:
+        return _plans.setdefault(key, p)
+
+
+# ---- kernels ----------------------------------------------------------------------------------
+def kernel(algo: str, target: str, dtype: str, shape):
+    """The loaded kernel of ``algo`` for (M, N, K) = ``shape``: from this process's table,
+    else from the kernel cache (``lcmac.artifact.cache.cached_build``: compiled there on a
+    miss, once whatever the threads and processes asking)."""
+    key = (algo, target, dtype, tuple(int(d) for d in shape))
+    fn = _kernels.get(key)
+    if fn is not None:
+        return fn
+    with _lock:
+        klock = _kernel_locks.setdefault(key, threading.Lock())
+    with klock:
+        fn = _kernels.get(key)
+        if fn is None:
+            fn = _kernels[key] = load(cached_build(*key).manifest)
+    return fn
+
+
+# ---- static B (weights) -----------------------------------------------------------------------
+class _Static:
+    __slots__ = ("ref", "version", "shape", "dtype", "device", "prepared")
+
+    def __init__(self, ref, B):
+        self.ref, self.version = ref, B._version
+        self.shape, self.dtype, self.device = tuple(B.shape), B.dtype, B.device
+        self.prepared: dict = {}      # kernel → prepared B, or None where it cannot prepare
+
+
+_static: dict[int, _Static] = {}
+
+
+def mark_static(B) -> None:
+    """Declare the torch tensor ``B`` constant while its version counter stays as it is now:
+    artifacts with ``prepare_b`` (CUDA) keep its prepared form, one per artifact (at most
+    ``MAX_PREPARED``), and drop it when B changes or is freed.  CPU artifacts prepare
+    nothing yet: there the mark changes nothing."""
+    ptr = B.data_ptr()
+
+    def drop(ref, ptr=ptr):
+        with _lock:
+            e = _static.get(ptr)
+            if e is not None and e.ref is ref:
+                del _static[ptr]
+    with _lock:
+        _static[ptr] = _Static(weakref.ref(B, drop), B)
+
+
+def _b_for(fn, B, kind: str):
+    """B itself, or the prepared form ``fn`` keeps for a static B that has not changed."""
+    prepare = getattr(fn, "prepare_b", None)
+    if prepare is None or kind != "torch":
+        return B
+    e = _static.get(B.data_ptr())
+    if e is None or e.ref() is None or B._version != e.version or e.ref()._version != e.version \
+            or (tuple(B.shape), B.dtype, B.device) != (e.shape, e.dtype, e.device):
+        return B
+    if fn not in e.prepared:
+        try:
+            p = prepare(B)
+        except LcmacError:            # the plain GEMM, scaled operand modes: nothing to keep
+            p = None
+        with _lock:
+            while len(e.prepared) >= MAX_PREPARED:
+                e.prepared.pop(next(iter(e.prepared)))
+            e.prepared[fn] = p
+    p = e.prepared.get(fn)
+    return B if p is None else p
+
+
+# ---- the product ------------------------------------------------------------------------------
+def _empty(A, o: _Operands):
+    if o.kind == "numpy":
+        import numpy as np
+        return np.empty((*o.rows, o.N), dtype=A.dtype)
+    import torch
+    return torch.empty((*o.rows, o.N), dtype=A.dtype, device=A.device)
+
+
+def _run_lcmac(p: MatmulPlan, A, B, out, o: _Operands):
+    """Run the plan's kernel; None where an automatic choice could not be compiled (the
+    caller then runs the vendor GEMM; the reason is warned once per shape)."""
+    key = (p.runs, o.target, o.dtype, (o.M, o.N, o.K))
+    if p.algo == AUTO and key in _failed:
+        return None
+    try:
+        fn = kernel(*key)
+    except LcmacError as e:
+        if p.algo != AUTO:
+            raise
+        _failed[key] = str(e)
+        warnings.warn(f"lcmac.matmul: {p.runs} was chosen for {o.M}x{o.N}x{o.K} {o.dtype} but "
+                      f"could not be built ({type(e).__name__}: {e}); the vendor GEMM runs "
+                      f"instead", RuntimeWarning, stacklevel=4)
+        return None
+    C = out if out is not None else _empty(A, o)
+    fn(A.reshape(o.M, o.K), _b_for(fn, B, o.kind), out=C.reshape(o.M, o.N))
+    return C
+
+
+def compute(A, B, algo: str = AUTO, max_error=None, out=None):
+    """The product with no autograd: what the op runs, and ``lcmac.matmul`` on numpy."""
+    o = check_operands(A, B)
+    if out is not None:
+        _check_out(out, A, o)
+    if algo == VENDOR or 0 in (o.M, o.N, o.K):
+        return vendor_matmul(A, B, out=out)
+    p = plan(o.M, o.N, o.K, o.dtype, algo=algo, max_error=max_error, target=o.target)
+    if p.runs != VENDOR:
+        C = _run_lcmac(p, A, B, out, o)
+        if C is not None:
+            return C
+    return vendor_matmul(A, B, out=out)
+
+
+def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None):
+    """C = A @ B for numpy arrays or torch tensors (CPU; CUDA where present), A of …×M×K
+    (leading dimensions flattened into the rows) and B of K×N; C is …×M×N, new or ``out``.
+
+    ``algo``: "auto" (the choice per shape, module doc), "vendor", "gemm" or an algorithm
+    name or expression.  ``max_error``: an error budget for "auto", as a multiple of the
+    plain GEMM's error (a forced algorithm predicted over it is refused).  Torch tensors go
+    through ``torch.ops.lcmac.matmul`` (autograd and torch.compile work) unless ``out`` is
+    given, which records no gradient.  Operands must be contiguous and of one dtype and
+    device; errors name the problem."""
+    algo, max_error = check_algo(algo), check_budget(max_error)
+    if _kind(A) == "torch" or _kind(B) == "torch":
+        return _torch_matmul(A, B, algo, max_error, out)
+    return compute(A, B, algo, max_error, out)
+
+
+def _torch_matmul(A, B, algo, max_error, out):
+    import torch
+    check_operands(A, B)
+    if out is not None:
+        if torch.is_grad_enabled() and (A.requires_grad or B.requires_grad):
+            raise LcmacError("lcmac.matmul(..., out=) records no gradient and A or B requires "
+                             "grad: call it without out= (or under torch.no_grad())")
+        return compute(A, B, algo, max_error, out)
+    register()
+    return torch.ops.lcmac.matmul(A, B, algo, max_error)
+
+
+# ---- the torch op -----------------------------------------------------------------------------
+def _op_impl(A, B, algo=AUTO, max_error=None):
+    return compute(A.contiguous(), B.contiguous(), algo, max_error)
+
+
+def _op_fake(A, B, algo=AUTO, max_error=None):
+    if A.dim() < 2 or B.dim() != 2 or A.shape[-1] != B.shape[0]:
+        raise ShapeError(f"lcmac::matmul takes A of …×M×K and B of K×N; got {tuple(A.shape)} "
+                         f"and {tuple(B.shape)}")
+    if A.dtype != B.dtype:
+        raise DTypeError(f"A and B must have one dtype; A is {A.dtype}, B is {B.dtype}")
+    return A.new_empty((*A.shape[:-1], B.shape[1]))
+
+
+def _setup_context(ctx, inputs, output):
+    A, B, algo, max_error = inputs
+    ctx.save_for_backward(A, B)
+    ctx.algo, ctx.max_error = algo, max_error
+
+
+def _backward(ctx, dC):
+    """dA = dC·Bᵀ (…×M×N @ N×K), dB = Aᵀ·dC (K×∏…M @ ∏…M×N), both through the op."""
+    import torch
+    A, B = ctx.saved_tensors
+    op = torch.ops.lcmac.matmul.default
+    dA = dB = None
+    if ctx.needs_input_grad[0]:
+        dA = op(dC.contiguous(), B.t().contiguous(), ctx.algo, ctx.max_error)
+    if ctx.needs_input_grad[1]:
+        K, N = B.shape
+        dB = op(A.reshape(-1, K).t().contiguous(), dC.reshape(-1, N).contiguous(),
+                ctx.algo, ctx.max_error)
+    return dA, dB, None, None
+
+
+_registered: list = []
+
+
+def register() -> None:
+    """Register ``torch.ops.lcmac.matmul`` (imports torch; idempotent)."""
+    if _registered:
+        return
+    import torch
+    with _lock:
+        if _registered:
+            return
+        op = torch.library.custom_op("lcmac::matmul", _op_impl, mutates_args=(), schema=OP_SCHEMA)
+        op.register_fake(_op_fake)
+        op.register_autograd(_backward, setup_context=_setup_context)
+        _registered.append(op)
+
+
+if "torch" in sys.modules:
+    register()

@@ -1,0 +1,234 @@
+"""lcmac.matmul and torch.ops.lcmac.matmul on the CPU: numpy and torch operands of odd and
+batched shapes against float64, a forced LCMA kernel, torch.compile with no graph break,
+gradients (gradcheck through an LCMA), and errors that name the problem.
+
+Kernels are compiled into a kernel cache under pytest's temporary directory (shared with
+tests/test_nn.py, so each shape compiles once per run): the user's cache is never written.
+Compiled shapes: strassen float32 66x45x53, float64 6x5x4, 6x4x5 and 4x5x6."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import lcmac
+from lcmac import ops
+from lcmac.errors import CatalogueError, DTypeError, LcmacError, ShapeError, TargetError
+
+torch = pytest.importorskip("torch")
+
+M, N, K = 66, 45, 53              # the forced-Strassen shape: odd N and K, M = 2·3·11
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_cache(tmp_path_factory):
+    root = tmp_path_factory.getbasetemp() / "lcmac-cache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LCMAC_CACHE_DIR", str(root))
+        mp.setenv("HOME", str(root / "home"))
+        yield root
+
+
+def _ref(A, B):
+    a = A.detach().double().numpy() if isinstance(A, torch.Tensor) else A.astype(np.float64)
+    b = B.detach().double().numpy() if isinstance(B, torch.Tensor) else B.astype(np.float64)
+    return a @ b
+
+
+def _close(C, ref, dtype):
+    C = C.detach().double().numpy() if isinstance(C, torch.Tensor) else C.astype(np.float64)
+    tol = {np.float32: 1e-5, np.float64: 1e-12}[dtype]
+    assert C.shape == ref.shape
+    assert np.abs(C - ref).max() <= tol * max(1.0, np.abs(ref).max()) * 8
+
+
+def _ab(m, n, k, dtype=np.float32, seed=0, lead=()):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((*lead, m, k)).astype(dtype),
+            rng.standard_normal((k, n)).astype(dtype))
+
+
+def test_import_lcmac_imports_no_torch():
+    code = ("import sys, numpy as np, lcmac; A = np.ones((3, 7), np.float32); "
+            "C = lcmac.matmul(A, np.ones((7, 5), np.float32)); "
+            "assert C.shape == (3, 5) and (C == 7).all(); "
+            "assert 'torch' not in sys.modules, 'lcmac.matmul on numpy imported torch'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numpy_small_odd_shape(dtype):
+    A, B = _ab(3, 5, 7, dtype)
+    C = lcmac.matmul(A, B)
+    assert C.dtype == dtype
+    _close(C, _ref(A, B), dtype)
+
+
+def test_torch_large_odd_shape_auto():
+    A, B = (torch.from_numpy(x) for x in _ab(1000, 777, 1234, seed=1))
+    p = ops.plan(1000, 777, 1234, "float32")
+    assert p.runs in ("vendor", p.decision) and p.why
+    _close(lcmac.matmul(A, B), _ref(A, B), np.float32)
+
+
+def test_forced_strassen_runs_an_lcma_kernel(kernel_cache):
+    A, B = _ab(M, N, K, seed=2)
+    p = ops.plan(M, N, K, "float32", algo="strassen")
+    assert p.runs == "strassen" and p.speedup is not None and p.error > 1.0
+    C = lcmac.matmul(A, B, algo="strassen")
+    _close(C, _ref(A, B), np.float32)
+    f = ops.kernel("strassen", p.target, "float32", (M, N, K))
+    assert f.manifest.algorithm["name"] == "strassen" and (f.manifest.M, f.manifest.N, f.manifest.K) == (M, N, K)
+    assert kernel_cache in f.path.parents             # compiled into the test's cache
+    # the same kernel on torch tensors, and with out=
+    At, Bt = torch.from_numpy(A), torch.from_numpy(B)
+    _close(lcmac.matmul(At, Bt, algo="strassen"), _ref(A, B), np.float32)
+    out = np.empty((M, N), np.float32)
+    assert lcmac.matmul(A, B, algo="strassen", out=out) is out
+    _close(out, _ref(A, B), np.float32)
+
+
+@pytest.mark.parametrize("algo", ["auto", "strassen"])
+def test_batched_a_is_flattened(algo):
+    A, B = _ab(M // 6, N, K, seed=3, lead=(2, 3))       # 2×3×11×53 @ 53×45: one 66×53 product
+    C = lcmac.matmul(A, B, algo=algo)
+    assert C.shape == (2, 3, M // 6, N)
+    _close(C, _ref(A, B), np.float32)
+    At, Bt = torch.from_numpy(A), torch.from_numpy(B)
+    _close(lcmac.matmul(At, Bt, algo=algo), _ref(A, B), np.float32)
+    out = np.zeros((2, 3, M // 6, N), np.float32)
+    lcmac.matmul(A, B, algo=algo, out=out)
+    _close(out, _ref(A, B), np.float32)
+
+
+def test_torch_op_result_has_grad_fn_and_gradients_match_torch():
+    A = torch.randn(2, 3, 7, 5, requires_grad=True)
+    B = torch.randn(5, 4, requires_grad=True)
+    C = lcmac.matmul(A, B)
+    assert C.grad_fn is not None
+    g = torch.randn_like(C)
+    dA, dB = torch.autograd.grad(C, (A, B), g)
+    rA, rB = torch.autograd.grad(torch.matmul(A, B), (A, B), g)
+    assert torch.allclose(dA, rA, atol=1e-5) and torch.allclose(dB, rB, atol=1e-5)
+
+
+def test_gradcheck_through_strassen():
+    """float64 gradcheck with every product (forward, dA, dB) on a Strassen kernel."""
+    a = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+
+    def f(x, y):
+        return torch.ops.lcmac.matmul(x, y, "strassen", None)
+    assert torch.autograd.gradcheck(f, (a, b))
+    a3 = a.detach().reshape(2, 3, 4).requires_grad_()   # a batch of A: the same three products
+    assert torch.autograd.gradcheck(f, (a3, b))
+    for shape in [(6, 5, 4), (6, 4, 5), (4, 5, 6)]:
+        assert ("strassen", ops.target_for("cpu"), "float64", shape) in ops._kernels
+
+
+def _graphs(fn, *args):
+    """(result, graphs) of torch.compile(fullgraph=True) with a backend that keeps them."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return out, graphs
+
+
+def _op_nodes(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and "lcmac" in str(n.target)]
+
+
+def test_torch_compile_traces_the_op_in_one_graph():
+    x, y = torch.randn(3, 7), torch.randn(7, 5)
+    out, graphs = _graphs(lambda a, b: torch.ops.lcmac.matmul(a, b, "auto", None).relu() * 2, x, y)
+    assert len(graphs) == 1 and len(_op_nodes(graphs[0])) == 1
+    assert torch.allclose(out, (x @ y).relu() * 2, atol=1e-5)
+    # lcmac.matmul itself traces too
+    out, graphs = _graphs(lambda a, b: lcmac.matmul(a, b) + 1, x, y)
+    assert len(graphs) == 1 and len(_op_nodes(graphs[0])) == 1
+    assert torch.allclose(out, x @ y + 1, atol=1e-5)
+
+
+def test_torch_compile_with_backward():
+    x = torch.randn(4, 6, requires_grad=True)
+    w = torch.randn(6, 3, requires_grad=True)
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, b: torch.ops.lcmac.matmul(a, b).sum(), backend="aot_eager",
+                      fullgraph=True)
+    f(x, w).backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    (x @ w).sum().backward()
+    assert torch.allclose(gx, x.grad, atol=1e-5) and torch.allclose(gw, w.grad, atol=1e-5)
+
+
+def test_plan_says_what_runs_and_why():
+    p = ops.plan(3, 5, 7, "float32")
+    assert p.runs == "vendor" and "vendor" in p.why and p.to_dict()["shape"] == [3, 5, 7]
+    assert ops.plan(3, 5, 7, algo="vendor").runs == "vendor"
+    assert ops.plan(3, 5, 7, algo="gemm").runs == "gemm"
+    with pytest.raises(LcmacError, match="over max_error"):
+        ops.plan(M, N, K, algo="strassen", max_error=1.01)
+
+
+def test_auto_falls_back_to_the_vendor_gemm_when_a_kernel_cannot_be_built(monkeypatch):
+    from lcmac.errors import ToolchainError
+
+    def no_compiler(*key):
+        raise ToolchainError("no compiler here")
+    lcma = ops.MatmulPlan((4, 3, 5), "float32", ops.target_for("cpu"), "auto", "strassen",
+                          "strassen", 1.1, 2.0, "test")
+    monkeypatch.setattr(ops, "plan", lambda *a, **kw: lcma)
+    monkeypatch.setattr(ops, "kernel", no_compiler)
+    monkeypatch.setattr(ops, "_failed", {})
+    A, B = _ab(4, 3, 5)
+    with pytest.warns(RuntimeWarning, match="no compiler here"):
+        _close(lcmac.matmul(A, B), _ref(A, B), np.float32)
+    _close(lcmac.matmul(A, B), _ref(A, B), np.float32)        # warned once per shape
+    forced = ops.MatmulPlan((4, 3, 5), "float32", lcma.target, "strassen", "strassen",
+                            "strassen", 1.1, 2.0, "test")
+    monkeypatch.setattr(ops, "plan", lambda *a, **kw: forced)
+    with pytest.raises(ToolchainError, match="no compiler here"):
+        lcmac.matmul(A, B, algo="strassen")
+
+
+def test_zero_sized_operands():
+    A, B = np.zeros((0, 4), np.float32), np.zeros((4, 3), np.float32)
+    assert lcmac.matmul(A, B).shape == (0, 3)
+    assert (lcmac.matmul(np.ones((2, 0), np.float32), np.ones((0, 3), np.float32)) == 0).all()
+
+
+def test_bad_inputs_name_the_problem():
+    A, B = _ab(4, 3, 5)
+    At, Bt = torch.from_numpy(A), torch.from_numpy(B)
+    cases = [
+        ((A.astype(np.int64), B.astype(np.int64)), {}, DTypeError, "int64"),
+        ((At.to(torch.complex64), Bt.to(torch.complex64)), {}, DTypeError, "complex"),
+        ((A.astype(np.complex128), B.astype(np.complex128)), {}, DTypeError, "complex"),
+        ((At.half(), Bt.half()), {}, DTypeError, "float16"),
+        ((A, B.astype(np.float64)), {}, DTypeError, "one dtype"),
+        ((A, Bt), {}, DTypeError, "numpy arrays or both torch tensors"),
+        (([[1.0]], B), {}, DTypeError, "numpy array or a torch tensor"),
+        ((A[0], B), {}, ShapeError, "…×M×K"),
+        ((A, B[None]), {}, ShapeError, "2-D"),
+        ((A, B[:-1]), {}, ShapeError, "inner dimensions"),
+        ((np.asfortranarray(A), B), {}, ShapeError, "not contiguous"),
+        ((At, Bt.t().contiguous().t()), {}, ShapeError, "B is not contiguous"),
+        ((At, Bt.to("meta")), {}, TargetError, "meta"),
+        ((At.to("meta"), Bt.to("meta")), {}, TargetError, "meta"),
+        ((A, B), {"algo": "no-such-algorithm"}, CatalogueError, "no-such-algorithm"),
+        ((A, B), {"algo": 3}, CatalogueError, "algo must be a string"),
+        ((A, B), {"max_error": -1}, ValueError, "max_error"),
+        ((A, B), {"out": np.empty((3, 3), np.float32)}, ShapeError, "out has shape"),
+        ((A, B), {"out": np.empty((4, 3), np.float64)}, DTypeError, "out has dtype"),
+    ]
+    for args, kw, exc, words in cases:
+        with pytest.raises(exc, match=words):
+            lcmac.matmul(*args, **kw)
+    with pytest.raises(LcmacError, match="records no gradient"):
+        lcmac.matmul(At.requires_grad_(), Bt, out=torch.empty(4, 3))
