@@ -53,7 +53,7 @@ from .runtime.loader import load
 from .targets import get_target
 from .tune.measured_decision import vendor_matmul
 
-__all__ = ["matmul", "plan", "MatmulPlan", "register", "mark_static", "kernel", "compute",
+__all__ = ["matmul", "plan", "MatmulPlan", "register", "mark_static", "kernel", "release_kernels", "compute",
            "check_operands", "OP_SCHEMA"]
 
 AUTO, VENDOR, GEMM = "auto", "vendor", "gemm"
@@ -324,6 +324,15 @@ def kernel(algo: str, target: str, dtype: str, shape):
         if fn is None:
             fn = _kernels[key] = load(cached_build(*key).manifest)
     return fn
+
+
+def release_kernels() -> None:
+    """Drop this process's loaded kernels and prepared weights (their GPU workspaces go with
+    the last reference); the next call at a shape loads its kernel from the cache again."""
+    with _lock:
+        _kernels.clear()
+        for e in _static.values():
+            e.prepared.clear()
 
 
 # ---- static B (weights) -----------------------------------------------------------------------
