@@ -15,15 +15,6 @@ from lcmac.nn import Linear, optimize  # noqa: E402
 M, N, K = 66, 45, 53
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel_cache(tmp_path_factory):
-    root = tmp_path_factory.getbasetemp() / "lcmac-cache"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LCMAC_CACHE_DIR", str(root))
-        mp.setenv("HOME", str(root / "home"))
-        yield root
-
-
 def _pair(algo="auto", in_f=K, out_f=N, seed=0):
     torch.manual_seed(seed)
     ref = nn.Linear(in_f, out_f)

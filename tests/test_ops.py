@@ -20,15 +20,6 @@ torch = pytest.importorskip("torch")
 M, N, K = 66, 45, 53              # the forced-Strassen shape: odd N and K, M = 2·3·11
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel_cache(tmp_path_factory):
-    root = tmp_path_factory.getbasetemp() / "lcmac-cache"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LCMAC_CACHE_DIR", str(root))
-        mp.setenv("HOME", str(root / "home"))
-        yield root
-
-
 def _ref(A, B):
     a = A.detach().double().numpy() if isinstance(A, torch.Tensor) else A.astype(np.float64)
     b = B.detach().double().numpy() if isinstance(B, torch.Tensor) else B.astype(np.float64)
@@ -72,7 +63,7 @@ def test_torch_large_odd_shape_auto():
     _close(lcmac.matmul(A, B), _ref(A, B), np.float32)
 
 
-def test_forced_strassen_runs_an_lcma_kernel(kernel_cache):
+def test_forced_strassen_runs_an_lcma_kernel(lcmac_cache):
     A, B = _ab(M, N, K, seed=2)
     p = ops.plan(M, N, K, "float32", algo="strassen")
     assert p.runs == "strassen" and p.speedup is not None and p.error > 1.0
@@ -80,7 +71,7 @@ def test_forced_strassen_runs_an_lcma_kernel(kernel_cache):
     _close(C, _ref(A, B), np.float32)
     f = ops.kernel("strassen", p.target, "float32", (M, N, K))
     assert f.manifest.algorithm["name"] == "strassen" and (f.manifest.M, f.manifest.N, f.manifest.K) == (M, N, K)
-    assert kernel_cache in f.path.parents             # compiled into the test's cache
+    assert lcmac_cache in f.path.parents             # compiled into the test's cache
     # the same kernel on torch tensors, and with out=
     At, Bt = torch.from_numpy(A), torch.from_numpy(B)
     _close(lcmac.matmul(At, Bt, algo="strassen"), _ref(A, B), np.float32)

@@ -20,14 +20,6 @@ BF16 = torch.bfloat16
 STRASSEN_BOUND = 6.0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel_cache(tmp_path_factory):
-    root = tmp_path_factory.getbasetemp() / "lcmac-cache"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LCMAC_CACHE_DIR", str(root))
-        yield root
-
-
 def _randn(*shape, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     return torch.randn(*shape, device="cuda", dtype=BF16, generator=g)
