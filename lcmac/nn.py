@@ -11,14 +11,14 @@ what it swapped and why it skipped the others.  The decision at that row count i
 the report shows: every call still decides for its own shape (``lcmac.matmul``), and every new
 row count that runs an lcmac kernel compiles one first (seconds on a CPU; once per shape).
 
-**The weight as B.**  Wᵀ must be contiguous: without gradients (``torch.no_grad``,
-``inference_mode``, or a frozen weight) the layer keeps a contiguous Wᵀ and makes it again
-only when the weight changes (its data pointer or version counter: ``optimizer.step()``,
-``load_state_dict``, ``.to()``); with gradients it transposes per call, so that autograd
-sees the weight.  The kept Wᵀ is marked static (``lcmac.ops.mark_static``): an artifact that
-can combine B once (``prepare_b``: CUDA) keeps that prepared form per row count, and makes it
-again when the weight changes.  CPU artifacts prepare nothing yet.  The kept copy costs the
-weight's memory once more.
+**The weight as B.**  The layer calls ``torch.ops.lcmac.linear(x, W)``, which runs
+x·Wᵀ through ``lcmac.matmul`` with a contiguous Wᵀ kept per weight
+(``lcmac.ops.transposed_weight``) and made again only when the weight changes (its storage
+or version counter: ``optimizer.step()``, ``load_state_dict``, ``.to()``).  The kept Wᵀ is
+marked static: an artifact that can combine B once (``prepare_b``: CUDA) keeps that prepared
+form per row count.  This happens inside the op at call time, so it holds under
+``torch.compile`` too.  CPU artifacts prepare nothing yet.  The kept copy costs the weight's
+memory once more.
 """
 from __future__ import annotations
 
@@ -47,8 +47,6 @@ class Linear(nn.Linear):
         super().__init__(in_features, out_features, bias, device, dtype)
         self.algo = ops.check_algo(algo)
         self.max_error = None if max_error is None else float(ops.check_budget(max_error))
-        self._wt = None
-        self._wt_key = None
         ops.register()
 
     @classmethod
@@ -67,30 +65,12 @@ class Linear(nn.Linear):
         budget = "" if self.max_error is None else f", max_error={self.max_error:g}"
         return f"{super().extra_repr()}, algo={self.algo!r}{budget}"
 
-    def weight_t(self) -> torch.Tensor:
-        """Wᵀ (in × out), contiguous: kept between calls where no gradient is recorded."""
-        w = self.weight
-        if torch.compiler.is_compiling() or (w.requires_grad and torch.is_grad_enabled()):
-            return w.t().contiguous()
-        key = (w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape))
-        if key != self._wt_key:
-            # outside inference mode: the kept copy may meet autograd later (a frozen weight)
-            with torch.inference_mode(False), torch.no_grad():
-                wt = w.t().contiguous()
-            ops.mark_static(wt)
-            self._wt, self._wt_key = wt, key
-        return self._wt
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.unsqueeze(0) if x.dim() == 1 else x
-        y = torch.ops.lcmac.matmul(x2.contiguous(), self.weight_t(), self.algo, self.max_error)
+        y = torch.ops.lcmac.linear(x2.contiguous(), self.weight, self.algo, self.max_error)
         if x.dim() == 1:
             y = y.squeeze(0)
         return y if self.bias is None else y + self.bias
-
-    def _apply(self, fn, *args, **kwargs):
-        self._wt = self._wt_key = None        # .to(), .half(), ...: made again on next use
-        return super()._apply(fn, *args, **kwargs)
 
 
 # ---- optimize -----------------------------------------------------------------------------

@@ -38,6 +38,7 @@ until B's version counter or storage changes.  CPU artifacts prepare nothing yet
 """
 import sys
 import threading
+from collections import OrderedDict
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -53,7 +54,8 @@ from .runtime.loader import load
 from .targets import get_target
 from .tune.measured_decision import vendor_matmul
 
-__all__ = ["matmul", "plan", "MatmulPlan", "register", "mark_static", "kernel", "release_kernels", "compute",
+__all__ = ["matmul", "plan", "MatmulPlan", "register", "mark_static", "transposed_weight", "kernel",
+           "release_kernels", "compute",
            "check_operands", "OP_SCHEMA"]
 
 AUTO, VENDOR, GEMM = "auto", "vendor", "gemm"
@@ -61,6 +63,10 @@ AUTO, VENDOR, GEMM = "auto", "vendor", "gemm"
 #: on x86_64-avx512, bfloat16; CUDA bfloat16, float16, float32)
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 OP_SCHEMA = '(Tensor A, Tensor B, str algo="auto", float? max_error=None) -> Tensor'
+#: torch.ops.lcmac.linear: y = x·Wᵀ with W as nn.Linear holds it (out × in)
+LINEAR_SCHEMA = '(Tensor x, Tensor weight, str algo="auto", float? max_error=None) -> Tensor'
+#: weights whose contiguous transpose is kept (least recently used dropped first)
+MAX_TRANSPOSED = 256
 #: prepared forms kept per static B (one per artifact, i.e. per row count M)
 MAX_PREPARED = 4
 
@@ -331,6 +337,7 @@ def release_kernels() -> None:
     the last reference); the next call at a shape loads its kernel from the cache again."""
     with _lock:
         _kernels.clear()
+        _transposed.clear()
         for e in _static.values():
             e.prepared.clear()
 
@@ -384,6 +391,48 @@ def _b_for(fn, B, kind: str):
             e.prepared[fn] = p
     p = e.prepared.get(fn)
     return B if p is None else p
+
+
+class _Transposed:
+    __slots__ = ("weight", "version", "wt")
+
+    def __init__(self, weight, version: int, wt):
+        self.weight, self.version, self.wt = weight, version, wt
+
+
+#: (data pointer, shape, strides, dtype, device) of a weight → its kept transpose.  The entry
+#: holds the weight (detached: same storage and version counter), so no other tensor can take
+#: its memory, and so its address, while the entry lives.
+_transposed: "OrderedDict[tuple, _Transposed]" = OrderedDict()
+
+
+def transposed_weight(weight):
+    """Wᵀ (in × out, contiguous) of an ``nn.Linear`` weight W (out × in), kept while W's
+    storage and version counter stay as they are (an optimizer step, ``load_state_dict`` or
+    any in-place change makes it again) and marked static, so an artifact that can combine B
+    once (``prepare_b``: CUDA) keeps that form too.  This runs inside ``torch.ops.lcmac.linear``
+    at call time, under ``torch.compile`` as in eager mode."""
+    import torch
+    try:
+        version = weight._version
+    except RuntimeError:                # an inference-mode tensor has no version counter
+        return weight.t().contiguous()
+    key = (weight.data_ptr(), tuple(weight.shape), tuple(weight.stride()), weight.dtype, weight.device)
+    with _lock:
+        e = _transposed.get(key)
+        if e is not None and e.version == version:
+            _transposed.move_to_end(key)
+            return e.wt
+    # outside inference mode: the kept copy may meet autograd later (a frozen weight)
+    with torch.inference_mode(False), torch.no_grad():
+        wt = weight.detach().t().contiguous()
+    mark_static(wt)
+    with _lock:
+        _transposed[key] = _Transposed(weight.detach(), version, wt)
+        _transposed.move_to_end(key)
+        while len(_transposed) > MAX_TRANSPOSED:
+            _transposed.popitem(last=False)
+    return wt
 
 
 # ---- the product ------------------------------------------------------------------------------
@@ -494,6 +543,34 @@ def _backward(ctx, dC):
     return dA, dB, None, None
 
 
+def _linear_impl(x, weight, algo=AUTO, max_error=None):
+    return compute(x.contiguous(), transposed_weight(weight), algo, max_error)
+
+
+def _linear_fake(x, weight, algo=AUTO, max_error=None):
+    if x.dim() < 2 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
+        raise ShapeError(f"lcmac::linear takes x of …×in and a weight of out×in; got "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    if x.dtype != weight.dtype:
+        raise DTypeError(f"x and the weight must have one dtype; x is {x.dtype}, the weight {weight.dtype}")
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _linear_backward(ctx, dy):
+    """dx = dy·W (…×out @ out×in), dW = dyᵀ·x (out×∏… @ ∏…×in), both through lcmac::matmul."""
+    import torch
+    x, weight = ctx.saved_tensors
+    op = torch.ops.lcmac.matmul.default
+    dx = dw = None
+    if ctx.needs_input_grad[0]:
+        dx = op(dy.contiguous(), weight.contiguous(), ctx.algo, ctx.max_error)
+    if ctx.needs_input_grad[1]:
+        out_f, in_f = weight.shape
+        dw = op(dy.reshape(-1, out_f).t().contiguous(), x.reshape(-1, in_f).contiguous(),
+                ctx.algo, ctx.max_error)
+    return dx, dw, None, None
+
+
 _registered: list = []
 
 
@@ -508,7 +585,11 @@ def register() -> None:
         op = torch.library.custom_op("lcmac::matmul", _op_impl, mutates_args=(), schema=OP_SCHEMA)
         op.register_fake(_op_fake)
         op.register_autograd(_backward, setup_context=_setup_context)
-        _registered.append(op)
+        lin = torch.library.custom_op("lcmac::linear", _linear_impl, mutates_args=(),
+                                      schema=LINEAR_SCHEMA)
+        lin.register_fake(_linear_fake)
+        lin.register_autograd(_linear_backward, setup_context=_setup_context)
+        _registered.extend([op, lin])
 
 
 if "torch" in sys.modules:

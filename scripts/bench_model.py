@@ -9,8 +9,8 @@ is the stack's forward over one sequence of each ``--tokens`` length (``LlamaMod
 layers and the final norm; the LM head of a prefill reads one token and is left out), CUDA
 events over ``--repeats`` calls after warm-up: median and spread.  ``lcmac.optimize`` swaps
 the linear layers the decision picks an LCMA for at the longest prefill; a swapped layer
-decides again per call shape (cuBLAS where no LCMA wins) and, in eager mode, keeps its weight
-prepared (under ``torch.compile`` it is transposed in the graph and not prepared).  The
+decides again per call shape (cuBLAS where no LCMA wins) and keeps its weight prepared, eager
+and compiled.  The
 kernels are compiled before timing, in parallel, into the kernel cache.  Error: relative Frobenius norm of the final hidden states against the same model
 run in float32 (TF32 off), on the last ``--check-tokens`` positions.
 """

@@ -73,17 +73,19 @@ def test_linear_compiles_to_one_graph():
     assert torch.allclose(y, lin(x), atol=1e-6)
 
 
-def test_kept_weight_follows_changes_without_grad():
+def test_kept_weight_follows_changes():
     ref, lin = _pair(seed=2)
     x = torch.randn(4, K)
     with torch.no_grad():
         lin(x)
-        wt = lin._wt
+        wt = ops.transposed_weight(lin.weight)
         lin(x)
-        assert lin._wt is wt                           # kept while the weight is unchanged
+        assert ops.transposed_weight(lin.weight) is wt   # kept while the weight is unchanged
+        assert torch.equal(wt, lin.weight.t())
         lin.weight.mul_(2)
         ref.weight.mul_(2)
-        assert torch.allclose(lin(x), ref(x), atol=1e-5) and lin._wt is not wt
+        assert torch.allclose(lin(x), ref(x), atol=1e-5)
+        assert ops.transposed_weight(lin.weight) is not wt
     with torch.inference_mode():
         assert torch.allclose(lin(x), ref(x), atol=1e-5)
     lin.weight.requires_grad_(False)                   # frozen weight, input with grad
@@ -138,8 +140,27 @@ def test_prepared_weight_is_made_again_when_the_weight_changes(monkeypatch):
         lin.weight = nn.Parameter(ref.weight.detach().clone())   # a new tensor
         check()
         assert fake.prepared == 4
-    check()                                            # with gradients: the plain weight
-    assert fake.prepared == 4 and fake.got[-1] == "Tensor"
+    check()                          # with gradients too: the weight is unchanged, still prepared
+    assert fake.prepared == 4 and fake.got[-1] == "_Prepared"
+
+
+def test_compiled_layer_keeps_its_prepared_weight(monkeypatch):
+    """Under torch.compile the transposed, prepared weight is kept as in eager mode (the op
+    finds it at call time), and made again when the weight changes."""
+    fake = _PreparingKernel()
+    monkeypatch.setattr(ops, "kernel", lambda *key: fake)
+    ref, lin = _pair("strassen", seed=5)
+    x = torch.randn(M, K)
+    torch._dynamo.reset()
+    compiled = torch.compile(lin, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        assert torch.allclose(compiled(x), ref(x), atol=1e-5)
+        assert torch.allclose(compiled(x), ref(x), atol=1e-5)
+        assert fake.prepared == 1 and fake.got == ["_Prepared", "_Prepared"]
+        lin.weight.add_(1.0)
+        ref.weight.add_(1.0)
+        assert torch.allclose(compiled(x), ref(x), atol=1e-5)
+        assert fake.prepared == 2
 
 
 def _mlp():
