@@ -9,7 +9,7 @@ still ties the modules together, it only hides the tie from a reader.
 
 The layers, lowest first (a module may import its own layer and any lower one):
 
-    base       errors, dtypes, shapes, version
+    base       errors, dtypes, shapes, version, cachedir
     ir         algorithms, catalogue, verification, CSE
     costmodel  analytic time and accuracy models, the decision
     schedules  per-target templates and their configs
@@ -36,6 +36,7 @@ LAYERS = ["base", "ir", "costmodel", "schedules", "targets", "artifact", "runtim
 #: module (or package prefix) → layer; the longest matching prefix wins
 LAYER_OF = {
     "lcmac.errors": "base", "lcmac.dtypes": "base", "lcmac.shapes": "base", "lcmac.version": "base",
+    "lcmac.cachedir": "base",
     "lcmac.ir": "ir", "lcmac.costmodel": "costmodel", "lcmac.schedules": "schedules",
     "lcmac.targets": "targets", "lcmac.artifact": "artifact", "lcmac.runtime": "runtime",
     "lcmac.tune": "tune", "lcmac.dispatch": "app", "lcmac.ops": "app", "lcmac.nn": "app",

@@ -48,6 +48,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import version as _version
+from ..cachedir import cache_root
 from ..dtypes import normalize_dtype
 from ..errors import ArtifactError
 from ..schedules.registry import FAMILIES
@@ -120,15 +121,12 @@ def cache_dir(path=None) -> Path:
     ``LCMAC_CACHE_DIR=off`` turns the disk caches off, this one included."""
     if path is not None:
         return Path(path).expanduser()
-    env = os.environ.get("LCMAC_CACHE_DIR")
-    if env == "off":
+    root = cache_root()
+    if root is None:
         raise ArtifactError("the kernel cache is off (LCMAC_CACHE_DIR=off): set LCMAC_CACHE_DIR "
                             "to a directory, or build artifacts with lcmac.build(out_dir=...) "
                             "and pass their directory to lcmac.auto")
-    if env:
-        return Path(env).expanduser() / "kernels"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "lcmac" / "kernels"
+    return root / "kernels"
 
 
 def _not_writable(root: Path, e: OSError) -> ArtifactError:

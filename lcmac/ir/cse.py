@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cachedir import cache_root
 from .algorithm import Algorithm, _exact
 from .program import LinearProgram, combine_matrices, naive_program
 
@@ -291,13 +292,8 @@ _CSE_VERSION = 1
 def cache_dir() -> Path | None:
     """Where CSE results persist between runs (``LCMAC_CACHE_DIR``, else the XDG cache);
     ``LCMAC_CACHE_DIR=off`` disables the disk cache."""
-    env = os.environ.get("LCMAC_CACHE_DIR")
-    if env == "off":
-        return None
-    if env:
-        return Path(env) / "cse"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "lcmac" / "cse"
+    root = cache_root()
+    return None if root is None else root / "cse"
 
 
 def _disk_path(key: tuple) -> Path | None:

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ..artifact.manifest import Manifest, find_manifest, verify_library
+from ..cachedir import cache_root
 from ..errors import ArtifactError, LcmacError, ShapeError, TargetError
 from ..targets import aarch64 as _arm, get_target
 
@@ -53,9 +54,9 @@ class Output:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("LCMAC_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lcmac")
-    return Path(base)
+    """Where the harness binary is kept: lcmac's cache directory, or the temporary directory
+    when the disk caches are off (the harness must be built somewhere)."""
+    return cache_root() or Path(tempfile.gettempdir()) / "lcmac"
 
 
 def native() -> bool:

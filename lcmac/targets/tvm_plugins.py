@@ -53,11 +53,11 @@ def x86_tvm_target(request: dict) -> dict:
     return d
 
 
-def kernel_features(tdict: dict) -> list[str]:
-    """The features in ``x86.KERNEL_FEATURES`` that LLVM enables for the target dict (its
-    mcpu plus mattr)."""
+def llvm_features(tdict: dict, names) -> set[str]:
+    """Those of the LLVM feature ``names`` that LLVM enables for the target dict (its mcpu
+    plus mattr)."""
     t = tvm.target.Target(tdict)
-    return [f for f in x86.KERNEL_FEATURES if codegen.llvm_cpu_has_features(f, t)]
+    return {f for f in names if codegen.llvm_cpu_has_features(f, t)}
 
 
 def x86_lower(request: dict) -> tuple[str, dict]:
@@ -66,22 +66,18 @@ def x86_lower(request: dict) -> tuple[str, dict]:
     (``avx512bf16``: the bf16 GEMM stage on vdpbf16ps), which need LLVM to resolve; the
     fixed-width AArch64 targets use it as is."""
     tdict = x86_tvm_target(request)
-    feats = kernel_features(tdict) if request.get("dtype") == "bfloat16" else []
+    # one LLVM query: the features a kernel selects on, and all the mcpu lets LLVM use
+    enabled = (llvm_features(tdict, {*x86.LLVM_FEATURE_FLAGS, *x86.KERNEL_FEATURES})
+               if request["target"]["family"] == "x86" else set())
+    feats = [f for f in x86.KERNEL_FEATURES if f in enabled] if request.get("dtype") == "bfloat16" else []
     src, info = lower_request(request, features=feats)
     # what the artifact needs from the CPU: its target's flags, the kernel's own (vdpbf16ps),
     # and whatever else LLVM may use for the target's mcpu (checked by the loader)
     info["cpu_flags"] = sorted(set(x86.REQUIRED_FLAGS.get(request["target"]["name"], ()))
                                | {x86.KERNEL_FEATURES[f] for f in feats
                                   if info.get("gemm_kernel") == "vdpbf16ps"}
-                               | (llvm_cpu_flags(tdict) if request["target"]["family"] == "x86" else set()))
+                               | {x86.LLVM_FEATURE_FLAGS[f] for f in enabled if f in x86.LLVM_FEATURE_FLAGS})
     return src, info
-
-
-def llvm_cpu_flags(tdict: dict) -> set[str]:
-    """The /proc/cpuinfo flags of every feature in ``x86.LLVM_FEATURE_FLAGS`` that LLVM
-    enables for the target dict (its mcpu plus mattr)."""
-    t = tvm.target.Target(tdict)
-    return {flag for feat, flag in x86.LLVM_FEATURE_FLAGS.items() if codegen.llvm_cpu_has_features(feat, t)}
 
 
 def x86_export_library(rt_module, path: str) -> str:
