@@ -76,22 +76,19 @@ def fp32_attention(cuda: bool):
 def time_forward(fn, ids, repeats: int, warmup: int) -> list[float]:
     """Seconds per call: CUDA events on a GPU, the wall clock elsewhere (a smoke test)."""
     import torch
+
+    from lcmac.tune.measure import gpu_timer
     for _ in range(warmup):
         fn(ids)
+    if ids.is_cuda:
+        torch.cuda.synchronize()
+        timer = gpu_timer()
+        return [timer(lambda: fn(ids), 1) for _ in range(repeats)]
     out = []
     for _ in range(repeats):
-        if ids.is_cuda:
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(ids)
-            end.record()
-            end.synchronize()
-            out.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn(ids)
-            out.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        fn(ids)
+        out.append(time.perf_counter() - t0)
     return out
 
 

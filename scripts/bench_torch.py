@@ -26,17 +26,6 @@ import time
 CHECK_ROWS = 1024
 
 
-def _event_time(fn, calls: int) -> float:
-    import torch
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / calls
-
-
 def _sustained(fn, seconds: float) -> float:
     import torch
     n, t0 = 0, time.perf_counter()
@@ -73,6 +62,8 @@ def bench_shape(M, N, K, args, dtype) -> dict:
     import torch
 
     from lcmac.ops import release_kernels
+    from lcmac.tune.measure import gpu_timer
+    timer = gpu_timer()
     with torch.no_grad():
         vs = variants(M, N, K, args.algos, dtype)
         band = slice(0, min(M, CHECK_ROWS))       # checked on a band of rows: float64 is big
@@ -86,7 +77,7 @@ def bench_shape(M, N, K, args, dtype) -> dict:
         rounds = {name: [] for name, _ in vs}
         for _ in range(args.rounds):
             for name, fn in vs:
-                rounds[name].append(_event_time(fn, args.calls))
+                rounds[name].append(timer(fn, args.calls) / args.calls)
         sustained = {name: _sustained(fn, args.sustained) for name, fn in vs} if args.sustained else {}
     del vs
     release_kernels()                              # this shape's workspaces and prepared weights

@@ -181,7 +181,8 @@ def _gpu_check(C, ref, rows, dtype) -> str | None:
     return None
 
 
-def _gpu_timer():
+def gpu_timer():
+    """``timer(fn, n)``: seconds for n back-to-back calls of ``fn`` on the GPU (CUDA events)."""
     import torch
 
     def timer(fn, n):
@@ -227,7 +228,7 @@ def _measure_gpu(call, dtype: str, shape, *, warmup, repeats, min_run_s, check,
             run()
         torch.cuda.synchronize()
     out = time_callable(run, sync=torch.cuda.synchronize, warmup=warmup, repeats=repeats,
-                        min_run_s=min_run_s, timer=_gpu_timer())
+                        min_run_s=min_run_s, timer=gpu_timer())
     out.update(status="ok", input_sets=len(ins), warm_s=warm_s)
     return out
 
@@ -305,7 +306,7 @@ def measure_artifact(path: str, target: str, dtype: str, shape, *, warmup: int =
         import torch
         sync = torch.cuda.synchronize
         sync()
-        timer = _gpu_timer()
+        timer = gpu_timer()
     if check:
         why = check_result(A, B, C, dtype)
         if why:
