@@ -1,7 +1,7 @@
 """lcmac inside torch models: ``lcmac.nn.Linear`` and ``lcmac.optimize(model)``.
 
 ``Linear`` is a ``torch.nn.Linear`` (same parameters, state_dict keys and initialisation)
-whose product runs through ``torch.ops.lcmac.matmul``: y = x·Wᵀ + b with W of
+whose product runs through ``torch.ops.lcmac.linear``: y = x·Wᵀ + b with W of
 [out, in] used as B = Wᵀ of K×N = in×out.  ``Linear.from_linear(layer)`` shares the layer's
 parameters (an optimizer holding them keeps working).
 
