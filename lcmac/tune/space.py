@@ -32,20 +32,9 @@ from ..targets import schedule_family as family
 
 
 # ---- enumeration ---------------------------------------------------------------------------
-def config_class(fam: str):
-    """The backend's config dataclass (CpuConfig / CudaConfig)."""
-    return FAMILIES[fam].config_class
-
-
-def schedule_version(fam: str) -> int:
-    """The generation of the backend's templates: tuning records of an older generation
-    timed other code."""
-    return FAMILIES[fam].schedule_version
-
-
 def config_from_dict(target, d: dict):
     """A logged config dict as the backend's config object."""
-    return config_class(family(target)).from_dict(dict(d))
+    return FAMILIES[family(target)].config_class.from_dict(dict(d))
 
 
 def default_config(target, dtype="float32", algorithm=None, shape=None, operands="native"):
@@ -59,7 +48,7 @@ def default_config(target, dtype="float32", algorithm=None, shape=None, operands
     try:
         return FAMILIES[family(target)].default_config(target_object(target), dtype, alg, shape=shape)
     except Exception:  # noqa: BLE001 - no default from the backend: its config class's own
-        return config_class(family(target))()
+        return FAMILIES[family(target)].config_class()
 
 
 #: CUDA output tiles of the built-in space (block_m, block_n): the measured best 128×256
@@ -121,7 +110,7 @@ def default_space(fam: str, dtype: str, shape, algorithm=None, operands: str = "
         for mr, nr, kc, mc, nc in itertools.product((4, 8, 16), (16, 32, 64), (64, 128, 256, 512),
                                                     (32, 64, 128, 256), (256, 1024, 4096)):
             out.append({"mr": mr, "nr": nr, "kc": kc, "mc": mc, "nc": nc})
-    cls = config_class(fam)
+    cls = FAMILIES[fam].config_class
     return [cls.from_dict(d) for d in out]
 
 
