@@ -19,6 +19,7 @@ import time
 
 from .artifact import cache as kcache
 from .artifact.build import build
+from .artifact.bundle import build_bundle, read_bundle
 from .artifact.manifest import Manifest
 from .artifact.tuning_log import TuningDB
 from .costmodel import gemm_estimate, model_dtype, resolve_profile, select
@@ -33,6 +34,7 @@ from .ir.program import stage_names
 from .ir.summary import summarize
 from .ir.verify import brent_failures
 from .schedules.cuda.config import OPERAND_MODES
+from .shape_rules import check_ladder, parse_rule
 from .shapes import SHAPE_HELP, parse_shape
 from .targets import TARGETS, get_target, host_target, schedule_family
 from .tune import tuner
@@ -223,6 +225,9 @@ def _print_selection(args, shown, best, source: str, dt: str, errors: bool) -> N
 # ---- build ---------------------------------------------------------------------------------
 def cmd_build(args) -> int:
     t = host_target() if args.target in (None, "host") else get_target(args.target)
+    if args.shape.kind != "exact" or args.rows or args.tile:
+        return _build_bundle(args, t)
+    args.shape = (args.shape.M, args.shape.N, args.shape.K)
     t0 = time.perf_counter()
     path = build(args.algo, t, args.dtype, args.shape, levels=args.levels, config=args.config,
                  out_dir=args.output, name=args.name, mcpu=args.mcpu)
@@ -248,6 +253,51 @@ def cmd_build(args) -> int:
     if err:
         print(f"  error    {err}")
     return 0
+
+
+def _build_bundle(args, t) -> int:
+    """``lcmac build`` of a shape rule (no --shape: any shape; ?xNxK: any M): a bundle."""
+    if args.name:
+        raise LcmacError("--name names one artifact; a shape rule builds a bundle (bundle.json "
+                         "plus one artifact per bucket kernel): leave --name out")
+    t0 = time.perf_counter()
+    path = build_bundle(args.algo, t, args.dtype, [args.shape], out_dir=args.output,
+                        rows=args.rows, tile=args.tile, levels=args.levels, config=args.config,
+                        mcpu=args.mcpu, progress=lambda text: print(f"compiling {text}", flush=True))
+    b = read_bundle(path)
+    r = b.rules[0]
+    print(f"built {r.algorithm} for {b.target['name']} {b.dtype}, shape rule {r.rule}, "
+          f"{len(b.kernels)} kernels in {time.perf_counter() - t0:.1f} s")
+    print(f"  row buckets {', '.join(map(str, r.rows))}"
+          + (f"; N×K tile {r.tile[0]}x{r.tile[1]} (tiles copied, the last padded)" if r.tile else
+             "; rows under the smallest bucket are padded into it"))
+    print(f"  bundle   {path}  (lcmac.load('{b.path}') serves every shape the rule admits)")
+    return 0
+
+
+def rule_arg(text: str):
+    """``--shape``: a shape or a shape rule (``lcmac.shape_rules``), errors as argparse's."""
+    try:
+        return parse_rule(text)
+    except ShapeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def ladder_arg(text: str) -> tuple:
+    try:
+        return check_ladder(p for p in text.replace("x", ",").split(",") if p.strip())
+    except ShapeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def tile_arg(text: str) -> tuple:
+    try:
+        tile = tuple(int(p) for p in text.replace("x", ",").split(","))
+    except ValueError:
+        tile = ()
+    if len(tile) != 2 or min(tile) < 1:
+        raise argparse.ArgumentTypeError(f"tile {text!r} must be NxK, two positive integers")
+    return tile
 
 
 def _predicted_error(m) -> str:
@@ -543,14 +593,23 @@ def _add_build(sub) -> None:
     s = sub.add_parser("build", help="compile an algorithm (or the plain GEMM) into a library + manifest",
                        description="Compile one algorithm for one target, dtype and shape into "
                                    "a shared library and its JSON manifest (lcmac.load reads "
-                                   "them). Without --config: the tuning log's best config for "
-                                   "the shape (lcmac tune; CPUs: this exact shape), else the "
-                                   "backend's default.")
+                                   "them). Without --shape, or with --shape ?xNxK, a bundle: "
+                                   "kernels for a ladder of row counts (and, for any shape, an "
+                                   "N×K tile) and a bundle.json that lcmac.load runs on every "
+                                   "shape the rule admits. Without --config: the tuning log's "
+                                   "best config for the shape (lcmac tune; CPUs: this exact "
+                                   "shape), else the backend's default.")
     s.add_argument("--algo", required=True, help="gemm, or a catalogue name/expression (strassen, strassen^2, ...)")
     s.add_argument("--target", default=None,
                    help=f"one of {TARGET_NAMES}; 'cuda' (the GPU present) or 'host' (default: this CPU)")
     s.add_argument("--dtype", default="float32", help=DTYPE_HELP)
-    s.add_argument("--shape", required=True, type=shape_arg, metavar="MxNxK", help=SHAPE_HELP)
+    s.add_argument("--shape", type=rule_arg, default=parse_rule(None), metavar="MxNxK|?xNxK",
+                   help=f"{SHAPE_HELP}; ?xNxK: any M (a weight); default: any shape")
+    s.add_argument("--rows", type=ladder_arg, default=None, metavar="P,P,...",
+                   help="row buckets of a shape rule (default: 4096,1024,256 on CPUs, "
+                        "32768,8192,2048 on CUDA; any shape: 1024,256 / 8192,2048)")
+    s.add_argument("--tile", type=tile_arg, default=None, metavar="NxK",
+                   help="the any-shape rule's N×K tile (default 1024x1024 on CPUs, 8192x8192 on CUDA)")
     s.add_argument("--levels", type=int, default=1, help="recursion levels of the algorithm (default 1)")
     s.add_argument("--config", default=None, metavar="JSON",
                    help="schedule knobs as JSON, e.g. '{\"mc\": 128}'; CUDA operand precision: "

@@ -17,10 +17,15 @@ seconds for what the tuning logs measure within a few per cent of the vendor's.
 name or expression (``"strassen"``, ``"winograd^2"``) that LCMA; ``plan()`` tells what runs
 for a shape and why, without running it.
 
-**One kernel per shape.**  Every artifact is compiled for one exact M×N×K, so the first call
-at a new shape that runs an lcmac kernel compiles it (a few seconds on a CPU, in a worker
+**Kernels per N×K, not per shape.**  Kernels are compiled for fixed sizes, so the rows are
+cut by a ladder of bucket row counts (``lcmac.shape_rules.JIT_ROWS``: 4096…256 on CPUs,
+65536…1024 on CUDA; largest first, each piece a slice of A and C, no copy).  The first call
+that needs a bucket kernel for an N×K compiles it (a few seconds on a CPU, in a worker
 process) into the kernel cache (``lcmac.artifact.cache``: ``$LCMAC_CACHE_DIR/kernels``, default
-``~/.cache/lcmac/kernels``); later calls, in this process or another, load it.  With
+``~/.cache/lcmac/kernels``); later calls, in this process or another, load it: at most one
+kernel per bucket and N×K, whatever the row counts seen.  With "auto" the rows under the
+smallest bucket, and any piece the decision at its bucket gives to the vendor, run on the
+vendor GEMM; a forced algorithm pads them into its smallest bucket.  With
 ``LCMAC_CACHE_DIR=off`` nothing is compiled: "auto" runs the vendor GEMM (with a warning),
 a forced algorithm raises.
 
@@ -51,6 +56,8 @@ from .dispatch import AutoMatmul
 from .dtypes import normalize_dtype
 from .errors import CatalogueError, DTypeError, LcmacError, ShapeError, TargetError
 from .runtime.loader import load
+from .runtime.tiled import run_rows
+from .shape_rules import JIT_ROWS
 from .targets import get_target
 from .tune.measured_decision import vendor_matmul
 
@@ -67,7 +74,7 @@ OP_SCHEMA = '(Tensor A, Tensor B, str algo="auto", float? max_error=None) -> Ten
 LINEAR_SCHEMA = '(Tensor x, Tensor weight, str algo="auto", float? max_error=None) -> Tensor'
 #: weights whose contiguous transpose is kept (least recently used dropped first)
 MAX_TRANSPOSED = 256
-#: prepared forms kept per static B (one per artifact, i.e. per row count M)
+#: prepared forms kept per static B (one per bucket kernel)
 MAX_PREPARED = 4
 
 _lock = threading.RLock()     # re-entrant: a weakref callback (mark_static) may fire under it
@@ -444,24 +451,43 @@ def _empty(A, o: _Operands):
     return torch.empty((*o.rows, o.N), dtype=A.dtype, device=A.device)
 
 
-def _run_lcmac(p: MatmulPlan, A, B, out, o: _Operands):
-    """Run the plan's kernel; None where an automatic choice could not be compiled (the
-    caller then runs the vendor GEMM; the reason is warned once per shape)."""
-    key = (p.runs, o.target, o.dtype, (o.M, o.N, o.K))
-    if p.algo == AUTO and key in _failed:
-        return None
-    try:
-        fn = kernel(*key)
-    except LcmacError as e:
-        if p.algo != AUTO:
-            raise
-        _failed[key] = str(e)
-        warnings.warn(f"lcmac.matmul: {p.runs} was chosen for {o.M}x{o.N}x{o.K} {o.dtype} but "
-                      f"could not be built ({type(e).__name__}: {e}); the vendor GEMM runs "
-                      f"instead", RuntimeWarning, stacklevel=4)
-        return None
+def _kernel_for(p: MatmulPlan, o: _Operands, max_error):
+    """bucket shape → the plan's kernel there, or None where the vendor GEMM should run that
+    piece (an automatic choice: the decision at the bucket prefers the vendor, or the kernel
+    could not be compiled, which is warned once per shape)."""
+    forced = p.algo != AUTO
+
+    def kernel_for(shape):
+        key = (p.runs, o.target, o.dtype, tuple(shape))
+        if not forced:
+            if key in _failed:
+                return None
+            if plan(*shape, o.dtype, algo=AUTO, max_error=max_error, target=o.target).runs == VENDOR:
+                return None
+        try:
+            return kernel(*key)
+        except LcmacError as e:
+            if forced:
+                raise
+            _failed[key] = str(e)
+            warnings.warn(f"lcmac.matmul: {p.runs} was chosen for {o.M}x{o.N}x{o.K} {o.dtype} but "
+                          f"its {'x'.join(map(str, shape))} kernel could not be built "
+                          f"({type(e).__name__}: {e}); the vendor GEMM runs those rows instead",
+                          RuntimeWarning, stacklevel=6)
+            return None
+    return kernel_for
+
+
+def _run_lcmac(p: MatmulPlan, A, B, out, o: _Operands, max_error):
+    """Run the plan's algorithm on row pieces of the JIT ladder (lcmac.shape_rules): bucket
+    kernels on slices of A and C; with an automatic choice the vendor GEMM takes the rows
+    under the smallest bucket and any piece where the decision prefers it; a forced
+    algorithm pads them into its smallest bucket instead."""
     C = out if out is not None else _empty(A, o)
-    fn(A.reshape(o.M, o.K), _b_for(fn, B, o.kind), out=C.reshape(o.M, o.N))
+    kind = "cuda" if get_target(o.target).backend == "tilelang" else "cpu"
+    run_rows(A.reshape(o.M, o.K), B, C.reshape(o.M, o.N), JIT_ROWS[kind], _kernel_for(p, o, max_error),
+             N=o.N, K=o.K, vendor=None if p.algo != AUTO else vendor_matmul,
+             b_for=lambda fn, b: _b_for(fn, b, o.kind))
     return C
 
 
@@ -474,9 +500,7 @@ def compute(A, B, algo: str = AUTO, max_error=None, out=None):
         return vendor_matmul(A, B, out=out)
     p = plan(o.M, o.N, o.K, o.dtype, algo=algo, max_error=max_error, target=o.target)
     if p.runs != VENDOR:
-        C = _run_lcmac(p, A, B, out, o)
-        if C is not None:
-            return C
+        return _run_lcmac(p, A, B, out, o, max_error)
     return vendor_matmul(A, B, out=out)
 
 

@@ -35,7 +35,7 @@ LAYERS = ["base", "ir", "costmodel", "schedules", "targets", "artifact", "runtim
 
 #: module (or package prefix) → layer; the longest matching prefix wins
 LAYER_OF = {
-    "lcmac.errors": "base", "lcmac.dtypes": "base", "lcmac.shapes": "base", "lcmac.version": "base",
+    "lcmac.errors": "base", "lcmac.dtypes": "base", "lcmac.shapes": "base", "lcmac.shape_rules": "base", "lcmac.version": "base",
     "lcmac.cachedir": "base",
     "lcmac.ir": "ir", "lcmac.costmodel": "costmodel", "lcmac.schedules": "schedules",
     "lcmac.targets": "targets", "lcmac.artifact": "artifact", "lcmac.runtime": "runtime",

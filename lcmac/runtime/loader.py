@@ -28,10 +28,12 @@ import platform
 import threading
 from pathlib import Path
 
+from ..artifact.bundle import is_bundle
 from ..artifact.manifest import Manifest, find_manifest, verify_library
 from ..errors import ArtifactError, DTypeError, ShapeError, TargetError
 from ..targets import aarch64, get_target, x86
 from . import cuda_loader, qemu_runner
+from .bundle import load_bundle
 
 _CONTEXT_SYMBOLS = ("TVMBackendParallelLaunch", "TVMBackendAllocWorkspace", "TVMBackendFreeWorkspace",
                     "TVMBackendParallelBarrier")
@@ -259,7 +261,12 @@ def load(path, *, sve_vq: int | None = None) -> LcmacFunction:
     :class:`EmulatedFunction` (qemu-user; correctness only, not timing).  ``sve_vq`` is the
     SVE vector length it is emulated at, in 128-bit units (default: ``LCMAC_SVE_VQ``, else
     the fixed length of ``aarch64-sve256``/``-sve512`` and 2 for ``aarch64-sve``); it is
-    ignored where the artifact runs natively."""
+    ignored where the artifact runs natively.
+
+    A bundle (a directory with ``bundle.json``, ``lcmac.artifact.bundle``) comes back as a
+    :class:`~lcmac.runtime.bundle.BundleFunction` serving every shape its rules admit."""
+    if is_bundle(path):
+        return load_bundle(path, lambda p: load(p, sve_vq=sve_vq))
     man_path = find_manifest(path)
     man = Manifest.read(man_path)
     if man.backend == "tvm":

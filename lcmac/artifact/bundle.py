@@ -1,0 +1,172 @@
+"""Bundles: one directory of kernels serving shape rules, with one index.
+
+    DIR/bundle.json               the index (below), written last and atomically
+    DIR/<kernel>.so, <kernel>.json  ordinary artifacts (lcmac.artifact.manifest), one per
+                                  bucket shape
+
+``build_bundle(algo, target, dtype, rules)`` compiles every bucket kernel the rules need
+(``lcmac.shape_rules``: ``?xNxK`` → a row ladder of N×K kernels; ``?x?x?`` → a row ladder of
+T_N×T_K tiles; ``MxNxK`` → that kernel) with one compiler process, then writes the index.
+``lcmac build`` without ``--shape`` writes a bundle of the any-shape rule; with ``--shape
+?xNxK`` one of that rule.  ``lcmac.load(DIR)`` runs it (``lcmac.runtime.bundle``).
+
+Index fields (format ``lcmac-bundle/1``):
+
+    format, lcmac_version, created
+    target          {name, family, backend}
+    dtype
+    rules           [{rule, algorithm, rows: [P...], tile: [T_N, T_K] | null,
+                      kernels: [kernel name...]}]     in the order the runtime tries them
+    kernels         [{name, algorithm: {name, hash}, shape: {M, N, K}, config, entry,
+                      manifest, library, sha256, bytes}]   (library sha256 and size: as in
+                     the kernel's manifest, so a reader can check a library before loading it)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import ArtifactError, LcmacError
+from ..shape_rules import ANY_ROWS, ANY_TILE, BUILD_ROWS, ShapeRule, bucket_shapes, check_ladder, parse_rule
+from ..version import __version__
+from .build import build_many, resolve_target
+from .manifest import Manifest, atomic_write_bytes
+
+FORMAT = "lcmac-bundle/1"
+INDEX = "bundle.json"
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """One rule of a bundle: the rule, the algorithm serving it, its row ladder and tile."""
+    rule: ShapeRule
+    algorithm: str
+    rows: tuple = ()
+    tile: tuple | None = None
+    kernels: tuple = ()
+
+    def to_dict(self) -> dict:
+        return {"rule": self.rule.text, "algorithm": self.algorithm, "rows": list(self.rows),
+                "tile": list(self.tile) if self.tile else None, "kernels": list(self.kernels)}
+
+
+@dataclass
+class Bundle:
+    """A bundle's index, read and checked."""
+    path: Path
+    target: dict
+    dtype: str
+    rules: list
+    kernels: dict = field(default_factory=dict)      # name → index entry
+    lcmac_version: str = ""
+
+    def manifest_path(self, name: str) -> Path:
+        return self.path / self.kernels[name]["manifest"]
+
+
+def backend_kind(target) -> str:
+    """"cuda" for TileLang targets, "cpu" for the others (which ladder defaults apply)."""
+    return "cuda" if resolve_target(target).backend == "tilelang" else "cpu"
+
+
+def plan_rule(rule, algorithm: str, kind: str, rows=None, tile=None) -> RuleSpec:
+    """The rule with its ladder and tile (defaults per backend kind)."""
+    rule = parse_rule(rule)
+    if rule.kind == "exact":
+        return RuleSpec(rule, algorithm)
+    if rule.kind == "rows":
+        return RuleSpec(rule, algorithm, check_ladder(rows or BUILD_ROWS[kind]))
+    tile = tuple(int(t) for t in (tile or ANY_TILE[kind]))
+    if len(tile) != 2 or min(tile) < 1:
+        raise ArtifactError(f"the any-shape tile must be two positive sizes (N, K); got {tile}")
+    return RuleSpec(rule, algorithm, check_ladder(rows or ANY_ROWS[kind]), tile)
+
+
+def build_bundle(algo: str, target=None, dtype="float32", rules=(None,), *, out_dir=".",
+                 rows=None, tile=None, levels: int = 1, config=None, mcpu=None,
+                 progress=None) -> Path:
+    """Compile the bucket kernels of ``rules`` (each a rule text, shape or None = any shape)
+    for ``algo`` into ``out_dir`` and write its index; returns the index path.
+    ``rows``: the row ladder (default per backend, ``lcmac.shape_rules.BUILD_ROWS`` /
+    ``ANY_ROWS``); ``tile``: the any-shape rule's (T_N, T_K).  ``progress(text)`` hears of
+    each kernel before it is compiled.  A failed kernel raises and writes no index."""
+    t = resolve_target(target)
+    kind = backend_kind(t)
+    specs = [plan_rule(r, algo, kind, rows, tile) for r in rules]
+    shapes: list = []
+    for s in specs:
+        for shp in bucket_shapes(s.rule, s.rows, s.tile):
+            if shp not in shapes:
+                shapes.append(shp)
+    out = Path(out_dir).resolve()
+    if progress:
+        for i, shp in enumerate(shapes, 1):
+            progress(f"[{i}/{len(shapes)}] {algo} {t.name} {dtype} {'x'.join(map(str, shp))}")
+    jobs = [dict(algo=algo, target=t, dtype=dtype, shape=shp, levels=levels, config=config,
+                 out_dir=str(out), mcpu=mcpu) for shp in shapes]
+    results = build_many(jobs)
+    for shp, r in zip(shapes, results):
+        if isinstance(r, BaseException):
+            if isinstance(r, LcmacError):
+                raise type(r)(f"building the {'x'.join(map(str, shp))} kernel of the bundle: {r}")
+            raise r
+    by_shape = {shp: Manifest.read(p) for shp, p in zip(shapes, results)}
+    kernels = []
+    for shp, man in by_shape.items():
+        kernels.append({"name": man.name, "algorithm": {"name": man.algorithm["name"],
+                                                         "hash": man.algorithm.get("hash")},
+                        "shape": dict(man.shape), "config": man.config, "entry": man.entry,
+                        "manifest": f"{man.name}.json", "library": man.library["file"],
+                        "sha256": man.library["sha256"], "bytes": man.library["bytes"]})
+    rule_dicts = []
+    for s in specs:
+        names = tuple(by_shape[shp].name for shp in bucket_shapes(s.rule, s.rows, s.tile))
+        rule_dicts.append(RuleSpec(s.rule, by_shape[shapes[0]].algorithm["name"], s.rows, s.tile,
+                                   names).to_dict())
+    index = {"format": FORMAT, "lcmac_version": __version__,
+             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+             "target": {"name": t.name, "family": t.family, "backend": t.backend},
+             "dtype": by_shape[shapes[0]].dtype, "rules": rule_dicts, "kernels": kernels}
+    path = out / INDEX
+    atomic_write_bytes(path, (json.dumps(index, indent=2) + "\n").encode())
+    return path
+
+
+def is_bundle(path) -> bool:
+    p = Path(path)
+    return (p.is_dir() and (p / INDEX).is_file()) or p.name == INDEX
+
+
+def read_bundle(path) -> Bundle:
+    """The index of the bundle at ``path`` (its directory or bundle.json), checked: format,
+    every rule's kernels listed, every kernel's manifest present.  Libraries are checked
+    (size, sha256) when a kernel is loaded."""
+    p = Path(path)
+    index = p / INDEX if p.is_dir() else p
+    try:
+        d = json.loads(index.read_text())
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"bundle index {index} cannot be read: {e}") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        got = d.get("format") if isinstance(d, dict) else None
+        raise ArtifactError(f"{index} has format {got!r}; this lcmac reads {FORMAT}")
+    try:
+        kernels = {k["name"]: k for k in d["kernels"]}
+        rules = []
+        for r in d["rules"]:
+            spec = RuleSpec(parse_rule(r["rule"]), r["algorithm"], tuple(r.get("rows") or ()),
+                            tuple(r["tile"]) if r.get("tile") else None, tuple(r["kernels"]))
+            missing = [k for k in spec.kernels if k not in kernels]
+            if missing or not spec.kernels:
+                raise ArtifactError(f"{index}: rule {spec.rule} names kernels not in the bundle: {missing}")
+            rules.append(spec)
+        target, dtype = dict(d["target"]), str(d["dtype"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ArtifactError(f"bundle index {index} is malformed ({type(e).__name__}: {e})") from None
+    b = Bundle(index.parent, target, dtype, rules, kernels, str(d.get("lcmac_version", "")))
+    for name in kernels:
+        if not b.manifest_path(name).is_file():
+            raise ArtifactError(f"bundle {b.path}: the manifest of kernel {name} is missing")
+    return b

@@ -1,0 +1,113 @@
+"""``lcmac.load(DIR)`` of a bundle (``lcmac.artifact.bundle``): one callable that runs every
+shape the bundle's rules admit, with no compiler installed.
+
+    f = lcmac.load("out/")          # out/bundle.json
+    C = f(A, B)                     # any shape a rule admits: exact, ?xNxK, ?x?x?
+    f.rule_for(M, N, K)             # which rule serves a shape (None: none)
+
+The rules are tried in the index's order, exact ones first.  A kernel is loaded (and its
+library checked against the manifest's sha256) the first time a piece needs it.  A shape
+no rule admits raises ShapeError naming the rules.  ``prepare_b(B)`` (CUDA bundles, the
+``?xNxK`` rule) combines B once per bucket kernel, lazily, for B's that stay the same.
+"""
+from __future__ import annotations
+
+import threading
+
+from ..artifact.bundle import Bundle, RuleSpec, read_bundle
+from ..errors import ShapeError
+from . import tiled
+
+
+class PreparedBundleB:
+    """B for a bundle's rows rule, prepared per bucket kernel on first use."""
+
+    def __init__(self, B):
+        self.B = B
+        self.forms: dict = {}
+
+
+class BundleFunction:
+    """``C = f(A, B, out=None)`` for a 2-D A and B of any shape the bundle admits."""
+
+    def __init__(self, bundle: Bundle, loader):
+        self.bundle = bundle
+        self._load = loader
+        self._fns: dict = {}
+        self._by_shape: dict = {}
+        self._lock = threading.Lock()
+        for name, k in bundle.kernels.items():
+            shp = k["shape"]
+            self._by_shape[(int(shp["M"]), int(shp["N"]), int(shp["K"]))] = name
+        order = sorted(bundle.rules, key=lambda r: {"exact": 0, "rows": 1, "any": 2}[r.rule.kind])
+        self.rules: list[RuleSpec] = order
+
+    def __repr__(self):
+        rules = ", ".join(f"{r.rule} ({r.algorithm})" for r in self.rules)
+        return (f"<lcmac bundle {self.bundle.target.get('name')} {self.bundle.dtype}: {rules}; "
+                f"{len(self.bundle.kernels)} kernels from {self.bundle.path}>")
+
+    @property
+    def dtype(self) -> str:
+        return self.bundle.dtype
+
+    def kernel(self, shape):
+        """The loaded kernel of a bucket shape (M, N, K)."""
+        name = self._by_shape.get(tuple(shape))
+        if name is None:
+            raise ShapeError(f"the bundle has no {'x'.join(map(str, shape))} kernel")
+        fn = self._fns.get(name)
+        if fn is None:
+            with self._lock:
+                fn = self._fns.get(name)
+                if fn is None:
+                    fn = self._fns[name] = self._load(self.bundle.manifest_path(name))
+        return fn
+
+    def rule_for(self, M: int, N: int, K: int) -> RuleSpec | None:
+        return next((r for r in self.rules if r.rule.admits(M, N, K)), None)
+
+    def prepare_b(self, B) -> PreparedBundleB:
+        """B kept for prepared forms (made per bucket kernel when first used)."""
+        return PreparedBundleB(B)
+
+    def _b_for(self, prepared: PreparedBundleB | None):
+        if prepared is None:
+            return None
+
+        def b_for(fn, B):
+            prep = getattr(fn, "prepare_b", None)
+            if prep is None:
+                return B
+            if fn not in prepared.forms:
+                prepared.forms[fn] = prep(B)
+            return prepared.forms[fn]
+        return b_for
+
+    def __call__(self, A, B, out=None):
+        prepared = B if isinstance(B, PreparedBundleB) else None
+        if prepared is not None:
+            B = prepared.B
+        if A.ndim != 2 or B.ndim != 2:
+            raise ShapeError(f"a bundle multiplies 2-D A and B; got {tuple(A.shape)} and {tuple(B.shape)}")
+        M, K = (int(d) for d in A.shape)
+        K2, N = (int(d) for d in B.shape)
+        if K != K2:
+            raise ShapeError(f"inner dimensions differ: A is {M}x{K}, B is {K2}x{N}")
+        r = self.rule_for(M, N, K)
+        if r is None:
+            raise ShapeError(f"no rule of the bundle {self.bundle.path} admits {M}x{N}x{K}; it "
+                             f"serves {', '.join(str(s.rule) for s in self.rules)}")
+        if r.rule.kind == "exact":
+            fn = self.kernel((M, N, K))
+            b = self._b_for(prepared)(fn, B) if prepared is not None else B
+            return fn(A, b, out=out)
+        if r.rule.kind == "rows":
+            return tiled.run_rows(A, B, out, r.rows, self.kernel, N=N, K=K, b_for=self._b_for(prepared))
+        return tiled.run_any(A, B, out, r.rows, r.tile, self.kernel)
+
+
+def load_bundle(path, loader) -> BundleFunction:
+    """The bundle at ``path`` (directory or bundle.json); ``loader(manifest_path)`` loads one
+    kernel (``lcmac.load``)."""
+    return BundleFunction(read_bundle(path), loader)

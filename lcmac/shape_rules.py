@@ -1,0 +1,156 @@
+"""Shape rules: which shapes one compiled kernel family serves, and how a product of such a
+shape is cut into calls of kernels compiled for fixed sizes.
+
+The kernel templates need static sizes (the CPU template cuts its cache blocks and packed
+workspaces from M, N and K; the CUDA templates size their grids and workspaces from them).
+So a rule is served by a small set of *bucket* kernels and the product is cut into pieces:
+
+``exact:MxNxK``
+    one kernel, one shape.
+``rows:?xNxK`` (written ``?xNxK``; a weight: any M, N and K fixed)
+    kernels for row counts P in a ladder of buckets (e.g. 4096, 1024, 256), all N×K.  The
+    rows of A and C are cut greedily, largest bucket first; a row panel of A (and of C) is a
+    contiguous slice, so the pieces cost no copy.  Rows left under the smallest bucket are
+    **padded**: copied into a zeroed P_min×K buffer, multiplied, and P_min×N rows copied back
+    (at most P_min − 1 wasted rows).  Where a vendor GEMM is at hand (lcmac.matmul) those
+    rows go to it instead.
+``any:?x?x?`` (written ``?x?x?``: any M, N and K)
+    the row ladder as above with N and K cut into fixed tiles T_N × T_K: each piece's A and B
+    tiles are copied into contiguous buffers (the last tile of a dimension zero-padded), and
+    each product is added into C (in float32 for 16-bit dtypes).  The cost over an exact
+    kernel is those copies — one pass over A per column tile, one over B per row piece, one
+    over C per K tile — and the padding of the last tiles.
+
+Worked example: ``rows`` with buckets (4096, 1024, 256) and M = 5000 runs 4096 + 3 × 256
+rows as four calls on slices and pads the last 136 rows into one 256-row call
+(120 wasted rows, 2.4 % of the work).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import ShapeError
+from .shapes import parse_shape
+
+RULE_HELP = ("a shape rule: MxNxK (that shape), ?xNxK (any M: a weight of K×N), or ?x?x? "
+             "(any shape)")
+_ROWS_RE = re.compile(r"\s*(?:rows:)?\?\s*[xX×,]\s*(\d+)\s*[xX×,]\s*(\d+)\s*")
+_ANY_RE = re.compile(r"\s*(?:any(?::\?\s*[xX×,]\s*\?\s*[xX×,]\s*\?)?|\?\s*[xX×,]\s*\?\s*[xX×,]\s*\?)\s*")
+
+#: row buckets per backend kind: the ladder a kernel family is built over by default
+#: (``lcmac build``), and the one the JIT (lcmac.matmul) compiles from on demand
+BUILD_ROWS = {"cpu": (4096, 1024, 256), "cuda": (32768, 8192, 2048)}
+JIT_ROWS = {"cpu": tuple(4096 >> i for i in range(5)), "cuda": tuple(65536 >> i for i in range(7))}
+#: the N × K tile of the ``any`` rule, and its row ladder
+ANY_TILE = {"cpu": (1024, 1024), "cuda": (8192, 8192)}
+ANY_ROWS = {"cpu": (1024, 256), "cuda": (8192, 2048)}
+
+
+@dataclass(frozen=True)
+class ShapeRule:
+    """``kind`` "exact" (M, N, K all set), "rows" (M None) or "any" (all None)."""
+    kind: str
+    M: int | None = None
+    N: int | None = None
+    K: int | None = None
+
+    @property
+    def text(self) -> str:
+        """The canonical name (what manifests and the kernel cache record)."""
+        if self.kind == "exact":
+            return f"exact:{self.M}x{self.N}x{self.K}"
+        if self.kind == "rows":
+            return f"rows:?x{self.N}x{self.K}"
+        return "any:?x?x?"
+
+    def __str__(self) -> str:
+        return self.text
+
+    def admits(self, M: int, N: int, K: int) -> bool:
+        return ((self.M is None or self.M == M) and (self.N is None or self.N == N)
+                and (self.K is None or self.K == K))
+
+
+def parse_rule(rule) -> ShapeRule:
+    """A rule from its text ("4096x4096x4096", "?x4096x4096", "?x?x?", the canonical
+    ``exact:``/``rows:``/``any:`` forms), an (M, N, K) sequence, a ShapeRule, or None
+    (any shape).  ShapeError says what a rule is."""
+    if isinstance(rule, ShapeRule):
+        return rule
+    if rule is None:
+        return ShapeRule("any")
+    if isinstance(rule, str):
+        text = rule.strip()
+        if _ANY_RE.fullmatch(text):
+            return ShapeRule("any")
+        mt = _ROWS_RE.fullmatch(text)
+        if mt:
+            N, K = (int(g) for g in mt.groups())
+            if min(N, K) < 1:
+                raise ShapeError(f"shape rule {rule!r}: N and K must be positive")
+            return ShapeRule("rows", None, N, K)
+        if "?" in text:
+            raise ShapeError(f"shape rule {rule!r} is not supported; {RULE_HELP}")
+        text = text.removeprefix("exact:")
+        try:
+            return ShapeRule("exact", *parse_shape(text))
+        except ShapeError:
+            raise ShapeError(f"shape rule {rule!r} must be {RULE_HELP}") from None
+    return ShapeRule("exact", *parse_shape(rule))
+
+
+def check_ladder(rows) -> tuple[int, ...]:
+    """Row buckets as a strictly decreasing tuple of positive ints (ShapeError otherwise)."""
+    try:
+        vals = tuple(sorted({int(r) for r in rows}, reverse=True))
+    except (TypeError, ValueError):
+        raise ShapeError(f"row buckets {rows!r} must be positive integers") from None
+    if not vals or vals[-1] < 1:
+        raise ShapeError(f"row buckets {rows!r} must be positive integers")
+    return vals
+
+
+@dataclass(frozen=True)
+class RowPiece:
+    """Rows [start, start + rows) of A and C, run by the kernel of ``bucket`` rows; ``rows
+    < bucket`` means padded (or, where a vendor GEMM is at hand, not a bucket at all)."""
+    start: int
+    rows: int
+    bucket: int
+
+    @property
+    def padded(self) -> bool:
+        return self.rows < self.bucket
+
+
+def row_pieces(M: int, ladder) -> list[RowPiece]:
+    """M rows cut greedily by ``ladder`` (largest bucket first); the rows left under the
+    smallest bucket form one padded piece."""
+    ladder = check_ladder(ladder)
+    pieces, start = [], 0
+    for P in ladder:
+        while M - start >= P:
+            pieces.append(RowPiece(start, P, P))
+            start += P
+    if start < M:
+        pieces.append(RowPiece(start, M - start, ladder[-1]))
+    return pieces
+
+
+def tiles(extent: int, tile: int) -> list[tuple[int, int]]:
+    """(start, size) of the tiles of ``tile`` covering ``extent`` (the last may be short)."""
+    return [(s, min(tile, extent - s)) for s in range(0, extent, tile)]
+
+
+def bucket_shapes(rule: ShapeRule, ladder, tile=None) -> list[tuple[int, int, int]]:
+    """The (M, N, K) of the kernels a rule is built from (``tile`` = (T_N, T_K) for "any")."""
+    if rule.kind == "exact":
+        return [(rule.M, rule.N, rule.K)]
+    ladder = check_ladder(ladder)
+    if rule.kind == "rows":
+        return [(P, rule.N, rule.K) for P in ladder]
+    if tile is None:
+        raise ShapeError("the any-shape rule needs an N×K tile")
+    tn, tk = (int(t) for t in tile)
+    return [(P, tn, tk) for P in ladder]
