@@ -75,7 +75,7 @@ LINEAR_SCHEMA = '(Tensor x, Tensor weight, str algo="auto", float? max_error=Non
 #: weights whose contiguous transpose is kept (least recently used dropped first)
 MAX_TRANSPOSED = 256
 #: prepared forms kept per static B (one per bucket kernel)
-MAX_PREPARED = 4
+MAX_PREPARED = 8
 
 _lock = threading.RLock()     # re-entrant: a weakref callback (mark_static) may fire under it
 _targets: dict[str, str] = {}
@@ -420,6 +420,10 @@ def transposed_weight(weight):
     once (``prepare_b``: CUDA) keeps that form too.  This runs inside ``torch.ops.lcmac.linear``
     at call time, under ``torch.compile`` as in eager mode."""
     import torch
+    if weight.is_cuda and torch.cuda.is_current_stream_capturing():
+        # a CUDA graph replays without Python: a kept copy would go stale when the weight
+        # changes, so the capture records the transpose itself (and B is combined in the kernel)
+        return weight.t().contiguous()
     try:
         version = weight._version
     except RuntimeError:                # an inference-mode tensor has no version counter

@@ -180,7 +180,7 @@ def test_auto_falls_back_to_the_vendor_gemm_when_a_kernel_cannot_be_built(monkey
     monkeypatch.setattr(ops, "plan", lambda *a, **kw: lcma)
     monkeypatch.setattr(ops, "kernel", no_compiler)
     monkeypatch.setattr(ops, "_failed", {})
-    A, B = _ab(4, 3, 5)
+    A, B = _ab(JIT_ROWS["cpu"][-1] + 4, 3, 5)      # a bucket's rows: its kernel is asked for
     with pytest.warns(RuntimeWarning, match="no compiler here"):
         _close(lcmac.matmul(A, B), _ref(A, B), np.float32)
     _close(lcmac.matmul(A, B), _ref(A, B), np.float32)        # warned once per shape

@@ -4,13 +4,17 @@
  *
  *   lcmac build --algo strassen --shape 1024x1024x1024 -o out
  *   make -C examples/c
- *   examples/c/matmul out/strassen-x86_64-avx512-float32-1024x1024x1024.so 1024 1024 1024
+ *   examples/c/matmul out/strassen-x86_64-avx512-float32-1024x1024x1024.json
  *
- * Usage: matmul LIB.so M N K [--dtype f32|f64|bf16] [--threads T] [--repeat R] [--entry NAME]
- * M, N, K and the dtype must be the artifact's (its manifest's "shape" and "dtype"); a
- * mismatch is reported by the library (exit status 2).  The check uses at most 256 rows of C
- * (all of them for M <= 256).
- * Exit status: 0 ok; 1 usage; 2 an lcmac error; 3 an error above a loose bound for the dtype.
+ * Usage: matmul ARTIFACT.json [M N K] [--dtype f32|f64|bf16] [--threads T] [--repeat R]
+ *        matmul LIB.so M N K [--dtype f32|f64|bf16] [--threads T] [--repeat R] [--entry NAME]
+ * With the manifest (<name>.json) the artifact is checked before it is loaded (format, target
+ * and CPU features, the library's size, SHA-256 and ELF headers: see lcmac.h) and M, N, K and
+ * the dtype default to the manifest's; others are refused before the library runs.  A bare
+ * LIB.so gets only the ELF check, and M, N, K and the dtype must be given (the library refuses
+ * others).  The check uses at most 256 rows of C (all of them for M <= 256).
+ * Exit status: 0 ok; 1 usage; 2 an lcmac error (its status name and message on stderr);
+ * 3 an error above a loose bound for the dtype.
  */
 #include <math.h>
 #include <stdint.h>
@@ -66,32 +70,56 @@ static void put(void* x, size_t i, int dtype, double v) {
   }
 }
 
+static int usage(const char* prog) {
+  fprintf(stderr, "usage: %s ARTIFACT.json [M N K] [--dtype f32|f64|bf16] [--threads T] [--repeat R]\n"
+                  "       %s LIB.so M N K [--dtype f32|f64|bf16] [--threads T] [--repeat R] "
+                  "[--entry NAME]\n", prog, prog);
+  return 1;
+}
+
 int main(int argc, char** argv) {
-  if (argc < 5) {
-    fprintf(stderr, "usage: %s LIB.so M N K [--dtype f32|f64|bf16] [--threads T] [--repeat R] "
-                    "[--entry NAME]\n", argv[0]);
-    return 1;
-  }
+  if (argc < 2) return usage(argv[0]);
   const char* lib = argv[1];
-  int64_t M = atoll(argv[2]), N = atoll(argv[3]), K = atoll(argv[4]);
-  int dtype = LCMAC_FLOAT32, threads = 0, repeat = 10;
+  size_t len = strlen(lib);
+  int manifest = len > 5 && !strcmp(lib + len - 5, ".json");
+  int64_t M = 0, N = 0, K = 0;
+  int first = 2;   /* first option */
+  if (argc >= 5 && strncmp(argv[2], "--", 2)) {
+    M = atoll(argv[2]), N = atoll(argv[3]), K = atoll(argv[4]);
+    first = 5;
+    if (M < 1 || N < 1 || K < 1) { fprintf(stderr, "M, N, K must be positive\n"); return 1; }
+  } else if (!manifest) {
+    return usage(argv[0]);
+  }
+  int dtype = -1, threads = 0, repeat = 10;
   const char* entry = "lcmac_matmul";
-  for (int i = 5; i + 1 < argc; i += 2) {
+  if ((argc - first) % 2) return usage(argv[0]);
+  for (int i = first; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--dtype")) {
       const char* d = argv[i + 1];
       dtype = !strcmp(d, "f64") || !strcmp(d, "float64") ? LCMAC_FLOAT64
             : !strcmp(d, "bf16") || !strcmp(d, "bfloat16") ? LCMAC_BFLOAT16 : LCMAC_FLOAT32;
     } else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--repeat")) repeat = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--entry")) entry = argv[i + 1];
-    else { fprintf(stderr, "unknown option %s\n", argv[i]); return 1; }
+    else if (!strcmp(argv[i], "--entry") && !manifest) entry = argv[i + 1];
+    else { fprintf(stderr, "unknown option %s\n", argv[i]); return usage(argv[0]); }
   }
-  if (M < 1 || N < 1 || K < 1) { fprintf(stderr, "M, N, K must be positive\n"); return 1; }
-  size_t sz = dtype == LCMAC_FLOAT64 ? 8 : dtype == LCMAC_BFLOAT16 ? 2 : 4;
 
   char err[1024];
-  lcmac_handle* h = lcmac_open(lib, entry, threads, err, sizeof err);
-  if (!h) { fprintf(stderr, "%s\n", err); return 2; }
+  int status = LCMAC_OK;
+  lcmac_handle* h = manifest ? lcmac_open_artifact(lib, threads, &status, err, sizeof err)
+                             : lcmac_open(lib, entry, threads, err, sizeof err);
+  if (!h) {
+    if (manifest) fprintf(stderr, "%s: ", lcmac_status_name(status));
+    fprintf(stderr, "%s\n", err);
+    return 2;
+  }
+  if (manifest) {   /* the manifest's shape and dtype unless given */
+    if (!M) lcmac_shape(h, &M, &N, &K);
+    if (dtype < 0) dtype = lcmac_dtype_of(h);
+  }
+  if (dtype < 0) dtype = LCMAC_FLOAT32;
+  size_t sz = dtype == LCMAC_FLOAT64 ? 8 : dtype == LCMAC_BFLOAT16 ? 2 : 4;
 
   void* A = malloc((size_t)(M * K) * sz);
   void* B = malloc((size_t)(K * N) * sz);
@@ -129,10 +157,14 @@ int main(int argc, char** argv) {
     double t0 = now();
     rc = lcmac_matmul(h, A, B, C, M, N, K, dtype);
     double t = now() - t0;
-    if (rc != LCMAC_OK) { fprintf(stderr, "%s\n", lcmac_last_error(h)); return 2; }
+    if (rc != LCMAC_OK) {
+      fprintf(stderr, "%s: %s\n", lcmac_status_name(rc), lcmac_last_error(h));
+      return 2;
+    }
     if (t < best) best = t;
   }
-  printf("artifact %s (%s), %lldx%lldx%lld %s, %d threads\n", lib, entry, (long long)M,
+  printf("artifact %s (%s), %lldx%lldx%lld %s, %d threads\n", lib,
+         manifest ? "checked against its manifest" : entry, (long long)M,
          (long long)N, (long long)K,
          dtype == LCMAC_FLOAT64 ? "float64" : dtype == LCMAC_BFLOAT16 ? "bfloat16" : "float32",
          lcmac_num_threads(h));

@@ -13,6 +13,10 @@
  *     `__TVMBackendFreeWorkspace` (and `__TVMBackendParallelBarrier` where used) that the
  *     loader must fill in: here a persistent pthread pool and a workspace cache per handle.
  *
+ * lcmac_open_artifact checks an artifact before it loads it (lcmac_check.c: its manifest, the
+ * target, the library's size, SHA-256 and ELF headers): a damaged or foreign file is an error
+ * with a message, not a crash in the dynamic loader.
+ *
  * C99 + POSIX (dlopen, pthreads); builds for x86-64 and AArch64 alike.
  */
 #ifndef _GNU_SOURCE
@@ -29,6 +33,7 @@
 #include <unistd.h>
 
 #include "../include/lcmac.h"
+#include "lcmac_check.c"   /* what lcmac_open_artifact checks before dlopen; put_err */
 
 /* ---- the two ABI structs (layouts fixed by dlpack.h and tvm/ffi/c_api.h) ---- */
 typedef struct { int32_t device_type; int32_t device_id; } DLDevice;
@@ -95,6 +100,10 @@ struct lcmac_handle {
   char job_err[LCMAC_ERRLEN];
   /* workspaces allocated on the calling thread, kept for the next call */
   WsBlock ws[LCMAC_WS_SLOTS];
+  /* from the manifest (lcmac_open_artifact): what lcmac_matmul accepts */
+  int has_manifest;
+  int64_t M, N, K;
+  int dtype;
 };
 
 /* the handle whose call is running on this thread (NULL on pool workers and elsewhere) */
@@ -254,14 +263,6 @@ static int default_threads(void) {
   return n < 1 ? 1 : n;
 }
 
-static void put_err(char* err, size_t errlen, const char* fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
 static void stop_pool(lcmac_handle* h) {
   pthread_mutex_lock(&h->mu);
   __atomic_store_n(&h->stop, 1, __ATOMIC_RELEASE);
@@ -271,46 +272,43 @@ static void stop_pool(lcmac_handle* h) {
   h->nworkers = 0;
 }
 
-lcmac_handle* lcmac_open(const char* so_path, const char* entry, int num_threads, char* err,
-                         size_t errlen) {
-  if (err && errlen) err[0] = 0;
-  if (!so_path || !entry || !*entry) {
-    put_err(err, errlen, "lcmac_open: the library path and the entry name must not be NULL or empty");
-    return NULL;
-  }
-  if (strlen(entry) > 200) {
-    put_err(err, errlen, "lcmac_open: entry name too long: %s", entry);
-    return NULL;
-  }
+/* ---- opening ---- */
+
+/* dlopen a checked library, find its entry point, start the pool; NULL with *status and a
+ * message on failure */
+static lcmac_handle* open_library(const char* who, const char* so_path, const char* entry,
+                                  int num_threads, int* status, char* err, size_t errlen) {
+  *status = LCMAC_ELOAD;
   /* the library resolves this symbol against the program (see lcmac.h: -rdynamic) */
   if (!dlsym(RTLD_DEFAULT, "TVMFFIErrorSetRaisedFromCStrParts")) {
-    put_err(err, errlen, "lcmac_open: TVMFFIErrorSetRaisedFromCStrParts is not visible to the "
-            "libraries this process loads; link the program with -rdynamic");
+    put_err(err, errlen, "%s: TVMFFIErrorSetRaisedFromCStrParts is not visible to the "
+            "libraries this process loads; link the program with -rdynamic", who);
     return NULL;
   }
   void* lib = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
     const char* why = dlerror();
-    put_err(err, errlen, "lcmac_open: cannot load %s: %s", so_path, why ? why : "?");
+    put_err(err, errlen, "%s: cannot load %s: %s", who, so_path, why ? why : "?");
     return NULL;
   }
   char sym[300];
   snprintf(sym, sizeof sym, "__tvm_ffi_%s", entry);
   TVMFFISafeCallType fn = (TVMFFISafeCallType)dlsym(lib, sym);
   if (!fn) {
-    put_err(err, errlen, "lcmac_open: %s has no entry point %s (see the manifest's entry_points)",
+    put_err(err, errlen, "%s: %s has no entry point %s (see the manifest's entry_points)", who,
             so_path, entry);
     dlclose(lib);
     return NULL;
   }
   lcmac_handle* h = (lcmac_handle*)calloc(1, sizeof *h);
   if (!h) {
-    put_err(err, errlen, "lcmac_open: out of memory");
+    put_err(err, errlen, "%s: out of memory", who);
     dlclose(lib);
     return NULL;
   }
   h->lib = lib;
   h->fn = fn;
+  h->dtype = -1;
   snprintf(h->entry, sizeof h->entry, "%s", entry);
   pthread_mutex_init(&h->call_mu, NULL);
   pthread_mutex_init(&h->mu, NULL);
@@ -332,10 +330,58 @@ lcmac_handle* lcmac_open(const char* so_path, const char* entry, int num_threads
     h->nworkers++;
   }
   if (h->nworkers != n - 1) {
-    put_err(err, errlen, "lcmac_open: cannot start %d worker threads", n - 1);
+    put_err(err, errlen, "%s: cannot start %d worker threads", who, n - 1);
     lcmac_close(h);
     return NULL;
   }
+  *status = LCMAC_OK;
+  return h;
+}
+
+lcmac_handle* lcmac_open(const char* so_path, const char* entry, int num_threads, char* err,
+                         size_t errlen) {
+  if (err && errlen) err[0] = 0;
+  if (!so_path || !entry || !*entry) {
+    put_err(err, errlen, "lcmac_open: the library path and the entry name must not be NULL or empty");
+    return NULL;
+  }
+  if (strlen(entry) > 200) {
+    put_err(err, errlen, "lcmac_open: entry name too long: %s", entry);
+    return NULL;
+  }
+  int status;
+  if (check_library_file("lcmac_open", so_path, -1, NULL, err, errlen)) return NULL;
+  return open_library("lcmac_open", so_path, entry, num_threads, &status, err, errlen);
+}
+
+lcmac_handle* lcmac_open_artifact(const char* manifest_path, int num_threads, int* status,
+                                  char* err, size_t errlen) {
+  static const char who[] = "lcmac_open_artifact";
+  lcmac_handle* h = NULL;
+  ArtifactInfo* a = NULL;
+  int rc;
+  if (err && errlen) err[0] = 0;
+  if (!manifest_path || !*manifest_path) {
+    put_err(err, errlen, "%s: the manifest path must not be NULL or empty", who);
+    rc = LCMAC_EINVAL;
+  } else if (!(a = (ArtifactInfo*)calloc(1, sizeof *a))) {
+    put_err(err, errlen, "%s: out of memory", who);
+    rc = LCMAC_ELOAD;
+  } else if (!(rc = read_manifest(who, manifest_path, a, err, errlen)) &&
+             !(rc = check_library_file(who, a->lib, a->bytes, a->sha256, err, errlen)) &&
+             (h = open_library(who, a->lib, a->entry, num_threads, &rc, err, errlen))) {
+    h->has_manifest = 1;
+    h->M = a->M;
+    h->N = a->N;
+    h->K = a->K;
+    h->dtype = a->dtype;
+  }
+  /* a library that cannot be read: say which manifest named it */
+  if (rc == LCMAC_EIO && a && a->lib[0] && err && errlen && errlen > strlen(err) + 1)
+    snprintf(err + strlen(err), errlen - strlen(err), " (library.file of the manifest %s)",
+             manifest_path);
+  free(a);
+  if (status) *status = rc;
   return h;
 }
 
@@ -391,6 +437,13 @@ int lcmac_matmul(lcmac_handle* h, const void* A, const void* B, void* C, int64_t
              (long long)M, (long long)N, (long long)K);
   } else if (dtype_of(dtype, &dt)) {
     snprintf(h->err, sizeof h->err, "lcmac_matmul: unknown dtype code %d (see lcmac_dtype)", dtype);
+  } else if (h->has_manifest && (M != h->M || N != h->N || K != h->K)) {
+    snprintf(h->err, sizeof h->err, "lcmac_matmul: shape M=%lld N=%lld K=%lld is not the "
+             "artifact's M=%lld N=%lld K=%lld (its manifest's shape)", (long long)M, (long long)N,
+             (long long)K, (long long)h->M, (long long)h->N, (long long)h->K);
+  } else if (h->has_manifest && dtype != h->dtype) {
+    snprintf(h->err, sizeof h->err, "lcmac_matmul: dtype %s is not the artifact's %s",
+             dtype_name(dtype), dtype_name(h->dtype));
   } else {
     size_t sz = dt.bits / 8;
     size_t na = (size_t)M * (size_t)K * sz, nb = (size_t)K * (size_t)N * sz;
@@ -430,6 +483,18 @@ int lcmac_num_threads(const lcmac_handle* h) {
   return h ? h->nthreads : 0;
 }
 
+int lcmac_shape(const lcmac_handle* h, int64_t* M, int64_t* N, int64_t* K) {
+  int known = h && h->has_manifest;
+  if (M) *M = known ? h->M : 0;
+  if (N) *N = known ? h->N : 0;
+  if (K) *K = known ? h->K : 0;
+  return known ? LCMAC_OK : LCMAC_EINVAL;
+}
+
+int lcmac_dtype_of(const lcmac_handle* h) {
+  return h && h->has_manifest ? h->dtype : -1;
+}
+
 void lcmac_close(lcmac_handle* h) {
   if (!h) return;
   stop_pool(h);
@@ -447,6 +512,11 @@ const char* lcmac_status_name(int status) {
     case LCMAC_OK: return "LCMAC_OK";
     case LCMAC_EINVAL: return "LCMAC_EINVAL";
     case LCMAC_EKERNEL: return "LCMAC_EKERNEL";
+    case LCMAC_EFORMAT: return "LCMAC_EFORMAT";
+    case LCMAC_ETARGET: return "LCMAC_ETARGET";
+    case LCMAC_ECORRUPT: return "LCMAC_ECORRUPT";
+    case LCMAC_EIO: return "LCMAC_EIO";
+    case LCMAC_ELOAD: return "LCMAC_ELOAD";
     default: return "unknown lcmac status";
   }
 }

@@ -1,16 +1,18 @@
 /*
- * lcmac.h — calling an lcmac CPU artifact (the .so written by `lcmac build`) from C, with no
- * Python, no TVM runtime and no compiler on the machine that runs it.
+ * lcmac.h — calling an lcmac CPU artifact (the <name>.so + <name>.json written by
+ * `lcmac build`) from C, with no Python, no TVM runtime and no compiler on the machine that
+ * runs it.
  *
- * Implementation: lcmac/runtime/harness/lcmac_c.c (one file, C99 + POSIX: dlopen, pthreads).
- * Compile it into your program and export its symbols to the libraries it loads, e.g.
+ * Implementation: lcmac/runtime/harness/lcmac_c.c (C99 + POSIX: dlopen, pthreads; it
+ * #includes lcmac_check.c and lcmac_json.c from its own directory).  Compile it into your
+ * program and export its symbols to the libraries it loads, e.g.
  *
  *     INC=$(python3 -c "import lcmac.runtime as r; print(r.c_include_dir())")
  *     gcc -O2 -rdynamic -I"$INC" app.c "$INC/../harness/lcmac_c.c" -ldl -lpthread
  *
  * Why -rdynamic: an artifact has one undefined symbol, TVMFFIErrorSetRaisedFromCStrParts
  * (how it reports errors), which lcmac_c.c defines and the dynamic loader must be able to
- * see; lcmac_open fails with a message saying so otherwise.  (Building lcmac_c.c into a
+ * see; opening fails with a message saying so otherwise.  (Building lcmac_c.c into a
  * shared library that the program links against works too.)
  *
  * What lcmac_c.c provides an artifact with: the tvm-ffi calling convention of its entry
@@ -19,13 +21,33 @@
  * pthread pool per handle and a per-handle cache of workspace blocks (kept until
  * lcmac_close, so repeated calls do not map and fault in fresh memory).
  *
+ * Opening: lcmac_open_artifact(manifest) checks, before anything is loaded,
+ *   - the manifest: strict JSON; format "lcmac-artifact/1" (another is LCMAC_EFORMAT, naming
+ *     it); the shape, dtype, entry_points[0].name and library fields well-formed;
+ *   - the target: target.family is this machine's architecture (x86 on x86-64, aarch64 on
+ *     AArch64) and backend "tvm"; on x86 every flag in extra.cpu_flags (and the target's own)
+ *     is in /proc/cpuinfo; on AArch64 an SVE target's SVE and vector length (LCMAC_ETARGET,
+ *     naming what is missing);
+ *   - the library (library.file, beside the manifest): it exists (LCMAC_EIO), has
+ *     library.bytes bytes (where recorded) and the SHA-256 library.sha256 (LCMAC_ECORRUPT),
+ *     and is a 64-bit little-endian ELF shared object for this machine whose program and
+ *     section headers lie inside the file (LCMAC_ECORRUPT; another machine's code is
+ *     LCMAC_ETARGET);
+ * then loads it and finds the entry point (LCMAC_ELOAD if that fails).  A truncated, damaged
+ * or foreign file is an error with a message, not a crash in the dynamic loader.
+ * lcmac_open(so_path, entry) loads a bare library with no manifest: only the ELF check, so
+ * a damaged library whose headers are intact still loads and may crash when called; and the
+ * shape and dtype are not known to it.  Neither guards against a file replaced after it is
+ * opened.
+ *
  * Contract of lcmac_matmul
  *   C[M][N] = A[M][K] · B[K][N], all three row-major and contiguous, of the artifact's dtype,
  *   C written in full.  An artifact accepts exactly one shape and one dtype: those in its
- *   manifest (<name>.json: "shape", "dtype", "entry_points"[0].name).  Matching them is the
- *   caller's job; the library itself checks the shape and dtype it is given and a mismatch
- *   comes back as LCMAC_EKERNEL with the library's message.  C must not overlap A or B
- *   (checked).  Alignment: the element size suffices.
+ *   manifest ("shape", "dtype"; lcmac_shape and lcmac_dtype_of return them).  On a handle
+ *   from lcmac_open_artifact another shape or dtype is LCMAC_EINVAL, naming both, before the
+ *   library is called; on one from lcmac_open the library itself refuses it (LCMAC_EKERNEL
+ *   with its message).  C must not overlap A or B (checked).  Alignment: the element size
+ *   suffices.
  *
  * Threads
  *   A handle is used by one thread at a time (calls on one handle are serialised by a
@@ -35,7 +57,8 @@
  *
  * Errors
  *   Functions return LCMAC_OK (0) or an lcmac_status; lcmac_last_error(h) is the message of
- *   the handle's last failed call ("" after a success).  lcmac_open reports into err/errlen.
+ *   the handle's last failed call ("" after a success).  The open functions return NULL on
+ *   failure and write the message into err/errlen (lcmac_open_artifact its status too).
  */
 #ifndef LCMAC_H
 #define LCMAC_H
@@ -47,7 +70,7 @@
 extern "C" {
 #endif
 
-#define LCMAC_API_VERSION 1
+#define LCMAC_API_VERSION 2   /* 2: lcmac_open_artifact and the checks */
 
 typedef struct lcmac_handle lcmac_handle;
 
@@ -61,16 +84,39 @@ typedef enum {
 
 typedef enum {
   LCMAC_OK = 0,
-  LCMAC_EINVAL = 1,    /* a bad argument: NULL pointer, size <= 0, unknown dtype, C overlaps A/B */
-  LCMAC_EKERNEL = 2    /* the entry point reported an error, e.g. a shape or dtype other than
+  LCMAC_EINVAL = 1,    /* a bad argument: NULL pointer, size <= 0, unknown dtype, C overlaps A/B,
+                          a shape or dtype other than the manifest's */
+  LCMAC_EKERNEL = 2,   /* the entry point reported an error, e.g. a shape or dtype other than
                           the artifact's, or a failed workspace allocation (its message) */
+  LCMAC_EFORMAT = 3,   /* the manifest is not JSON, lacks or garbles a field, or has a format
+                          other than "lcmac-artifact/1" */
+  LCMAC_ETARGET = 4,   /* the artifact is for another architecture or backend, or this CPU
+                          lacks a feature it needs */
+  LCMAC_ECORRUPT = 5,  /* the library's size or SHA-256 is not the manifest's, or it is not a
+                          well-formed ELF shared library (truncated, damaged, replaced) */
+  LCMAC_EIO = 6,       /* the manifest or the library is missing or unreadable */
+  LCMAC_ELOAD = 7      /* the checks passed but loading failed: the dynamic loader's error,
+                          no such entry point, no -rdynamic, no threads or memory */
 } lcmac_status;
 
-/* Load the artifact library `so_path` and find its entry point `entry` (the manifest's
- * entry_points[0].name, "lcmac_matmul" for `lcmac build`).  Returns NULL on failure with a
- * message in err (if err is not NULL). */
+/* Check the artifact whose manifest is `manifest_path` (<name>.json; the checks are listed
+ * above), then load its library and find its entry point.  Returns NULL on failure with the
+ * status in *status and a message in err (each where not NULL). */
+lcmac_handle* lcmac_open_artifact(const char* manifest_path, int num_threads, int* status,
+                                  char* err, size_t errlen);
+
+/* Load the bare library `so_path` (no manifest: only the ELF check) and find its entry point
+ * `entry` (the manifest's entry_points[0].name, "lcmac_matmul" for `lcmac build`).  Returns
+ * NULL on failure with a message in err (if err is not NULL). */
 lcmac_handle* lcmac_open(const char* so_path, const char* entry, int num_threads, char* err,
                          size_t errlen);
+
+/* The manifest's M, N, K (each pointer may be NULL): LCMAC_OK, or LCMAC_EINVAL and zeros for
+ * a NULL handle or one from lcmac_open (no manifest). */
+int lcmac_shape(const lcmac_handle* h, int64_t* M, int64_t* N, int64_t* K);
+
+/* The manifest's dtype (an lcmac_dtype), or -1 for a NULL handle or one from lcmac_open. */
+int lcmac_dtype_of(const lcmac_handle* h);
 
 /* C = A · B (see the contract above); dtype is an lcmac_dtype. */
 int lcmac_matmul(lcmac_handle* h, const void* A, const void* B, void* C, int64_t M, int64_t N,
@@ -88,6 +134,10 @@ void lcmac_close(lcmac_handle* h);
 
 /* Name of a status code. */
 const char* lcmac_status_name(int status);
+
+/* SHA-256 (FIPS 180-4) of n bytes as 64 lowercase hex digits and a NUL (the digest the
+ * open check compares with library.sha256).  LCMAC_OK, or LCMAC_EINVAL for NULL pointers. */
+int lcmac_sha256_hex(const void* data, size_t n, char hex[65]);
 
 #ifdef __cplusplus
 }
