@@ -13,6 +13,17 @@ decides again per call shape (cuBLAS where no LCMA wins) and keeps its weight pr
 and compiled.  The
 kernels are compiled before timing, in parallel, into the kernel cache.  Error: relative Frobenius norm of the final hidden states against the same model
 run in float32 (TF32 off), on the last ``--check-tokens`` positions.
+
+``--train`` (default on a GPU) also times one training step of one layer, the stack's first
+decoder layer, at each ``--train-tokens`` length (default: the shortest ``--tokens``: a
+70B-class layer keeps over 10 GiB of activations for its backward at 32k tokens): forward and
+backward of loss = mean(output.float()²), with the gradients of the weights and of the layer's
+input, for plain torch and the lcmac-optimized layer, eager and compiled (``torch.compile`` of
+the layer and its loss, static shapes; the backward runs what AOTAutograd compiled), timed as
+the forward is.  Error: relative Frobenius norm of one MLP projection's weight gradient
+(``mlp.down_proj.weight``) against the same layer in float32 (only that gradient computed
+there), and of lcmac's against torch's in the same mode.  Results under ``train`` in the
+JSON, with each variant's peak GPU memory.
 """
 from __future__ import annotations
 
@@ -32,25 +43,41 @@ def make_model(args, dtype):
     cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=args.intermediate,
                       num_hidden_layers=args.layers, num_attention_heads=args.heads,
                       num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
-                      max_position_embeddings=max(args.tokens), attn_implementation="sdpa")
+                      max_position_embeddings=max(args.tokens + args.train_tokens),
+                      attn_implementation="sdpa")
     torch.manual_seed(0)
     with torch.device(args.device):
         return LlamaModel(cfg).to(dtype).eval()
 
 
-def prebuild(model, tokens: int) -> list[str]:
-    """Compile, in parallel, the kernels the swapped layers run at ``tokens`` rows."""
+def prebuild(model, tokens: int, backward: bool = False) -> list[str]:
+    """Compile, in parallel, the kernels the swapped layers ask for at ``tokens`` rows: the
+    bucket kernels of each row piece (``lcmac.shape_rules.JIT_ROWS``), as ``lcmac.matmul``
+    asks for them; with ``backward``, also those of the two backward products (dx = dy·W:
+    tokens × in × out, dW = dyᵀ·x: out × in × tokens, as M×N×K)."""
     from lcmac import ops
     from lcmac.nn import Linear
+    from lcmac.shape_rules import JIT_ROWS, row_pieces
+    from lcmac.targets import get_target
     jobs = {}
     for name, m in model.named_modules():
-        if isinstance(m, Linear):
-            dtype = str(m.weight.dtype).replace("torch.", "")
-            target = ops.target_for(m.weight.device.type)
-            p = ops.plan(tokens, m.out_features, m.in_features, dtype, algo=m.algo,
-                         max_error=m.max_error, target=target)
-            if p.runs not in ("vendor", "gemm"):
-                jobs[(p.runs, target, dtype, (tokens, m.out_features, m.in_features))] = name
+        if not isinstance(m, Linear):
+            continue
+        dtype = str(m.weight.dtype).replace("torch.", "")
+        target = ops.target_for(m.weight.device.type)
+        ladder = JIT_ROWS["cuda" if get_target(target).backend == "tilelang" else "cpu"]
+        N, K = m.out_features, m.in_features
+        products = [(tokens, N, K)] + ([(tokens, K, N), (N, K, tokens)] if backward else [])
+        for M, n, k in products:
+            p = ops.plan(M, n, k, dtype, algo=m.algo, max_error=m.max_error, target=target)
+            if p.runs in ("vendor", "gemm"):
+                continue
+            for piece in row_pieces(M, ladder):
+                shape = (piece.bucket, n, k)
+                if m.algo == "auto" and ops.plan(*shape, dtype, algo="auto", max_error=m.max_error,
+                                                 target=target).runs == "vendor":
+                    continue                   # lcmac.matmul runs the vendor GEMM on these rows
+                jobs[(p.runs, target, dtype, shape)] = name
     with cf.ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(lambda key: ops.kernel(*key), jobs))
     return [f"{k[0]} {'x'.join(map(str, k[3]))}" for k in jobs]
@@ -74,7 +101,8 @@ def fp32_attention(cuda: bool):
 
 
 def time_forward(fn, ids, repeats: int, warmup: int) -> list[float]:
-    """Seconds per call: CUDA events on a GPU, the wall clock elsewhere (a smoke test)."""
+    """Seconds per call of ``fn(ids)`` (a forward, or a training step): CUDA events on a GPU,
+    the wall clock elsewhere (a smoke test)."""
     import torch
 
     from lcmac.tune.measure import gpu_timer
@@ -118,6 +146,108 @@ def bench_tokens(T: int, runs: dict, args) -> dict:
     return row
 
 
+#: the weight whose gradient the training step is checked on (one MLP projection)
+GRAD_PARAM = "mlp.down_proj.weight"
+
+
+def layer_loss(layer):
+    """``loss(h, cos, sin)``: mean(layer(h).float()²) of one decoder layer, causal attention
+    (no mask: SDPA's is_causal), the rotary embedding (cos, sin) given."""
+    def loss(h, cos, sin):
+        out = layer(h, attention_mask=None, position_embeddings=(cos, sin))
+        out = out[0] if isinstance(out, tuple) else out      # older transformers: a tuple
+        return out.float().square().mean()
+    return loss
+
+
+def train_step(loss_fn, h, cos, sin, params) -> None:
+    """One training step's forward and backward: the gradients of ``params`` and of the input
+    ``h`` set afresh (not accumulated); no optimizer step."""
+    h.grad = None
+    for p in params:
+        p.grad = None
+    loss_fn(h, cos, sin).backward()
+
+
+def _rel(x, ref) -> float:
+    return ((x.float() - ref).norm() / ref.norm()).item()
+
+
+def bench_train(T: int, train: dict, args) -> dict:
+    """One training step of one decoder layer at ``T`` tokens for each variant of ``train``
+    ({name: (layer, loss function)}), timed as the forward is; ``GRAD_PARAM``'s gradient
+    against the same layer in float32 (``args.reference``), and lcmac's against torch's."""
+    import torch
+    cuda = args.device == "cuda"
+    g = torch.Generator(device=args.device).manual_seed(T)
+    ids = torch.randint(0, args.vocab, (1, T), device=args.device, generator=g)
+    pos = torch.arange(T, device=args.device).unsqueeze(0)
+    built = prebuild(train["lcmac eager"][0], T, backward=True)
+    row = {"tokens": T, "kernels": built, "variants": {}}
+    with torch.no_grad():
+        h0 = args.plain.embed_tokens(ids)           # the layer's input: random tokens' embeddings
+        cos, sin = args.plain.rotary_emb(h0, pos)
+        h32 = h0.float()
+        cos32, sin32 = args.reference.rotary_emb(h32, pos)
+    # float32 reference (TF32 off): only GRAD_PARAM needs a gradient there
+    ref_layer = args.reference.layers[0]
+    ref_w = ref_layer.get_parameter(GRAD_PARAM)
+    flags = {p: p.requires_grad for p in ref_layer.parameters()}
+    try:
+        for p in ref_layer.parameters():
+            p.requires_grad_(p is ref_w)
+        ref_w.grad = None
+        with torch.enable_grad(), fp32_attention(cuda):
+            layer_loss(ref_layer)(h32, cos32, sin32).backward()
+        g_ref = ref_w.grad.detach().float()
+    finally:
+        ref_w.grad = None
+        for p, f in flags.items():
+            p.requires_grad_(f)
+    del h32, cos32, sin32
+    torch_grads = {}
+    for name, (layer, loss_fn) in train.items():
+        mode = name.split()[1]
+        params = [p for p in layer.parameters() if p.requires_grad]
+        w = layer.get_parameter(GRAD_PARAM)
+        h = h0.detach().clone().requires_grad_()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        fn = (lambda x, f=loss_fn, ps=params: train_step(f, x, cos, sin, ps))
+        with torch.enable_grad():
+            fn(h)                   # compiles (compiled variants); its gradient is the one checked
+            gw = w.grad.detach().clone()
+            ts = time_forward(fn, h, args.repeats, args.warmup)
+        v = {"median_s": statistics.median(ts), "seconds": ts, "grad_rel_error": _rel(gw, g_ref)}
+        if name.startswith("torch"):
+            torch_grads[mode] = gw
+        elif mode in torch_grads:
+            v["grad_rel_diff_vs_torch"] = _rel(gw, torch_grads[mode].float())
+        if cuda:
+            v["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            v["step_peak_gib"] = (torch.cuda.max_memory_allocated() - before) / 2**30
+        layer.zero_grad(set_to_none=True)
+        del h, gw
+        row["variants"][name] = v
+    base = {k: row["variants"][f"torch {k}"]["median_s"] for k in ("eager", "compiled")
+            if f"torch {k}" in row["variants"]}
+    print(f"\ntraining step (forward + backward) of layer 0, {T} tokens; grad error: {GRAD_PARAM} "
+          f"against float32; lcmac kernels: {', '.join(built) or 'none (every product runs cuBLAS)'}")
+    for name, v in row["variants"].items():
+        v["vs_torch_same_mode"] = base[name.split()[1]] / v["median_s"]
+        spread = (max(v["seconds"]) - min(v["seconds"])) / v["median_s"]
+        line = (f"  {name:16s} {v['median_s'] * 1e3:9.2f} ms  spread {spread * 100:5.1f}%  "
+                f"vs torch {v['vs_torch_same_mode']:.3f}x  grad error {v['grad_rel_error']:.2e}")
+        if "grad_rel_diff_vs_torch" in v:
+            line += f"  vs torch's {v['grad_rel_diff_vs_torch']:.2e}"
+        if "step_peak_gib" in v:
+            line += f"  step peak +{v['step_peak_gib']:.1f} GiB"
+        print(line)
+    return row
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -134,9 +264,17 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--check-tokens", type=int, default=1024, help="positions compared with float32")
     ap.add_argument("--no-compile", dest="compile", action="store_false", help="eager only")
+    ap.add_argument("--train", action=argparse.BooleanOptionalAction, default=None,
+                    help="also time one training step (forward + backward) of the first layer "
+                         "(default: on with --device cuda or --train-tokens, off otherwise)")
+    ap.add_argument("--train-tokens", type=int, nargs="+", default=None,
+                    help="sequence lengths of the training step (default: the shortest --tokens)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
+    if args.train is None:
+        args.train = args.device == "cuda" or args.train_tokens is not None
+    args.train_tokens = (args.train_tokens or [min(args.tokens)]) if args.train else []
     import copy
 
     import torch
@@ -158,13 +296,32 @@ def main(argv=None) -> int:
         runs["torch compiled"] = torch.compile(plain)
         runs["lcmac compiled"] = torch.compile(lcmac_model)
     results = [bench_tokens(T, runs, args) for T in args.tokens]
+    train_results = []
+    if args.train:
+        args.plain = plain
+        layers = {"torch": plain.layers[0], "lcmac": lcmac_model.layers[0]}
+        train = {}
+        for kind, layer in layers.items():
+            layer.requires_grad_(True)
+            train[f"{kind} eager"] = (layer, layer_loss(layer))
+        if args.compile:
+            # static shapes, one graph per variant and length: room for them all in dynamo's cache
+            cfg = torch._dynamo.config
+            limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+            setattr(cfg, limit, max(getattr(cfg, limit), 2 * len(args.train_tokens) + 2))
+            for kind, layer in layers.items():
+                train[f"{kind} compiled"] = (layer, torch.compile(layer_loss(layer), dynamic=False))
+        train_results = [bench_train(T, train, args) for T in args.train_tokens]
     if args.out:
         doc = {"benchmark": "Llama decoder stack prefill: torch vs lcmac.optimize", "device": name,
                "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
                "command": "python scripts/bench_model.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "torch": torch.__version__, "config": {k: getattr(args, k) for k in (
                    "layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "algo", "max_error")},
-               "optimize": report.to_dict(), "results": results}
+               "optimize": report.to_dict(), "results": results,
+               "train": {"layer": "layers.0", "loss": "mean(layer(h).float()**2)",
+                         "grad_param": GRAD_PARAM, "tokens": args.train_tokens,
+                         "results": train_results} if args.train else None}
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
         print(f"\nwrote {args.out}")
