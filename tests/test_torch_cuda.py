@@ -226,11 +226,7 @@ def test_linear_under_compile_reduce_overhead_after_an_eager_call():
     _reduce_overhead_replays(lin, warm_eagerly=True)
 
 
-# last in the file: a failed cudagraph-trees warm-up may leave that machinery's state behind
-@pytest.mark.xfail(raises=RuntimeError, strict=False, reason=(
-    "the op's kept buffers (Wᵀ, prepared B, a new kernel's workspace) are first allocated "
-    "during cudagraph trees' warm-up, inside its memory pool, and outlive it: torch's check of "
-    "that pool ('tensor(s) in the cudagraph pool not tracked as outputs') refuses them"))
+# last in the file: a failed cudagraph-trees warm-up would leave that machinery's state behind
 def test_linear_under_compile_reduce_overhead_first_call_compiled():
     torch.manual_seed(4)
     lin = Linear(S, S, device="cuda", dtype=BF16, algo="strassen")
