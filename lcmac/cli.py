@@ -22,6 +22,7 @@ from .artifact.build import build
 from .artifact.bundle import build_bundle, read_bundle
 from .artifact.manifest import Manifest
 from .artifact.tuning_log import TuningDB
+from .export import cases_from_json, export
 from .costmodel import gemm_estimate, model_dtype, resolve_profile, select
 from .costmodel.accuracy import cuda_model_args, error_ratio
 from .costmodel.decision import with_errors
@@ -272,6 +273,26 @@ def _build_bundle(args, t) -> int:
           + (f"; N×K tile {r.tile[0]}x{r.tile[1]} (tiles copied, the last padded)" if r.tile else
              "; rows under the smallest bucket are padded into it"))
     print(f"  bundle   {path}  (lcmac.load('{b.path}') serves every shape the rule admits)")
+    return 0
+
+
+def cmd_export(args) -> int:
+    t = host_target() if args.target in (None, "host") else get_target(args.target)
+    cases = list(args.shapes or [])
+    if args.from_json:
+        cases += cases_from_json(args.from_json)
+    if not cases:
+        raise LcmacError("lcmac export needs shapes: MxNxK or ?xNxK on the command line, or "
+                         "--from FILE.json")
+    t0 = time.perf_counter()
+    path = export(cases, t, args.dtype, args.output, rows=args.rows, algo=args.algo,
+                  max_error=args.max_error, regime=args.regime,
+                  progress=lambda text: print(text, flush=True))
+    b = read_bundle(path)
+    print(f"exported {len(b.rules)} shape(s), {len(b.kernels)} kernels for {b.target['name']} "
+          f"{b.dtype} in {time.perf_counter() - t0:.1f} s")
+    print(f"  bundle   {path}   header {path.parent / 'lcmac.h'}")
+    print(f"  Python: lcmac.load('{path.parent}')   C: lcmac_open_bundle (docs/c-api.md)")
     return 0
 
 
@@ -622,6 +643,30 @@ def _add_build(sub) -> None:
     s.set_defaults(func=cmd_build)
 
 
+def _add_export(sub) -> None:
+    s = sub.add_parser("export", help="decide and compile the kernels a list of shapes needs into one bundle",
+                       description="For each shape (MxNxK) or weight (?xNxK: any M), pick lcmac's "
+                                   "best kernel (the tuning logs, else the model; the vendor GEMM "
+                                   "is left out: a bundle runs without one) and compile it, ahead "
+                                   "of time, into one directory: the kernels, bundle.json (what "
+                                   "was decided and why) and lcmac.h. lcmac.load(DIR) runs it "
+                                   "from Python with no compiler installed.")
+    s.add_argument("shapes", nargs="*", type=rule_arg, metavar="SHAPE",
+                   help="MxNxK or ?xNxK (a weight of K×N, any M)")
+    s.add_argument("--from", dest="from_json", metavar="FILE.json",
+                   help="shapes from JSON: a list, {\"shapes\": [...]}, or lcmac.optimize's "
+                        "report (report.to_dict()), whose layers become ?xNxK")
+    s.add_argument("--target", default=None, help=f"one of {TARGET_NAMES}; default this CPU")
+    s.add_argument("--dtype", default="float32", help=DTYPE_HELP)
+    s.add_argument("--algo", default=None, help="one algorithm for every shape (default: decided per shape)")
+    s.add_argument("--max-error", type=float, default=None, help="error budget (× the plain GEMM's)")
+    s.add_argument("--regime", default="burst", choices=REGIMES, help="which tuning-log records decide")
+    s.add_argument("--rows", type=ladder_arg, default=None, metavar="P,P,...",
+                   help="row buckets of the ?xNxK rules (default as lcmac build)")
+    s.add_argument("-o", "--output", required=True, metavar="DIR", help="the bundle's directory")
+    s.set_defaults(func=cmd_export)
+
+
 def _add_tune(sub) -> None:
     s = sub.add_parser("tune", help="measure configs (model-ranked) and log the best per shape",
                        description="Measure configs in the cost model's order and log every "
@@ -719,7 +764,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"lcmac {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_list, _add_show, _add_verify, _add_select, _add_build, _add_tune,
+    for add in (_add_list, _add_show, _add_verify, _add_select, _add_build, _add_export, _add_tune,
                 _add_cache):
         add(sub)
     return p

@@ -95,26 +95,35 @@ def build_bundle(algo: str, target=None, dtype="float32", rules=(None,), *, out_
     t = resolve_target(target)
     kind = backend_kind(t)
     specs = [plan_rule(r, algo, kind, rows, tile) for r in rules]
-    shapes: list = []
+    return build_specs(specs, t, dtype, out_dir=out_dir, levels=levels, config=config, mcpu=mcpu,
+                       progress=progress)
+
+
+def build_specs(specs, target, dtype, *, out_dir=".", levels: int = 1, config=None, mcpu=None,
+                progress=None, extra: dict | None = None) -> Path:
+    """``build_bundle`` for planned rules, each with its own algorithm (``lcmac export``);
+    ``extra``: fields added to the index (e.g. what each rule was decided from)."""
+    t = resolve_target(target)
+    wanted: list = []                        # (algorithm, bucket shape), each once
     for s in specs:
         for shp in bucket_shapes(s.rule, s.rows, s.tile):
-            if shp not in shapes:
-                shapes.append(shp)
+            if (s.algorithm, shp) not in wanted:
+                wanted.append((s.algorithm, shp))
     out = Path(out_dir).resolve()
     if progress:
-        for i, shp in enumerate(shapes, 1):
-            progress(f"[{i}/{len(shapes)}] {algo} {t.name} {dtype} {'x'.join(map(str, shp))}")
-    jobs = [dict(algo=algo, target=t, dtype=dtype, shape=shp, levels=levels, config=config,
-                 out_dir=str(out), mcpu=mcpu) for shp in shapes]
+        for i, (a, shp) in enumerate(wanted, 1):
+            progress(f"[{i}/{len(wanted)}] {a} {t.name} {dtype} {'x'.join(map(str, shp))}")
+    jobs = [dict(algo=a, target=t, dtype=dtype, shape=shp, levels=levels, config=config,
+                 out_dir=str(out), mcpu=mcpu) for a, shp in wanted]
     results = build_many(jobs)
-    for shp, r in zip(shapes, results):
+    for (a, shp), r in zip(wanted, results):
         if isinstance(r, BaseException):
             if isinstance(r, LcmacError):
-                raise type(r)(f"building the {'x'.join(map(str, shp))} kernel of the bundle: {r}")
+                raise type(r)(f"building the {a} {'x'.join(map(str, shp))} kernel of the bundle: {r}")
             raise r
-    by_shape = {shp: Manifest.read(p) for shp, p in zip(shapes, results)}
+    built = {w: Manifest.read(p) for w, p in zip(wanted, results)}
     kernels = []
-    for shp, man in by_shape.items():
+    for man in built.values():
         kernels.append({"name": man.name, "algorithm": {"name": man.algorithm["name"],
                                                          "hash": man.algorithm.get("hash")},
                         "shape": dict(man.shape), "config": man.config, "entry": man.entry,
@@ -122,13 +131,14 @@ def build_bundle(algo: str, target=None, dtype="float32", rules=(None,), *, out_
                         "sha256": man.library["sha256"], "bytes": man.library["bytes"]})
     rule_dicts = []
     for s in specs:
-        names = tuple(by_shape[shp].name for shp in bucket_shapes(s.rule, s.rows, s.tile))
-        rule_dicts.append(RuleSpec(s.rule, by_shape[shapes[0]].algorithm["name"], s.rows, s.tile,
-                                   names).to_dict())
+        mans = [built[(s.algorithm, shp)] for shp in bucket_shapes(s.rule, s.rows, s.tile)]
+        rule_dicts.append(RuleSpec(s.rule, mans[0].algorithm["name"], s.rows, s.tile,
+                                   tuple(m.name for m in mans)).to_dict())
     index = {"format": FORMAT, "lcmac_version": __version__,
              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
              "target": {"name": t.name, "family": t.family, "backend": t.backend},
-             "dtype": by_shape[shapes[0]].dtype, "rules": rule_dicts, "kernels": kernels}
+             "dtype": next(iter(built.values())).dtype, "rules": rule_dicts, "kernels": kernels,
+             **(extra or {})}
     path = out / INDEX
     atomic_write_bytes(path, (json.dumps(index, indent=2) + "\n").encode())
     return path
