@@ -8,8 +8,9 @@ parameters (an optimizer holding them keeps working).
 ``optimize(model)`` swaps, in place, the ``nn.Linear`` layers the model predicts a win for
 at a representative row count (``rows``: batch × sequence length) and returns a report of
 what it swapped and why it skipped the others.  The decision at that row count is only what
-the report shows: every call still decides for its own shape (``lcmac.matmul``), and every new
-row count that runs an lcmac kernel compiles one first (seconds on a CPU; once per shape).
+the report shows: every call still decides for its own shape (``lcmac.matmul``), and the first
+call that needs a row bucket's kernel compiles it (seconds on a CPU; once per bucket and
+weight shape, ``lcmac.shape_rules``).
 
 **The weight as B.**  The layer calls ``torch.ops.lcmac.linear(x, W)``, which runs
 x·Wᵀ through ``lcmac.matmul`` with a contiguous Wᵀ kept per weight
