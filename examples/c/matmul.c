@@ -8,6 +8,10 @@
  *
  * Usage: matmul ARTIFACT.json [M N K] [--dtype f32|f64|bf16] [--threads T] [--repeat R]
  *        matmul LIB.so M N K [--dtype f32|f64|bf16] [--threads T] [--repeat R] [--entry NAME]
+ *        matmul BUNDLE_DIR M N K [--dtype f32|f64|bf16] [--threads T] [--repeat R]
+ * A directory holding bundle.json is opened as a bundle (lcmac_open_bundle: every kernel
+ * checked as an artifact) and M N K may be any shape one of its rules admits; the dtype
+ * defaults to the bundle's.
  * With the manifest (<name>.json) the artifact is checked before it is loaded (format, target
  * and CPU features, the library's size, SHA-256 and ELF headers: see lcmac.h) and M, N, K and
  * the dtype default to the manifest's; others are refused before the library runs.  A bare
@@ -18,6 +22,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,7 +78,9 @@ static void put(void* x, size_t i, int dtype, double v) {
 static int usage(const char* prog) {
   fprintf(stderr, "usage: %s ARTIFACT.json [M N K] [--dtype f32|f64|bf16] [--threads T] [--repeat R]\n"
                   "       %s LIB.so M N K [--dtype f32|f64|bf16] [--threads T] [--repeat R] "
-                  "[--entry NAME]\n", prog, prog);
+                  "[--entry NAME]\n"
+                  "       %s BUNDLE_DIR M N K [--dtype f32|f64|bf16] [--threads T] [--repeat R]\n",
+          prog, prog, prog);
   return 1;
 }
 
@@ -82,13 +89,15 @@ int main(int argc, char** argv) {
   const char* lib = argv[1];
   size_t len = strlen(lib);
   int manifest = len > 5 && !strcmp(lib + len - 5, ".json");
+  struct stat st;
+  int bundle = stat(lib, &st) == 0 && S_ISDIR(st.st_mode);
   int64_t M = 0, N = 0, K = 0;
   int first = 2;   /* first option */
   if (argc >= 5 && strncmp(argv[2], "--", 2)) {
     M = atoll(argv[2]), N = atoll(argv[3]), K = atoll(argv[4]);
     first = 5;
     if (M < 1 || N < 1 || K < 1) { fprintf(stderr, "M, N, K must be positive\n"); return 1; }
-  } else if (!manifest) {
+  } else if (!manifest || bundle) {
     return usage(argv[0]);
   }
   int dtype = -1, threads = 0, repeat = 10;
@@ -107,13 +116,17 @@ int main(int argc, char** argv) {
 
   char err[1024];
   int status = LCMAC_OK;
-  lcmac_handle* h = manifest ? lcmac_open_artifact(lib, threads, &status, err, sizeof err)
-                             : lcmac_open(lib, entry, threads, err, sizeof err);
-  if (!h) {
-    if (manifest) fprintf(stderr, "%s: ", lcmac_status_name(status));
+  lcmac_handle* h = NULL;
+  lcmac_bundle* bd = NULL;
+  if (bundle) bd = lcmac_open_bundle(lib, threads, &status, err, sizeof err);
+  else h = manifest ? lcmac_open_artifact(lib, threads, &status, err, sizeof err)
+                    : lcmac_open(lib, entry, threads, err, sizeof err);
+  if (!h && !bd) {
+    if (manifest || bundle) fprintf(stderr, "%s: ", lcmac_status_name(status));
     fprintf(stderr, "%s\n", err);
     return 2;
   }
+  if (bundle && dtype < 0) dtype = lcmac_bundle_dtype(bd);
   if (manifest) {   /* the manifest's shape and dtype unless given */
     if (!M) lcmac_shape(h, &M, &N, &K);
     if (dtype < 0) dtype = lcmac_dtype_of(h);
@@ -128,9 +141,12 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < (size_t)(M * K); ++i) put(A, i, dtype, uniform());
   for (size_t i = 0; i < (size_t)(K * N); ++i) put(B, i, dtype, uniform());
 
-  int rc = lcmac_matmul(h, A, B, C, M, N, K, dtype);   /* first call: warm-up and check */
+#define MATMUL() (bd ? lcmac_bundle_matmul(bd, A, B, C, M, N, K, dtype) \
+                     : lcmac_matmul(h, A, B, C, M, N, K, dtype))
+#define LAST_ERROR() (bd ? lcmac_bundle_last_error(bd) : lcmac_last_error(h))
+  int rc = MATMUL();   /* first call: warm-up and check */
   if (rc != LCMAC_OK) {
-    fprintf(stderr, "%s: %s\n", lcmac_status_name(rc), lcmac_last_error(h));
+    fprintf(stderr, "%s: %s\n", lcmac_status_name(rc), LAST_ERROR());
     return 2;
   }
 
@@ -155,25 +171,32 @@ int main(int argc, char** argv) {
   double best = 1e30;
   for (int r = 0; r < repeat; ++r) {
     double t0 = now();
-    rc = lcmac_matmul(h, A, B, C, M, N, K, dtype);
+    rc = MATMUL();
     double t = now() - t0;
     if (rc != LCMAC_OK) {
-      fprintf(stderr, "%s: %s\n", lcmac_status_name(rc), lcmac_last_error(h));
+      fprintf(stderr, "%s: %s\n", lcmac_status_name(rc), LAST_ERROR());
       return 2;
     }
     if (t < best) best = t;
   }
-  printf("artifact %s (%s), %lldx%lldx%lld %s, %d threads\n", lib,
-         manifest ? "checked against its manifest" : entry, (long long)M,
+  if (bd) {
+    int ri = lcmac_bundle_rule_for(bd, M, N, K);
+    printf("bundle %s (rule %s, %d kernels checked), ", lib, lcmac_bundle_rule(bd, ri),
+           lcmac_bundle_num_kernels(bd));
+  } else {
+    printf("artifact %s (%s), ", lib, manifest ? "checked against its manifest" : entry);
+  }
+  printf("%lldx%lldx%lld %s, %d threads\n", (long long)M,
          (long long)N, (long long)K,
          dtype == LCMAC_FLOAT64 ? "float64" : dtype == LCMAC_BFLOAT16 ? "bfloat16" : "float32",
-         lcmac_num_threads(h));
+         bd ? lcmac_bundle_num_threads(bd) : lcmac_num_threads(h));
   printf("max_abs_error=%.6g max_rel_error=%.6g (vs a naive triple loop in double, %lld of "
          "%lld rows)\n", max_err, rel, (long long)rows, (long long)M);
   if (repeat > 0)
     printf("seconds_per_call=%.6g GFLOP/s=%.2f (best of %d)\n", best,
            2.0 * (double)M * (double)N * (double)K / best * 1e-9, repeat);
   lcmac_close(h);
+  lcmac_bundle_close(bd);
   free(A); free(B); free(C); free(ref);
   /* loose bounds: a bf16 LCMA rounds its combined operands and C to bf16 */
   double bound = dtype == LCMAC_FLOAT64 ? 1e-10 : dtype == LCMAC_BFLOAT16 ? 5e-2 : 1e-4;

@@ -520,3 +520,6 @@ const char* lcmac_status_name(int status) {
     default: return "unknown lcmac status";
   }
 }
+
+/* ---- bundles: lcmac_open_bundle, lcmac_bundle_matmul (on the artifact API above) ---- */
+#include "lcmac_bundle.c"

@@ -4,8 +4,8 @@
  * runs it.
  *
  * Implementation: lcmac/runtime/harness/lcmac_c.c (C99 + POSIX: dlopen, pthreads; it
- * #includes lcmac_check.c and lcmac_json.c from its own directory).  Compile it into your
- * program and export its symbols to the libraries it loads, e.g.
+ * #includes lcmac_check.c, lcmac_json.c and lcmac_bundle.c from its own directory).
+ * Compile it into your program and export its symbols to the libraries it loads, e.g.
  *
  *     INC=$(python3 -c "import lcmac.runtime as r; print(r.c_include_dir())")
  *     gcc -O2 -rdynamic -I"$INC" app.c "$INC/../harness/lcmac_c.c" -ldl -lpthread
@@ -70,9 +70,10 @@
 extern "C" {
 #endif
 
-#define LCMAC_API_VERSION 2   /* 2: lcmac_open_artifact and the checks */
+#define LCMAC_API_VERSION 3   /* 2: lcmac_open_artifact and the checks; 3: bundles */
 
 typedef struct lcmac_handle lcmac_handle;
+typedef struct lcmac_bundle lcmac_bundle;
 
 /* element types (an artifact's manifest "dtype") */
 typedef enum {
@@ -138,6 +139,63 @@ const char* lcmac_status_name(int status);
 /* SHA-256 (FIPS 180-4) of n bytes as 64 lowercase hex digits and a NUL (the digest the
  * open check compares with library.sha256).  LCMAC_OK, or LCMAC_EINVAL for NULL pointers. */
 int lcmac_sha256_hex(const void* data, size_t n, char hex[65]);
+
+/* ---- bundles: one directory of bucket kernels serving shape rules ----
+ *
+ * A bundle (`lcmac build` without --shape, or with --shape ?xNxK; lcmac.artifact.bundle) is a
+ * directory DIR with an index DIR/bundle.json (format "lcmac-bundle/1") and one ordinary
+ * artifact (<kernel>.so + <kernel>.json) per bucket shape.  Its rules, tried exact first, then
+ * rows, then any (in the index's order within a kind):
+ *   exact:MxNxK   that kernel;
+ *   rows:?xNxK    any M: the rows of A and C cut greedily over the rule's row buckets
+ *                 (largest first) as contiguous slices; the rows left under the smallest
+ *                 bucket P_min are copied into a zeroed P_min x K buffer, run, and copied back;
+ *   any:?x?x?     any shape: the row cut over T_N x T_K tiles (the rule's "tile") of A and B
+ *                 copied into zeroed buffers, the products added into C (for bfloat16, when K
+ *                 spans several tiles, in a float32 buffer rounded once to nearest even;
+ *                 float16 with K above the tile is LCMAC_EINVAL).
+ * The cut is lcmac/shape_rules.py's, so C gives Python's results.  The padding and tile
+ * buffers belong to the bundle handle (grown as needed, freed by lcmac_bundle_close). */
+
+/* Read DIR/bundle.json (strict JSON; a format other than "lcmac-bundle/1", a missing or
+ * garbled field, a rule naming a kernel not listed or lacking a bucket kernel:
+ * LCMAC_EFORMAT), then check every kernel's library against the index (size, SHA-256, ELF)
+ * and open every kernel with lcmac_open_artifact (all of its checks), each with its own pool
+ * of num_threads threads.  A failure is that status with a message naming the kernel.
+ * Returns NULL on failure with the status in *status and a message in err (each where not
+ * NULL). */
+lcmac_bundle* lcmac_open_bundle(const char* dir, int num_threads, int* status, char* err,
+                                size_t errlen);
+
+/* C = A . B (row-major, contiguous, the bundle's dtype; C must not overlap A or B) through
+ * the first rule admitting (M, N, K).  LCMAC_EINVAL: NULL pointers, sizes < 1 or >= 2^31,
+ * another dtype than the bundle's, or no rule admitting the shape (the message names the
+ * shape and the rules); a kernel's failure is its status with its message.  Calls on one
+ * bundle are serialised; several bundles may run concurrently. */
+int lcmac_bundle_matmul(lcmac_bundle* b, const void* A, const void* B, void* C, int64_t M,
+                        int64_t N, int64_t K, int dtype);
+
+/* The message of the last failed call on b ("" after a success); for b == NULL, as
+ * lcmac_last_error(NULL). */
+const char* lcmac_bundle_last_error(const lcmac_bundle* b);
+
+/* The bundle's dtype (an lcmac_dtype), or -1 for NULL. */
+int lcmac_bundle_dtype(const lcmac_bundle* b);
+
+/* Its rules in the order they are tried, as canonical text ("exact:64x48x40",
+ * "rows:?x48x40", "any:?x?x?"): lcmac_bundle_rule(b, i) for 0 <= i < lcmac_bundle_num_rules(b)
+ * (NULL otherwise); lcmac_bundle_rule_for(b, M, N, K) is the index of the rule that serves a
+ * shape, -1 when none does. */
+int lcmac_bundle_num_rules(const lcmac_bundle* b);
+const char* lcmac_bundle_rule(const lcmac_bundle* b, int i);
+int lcmac_bundle_rule_for(const lcmac_bundle* b, int64_t M, int64_t N, int64_t K);
+
+/* Number of kernels (each an open artifact handle), and the threads each kernel's pool runs. */
+int lcmac_bundle_num_kernels(const lcmac_bundle* b);
+int lcmac_bundle_num_threads(const lcmac_bundle* b);
+
+/* Close every kernel, free the buffers (NULL is a no-op). */
+void lcmac_bundle_close(lcmac_bundle* b);
 
 #ifdef __cplusplus
 }
