@@ -177,6 +177,16 @@ def _edit_index(bundle: Path, tmp_path: Path, edit=None, text=None) -> Path:
     return d
 
 
+def test_index_naming_another_library_is_refused(rows_bundle, example, tmp_path):
+    """The index's record of a library must be the manifest's (each file is hashed once, against
+    its manifest)."""
+    def edit(index):
+        index["kernels"][0]["sha256"] = "0" * 64
+    d = _edit_index(rows_bundle, tmp_path, edit=edit)
+    name = json.loads((d / "bundle.json").read_text())["kernels"][0]["name"]
+    _refused(_run([example, d, 64, N, K]), "LCMAC_ECORRUPT", name, "bundle index")
+
+
 def test_other_format_is_refused(rows_bundle, example, tmp_path):
     d = _edit_index(rows_bundle, tmp_path, edit=lambda i: i.update(format="lcmac-bundle/9"))
     _refused(_run([example, d, 64, N, K]), "LCMAC_EFORMAT", "lcmac-bundle/9", "lcmac-bundle/1")

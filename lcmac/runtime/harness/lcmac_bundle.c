@@ -304,22 +304,24 @@ lcmac_bundle* lcmac_open_bundle(const char* dir, int num_threads, int* status, c
   snprintf(b->dir, sizeof b->dir, "%s", dir);
   pthread_mutex_init(&b->mu, NULL);
   if ((rc = read_index(b, &c, files))) goto out;
-  /* every kernel: the library against the index, then against its manifest, then loaded */
+  /* every kernel opened through its manifest (which checks the library: size, SHA-256, ELF),
+     then the manifest's record of the library compared with the index's: one hash per file */
   for (int i = 0; i < b->nkernels; ++i) {
     BKernel* k = &b->kernels[i];
-    char lib[PATH_MAX], man[PATH_MAX], msg[LCMAC_ERRLEN];
-    snprintf(lib, sizeof lib, "%s/%s", dir, files[i].lib);
+    char man[PATH_MAX], msg[LCMAC_ERRLEN];
     snprintf(man, sizeof man, "%s/%s", dir, files[i].manifest);
     msg[0] = 0;
-    rc = check_library_file(who, lib, files[i].bytes, files[i].sha, msg, sizeof msg);
-    if (rc) {
-      put_err(err, errlen, "%s: kernel %s of the bundle %s: %s (against the bundle index)", who,
-              k->name, dir, msg);
-      goto out;
-    }
     k->h = lcmac_open_artifact(man, num_threads, &rc, msg, sizeof msg);
     if (!k->h) {
       put_err(err, errlen, "%s: kernel %s of the bundle %s: %s", who, k->name, dir, msg);
+      goto out;
+    }
+    if (strcmp(k->h->sha256, files[i].sha) || (k->h->bytes >= 0 && k->h->bytes != files[i].bytes)) {
+      put_err(err, errlen, "%s: kernel %s of the bundle %s: its manifest records another library "
+              "(SHA-256 %.12s…, %lld bytes) than the bundle index (SHA-256 %.12s…, %lld bytes): the "
+              "bundle was altered; export it again", who, k->name, dir, k->h->sha256,
+              (long long)k->h->bytes, files[i].sha, (long long)files[i].bytes);
+      rc = LCMAC_ECORRUPT;
       goto out;
     }
     int64_t M, N, K;

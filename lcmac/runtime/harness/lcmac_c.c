@@ -104,6 +104,8 @@ struct lcmac_handle {
   int has_manifest;
   int64_t M, N, K;
   int dtype;
+  char sha256[65];             /* the library's, as checked at open (a bundle compares its index) */
+  int64_t bytes;
 };
 
 /* the handle whose call is running on this thread (NULL on pool workers and elsewhere) */
@@ -375,6 +377,8 @@ lcmac_handle* lcmac_open_artifact(const char* manifest_path, int num_threads, in
     h->N = a->N;
     h->K = a->K;
     h->dtype = a->dtype;
+    snprintf(h->sha256, sizeof h->sha256, "%s", a->sha256);
+    h->bytes = a->bytes;
   }
   /* a library that cannot be read: say which manifest named it */
   if (rc == LCMAC_EIO && a && a->lib[0] && err && errlen && errlen > strlen(err) + 1)
