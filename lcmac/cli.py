@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from .artifact import cache as kcache
-from .artifact.build import build
+from .artifact.build import build, resolve_target
 from .artifact.bundle import build_bundle, read_bundle
 from .artifact.manifest import Manifest
 from .artifact.tuning_log import TuningDB
@@ -37,7 +37,7 @@ from .ir.verify import brent_failures
 from .schedules.cuda.config import OPERAND_MODES
 from .shape_rules import check_ladder, parse_rule
 from .shapes import SHAPE_HELP, parse_shape
-from .targets import TARGETS, get_target, host_target, schedule_family
+from .targets import TARGETS, schedule_family
 from .tune import tuner
 from .tune.measured_decision import REGIMES, decide_by_measurement
 from .tune.plot import plot_predicted_vs_measured
@@ -225,7 +225,7 @@ def _print_selection(args, shown, best, source: str, dt: str, errors: bool) -> N
 
 # ---- build ---------------------------------------------------------------------------------
 def cmd_build(args) -> int:
-    t = host_target() if args.target in (None, "host") else get_target(args.target)
+    t = resolve_target(args.target)
     if args.shape.kind != "exact" or args.rows or args.tile:
         return _build_bundle(args, t)
     args.shape = (args.shape.M, args.shape.N, args.shape.K)
@@ -277,7 +277,7 @@ def _build_bundle(args, t) -> int:
 
 
 def cmd_export(args) -> int:
-    t = host_target() if args.target in (None, "host") else get_target(args.target)
+    t = resolve_target(args.target)
     cases = list(args.shapes or [])
     if args.from_json:
         cases += cases_from_json(args.from_json)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from .artifact.bundle import backend_kind, build_specs, plan_rule
@@ -69,7 +70,7 @@ def export(cases, target, dtype="float32", out_dir=".", *, rows=None, algo: str 
         spec = plan_rule(rule, "gemm", kind, rows)
         a, why = (algo, "as asked (--algo)") if algo else decide(rule, t, dtype, spec.rows,
                                                                   max_error, regime)
-        specs.append(plan_rule(rule, a, kind, rows))
+        specs.append(replace(spec, algorithm=a))
         decisions.append({"rule": rule.text, "algorithm": a, "why": why})
         if progress:
             progress(f"{rule.text}: {a} ({why})")

@@ -51,21 +51,15 @@ def _combine(blocks, coefs):
     out = None
     for i, row in enumerate(coefs):
         for j, c in enumerate(row):
+            b = blocks[i][j]
             if c == 0:
                 continue
-            b = blocks[i][j]
-            if c == 1:
-                term = b
-            elif c == -1:
-                term = -b if out is None else None
-            else:
-                term = b * c
             if out is None:
-                out = term
-            elif c == -1:
-                out = out - b
+                out = b if c == 1 else -b if c == -1 else b * c
+            elif c in (1, -1):
+                out = out + b if c == 1 else out - b
             else:
-                out = out + term
+                out = out + b * c
     return out
 
 

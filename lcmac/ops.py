@@ -49,6 +49,7 @@ import weakref
 from dataclasses import dataclass
 
 from .artifact.build import resolve_algorithm
+from .artifact.bundle import backend_kind
 from .artifact.cache import cached_build
 from .costmodel import model_dtype, select
 from .costmodel.decision import check_error_budget, with_errors
@@ -56,7 +57,7 @@ from .dispatch import AutoMatmul
 from .dtypes import normalize_dtype
 from .errors import CatalogueError, DTypeError, LcmacError, ShapeError, TargetError
 from .runtime.loader import load
-from .runtime.tiled import run_rows
+from .runtime.tiled import empty, run_rows
 from .shape_rules import JIT_ROWS
 from .targets import get_target
 from .tune.measured_decision import vendor_matmul
@@ -447,14 +448,6 @@ def transposed_weight(weight):
 
 
 # ---- the product ------------------------------------------------------------------------------
-def _empty(A, o: _Operands):
-    if o.kind == "numpy":
-        import numpy as np
-        return np.empty((*o.rows, o.N), dtype=A.dtype)
-    import torch
-    return torch.empty((*o.rows, o.N), dtype=A.dtype, device=A.device)
-
-
 def _kernel_for(p: MatmulPlan, o: _Operands, max_error):
     """bucket shape → the plan's kernel there, or None where the vendor GEMM should run that
     piece (an automatic choice: the decision at the bucket prefers the vendor, or the kernel
@@ -487,9 +480,9 @@ def _run_lcmac(p: MatmulPlan, A, B, out, o: _Operands, max_error):
     kernels on slices of A and C; with an automatic choice the vendor GEMM takes the rows
     under the smallest bucket and any piece where the decision prefers it; a forced
     algorithm pads them into its smallest bucket instead."""
-    C = out if out is not None else _empty(A, o)
-    kind = "cuda" if get_target(o.target).backend == "tilelang" else "cpu"
-    run_rows(A.reshape(o.M, o.K), B, C.reshape(o.M, o.N), JIT_ROWS[kind], _kernel_for(p, o, max_error),
+    C = out if out is not None else empty(A, (*o.rows, o.N))
+    run_rows(A.reshape(o.M, o.K), B, C.reshape(o.M, o.N), JIT_ROWS[backend_kind(o.target)],
+             _kernel_for(p, o, max_error),
              N=o.N, K=o.K, vendor=None if p.algo != AUTO else vendor_matmul,
              b_for=lambda fn, b: _b_for(fn, b, o.kind))
     return C

@@ -21,7 +21,6 @@ import datetime as dt
 import json
 import statistics
 import sys
-import time
 
 #: Llama-70B-class projections (N, K): attention output, MLP up, MLP down
 LAYERS = {"o_proj": (8192, 8192), "up_proj": (28672, 8192), "down_proj": (8192, 28672)}
@@ -70,19 +69,9 @@ def _time(fn, calls: int) -> float:
     return gpu_timer()(fn, calls) / calls
 
 
-def _sustained(fn, seconds: float) -> float:
-    import torch
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(4):
-            fn()
-        n += 4
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n
-
-
 def bench_case(T, name, N, K, args, dtype) -> dict:
     import torch
+    from lcmac.tune.measure import gpu_sustained
     vs, ref = variants(T, N, K, args.algos, args.op_algos, dtype)
     errors = {}
     for label, fn in vs:                       # compile, warm up, check
@@ -102,7 +91,7 @@ def bench_case(T, name, N, K, args, dtype) -> dict:
         r = {"ms": med * 1e3, "spread_ms": [min(times[label]) * 1e3, max(times[label]) * 1e3],
              "tflops": flops / med / 1e12, "vs_torch": base / med, "rel_error": errors[label]}
         if args.sustained:
-            r["sustained_ms"] = _sustained(fn, args.sustained) * 1e3
+            r["sustained_ms"] = gpu_sustained(fn, args.sustained) * 1e3
         rows[label] = r
     if args.sustained:
         sb = rows["torch"]["sustained_ms"]

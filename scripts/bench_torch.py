@@ -19,22 +19,10 @@ import datetime as dt
 import json
 import statistics
 import sys
-import time
 
 #: rows of C compared with torch.matmul in float64 (the whole product would not fit beside the
 #: operands at 32768²)
 CHECK_ROWS = 1024
-
-
-def _sustained(fn, seconds: float) -> float:
-    import torch
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(8):
-            fn()
-        n += 8
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n
 
 
 def variants(M: int, N: int, K: int, algos, dtype):
@@ -62,7 +50,7 @@ def bench_shape(M, N, K, args, dtype) -> dict:
     import torch
 
     from lcmac.ops import release_kernels
-    from lcmac.tune.measure import gpu_timer
+    from lcmac.tune.measure import gpu_sustained, gpu_timer
     timer = gpu_timer()
     with torch.no_grad():
         vs = variants(M, N, K, args.algos, dtype)
@@ -78,7 +66,7 @@ def bench_shape(M, N, K, args, dtype) -> dict:
         for _ in range(args.rounds):
             for name, fn in vs:
                 rounds[name].append(timer(fn, args.calls) / args.calls)
-        sustained = {name: _sustained(fn, args.sustained) for name, fn in vs} if args.sustained else {}
+        sustained = {name: gpu_sustained(fn, args.sustained) for name, fn in vs} if args.sustained else {}
     del vs
     release_kernels()                              # this shape's workspaces and prepared weights
     torch.cuda.empty_cache()

@@ -71,11 +71,11 @@ def run_rows(A, B, out, ladder, kernel_for, *, N: int, K: int, vendor=None, b_fo
             vendor(A[p.start:p.start + p.rows], B, out=C[p.start:p.start + p.rows])
             continue
         b = b_for(fn, B) if b_for is not None else B
-        _run_piece(fn, A[p.start:p.start + p.rows], b, C[p.start:p.start + p.rows], p, N)
+        _run_piece(fn, A[p.start:p.start + p.rows], b, C[p.start:p.start + p.rows], p)
     return C
 
 
-def _run_piece(fn, a, b, c, p: RowPiece, N: int) -> None:
+def _run_piece(fn, a, b, c, p: RowPiece) -> None:
     """One row piece; a padded one through zeroed buffers of the bucket's rows."""
     if not p.padded:
         fn(a, b, out=c)
@@ -113,9 +113,7 @@ def run_any(A, B, out, ladder, tile, kernel_for):
                 a_buf[:p.rows, :kw] = A[p.start:p.start + p.rows, k0:k0 + kw]
                 part = kernel_for((p.bucket, tn, tk))(a_buf, b_buf)[:p.rows, :nw]
                 dst = acc[p.start:p.start + p.rows, n0:n0 + nw]
-                if ki == 0 and not wide:
-                    dst[...] = part
-                elif ki == 0:
+                if ki == 0:
                     assign(dst, part)
                 else:
                     dst += part

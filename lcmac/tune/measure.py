@@ -196,6 +196,19 @@ def gpu_timer():
     return timer
 
 
+def gpu_sustained(fn, seconds: float) -> float:
+    """Mean seconds per call of ``fn`` run back to back for ``seconds`` on the GPU (the clocks
+    at the power cap: the sustained figure beside ``gpu_timer``'s burst one)."""
+    import torch
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(8):
+            fn()
+        n += 8
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n
+
+
 #: seconds of back-to-back calls before timing on a GPU: the clocks drop while the GPU waits
 #: (for a compile, between shapes) and the first runs after an idle gap would be timed slow
 #: (seen in the first tuning run: cuBLAS, measured first at each shape, had 10–26 % spread)

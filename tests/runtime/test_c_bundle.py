@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.runtime.test_c_integrity import (GCC, HOST, ROOT, SIGNALLED, _compile, _flip_middle,
-                                            _program, _refused, _run)
+from tests.runtime.test_c_integrity import (C_PRELUDE, GCC, HOST, ROOT, SIGNALLED, _compile,
+                                            _flip_middle, _program, _refused, _run)
 
 pytestmark = [
     pytest.mark.skipif(GCC is None, reason="gcc not installed"),
@@ -88,18 +88,8 @@ def test_any_bundle_bfloat16_accumulates_in_float32(tmp_path, example):
     assert float(re.search(r"max_rel_error=(\S+)", r.stdout).group(1)) < 1e-2
 
 
-BRUN_SRC = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include "lcmac.h"
+BRUN_SRC = C_PRELUDE + r"""
 /* brun DIR M N K A B C: C = A·B (raw float32 files) through lcmac_bundle_matmul */
-static void* slurp(const char* path, size_t n) {
-  void* p = malloc(n);
-  FILE* f = fopen(path, "rb");
-  if (!p || !f || fread(p, 1, n, f) != n) { fprintf(stderr, "cannot read %s\n", path); exit(1); }
-  fclose(f);
-  return p;
-}
 int main(int argc, char** argv) {
   if (argc != 8) return 1;
   char err[2048];

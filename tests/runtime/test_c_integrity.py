@@ -91,11 +91,11 @@ def _variant(manifest: Path, dst: Path, name: str, so=None, edit=None, text=None
 
 # ---- the good artifact -------------------------------------------------------------------
 
-RUN_SRC = r"""
+#: what the small C test programs start with: the header and a whole-file reader
+C_PRELUDE = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include "lcmac.h"
-/* run ARTIFACT.json A B C: C = A·B (raw float32 files) through a manifest-checked handle */
 static void* slurp(const char* path, size_t n) {
   void* p = malloc(n);
   FILE* f = fopen(path, "rb");
@@ -103,6 +103,10 @@ static void* slurp(const char* path, size_t n) {
   fclose(f);
   return p;
 }
+"""
+
+RUN_SRC = C_PRELUDE + r"""
+/* run ARTIFACT.json A B C: C = A·B (raw float32 files) through a manifest-checked handle */
 int main(int argc, char** argv) {
   if (argc != 5) return 1;
   char err[1024];
