@@ -58,12 +58,12 @@ from .dtypes import normalize_dtype
 from .errors import CatalogueError, DTypeError, LcmacError, ShapeError, TargetError
 from .runtime.loader import load
 from .runtime.tiled import empty, run_rows
-from .shape_rules import JIT_ROWS
+from .shape_rules import JIT_ROWS, row_pieces
 from .targets import get_target
 from .tune.measured_decision import vendor_matmul
 
 __all__ = ["matmul", "plan", "MatmulPlan", "register", "mark_static", "transposed_weight", "kernel",
-           "release_kernels", "compute",
+           "kernel_keys", "release_kernels", "compute",
            "check_operands", "OP_SCHEMA"]
 
 AUTO, VENDOR, GEMM = "auto", "vendor", "gemm"
@@ -448,6 +448,32 @@ def transposed_weight(weight):
 
 
 # ---- the product ------------------------------------------------------------------------------
+def _bucket_runs_kernel(p: MatmulPlan, shape, max_error) -> bool:
+    """Whether a row piece of bucket ``shape`` runs the plan's kernel: always for a forced
+    algorithm; for "auto" unless the decision at the bucket gives it to the vendor GEMM."""
+    return p.algo != AUTO or plan(*shape, p.dtype, algo=AUTO, max_error=max_error,
+                                  target=p.target).runs != VENDOR
+
+
+def kernel_keys(M: int, N: int, K: int, dtype="float32", *, algo: str = AUTO, max_error=None,
+                target: str | None = None) -> list[tuple]:
+    """The kernels ``lcmac.matmul`` runs for C[M×N] = A[M×K]·B[K×N], as ``kernel``'s keys
+    (algorithm, target, dtype, bucket shape), without compiling anything: its row pieces'
+    buckets (``lcmac.shape_rules``), less those the vendor GEMM takes under "auto"."""
+    p = plan(M, N, K, dtype, algo=algo, max_error=max_error, target=target)
+    if p.runs == VENDOR:
+        return []
+    keys = []
+    for piece in row_pieces(M, JIT_ROWS[backend_kind(p.target)]):
+        shape = (piece.bucket, N, K)
+        if (piece.padded and p.algo == AUTO) or not _bucket_runs_kernel(p, shape, max_error):
+            continue
+        key = (p.runs, p.target, p.dtype, shape)
+        if key not in keys:
+            keys.append(key)
+    return keys
+
+
 def _kernel_for(p: MatmulPlan, o: _Operands, max_error):
     """bucket shape → the plan's kernel there, or None where the vendor GEMM should run that
     piece (an automatic choice: the decision at the bucket prefers the vendor, or the kernel
@@ -456,11 +482,8 @@ def _kernel_for(p: MatmulPlan, o: _Operands, max_error):
 
     def kernel_for(shape):
         key = (p.runs, o.target, o.dtype, tuple(shape))
-        if not forced:
-            if key in _failed:
-                return None
-            if plan(*shape, o.dtype, algo=AUTO, max_error=max_error, target=o.target).runs == VENDOR:
-                return None
+        if not forced and (key in _failed or not _bucket_runs_kernel(p, shape, max_error)):
+            return None
         try:
             return kernel(*key)
         except LcmacError as e:

@@ -57,27 +57,17 @@ def prebuild(model, tokens: int, backward: bool = False) -> list[str]:
     tokens × in × out, dW = dyᵀ·x: out × in × tokens, as M×N×K)."""
     from lcmac import ops
     from lcmac.nn import Linear
-    from lcmac.shape_rules import JIT_ROWS, row_pieces
-    from lcmac.targets import get_target
     jobs = {}
     for name, m in model.named_modules():
         if not isinstance(m, Linear):
             continue
         dtype = str(m.weight.dtype).replace("torch.", "")
         target = ops.target_for(m.weight.device.type)
-        ladder = JIT_ROWS["cuda" if get_target(target).backend == "tilelang" else "cpu"]
         N, K = m.out_features, m.in_features
         products = [(tokens, N, K)] + ([(tokens, K, N), (N, K, tokens)] if backward else [])
         for M, n, k in products:
-            p = ops.plan(M, n, k, dtype, algo=m.algo, max_error=m.max_error, target=target)
-            if p.runs in ("vendor", "gemm"):
-                continue
-            for piece in row_pieces(M, ladder):
-                shape = (piece.bucket, n, k)
-                if m.algo == "auto" and ops.plan(*shape, dtype, algo="auto", max_error=m.max_error,
-                                                 target=target).runs == "vendor":
-                    continue                   # lcmac.matmul runs the vendor GEMM on these rows
-                jobs[(p.runs, target, dtype, shape)] = name
+            for key in ops.kernel_keys(M, n, k, dtype, algo=m.algo, max_error=m.max_error, target=target):
+                jobs[key] = name
     with cf.ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(lambda key: ops.kernel(*key), jobs))
     return [f"{k[0]} {'x'.join(map(str, k[3]))}" for k in jobs]

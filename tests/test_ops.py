@@ -226,3 +226,15 @@ def test_bad_inputs_name_the_problem():
             lcmac.matmul(*args, **kw)
     with pytest.raises(LcmacError, match="records no gradient"):
         lcmac.matmul(At.requires_grad_(), Bt, out=torch.empty(4, 3))
+
+
+def test_kernel_keys_name_the_bucket_kernels_a_product_runs():
+    """What lcmac.matmul would compile for a shape, without compiling: the row pieces' buckets
+    (a forced algorithm pads the last rows into the smallest; "auto" gives them to the vendor)."""
+    tgt = ops.target_for("cpu")
+    P = JIT_ROWS["cpu"]
+    keys = ops.kernel_keys(1000, 45, 53, "float32", algo="strassen", target=tgt)
+    assert keys == [("strassen", tgt, "float32", (512, 45, 53)), ("strassen", tgt, "float32", (256, 45, 53))]
+    assert 1000 < P[0] and ops.kernel_keys(3, 5, 7, "float32", algo="vendor", target=tgt) == []
+    assert ops.kernel_keys(3, 5, 7, "float32", algo="strassen", target=tgt) == [
+        ("strassen", tgt, "float32", (P[-1], 5, 7))]
