@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import math
 import os
 import sys
 import tempfile
 import time
 
-from .artifact import cache as kcache
 from .artifact.build import build, resolve_target
 from .artifact.bundle import build_bundle, read_bundle
 from .artifact.manifest import Manifest
@@ -34,6 +32,7 @@ from .ir.importers import load_file
 from .ir.program import stage_names
 from .ir.summary import summarize
 from .ir.verify import brent_failures
+from .runtime import c_cmake_dir, c_include_dir, c_source
 from .schedules.cuda.config import OPERAND_MODES
 from .shape_rules import check_ladder, parse_rule
 from .shapes import SHAPE_HELP, parse_shape
@@ -42,17 +41,12 @@ from .tune import tuner
 from .tune.measured_decision import REGIMES, decide_by_measurement
 from .tune.plot import plot_predicted_vs_measured
 from .tune.llm_shapes import llm_cpu_shapes, llm_shapes
+from .cli_cache import add_cache_parser
+from .cli_output import dump_json, table
 from .version import __version__
 
-JSON_SCHEMAS = {"list": "lcmac-list/1", "show": "lcmac-show/1", "verify": "lcmac-verify/1",
-                "select": "lcmac-select/1", "cache-info": "lcmac-cache-info/1",
-                "cache-list": "lcmac-cache-list/1"}
 GRID_HELP = ("MxKxN: an algorithm's grid <m,k,n>, an m×k block of A times a k×n block of B "
              "(e.g. 2x2x3)")
-
-
-def _dump(kind: str, payload: dict) -> None:
-    print(json.dumps({"schema": JSON_SCHEMAS[kind], **payload}, indent=2, default=str))
 
 
 def shape_arg(text: str) -> tuple[int, int, int]:
@@ -71,13 +65,6 @@ def grid_arg(text: str) -> tuple[int, int, int]:
         raise argparse.ArgumentTypeError(f"grid {text!r} must be {GRID_HELP}") from None
 
 
-def _table(rows: list[list], header: list[str]) -> str:
-    cols = [header] + [[str(c) for c in r] for r in rows]
-    w = [max(len(r[i]) for r in cols) for i in range(len(header))]
-    line = lambda r: "  ".join(c.rjust(w[i]) if i else c.ljust(w[i]) for i, c in enumerate(r))  # noqa: E731
-    return "\n".join([line(header), "  ".join("-" * x for x in w)] + [line(r) for r in cols[1:]])
-
-
 # ---- list / show / verify ---------------------------------------------------------------
 def cmd_list(args) -> int:
     algs = catalogue.all_algorithms(include_naive=args.naive)
@@ -86,9 +73,9 @@ def cmd_list(args) -> int:
         algs = [a for a in algs if sorted(a.grid) == want]
     rows = [summarize(a) for a in algs]
     if args.json:
-        _dump("list", {"algorithms": rows})
+        dump_json("list", {"algorithms": rows})
         return 0
-    print(_table([[r["name"], "x".join(map(str, r["grid"])), r["rank"],
+    print(table([[r["name"], "x".join(map(str, r["grid"])), r["rank"],
                    f"{100 * r['saving']:.1f}%",
                    f"{r['nnz']['U']}/{r['nnz']['V']}/{r['nnz']['W']}",
                    r["additions"]["naive"]["total"], r["additions"]["reduced"]["total"],
@@ -111,7 +98,7 @@ def cmd_show(args) -> int:
               "fp16x2": round(error_ratio(alg, "float32", operands="fp16x2", K=8192).ratio, 2)}
     errors = {**native, **scaled}
     if args.json:
-        _dump("show", {"algorithm": {**s, **{k: v for k, v in alg.to_dict().items()
+        dump_json("show", {"algorithm": {**s, **{k: v for k, v in alg.to_dict().items()
                                                if k in ("U", "V", "W")}},
                        "programs": {st: p.to_dict() for st, p in progs.items()},
                        "predicted_error_ratio": errors})
@@ -148,7 +135,7 @@ def cmd_verify(args) -> int:
                         "failures": [str(f) for f in fails[:10]], "n_failures": len(fails)})
     ok = all(r["exact"] for r in results)
     if args.json:
-        _dump("verify", {"ok": ok, "results": results})
+        dump_json("verify", {"ok": ok, "results": results})
     else:
         for r in results:
             g = "x".join(map(str, r["grid"]))
@@ -185,7 +172,7 @@ def cmd_select(args) -> int:
         shown = cands[: args.top]
     best = shown[0] if shown else cands[0]
     if args.json:
-        _dump("select", {"shape": {"M": M, "N": N, "K": K}, "dtype": args.dtype,
+        dump_json("select", {"shape": {"M": M, "N": N, "K": K}, "dtype": args.dtype,
                          "operands": args.operands, "max_error": args.max_error,
                          "target": args.target, "static_b": args.static_b, "source": source,
                          "decision": best.to_dict(), "candidates": [c.to_dict() for c in shown]})
@@ -212,7 +199,7 @@ def _print_selection(args, shown, best, source: str, dt: str, errors: bool) -> N
     if not args.measured and dt != args.dtype:
         ops += f" (GEMM stage {dt})"
     print(f"{M}x{N}x{K} {args.dtype}{ops} on {args.target} ({how})\n")
-    print(_table(rows, ["algorithm", "grid", "R", "time ms", "eff TFLOP/s", "vs GEMM"]
+    print(table(rows, ["algorithm", "grid", "R", "time ms", "eff TFLOP/s", "vs GEMM"]
                  + (["error×"] if errors else []) + (["measured"] if args.measured else [])))
     if errors:
         own = " on the same fp8 operands" if args.operands == "fp8" else ""
@@ -292,7 +279,25 @@ def cmd_export(args) -> int:
     print(f"exported {len(b.rules)} shape(s), {len(b.kernels)} kernels for {b.target['name']} "
           f"{b.dtype} in {time.perf_counter() - t0:.1f} s")
     print(f"  bundle   {path}   header {path.parent / 'lcmac.h'}")
-    print(f"  Python: lcmac.load('{path.parent}')   C: lcmac_open_bundle (docs/c-api.md)")
+    opener = "lcmac_open_cuda_bundle" if b.target.get("family") == "cuda" else "lcmac_open_bundle"
+    print(f"  Python: lcmac.load('{path.parent}')   C: {opener} (docs/c-api.md)")
+    return 0
+
+
+def cmd_capi(args) -> int:
+    paths = {"include_dir": c_include_dir(), "source": c_source(), "cmake_dir": c_cmake_dir()}
+    for key in ("include_dir", "source", "cmake_dir"):
+        if getattr(args, key):
+            print(paths[key])
+            return 0
+    print(f"header      {paths['include_dir']}/lcmac.h")
+    print(f"source      {paths['source']}   (compile it into your program; it includes the rest)")
+    print(f"CMake       find_package(lcmac CONFIG REQUIRED PATHS {paths['cmake_dir']})")
+    print("            target_link_libraries(app PRIVATE lcmac::runtime)")
+    print(f"by hand     cc -O2 -rdynamic -I{paths['include_dir']} app.c {paths['source']} "
+          "-ldl -lpthread")
+    print("CUDA        the same: the harness loads the driver (libcuda.so.1) itself; your own "
+          "CUDA calls need the runtime (nvcc, or -lcudart)")
     return 0
 
 
@@ -460,7 +465,7 @@ def cmd_tune(args) -> int:
                   f"{args.dtype} on {args.target}", file=sys.stderr)
             add_rows(label, tuner.tune(algo, args.target, args.dtype, shape, jobs=args.jobs,
                                        measure_fn=fake, **kw))
-    print(_table(rows, ["shape", "algorithm", "trials", "best ms", "TFLOP/s" if gpu else "GFLOP/s",
+    print(table(rows, ["shape", "algorithm", "trials", "best ms", "TFLOP/s" if gpu else "GFLOP/s",
                         "model ms", "spearman", "vs default", "vs vendor", "best"]))
     print(f"\nlogged to {store.root}" + ("  (dry run: model × noise, nothing built)" if args.dry_run
                                           else "  (`lcmac build` uses the best logged config for a shape)"))
@@ -471,67 +476,6 @@ def cmd_tune(args) -> int:
         except RuntimeError as e:
             print(f"lcmac tune: {e}", file=sys.stderr)
     return 0 if results and all(r.best is not None for r in results) else 1
-
-
-# ---- cache ------------------------------------------------------------------------------------
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
-
-
-def cmd_cache_info(args) -> int:
-    inf = kcache.info(args.dir)
-    if args.json:
-        _dump("cache-info", inf)
-        return 0
-    state = "" if inf["exists"] else "  (not created yet)"
-    print(f"kernel cache  {inf['dir']}{state}")
-    print(f"entries       {inf['entries']}")
-    print(f"size          {_size(inf['bytes'])}")
-    print("set by        " + ("--dir" if args.dir else "LCMAC_CACHE_DIR (its kernels/ subdirectory)"
-                              if os.environ.get("LCMAC_CACHE_DIR") else
-                              "default (LCMAC_CACHE_DIR sets it)"))
-    return 0
-
-
-def cmd_cache_list(args) -> int:
-    es = kcache.entries(args.dir)
-    if args.json:
-        _dump("cache-list", {"dir": str(kcache.cache_dir(args.dir)), "entries": [
-            {"key": e.key, "algorithm": e.algorithm, "target": e.target, "dtype": e.dtype,
-             "shape_rule": e.shape_rule, "config": e.config, "lcmac_version": e.lcmac_version,
-             "created": e.created, "bytes": e.bytes, "ok": e.ok,
-             "manifest": str(e.manifest) if e.manifest else None} for e in es]})
-        return 0
-    if not es:
-        print(f"the kernel cache {kcache.cache_dir(args.dir)} holds no kernels")
-        return 0
-    rows = [[e.algorithm, e.target, e.dtype, e.shape_rule, _size(e.bytes), e.created.replace("T", " ")[:16],
-             e.key[:12] + ("" if e.ok else "  (damaged: rebuilt on next use)")] for e in es]
-    print(_table(rows, ["algorithm", "target", "dtype", "shape rule", "size", "created (UTC)", "key"]))
-    return 0
-
-
-def cmd_cache_clear(args) -> int:
-    inf = kcache.info(args.dir)
-    if not inf["exists"] or (inf["entries"] == 0 and inf["bytes"] == 0):
-        print(f"the kernel cache {inf['dir']} is empty")
-        return 0
-    what = f"{inf['entries']} kernels ({_size(inf['bytes'])}) from {inf['dir']}"
-    if not args.yes:
-        if not sys.stdin.isatty():
-            print(f"lcmac cache clear: this would remove {what}; pass --yes to do it",
-                  file=sys.stderr)
-            return 2
-        if input(f"remove {what}? [y/N] ").strip().lower() not in ("y", "yes"):
-            print("nothing removed")
-            return 1
-    r = kcache.clear(args.dir)
-    print(f"removed {r['entries']} kernels ({_size(r['bytes'])}) from {inf['dir']}")
-    return 0
 
 
 # ---- the command line ----------------------------------------------------------------------
@@ -727,36 +671,17 @@ def _add_tune(sub) -> None:
     s.set_defaults(func=cmd_tune)
 
 
-def _add_cache(sub) -> None:
-    s = sub.add_parser("cache", help="the kernel cache: where it is, what it holds, clear it",
-                       description="Kernels compiled on first use (lcmac.auto(build=True), "
-                                   "lcmac.artifact.cache.cached_build) live in the kernel cache: "
-                                   "$LCMAC_CACHE_DIR/kernels, else $XDG_CACHE_HOME/lcmac/kernels, "
-                                   "else ~/.cache/lcmac/kernels; one directory per key (algorithm, "
-                                   "target, dtype, shape rule, config, lcmac and compiler "
-                                   "versions). See docs/cache.md.")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dir", default=None, metavar="DIR",
-                        help="the cache directory itself (default: as above)")
-    ops = s.add_subparsers(dest="cache_command", metavar="ACTION")
-    i = ops.add_parser("info", parents=[common], help="where the cache is, its entries and bytes",
-                       description="The cache directory, its number of entries and its size on "
-                                   "disk.")
-    i.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-cache-info/1)")
-    i.set_defaults(func=cmd_cache_info)
-    ls = ops.add_parser("list", parents=[common], help="the cached kernels, oldest first",
-                        description="One row per cached kernel: algorithm, target, dtype, shape "
-                                    "rule (exact:MxNxK = that one shape), size, date built and "
-                                    "the key's first digits.")
-    ls.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-cache-list/1)")
-    ls.set_defaults(func=cmd_cache_list)
-    c = ops.add_parser("clear", parents=[common], help="remove every cached kernel",
-                       description="Remove every cached kernel; they are compiled again on next "
-                                   "use. A build in progress in another process completes. "
-                                   "Asks first unless --yes.")
-    c.add_argument("--yes", "-y", action="store_true", help="do not ask (needed when not on a terminal)")
-    c.set_defaults(func=cmd_cache_clear)
-    s.set_defaults(func=lambda args: (s.print_help(), 2)[1])
+def _add_capi(sub) -> None:
+    s = sub.add_parser("capi", help="where the C API (lcmac.h and its implementation) is, for your build",
+                       description="The C API: the header, the one source file to compile with it "
+                                   "and a CMake package (find_package(lcmac) gives lcmac::runtime). "
+                                   "With no option, all of them and a compile line; with one, "
+                                   "just that path (for scripts and Makefiles).")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--include-dir", action="store_true", help="the directory of lcmac.h")
+    g.add_argument("--source", action="store_true", help="lcmac_c.c")
+    g.add_argument("--cmake-dir", action="store_true", help="the directory of lcmacConfig.cmake")
+    s.set_defaults(func=cmd_capi)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -765,7 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"lcmac {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for add in (_add_list, _add_show, _add_verify, _add_select, _add_build, _add_export, _add_tune,
-                _add_cache):
+                add_cache_parser, _add_capi):
         add(sub)
     return p
 

@@ -8,10 +8,24 @@ def load(path, **kw):
 
 
 def c_include_dir() -> str:
-    """Directory of ``lcmac.h``, the C API for CPU artifacts; its implementation is
-    ``<that dir>/../harness/lcmac_c.c`` (README: "Using an artifact from C")."""
+    """Directory of ``lcmac.h``, the C API for CPU and CUDA artifacts and bundles; its
+    implementation is ``c_source()`` (docs/c-api.md)."""
     import os
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
 
-__all__ = ["Manifest", "load", "c_include_dir"]
+def c_source() -> str:
+    """``lcmac_c.c``, the one file a C program compiles with ``lcmac.h`` (it includes the rest
+    of the harness from its own directory)."""
+    import os
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness", "lcmac_c.c")
+
+
+def c_cmake_dir() -> str:
+    """Directory of ``lcmacConfig.cmake``: ``find_package(lcmac CONFIG PATHS <it>)`` gives the
+    target ``lcmac::runtime`` (the header and the harness, built into the project)."""
+    import os
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "cmake")
+
+
+__all__ = ["Manifest", "load", "c_include_dir", "c_source", "c_cmake_dir"]

@@ -51,20 +51,40 @@ struct lcmac_bundle {
   void* scratch;                            /* padding buffers, grown as needed */
   size_t scratch_bytes;
   char err[LCMAC_ERRLEN];
+  /* CUDA bundles (lcmac_open_cuda_bundle): the device, -1 for a CPU bundle */
+  int device;
+  int64_t kernel_ws_bytes;                  /* the largest kernel workspace */
+  int64_t ws_bytes;                         /* that plus the largest rows rule's padding */
+  unsigned long long d_ws;                  /* the bundle's own workspace (device memory) */
 };
 
 /* ---- opening ---- */
 
-typedef struct { const lj_doc* d; const char* path; char* err; size_t errlen; } Bctx;
+typedef struct { const lj_doc* d; const char* who; const char* path; char* err; size_t errlen; } Bctx;
 
-static int bfail(Bctx* c, const char* fmt, ...) {
+static int bvfail(Bctx* c, int status, const char* fmt, va_list ap) {
   char msg[1024];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  put_err(c->err, c->errlen, "%s: %s: %s", c->who, c->path, msg);
+  return status;
+}
+
+/* the index is malformed: LCMAC_EFORMAT with a message */
+static int bfail(Bctx* c, const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  int rc = bvfail(c, LCMAC_EFORMAT, fmt, ap);
   va_end(ap);
-  put_err(c->err, c->errlen, "lcmac_open_bundle: %s: %s", c->path, msg);
-  return LCMAC_EFORMAT;
+  return rc;
+}
+
+/* the bundle is for another kind of device than the caller's: LCMAC_ETARGET */
+static int btarget(Bctx* c, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = bvfail(c, LCMAC_ETARGET, fmt, ap);
+  va_end(ap);
+  return rc;
 }
 
 /* member key of obj of type want: its node, or -1 (message written) */
@@ -142,7 +162,18 @@ static int read_index(lcmac_bundle* b, Bctx* c, BFiles* files) {
   if (bstring(c, 0, "dtype", "the index", s, sizeof s)) return LCMAC_EFORMAT;
   b->dtype = dtype_code(s);
   if (b->dtype < 0) return bfail(c, "unknown dtype \"%s\"", s);
-  if (bfield(c, 0, "target", "the index", LJ_OBJECT) < 0) return LCMAC_EFORMAT;
+  int t = bfield(c, 0, "target", "the index", LJ_OBJECT);
+  if (t < 0) return LCMAC_EFORMAT;
+  char family[32] = "";
+  int fam = lj_get(d, t, "family");
+  if (fam >= 0 && !lj_str(d, fam, family, sizeof family)) {
+    if (b->device >= 0 && strcmp(family, "cuda"))
+      return btarget(c, "the bundle is %s code, not CUDA code: open it with lcmac_open_bundle",
+                     family_name(family));
+    if (b->device < 0 && !strcmp(family, "cuda"))
+      return btarget(c, "the bundle is CUDA code: open it with lcmac_open_cuda_bundle and a "
+                     "device");
+  }
 
   /* kernels */
   int ka = bfield(c, 0, "kernels", "the index", LJ_ARRAY);
@@ -203,6 +234,10 @@ static int read_index(lcmac_bundle* b, Bctx* c, BFiles* files) {
                      br.text);
       if (br.kind != pass) continue;
       snprintf(where, sizeof where, "rule %s", br.text);
+      if (br.kind == BR_ANY && b->device >= 0)
+        return btarget(c, "%s: any-shape rules of CUDA bundles are served by Python (lcmac.load), "
+                       "which sums the tiles on the device; from C, export the shapes and ?xNxK "
+                       "rules you need (lcmac export)", where);
       int ks = bfield(c, r, "kernels", where, LJ_ARRAY);
       if (ks < 0) return LCMAC_EFORMAT;
       int nk = d->nodes[ks].count;
@@ -259,9 +294,11 @@ static int read_index(lcmac_bundle* b, Bctx* c, BFiles* files) {
   return LCMAC_OK;
 }
 
-lcmac_bundle* lcmac_open_bundle(const char* dir, int num_threads, int* status, char* err,
-                                size_t errlen) {
-  static const char who[] = "lcmac_open_bundle";
+static int cuda_bundle_workspace(lcmac_bundle* b, char* err, size_t errlen, const char* who);
+
+/* lcmac_open_bundle (device -1) and lcmac_open_cuda_bundle (device >= 0) */
+static lcmac_bundle* open_bundle(const char* who, const char* dir, int device, int num_threads,
+                                 int* status, char* err, size_t errlen) {
   int rc = LCMAC_OK;
   char* text = NULL;
   size_t n = 0;
@@ -289,7 +326,7 @@ lcmac_bundle* lcmac_open_bundle(const char* dir, int num_threads, int* status, c
     rc = e == EFBIG ? LCMAC_EFORMAT : LCMAC_EIO;
     goto out;
   }
-  Bctx c = {&d, path, err, errlen};
+  Bctx c = {&d, who, path, err, errlen};
   if (lj_parse(&d, text, n)) {
     put_err(err, errlen, "%s: %s: %s", who, path, d.err);
     rc = LCMAC_EFORMAT;
@@ -302,6 +339,7 @@ lcmac_bundle* lcmac_open_bundle(const char* dir, int num_threads, int* status, c
     goto out;
   }
   snprintf(b->dir, sizeof b->dir, "%s", dir);
+  b->device = device;
   pthread_mutex_init(&b->mu, NULL);
   if ((rc = read_index(b, &c, files))) goto out;
   /* every kernel opened through its manifest (which checks the library: size, SHA-256, ELF),
@@ -311,7 +349,8 @@ lcmac_bundle* lcmac_open_bundle(const char* dir, int num_threads, int* status, c
     char man[PATH_MAX], msg[LCMAC_ERRLEN];
     snprintf(man, sizeof man, "%s/%s", dir, files[i].manifest);
     msg[0] = 0;
-    k->h = lcmac_open_artifact(man, num_threads, &rc, msg, sizeof msg);
+    k->h = device >= 0 ? lcmac_open_cuda_artifact(man, device, &rc, msg, sizeof msg)
+                       : lcmac_open_artifact(man, num_threads, &rc, msg, sizeof msg);
     if (!k->h) {
       put_err(err, errlen, "%s: kernel %s of the bundle %s: %s", who, k->name, dir, msg);
       goto out;
@@ -335,6 +374,7 @@ lcmac_bundle* lcmac_open_bundle(const char* dir, int num_threads, int* status, c
       goto out;
     }
   }
+  if (device >= 0) rc = cuda_bundle_workspace(b, err, errlen, who);
 out:
   free(files);
   free(text);
@@ -345,6 +385,21 @@ out:
   }
   if (status) *status = rc;
   return b;
+}
+
+lcmac_bundle* lcmac_open_bundle(const char* dir, int num_threads, int* status, char* err,
+                                size_t errlen) {
+  return open_bundle("lcmac_open_bundle", dir, -1, num_threads, status, err, errlen);
+}
+
+lcmac_bundle* lcmac_open_cuda_bundle(const char* dir, int device, int* status, char* err,
+                                     size_t errlen) {
+  if (device < 0) {   /* open_bundle reads a negative device as "CPU" */
+    put_err(err, errlen, "lcmac_open_cuda_bundle: device %d is not a device ordinal", device);
+    if (status) *status = LCMAC_EINVAL;
+    return NULL;
+  }
+  return open_bundle("lcmac_open_cuda_bundle", dir, device, 0, status, err, errlen);
 }
 
 /* ---- running ---- */
@@ -500,6 +555,9 @@ int lcmac_bundle_matmul(lcmac_bundle* b, const void* A, const void* B, void* C, 
              "2^31 (got %lld, %lld, %lld)", (long long)M, (long long)N, (long long)K);
   } else if (dtype_of(dtype, &dt)) {
     put_err(b->err, sizeof b->err, "lcmac_bundle_matmul: unknown dtype code %d (see lcmac_dtype)", dtype);
+  } else if (b->device >= 0) {
+    put_err(b->err, sizeof b->err, "lcmac_bundle_matmul: this is a CUDA bundle; call "
+             "lcmac_bundle_cuda_matmul with device pointers and a stream");
   } else if (dtype != b->dtype) {
     put_err(b->err, sizeof b->err, "lcmac_bundle_matmul: dtype %s is not the bundle's %s",
              dtype_name(dtype), dtype_name(b->dtype));
@@ -558,8 +616,178 @@ int lcmac_bundle_num_threads(const lcmac_bundle* b) {
 
 void lcmac_bundle_close(lcmac_bundle* b) {
   if (!b) return;
+  if (b->d_ws) {   /* allocated on the first kernel's device (all share it) */
+    lcmac_handle* h = b->kernels[0].h;
+    if (cu.CtxPush((CUcontext_t)h->cu_ctx) == CU_SUCCESS) {
+      cu.MemFree(b->d_ws);
+      cu_leave();
+    }
+  }
   for (int i = 0; i < b->nkernels; ++i) lcmac_close(b->kernels[i].h);
   free(b->scratch);
   pthread_mutex_destroy(&b->mu);
   free(b);
+}
+
+/* ---- CUDA bundles: exact and rows rules on device memory ---- */
+
+static int64_t round256(int64_t n) { return (n + 255) / 256 * 256; }
+
+/* The bundle's workspace: the largest kernel workspace, then the padding of the rows rules
+ * (P_min x K of A, P_min x N of C), allocated once at open so that calls allocate nothing. */
+static int cuda_bundle_workspace(lcmac_bundle* b, char* err, size_t errlen, const char* who) {
+  int64_t sz = (int64_t)dtype_bytes(b->dtype), kws = 0, pad = 0;
+  for (int i = 0; i < b->nkernels; ++i) {
+    int64_t w = lcmac_cuda_workspace_bytes(b->kernels[i].h);
+    if (w > kws) kws = w;
+  }
+  for (int i = 0; i < b->nrules; ++i) {
+    const BRule* r = &b->rules[i];
+    int64_t P = r->rows[r->nrows - 1];
+    if (r->kind == BR_ROWS && round256(P * r->K * sz) + P * r->N * sz > pad)
+      pad = round256(P * r->K * sz) + P * r->N * sz;
+  }
+  b->kernel_ws_bytes = round256(kws);
+  b->ws_bytes = b->kernel_ws_bytes + pad;
+  lcmac_handle* h = b->kernels[0].h;
+  CUresult_t r = cu.CtxPush((CUcontext_t)h->cu_ctx);
+  if (r == CU_SUCCESS) {
+    r = cu.MemAlloc(&b->d_ws, (size_t)(b->ws_bytes > 256 ? b->ws_bytes : 256));
+    cu_leave();
+  }
+  if (r != CU_SUCCESS) {
+    b->d_ws = 0;
+    put_err(err, errlen, "%s: cannot allocate the bundle's %lld-byte workspace on CUDA device %d: "
+            "%s", who, (long long)b->ws_bytes, b->device, cu_str(r));
+    return LCMAC_ELOAD;
+  }
+  return LCMAC_OK;
+}
+
+int64_t lcmac_bundle_cuda_workspace_bytes(const lcmac_bundle* b) {
+  return b && b->device >= 0 ? b->ws_bytes : -1;
+}
+
+int lcmac_bundle_device(const lcmac_bundle* b) {
+  return b ? b->device : -1;
+}
+
+static int bundle_cuda_call(lcmac_bundle* b, int kernel, const void* A, const void* B, void* C,
+                            char* ws, CUstream_t stream) {
+  BKernel* k = &b->kernels[kernel];
+  int rc = lcmac_cuda_matmul(k->h, A, B, C, k->M, k->N, k->K, b->dtype, ws,
+                             (size_t)b->kernel_ws_bytes, stream);
+  if (rc)
+    put_err(b->err, sizeof b->err, "lcmac_bundle_cuda_matmul: kernel %s: %s", k->name,
+             lcmac_last_error(k->h));
+  return rc;
+}
+
+/* stream-ordered zeroing and copying of the padding (the handle's context current) */
+static int cuda_pad_op(lcmac_bundle* b, lcmac_handle* h, CUresult_t r) {
+  if (r == CU_SUCCESS) return LCMAC_OK;
+  put_err(b->err, sizeof b->err, "lcmac_bundle_cuda_matmul: copying the padded rows on CUDA "
+           "device %d failed: %s", h->device, cu_str(r));
+  return LCMAC_EKERNEL;
+}
+
+static int bundle_cuda_context(lcmac_bundle* b, lcmac_handle* h) {
+  put_err(b->err, sizeof b->err, "lcmac_bundle_cuda_matmul: %s", h->err);
+  return LCMAC_EKERNEL;
+}
+
+static int run_rows_cuda(lcmac_bundle* b, const BRule* r, const char* A, const void* B, char* C,
+                         int64_t M, int64_t N, int64_t K, size_t sz, char* ws, CUstream_t stream) {
+  int64_t start = 0;
+  int rc;
+  for (int j = 0; j < r->nrows; ++j)
+    for (int64_t P = r->rows[j]; M - start >= P; start += P)
+      if ((rc = bundle_cuda_call(b, r->bucket[j], A + (size_t)start * K * sz, B,
+                                 C + (size_t)start * N * sz, ws, stream)))
+        return rc;
+  if (start == M) return LCMAC_OK;
+  int64_t P = r->rows[r->nrows - 1], rows = M - start;
+  CUdeviceptr_t pa = (CUdeviceptr_t)(uintptr_t)(ws + b->kernel_ws_bytes);
+  CUdeviceptr_t pc = pa + (CUdeviceptr_t)round256(P * K * (int64_t)sz);
+  lcmac_handle* h = b->kernels[r->bucket[r->nrows - 1]].h;
+  if ((rc = cu_enter(h))) return bundle_cuda_context(b, h);
+  rc = cuda_pad_op(b, h, cu.MemsetD8Async(pa + (size_t)rows * K * sz, 0, (size_t)(P - rows) * K * sz,
+                                          stream));
+  if (!rc)
+    rc = cuda_pad_op(b, h, cu.MemcpyDtoDAsync(pa, (CUdeviceptr_t)(uintptr_t)(A + (size_t)start * K * sz),
+                                              (size_t)rows * K * sz, stream));
+  cu_leave();
+  if (rc || (rc = bundle_cuda_call(b, r->bucket[r->nrows - 1], (void*)(uintptr_t)pa, B,
+                                   (void*)(uintptr_t)pc, ws, stream)))
+    return rc;
+  if ((rc = cu_enter(h))) return bundle_cuda_context(b, h);
+  rc = cuda_pad_op(b, h, cu.MemcpyDtoDAsync((CUdeviceptr_t)(uintptr_t)(C + (size_t)start * N * sz), pc,
+                                            (size_t)rows * N * sz, stream));
+  cu_leave();
+  return rc;
+}
+
+int lcmac_bundle_cuda_matmul(lcmac_bundle* b, const void* A, const void* B, void* C, int64_t M,
+                             int64_t N, int64_t K, int dtype, void* workspace,
+                             size_t workspace_bytes, struct CUstream_st* stream) {
+  static const char who[] = "lcmac_bundle_cuda_matmul";
+  if (!b) {
+    snprintf(tls_null_error, sizeof tls_null_error, "%s: the bundle is NULL", who);
+    return LCMAC_EINVAL;
+  }
+  pthread_mutex_lock(&b->mu);
+  int rc = LCMAC_EINVAL, ri = -1;
+  size_t sz = dtype_bytes(dtype);
+  if (!A || !B || !C) {
+    put_err(b->err, sizeof b->err, "%s: %s is NULL", who, !A ? "A" : !B ? "B" : "C");
+  } else if (M < 1 || N < 1 || K < 1 || M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) {
+    put_err(b->err, sizeof b->err, "%s: M, N, K must be positive and below 2^31 (got %lld, %lld, "
+             "%lld)", who, (long long)M, (long long)N, (long long)K);
+  } else if (!sz) {
+    put_err(b->err, sizeof b->err, "%s: unknown dtype code %d (see lcmac_dtype)", who, dtype);
+  } else if (b->device < 0) {
+    put_err(b->err, sizeof b->err, "%s: this is a CPU bundle; call lcmac_bundle_matmul", who);
+  } else if (dtype != b->dtype) {
+    put_err(b->err, sizeof b->err, "%s: dtype %s is not the bundle's %s", who, dtype_name(dtype),
+             dtype_name(b->dtype));
+  } else if ((ri = lcmac_bundle_rule_for(b, M, N, K)) < 0) {
+    size_t len = (size_t)snprintf(b->err, sizeof b->err, "%s: no rule of the bundle %s admits "
+                                  "%lldx%lldx%lld; it serves", who, b->dir, (long long)M,
+                                  (long long)N, (long long)K);
+    for (int i = 0; i < b->nrules && len < sizeof b->err; ++i)
+      len += (size_t)snprintf(b->err + len, sizeof b->err - len, "%s %s", i ? "," : "",
+                              b->rules[i].text);
+  } else if (workspace && (int64_t)workspace_bytes < b->ws_bytes) {
+    put_err(b->err, sizeof b->err, "%s: the workspace has %zu bytes and the bundle needs %lld "
+             "(lcmac_bundle_cuda_workspace_bytes)", who, workspace_bytes, (long long)b->ws_bytes);
+  } else {
+    /* the whole operands, before any piece runs: a short buffer is refused, not half-written */
+    size_t na = (size_t)M * K * sz, nb = (size_t)K * N * sz, nc = (size_t)M * N * sz;
+    lcmac_handle* h = b->kernels[0].h;
+    if ((rc = cu_enter(h))) {
+      bundle_cuda_context(b, h);
+    } else {
+      if ((rc = check_device_buffer(h, who, "A", A, na)) ||
+          (rc = check_device_buffer(h, who, "B", B, nb)) ||
+          (rc = check_device_buffer(h, who, "C", C, nc)) ||
+          (workspace && (rc = check_device_buffer(h, who, "the workspace", workspace,
+                                                  (size_t)b->ws_bytes))))
+        put_err(b->err, sizeof b->err, "%s", h->err);
+      cu_leave();
+    }
+    if (rc == LCMAC_OK && (overlaps(C, nc, A, na) || overlaps(C, nc, B, nb))) {
+      put_err(b->err, sizeof b->err, "%s: C overlaps %s in memory", who,
+               overlaps(C, nc, A, na) ? "A" : "B");
+      rc = LCMAC_EINVAL;
+    } else if (rc == LCMAC_OK) {
+      const BRule* r = &b->rules[ri];
+      char* ws = workspace ? (char*)workspace : (char*)(uintptr_t)b->d_ws;
+      rc = r->kind == BR_EXACT ? bundle_cuda_call(b, r->bucket[0], A, B, C, ws, stream)
+                               : run_rows_cuda(b, r, (const char*)A, B, (char*)C, M, N, K, sz, ws,
+                                               stream);
+    }
+  }
+  if (rc == LCMAC_OK) b->err[0] = 0;
+  pthread_mutex_unlock(&b->mu);
+  return rc;
 }

@@ -106,6 +106,16 @@ struct lcmac_handle {
   int dtype;
   char sha256[65];             /* the library's, as checked at open (a bundle compares its index) */
   int64_t bytes;
+  /* CUDA artifacts (lcmac_cuda.c): the device, -1 for a CPU artifact */
+  int device;
+  void* cu_ctx;                /* the device's primary context, retained */
+  int (*cu_run)(const void*, const void*, void*, void*, void*);
+  int (*cu_run_prepared)(const void*, const void*, void*, void*, void*);
+  int (*cu_prepare_b)(const void*, void*, void*);
+  const char* (*cu_last_error)(void);
+  unsigned long long cu_ws;    /* the handle's workspace (device memory) */
+  int64_t cu_ws_bytes;
+  int64_t cu_prepared_bytes;   /* -1: B cannot be prepared; -2: no entry points for it */
 };
 
 /* the handle whose call is running on this thread (NULL on pool workers and elsewhere) */
@@ -311,6 +321,7 @@ static lcmac_handle* open_library(const char* who, const char* so_path, const ch
   h->lib = lib;
   h->fn = fn;
   h->dtype = -1;
+  h->device = -1;
   snprintf(h->entry, sizeof h->entry, "%s", entry);
   pthread_mutex_init(&h->call_mu, NULL);
   pthread_mutex_init(&h->mu, NULL);
@@ -441,6 +452,9 @@ int lcmac_matmul(lcmac_handle* h, const void* A, const void* B, void* C, int64_t
              (long long)M, (long long)N, (long long)K);
   } else if (dtype_of(dtype, &dt)) {
     snprintf(h->err, sizeof h->err, "lcmac_matmul: unknown dtype code %d (see lcmac_dtype)", dtype);
+  } else if (h->device >= 0) {
+    snprintf(h->err, sizeof h->err, "lcmac_matmul: this handle holds a CUDA artifact; call "
+             "lcmac_cuda_matmul with device pointers and a stream");
   } else if (h->has_manifest && (M != h->M || N != h->N || K != h->K)) {
     snprintf(h->err, sizeof h->err, "lcmac_matmul: shape M=%lld N=%lld K=%lld is not the "
              "artifact's M=%lld N=%lld K=%lld (its manifest's shape)", (long long)M, (long long)N,
@@ -499,8 +513,11 @@ int lcmac_dtype_of(const lcmac_handle* h) {
   return h && h->has_manifest ? h->dtype : -1;
 }
 
+static void close_cuda(lcmac_handle* h);
+
 void lcmac_close(lcmac_handle* h) {
   if (!h) return;
+  if (h->device >= 0) close_cuda(h);
   stop_pool(h);
   for (int i = 0; i < LCMAC_WS_SLOTS; ++i) free(h->ws[i].ptr);
   pthread_cond_destroy(&h->start);
@@ -525,5 +542,8 @@ const char* lcmac_status_name(int status) {
   }
 }
 
-/* ---- bundles: lcmac_open_bundle, lcmac_bundle_matmul (on the artifact API above) ---- */
+/* ---- CUDA artifacts: lcmac_open_cuda_artifact, lcmac_cuda_matmul, prepared B ---- */
+#include "lcmac_cuda.c"
+
+/* ---- bundles: lcmac_open_bundle, lcmac_bundle_matmul (on the artifact APIs above) ---- */
 #include "lcmac_bundle.c"

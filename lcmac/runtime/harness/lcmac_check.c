@@ -1,5 +1,5 @@
 /*
- * lcmac_check.c — what lcmac_open_artifact (lcmac_c.c) checks before it loads an artifact,
+ * lcmac_check.c — what the open functions (lcmac_c.c, lcmac_cuda.c) check before they load an artifact,
  * so that a damaged or foreign file is an error with a message instead of a crash in the
  * dynamic loader: the manifest (read with the strict JSON reader of lcmac_json.c), the target
  * it names against this machine and CPU, and the library file (size, SHA-256, ELF headers).
@@ -292,9 +292,12 @@ static int check_library_file(const char* who, const char* path, int64_t want_by
 #define LCMAC_MANIFEST_MAX (1 << 20)   /* a manifest is a few KB */
 
 typedef struct {
+  int cuda;                 /* in: a CUDA artifact is wanted (lcmac_open_cuda_artifact) */
   char entry[201], lib[PATH_MAX], sha256[65];
   int64_t M, N, K, bytes;   /* bytes: -1 when not recorded */
   int dtype;
+  char arch[16];            /* CUDA: the compute arch, e.g. "sm_90a" */
+  int64_t ws_bytes;         /* CUDA: extra.workspace_bytes, -1 when not recorded */
 } ArtifactInfo;
 
 typedef struct { const lj_doc* d; const char* who; const char* path; char* err; size_t errlen; } Mctx;
@@ -478,14 +481,38 @@ static int check_cpu(Mctx* c, int root, const char* tname) {
 }
 #endif
 
-/* The artifact is CPU code for this machine's architecture, and this CPU has what it needs. */
-static int check_target(Mctx* c) {
+/* A CUDA artifact's arch (target.dict.arch) and recorded workspace (extra.workspace_bytes). */
+static int cuda_fields(Mctx* c, int t, ArtifactInfo* a) {
+  int td = mfield(c, t, "dict", "target.dict", LJ_OBJECT, 0);
+  if (td < 0 || mstring(c, td, "arch", "target.dict.arch", a->arch, sizeof a->arch))
+    return LCMAC_EFORMAT;
+  a->ws_bytes = -1;
+  int extra = mfield(c, 0, "extra", "extra", LJ_OBJECT, 1);
+  if (extra == -2) return LCMAC_EFORMAT;
+  if (extra >= 0 && lj_get(c->d, extra, "workspace_bytes") != -1 &&
+      minteger(c, extra, "workspace_bytes", "extra.workspace_bytes", 0, &a->ws_bytes))
+    return LCMAC_EFORMAT;
+  return LCMAC_OK;
+}
+
+/* The artifact is what the caller opens: CPU code for this machine's architecture whose
+ * features this CPU has (lcmac_open_artifact), or CUDA code (lcmac_open_cuda_artifact; the
+ * GPU is checked after the library file, by check_gpu). */
+static int check_target(Mctx* c, ArtifactInfo* a) {
   char backend[32], family[32], tname[64];
   int t = mfield(c, 0, "target", "target", LJ_OBJECT, 0);
   if (mstring(c, 0, "backend", "backend", backend, sizeof backend) || t < 0 ||
       mstring(c, t, "family", "target.family", family, sizeof family) ||
       mstring(c, t, "name", "target.name", tname, sizeof tname))
     return LCMAC_EFORMAT;
+  int is_cuda = !strcmp(backend, "tilelang") && !strcmp(family, "cuda");
+  if (a->cuda && !is_cuda)
+    return mfail(c, LCMAC_ETARGET, "the artifact is %s code (target %s, backend %s), not CUDA "
+                 "code; open it with lcmac_open_artifact", family_name(family), tname, backend);
+  if (a->cuda) return cuda_fields(c, t, a);
+  if (is_cuda)
+    return mfail(c, LCMAC_ETARGET, "the artifact is CUDA code (target %s): open it with "
+                 "lcmac_open_cuda_artifact and a device", tname);
   if (strcmp(backend, "tvm") || strcmp(family, LCMAC_HOST_FAMILY))
     return mfail(c, LCMAC_ETARGET, "the artifact is %s code (target %s, backend %s) and this "
                  "machine is %s; this API runs CPU artifacts built for the machine it runs on",
@@ -539,7 +566,7 @@ static int manifest_fields(Mctx* c, ArtifactInfo* a) {
     if ((size_t)snprintf(a->lib, sizeof a->lib, "%s/%s", real, file) >= sizeof a->lib)
       return mfail(c, LCMAC_EFORMAT, "the library's path is too long");
   }
-  return check_target(c);
+  return check_target(c, a);
 }
 
 static int read_manifest(const char* who, const char* path, ArtifactInfo* a, char* err,

@@ -1,10 +1,12 @@
 /*
- * lcmac.h — calling an lcmac CPU artifact (the <name>.so + <name>.json written by
- * `lcmac build`) from C, with no Python, no TVM runtime and no compiler on the machine that
- * runs it.
+ * lcmac.h — calling lcmac artifacts (the <name>.so + <name>.json written by `lcmac build`)
+ * and bundles (`lcmac export`) from C or C++, CPU and CUDA alike, with no Python, no TVM
+ * runtime and no compiler on the machine that runs them.  The CUDA functions are at the end.
  *
  * Implementation: lcmac/runtime/harness/lcmac_c.c (C99 + POSIX: dlopen, pthreads; it
- * #includes lcmac_check.c, lcmac_json.c and lcmac_bundle.c from its own directory).
+ * #includes lcmac_check.c, lcmac_json.c, lcmac_cuda.c and lcmac_bundle.c from its own
+ * directory).  `lcmac capi --cmake-dir` gives a CMake package (find_package(lcmac)) that builds
+ * it into your project; docs/c-api.md shows both ways and the ABI's versioning.
  * Compile it into your program and export its symbols to the libraries it loads, e.g.
  *
  *     INC=$(python3 -c "import lcmac.runtime as r; print(r.c_include_dir())")
@@ -70,10 +72,11 @@
 extern "C" {
 #endif
 
-#define LCMAC_API_VERSION 3   /* 2: lcmac_open_artifact and the checks; 3: bundles */
+#define LCMAC_API_VERSION 4   /* 2: lcmac_open_artifact and the checks; 3: bundles; 4: CUDA */
 
 typedef struct lcmac_handle lcmac_handle;
 typedef struct lcmac_bundle lcmac_bundle;
+struct CUstream_st;   /* cudaStream_t and CUstream are `struct CUstream_st*`; NULL: the default stream */
 
 /* element types (an artifact's manifest "dtype") */
 typedef enum {
@@ -196,6 +199,101 @@ int lcmac_bundle_num_threads(const lcmac_bundle* b);
 
 /* Close every kernel, free the buffers (NULL is a no-op). */
 void lcmac_bundle_close(lcmac_bundle* b);
+
+/* ---- CUDA: artifacts and bundles for --target cuda-* (lcmac_cuda.c) ----
+ *
+ * A CUDA artifact (backend "tilelang": <name>.so + <name>.json) runs on device memory, on the
+ * caller's stream.  Its library links the CUDA runtime statically; the harness takes what it
+ * needs itself from the driver, libcuda.so.1, loaded when the first CUDA artifact is opened,
+ * so this file compiles with no CUDA headers and links no CUDA library.
+ *
+ * Opening (lcmac_open_cuda_artifact, lcmac_open_cuda_bundle) checks, before the library is
+ * loaded: the manifest as above, but target.family "cuda" and backend "tilelang" (a CPU
+ * artifact is LCMAC_ETARGET, as a CUDA one is for lcmac_open_artifact); the library's size,
+ * SHA-256 and ELF headers; that the driver loads (LCMAC_ETARGET: none, or too old), that
+ * `device` exists (LCMAC_ETARGET; a negative ordinal is LCMAC_EINVAL) and that its compute
+ * capability runs target.dict.arch ("sm_90a": exactly 9.0; "sm_80": 8.x) — LCMAC_ETARGET naming
+ * the GPU.  Then it loads the library, checks that its workspace size is the manifest's
+ * (LCMAC_ECORRUPT), runs its lcmac_init on the device and allocates the handle's workspace.
+ *
+ * Contract of lcmac_cuda_matmul
+ *   As lcmac_matmul (row-major, contiguous, the manifest's shape and dtype, C not overlapping
+ *   A or B), with A, B and C device memory (cudaMalloc, or managed) of the handle's device,
+ *   each 16-byte aligned and inside its allocation (checked: LCMAC_EINVAL naming the operand,
+ *   never a fault on the GPU).  The call enqueues the kernels on `stream` (a stream of that
+ *   device; NULL: its default stream) and returns without waiting; the caller synchronises.
+ *   The handle's device is made current for the call only: the caller's current device is
+ *   untouched.  A launch error is LCMAC_EKERNEL with the CUDA runtime's message; an error
+ *   while the kernels run shows, as for any kernel, at the caller's next synchronisation.
+ *
+ * Workspace: the kernels keep intermediate products in a workspace of
+ * lcmac_cuda_workspace_bytes(h) bytes.  workspace == NULL uses the handle's own (allocated at
+ * open); calls that may run concurrently (on different streams) each need their own, passed
+ * in (device memory of the handle's device, at least that size).  Calls on one handle are
+ * serialised on the host; the kernels run in the order of their streams.
+ *
+ * Prepared B: where B stays the same across calls (a weight), lcmac_cuda_prepare_b runs once
+ * the kernels that read B alone (Combine B) into a caller-owned device buffer P of
+ * lcmac_cuda_prepared_b_bytes(h) bytes, and lcmac_cuda_matmul_prepared(h, A, P, C, ...) runs
+ * the rest.  P is valid only for the handle (artifact) that prepared it; prepare again after B
+ * changes.  The plain GEMM and scaled-operand artifacts have nothing to prepare
+ * (lcmac_cuda_prepared_b_bytes is -1; lcmac_cuda_prepare_b says why).
+ *
+ * CUDA graphs: the calls only enqueue work on `stream` and allocate nothing, so they may be
+ * captured; a bundle's padding buffer and a handle's workspace are then part of the graph.
+ */
+
+/* Check (see above) and open the CUDA artifact whose manifest is `manifest_path` on CUDA
+ * device `device`.  NULL on failure, with the status in *status and a message in err. */
+lcmac_handle* lcmac_open_cuda_artifact(const char* manifest_path, int device, int* status,
+                                       char* err, size_t errlen);
+
+/* C = A . B on device memory, enqueued on `stream` (contract above).  workspace: NULL for the
+ * handle's, else at least lcmac_cuda_workspace_bytes(h) bytes of device memory. */
+int lcmac_cuda_matmul(lcmac_handle* h, const void* A, const void* B, void* C, int64_t M,
+                      int64_t N, int64_t K, int dtype, void* workspace, size_t workspace_bytes,
+                      struct CUstream_st* stream);
+
+/* Bytes of the prepared form of B (-1: nothing to prepare, or not a CUDA handle). */
+int64_t lcmac_cuda_prepared_b_bytes(const lcmac_handle* h);
+
+/* Combine B into P (P_bytes >= lcmac_cuda_prepared_b_bytes(h)), enqueued on `stream`. */
+int lcmac_cuda_prepare_b(lcmac_handle* h, const void* B, void* P, size_t P_bytes,
+                         struct CUstream_st* stream);
+
+/* C = A . B with B given by P from lcmac_cuda_prepare_b on this handle. */
+int lcmac_cuda_matmul_prepared(lcmac_handle* h, const void* A, const void* P, void* C, int64_t M,
+                               int64_t N, int64_t K, int dtype, void* workspace,
+                               size_t workspace_bytes, struct CUstream_st* stream);
+
+/* Bytes of workspace a call needs (-1 for NULL or a CPU handle). */
+int64_t lcmac_cuda_workspace_bytes(const lcmac_handle* h);
+
+/* The CUDA device the handle runs on; -1 for a CPU artifact or NULL. */
+int lcmac_device_of(const lcmac_handle* h);
+
+/* Open a CUDA bundle on `device`: the index and every kernel checked and opened as
+ * lcmac_open_cuda_artifact does, then the bundle's workspace allocated (the largest kernel
+ * workspace plus the padding buffers of its rows rules).  Exact and rows rules are served;
+ * an any-shape rule (`lcmac build --target cuda` without --shape) is LCMAC_ETARGET: its tiles
+ * are summed on the device by Python (lcmac.load), not by this harness. */
+lcmac_bundle* lcmac_open_cuda_bundle(const char* dir, int device, int* status, char* err,
+                                     size_t errlen);
+
+/* C = A . B through the first rule admitting (M, N, K), enqueued on `stream`: A, B, C device
+ * memory as for lcmac_cuda_matmul; a rows rule runs contiguous slices of A and C, and the rows
+ * under its smallest bucket through the bundle's padding buffer (zeroed and copied on the
+ * stream).  workspace: NULL for the bundle's own, else at least
+ * lcmac_bundle_cuda_workspace_bytes(b) bytes (what concurrent calls on other streams need). */
+int lcmac_bundle_cuda_matmul(lcmac_bundle* b, const void* A, const void* B, void* C, int64_t M,
+                             int64_t N, int64_t K, int dtype, void* workspace,
+                             size_t workspace_bytes, struct CUstream_st* stream);
+
+/* Bytes of workspace a bundle call needs (-1 for NULL or a CPU bundle). */
+int64_t lcmac_bundle_cuda_workspace_bytes(const lcmac_bundle* b);
+
+/* The CUDA device the bundle runs on; -1 for a CPU bundle or NULL. */
+int lcmac_bundle_device(const lcmac_bundle* b);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,94 @@
+"""``lcmac cache``: where the kernel cache is, what it holds, and emptying it
+(lcmac.artifact.cache; docs/cache.md)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .artifact import cache as kcache
+from .cli_output import dump_json, size_text, table
+
+
+def cmd_cache_info(args) -> int:
+    inf = kcache.info(args.dir)
+    if args.json:
+        dump_json("cache-info", inf)
+        return 0
+    state = "" if inf["exists"] else "  (not created yet)"
+    print(f"kernel cache  {inf['dir']}{state}")
+    print(f"entries       {inf['entries']}")
+    print(f"size          {size_text(inf['bytes'])}")
+    print("set by        " + ("--dir" if args.dir else "LCMAC_CACHE_DIR (its kernels/ subdirectory)"
+                              if os.environ.get("LCMAC_CACHE_DIR") else
+                              "default (LCMAC_CACHE_DIR sets it)"))
+    return 0
+
+
+def cmd_cache_list(args) -> int:
+    es = kcache.entries(args.dir)
+    if args.json:
+        dump_json("cache-list", {"dir": str(kcache.cache_dir(args.dir)), "entries": [
+            {"key": e.key, "algorithm": e.algorithm, "target": e.target, "dtype": e.dtype,
+             "shape_rule": e.shape_rule, "config": e.config, "lcmac_version": e.lcmac_version,
+             "created": e.created, "bytes": e.bytes, "ok": e.ok,
+             "manifest": str(e.manifest) if e.manifest else None} for e in es]})
+        return 0
+    if not es:
+        print(f"the kernel cache {kcache.cache_dir(args.dir)} holds no kernels")
+        return 0
+    rows = [[e.algorithm, e.target, e.dtype, e.shape_rule, size_text(e.bytes), e.created.replace("T", " ")[:16],
+             e.key[:12] + ("" if e.ok else "  (damaged: rebuilt on next use)")] for e in es]
+    print(table(rows, ["algorithm", "target", "dtype", "shape rule", "size", "created (UTC)", "key"]))
+    return 0
+
+
+def cmd_cache_clear(args) -> int:
+    inf = kcache.info(args.dir)
+    if not inf["exists"] or (inf["entries"] == 0 and inf["bytes"] == 0):
+        print(f"the kernel cache {inf['dir']} is empty")
+        return 0
+    what = f"{inf['entries']} kernels ({size_text(inf['bytes'])}) from {inf['dir']}"
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print(f"lcmac cache clear: this would remove {what}; pass --yes to do it",
+                  file=sys.stderr)
+            return 2
+        if input(f"remove {what}? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 1
+    r = kcache.clear(args.dir)
+    print(f"removed {r['entries']} kernels ({size_text(r['bytes'])}) from {inf['dir']}")
+    return 0
+
+
+def add_cache_parser(sub) -> None:
+    s = sub.add_parser("cache", help="the kernel cache: where it is, what it holds, clear it",
+                       description="Kernels compiled on first use (lcmac.auto(build=True), "
+                                   "lcmac.artifact.cache.cached_build) live in the kernel cache: "
+                                   "$LCMAC_CACHE_DIR/kernels, else $XDG_CACHE_HOME/lcmac/kernels, "
+                                   "else ~/.cache/lcmac/kernels; one directory per key (algorithm, "
+                                   "target, dtype, shape rule, config, lcmac and compiler "
+                                   "versions). See docs/cache.md.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dir", default=None, metavar="DIR",
+                        help="the cache directory itself (default: as above)")
+    ops = s.add_subparsers(dest="cache_command", metavar="ACTION")
+    i = ops.add_parser("info", parents=[common], help="where the cache is, its entries and bytes",
+                       description="The cache directory, its number of entries and its size on "
+                                   "disk.")
+    i.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-cache-info/1)")
+    i.set_defaults(func=cmd_cache_info)
+    ls = ops.add_parser("list", parents=[common], help="the cached kernels, oldest first",
+                        description="One row per cached kernel: algorithm, target, dtype, shape "
+                                    "rule (exact:MxNxK = that one shape), size, date built and "
+                                    "the key's first digits.")
+    ls.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-cache-list/1)")
+    ls.set_defaults(func=cmd_cache_list)
+    c = ops.add_parser("clear", parents=[common], help="remove every cached kernel",
+                       description="Remove every cached kernel; they are compiled again on next "
+                                   "use. A build in progress in another process completes. "
+                                   "Asks first unless --yes.")
+    c.add_argument("--yes", "-y", action="store_true", help="do not ask (needed when not on a terminal)")
+    c.set_defaults(func=cmd_cache_clear)
+    s.set_defaults(func=lambda args: (s.print_help(), 2)[1])
