@@ -524,9 +524,13 @@ def compute(A, B, algo: str = AUTO, max_error=None, out=None):
     return vendor_matmul(A, B, out=out)
 
 
-def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None):
+def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None, devices=None, split="auto"):
     """C = A @ B for numpy arrays or torch tensors (CPU; CUDA where present), A of …×M×K
     (leading dimensions flattened into the rows) and B of K×N; C is …×M×N, new or ``out``.
+
+    ``devices=("cuda", "cpu")``: one 2-D product split between the GPU and the host's CPU
+    (``lcmac.coexec``; ``split``: "auto" or the CPU's share of rows); ``algo`` is then the GPU
+    side's choice, the CPU side runs the vendor GEMM.
 
     ``algo``: "auto" (the choice per shape, module doc), "vendor", "gemm" or an algorithm
     name or expression.  ``max_error``: an error budget for "auto", as a multiple of the
@@ -535,6 +539,12 @@ def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None):
     given, which records no gradient.  Operands must be contiguous and of one dtype and
     device; errors name the problem."""
     algo, max_error = check_algo(algo), check_budget(max_error)
+    if devices is not None:
+        from .coexec import split_product
+        return split_product(
+            A, B, devices, split, out=out,
+            gpu_matmul=lambda a, b, out=None: matmul(a, b, algo=algo, max_error=max_error, out=out),
+            cpu_matmul=lambda a, b, out=None: matmul(a, b, algo=VENDOR, out=out))
     if _kind(A) == "torch" or _kind(B) == "torch":
         return _torch_matmul(A, B, algo, max_error, out)
     return compute(A, B, algo, max_error, out)
