@@ -27,6 +27,7 @@ from .costmodel.decision import with_errors
 from .dtypes import CANONICAL
 from .errors import LcmacError, ShapeError
 from .ir import catalogue
+from .ir.basis_search import addition_report
 from .ir.cse import optimized_programs
 from .ir.importers import load_file
 from .ir.program import stage_names
@@ -72,15 +73,30 @@ def cmd_list(args) -> int:
         want = sorted(args.grid)
         algs = [a for a in algs if sorted(a.grid) == want]
     rows = [summarize(a) for a in algs]
+    ab = {}
+    if args.alternative_basis:          # a quick search per scheme (heuristic beyond 4x4)
+        for a, r in zip(algs, rows):
+            try:
+                ab[r["name"]] = addition_report(a, ring=args.alternative_basis, effort=0,
+                                                polish=30, evaluations=5000)
+            except LcmacError:          # e.g. a scheme with halves has no GF(2) image
+                ab[r["name"]] = None
+            r["alternative_basis"] = ab[r["name"]]
     if args.json:
         dump_json("list", {"algorithms": rows})
         return 0
+
+    def ab_cols(name):
+        rep = ab.get(name)
+        return ["–", "–"] if rep is None else [rep["additions"]["core"], rep["additions"]["basis_changes"]]
+    extra = ["AB core", "AB basis"] if args.alternative_basis else []
     print(table([[r["name"], "x".join(map(str, r["grid"])), r["rank"],
                    f"{100 * r['saving']:.1f}%",
                    f"{r['nnz']['U']}/{r['nnz']['V']}/{r['nnz']['W']}",
                    r["additions"]["naive"]["total"], r["additions"]["reduced"]["total"],
+                   *(ab_cols(r["name"]) if args.alternative_basis else []),
                    r["source"][:48]] for r in rows],
-                 ["name", "grid", "R", "saved", "nnz U/V/W", "adds", "adds(CSE)", "source"]))
+                 ["name", "grid", "R", "saved", "nnz U/V/W", "adds", "adds(CSE)", *extra, "source"]))
     print(f"\n{len(rows)} algorithms; composed ones are written a*b, a^L, a@MxKxN (see `lcmac show`).")
     return 0
 
@@ -491,6 +507,10 @@ def _add_list(sub) -> None:
                                    "additions before and after common-subexpression elimination.")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-list/1)")
     s.add_argument("--naive", action="store_true", help="include the naive <m,k,n;mkn> schemes")
+    s.add_argument("--alternative-basis", nargs="?", const="rational", choices=["rational", "gf2"],
+                   help="also search an alternative basis per scheme (Karstadt-Schwartz; over GF(2) "
+                        "with 'gf2'): the core's additions and the basis changes' "
+                        "(docs/alternative-basis.md; slow on the whole catalogue, use --grid)")
     s.add_argument("--grid", type=grid_arg, metavar="MxKxN",
                    help="only algorithms of this grid <m,k,n>, written MxKxN, in any order of "
                         "m, k, n (e.g. 2x2x3: a grid, not a shape)")

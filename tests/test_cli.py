@@ -148,3 +148,11 @@ def test_cache_clear_asks_first(capsys, tmp_path, monkeypatch):
     assert "damaged" in out
     code, out, _ = run(capsys, "cache", "clear", "--yes")
     assert code == 0 and "removed 1 kernels" in out and not entry.exists()
+
+
+def test_list_alternative_basis_columns(capsys):
+    """`lcmac list --alternative-basis`: the 12-addition Karstadt–Schwartz core for every 2×2 scheme."""
+    assert main(["list", "--grid", "2x2x2", "--alternative-basis", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["algorithms"]}
+    assert rows["strassen"]["alternative_basis"]["additions"]["core"] == 12
+    assert rows["winograd"]["alternative_basis"]["additions"]["basis_changes"] == 3
