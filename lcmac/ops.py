@@ -41,6 +41,7 @@ non-contiguous operands; ``lcmac.matmul`` refuses them instead, so that no copy 
 can combine B once (``prepare_b``: CUDA artifacts) keep the prepared form, per artifact,
 until B's version counter or storage changes.  CPU artifacts prepare nothing yet.
 """
+import functools
 import sys
 import threading
 from collections import OrderedDict
@@ -120,6 +121,7 @@ def target_for(device: str) -> str:
     return t
 
 
+@functools.lru_cache(maxsize=None)         # per call on the hot path; the target table is static
 def supported_dtypes(target: str) -> tuple:
     """The dtypes lcmac.matmul takes on ``target``."""
     return tuple(d for d in get_target(target).dtypes if d in DTYPES)
@@ -536,8 +538,9 @@ def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None, devices=None, sp
     name or expression.  ``max_error``: an error budget for "auto", as a multiple of the
     plain GEMM's error (a forced algorithm predicted over it is refused).  Torch tensors go
     through ``torch.ops.lcmac.matmul`` (autograd and torch.compile work) unless ``out`` is
-    given, which records no gradient.  Operands must be contiguous and of one dtype and
-    device; errors name the problem."""
+    given, which records no gradient, and in eager mode when nothing needs a gradient (the
+    same computation without the op's dispatch).  Operands must be contiguous and of one
+    dtype and device; errors name the problem."""
     algo, max_error = check_algo(algo), check_budget(max_error)
     if devices is not None:
         from .coexec import split_product
@@ -552,12 +555,18 @@ def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None, devices=None, sp
 
 def _torch_matmul(A, B, algo, max_error, out):
     import torch
-    check_operands(A, B)
+    grad = torch.is_grad_enabled() and (getattr(A, "requires_grad", False) or
+                                        getattr(B, "requires_grad", False))
     if out is not None:
-        if torch.is_grad_enabled() and (A.requires_grad or B.requires_grad):
+        if grad:
             raise LcmacError("lcmac.matmul(..., out=) records no gradient and A or B requires "
                              "grad: call it without out= (or under torch.no_grad())")
         return compute(A, B, algo, max_error, out)
+    if not grad and not torch.compiler.is_compiling():
+        # eager, nothing to differentiate: the op's dispatch (its autograd and compiler
+        # wrappers, tens of microseconds a call) would add nothing; compute checks the operands
+        return compute(A, B, algo, max_error)
+    check_operands(A, B)
     register()
     return torch.ops.lcmac.matmul(A, B, algo, max_error)
 
