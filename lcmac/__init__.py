@@ -17,6 +17,8 @@ _LAZY = {
     "ops": (".ops", None),
     "optimize": (".nn", "optimize"),
     "nn": (".nn", None),
+    "gf2_matmul": (".bits", "gf2_matmul"),
+    "boolean_matmul": (".bits", "boolean_matmul"),
 }
 
 

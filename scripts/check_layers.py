@@ -31,13 +31,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-LAYERS = ["base", "ir", "costmodel", "schedules", "targets", "artifact", "runtime", "tune", "app"]
+LAYERS = ["base", "ir", "bits", "costmodel", "schedules", "targets", "artifact", "runtime", "tune", "app"]
 
 #: module (or package prefix) → layer; the longest matching prefix wins
 LAYER_OF = {
     "lcmac.errors": "base", "lcmac.dtypes": "base", "lcmac.shapes": "base", "lcmac.shape_rules": "base", "lcmac.version": "base",
     "lcmac.cachedir": "base",
-    "lcmac.ir": "ir", "lcmac.costmodel": "costmodel", "lcmac.schedules": "schedules",
+    "lcmac.ir": "ir", "lcmac.bits": "bits", "lcmac.costmodel": "costmodel", "lcmac.schedules": "schedules",
     "lcmac.targets": "targets", "lcmac.artifact": "artifact", "lcmac.runtime": "runtime",
     "lcmac.tune": "tune", "lcmac.dispatch": "app", "lcmac.ops": "app", "lcmac.nn": "app",
     "lcmac.cli": "app", "lcmac.__main__": "app",

@@ -1,0 +1,80 @@
+"""Bit matrices: products over GF(2) and over the Boolean semiring, on the CPU, in numpy.
+
+    C = gf2_matmul(A, B)                  # A·B modulo 2
+    C = gf2_matmul(A, B, algo="winograd", levels=1)    # an LCMA over GF(2) above the kernel
+    C = boolean_matmul(A, B)              # C_ij = OR_l (A_il AND B_lj)
+
+Operands are 2-D numpy arrays of 0 and 1 (bool or an integer dtype; the result is a
+``np.uint8`` array of 0 and 1) or ``PackedBits`` (the result is ``PackedBits``): the packed
+layout is described in ``lcmac.bits.packing``.  The kernel is the Method of Four Russians
+(``lcmac.bits.products``); the LCMA recursion over GF(2) is ``lcmac.bits.lcma``.
+"""
+from __future__ import annotations
+
+from ..errors import DTypeError, ShapeError
+from .lcma import XorReport, gf2_scheme, lcma_product
+from .packing import PackedBits, check_bit_form, pack, unpack
+from .products import KernelCount, boolean_product, gf2_product
+
+__all__ = ["gf2_matmul", "boolean_matmul", "PackedBits", "pack", "unpack", "XorReport",
+           "AUTO_SCHEME"]
+
+#: the scheme ``algo="auto"`` recurses with, where ``auto_levels`` finds room for a level
+AUTO_SCHEME = "winograd"
+
+
+def _operands(A, B) -> tuple[PackedBits, PackedBits, bool]:
+    """Both operands packed, and whether the caller passed PackedBits."""
+    if isinstance(A, PackedBits) and isinstance(B, PackedBits):
+        packed = True
+    elif isinstance(A, PackedBits) or isinstance(B, PackedBits):
+        raise DTypeError("pass A and B both as numpy arrays or both as PackedBits, not one "
+                         "of each")
+    else:
+        check_bit_form(A, "A")
+        check_bit_form(B, "B")
+        packed = False
+    if A.shape[1] != B.shape[0]:
+        raise ShapeError(f"inner dimensions differ: A is {A.shape[0]}×{A.shape[1]}, B is "
+                         f"{B.shape[0]}×{B.shape[1]}")
+    if packed:
+        return A, B, True
+    return pack(A, "A"), pack(B, "B"), False
+
+
+def _result(C: PackedBits, packed: bool):
+    return C if packed else unpack(C)
+
+
+def gf2_matmul(A, B, *, algo="auto", levels: int | None = None, return_report: bool = False):
+    """C = A·B over GF(2) (AND for products, XOR for sums).
+
+    ``algo``: ``"m4r"``, the Four Russians kernel alone; a scheme (a catalogue name such as
+    ``"strassen"`` or ``"winograd"`` reduced modulo 2, ``"winograd-ab"`` for its alternative
+    basis over GF(2), or a scheme object: see ``lcmac.bits.lcma.gf2_scheme``) run for
+    ``levels`` levels above the kernel (None: as many as keep the base case at least
+    ``lcmac.bits.lcma.BASE_BITS`` bits on each side); ``"auto"``: ``AUTO_SCHEME`` with those
+    levels, which is the kernel alone below 2·BASE_BITS.  With ``return_report`` the result
+    comes with an ``XorReport`` of the XORs done."""
+    A, B, packed = _operands(A, B)
+    if isinstance(algo, str) and algo == "m4r":
+        if levels not in (None, 0):
+            raise ValueError(f"algo='m4r' runs no recursion; levels={levels!r} needs a scheme "
+                             f"(algo='winograd', 'strassen', ...)")
+        count = KernelCount()
+        C = gf2_product(A, B, count=count)
+        shape = (A.nrows, A.ncols, B.ncols)
+        report = XorReport("m4r", 0, shape, shape, 1, kernel=count)
+    else:
+        scheme = gf2_scheme(AUTO_SCHEME if isinstance(algo, str) and algo == "auto" else algo)
+        C, report = lcma_product(A, B, scheme, levels)
+    out = _result(C, packed)
+    return (out, report) if return_report else out
+
+
+def boolean_matmul(A, B):
+    """C = A·B over the Boolean semiring: C_ij = OR_l (A_il AND B_lj), by the Four Russians
+    kernel with OR tables (no LCMA: the Boolean semiring has no subtraction; see
+    ``lcmac.bits.products.boolean_product``)."""
+    A, B, packed = _operands(A, B)
+    return _result(boolean_product(A, B), packed)
