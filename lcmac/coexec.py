@@ -18,7 +18,7 @@ The split: ``split="auto"`` takes the measured best split for this case from the
 neighbours timed; stored per target, GPU, dtype, shape, where the inputs are and the GPU's
 number format).  With no measurement it runs the GPU alone: the uncalibrated model (the GPU's
 profile, a prior for the host's cores, the default link) was measured to put work on the CPU
-where that made the product up to 3× slower (docs/coexec.md), so it only informs the message.
+where that made the product up to 10× slower (docs/coexec.md), so it only informs the message.
 A number is the CPU's share of rows; a share that rounds to no rows is the GPU alone.
 
 While both sides run, the CPU side's thread pool is one thread short of the host's cores: the

@@ -1,6 +1,7 @@
-"""CPU+GPU co-execution (lcmac.coexec) without a GPU: the split model, the row split, the
+"""CPU+GPU co-execution (lcmac.coexec) without a GPU: the split models, the row split, the
 split log, and the concurrent run and assembly with two host "devices" standing in for the
-pair (torch's and numpy's GEMM, each in its own thread), exact on integer-valued inputs."""
+pair (a bundle through the C API with pools of 2 threads and 1; torch's and numpy's GEMM),
+exact on integer-valued inputs."""
 from __future__ import annotations
 
 import json
@@ -165,3 +166,61 @@ def test_matmul_devices_errors_name_the_problem():
     if not torch.cuda.is_available():
         with pytest.raises(TargetError, match="no CUDA device"):
             lcmac.matmul(A, B, devices=("cuda", "cpu"))
+
+
+@pytest.mark.slow
+def test_two_thread_pools_stand_in_for_the_pair(tmp_path):
+    """The split run on two host "devices" of different thread counts: one rows bundle opened
+    twice through the C API, with a pool of 2 threads and of 1; integer-valued float32, so
+    every cut gives the exact product."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from lcmac.artifact.bundle import build_bundle
+    from lcmac.coexec import run_split
+    from lcmac.runtime import c_include_dir, c_source
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not installed")
+    bundle = build_bundle("strassen", None, "float32", ["?x48x40"], out_dir=tmp_path / "b",
+                          rows=(64, 16)).parent
+    so = tmp_path / "liblcmac_capi.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-I", c_include_dir(), "-o", str(so),
+                    c_source(), "-ldl", "-lpthread"], check=True)
+    lib = ctypes.CDLL(str(so), mode=ctypes.RTLD_GLOBAL)   # artifacts resolve its error hook
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.lcmac_open_bundle.restype = vp
+    lib.lcmac_open_bundle.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                                      ctypes.c_char_p, ctypes.c_size_t]
+    lib.lcmac_bundle_matmul.argtypes = [vp, vp, vp, vp, i64, i64, i64, ctypes.c_int]
+    lib.lcmac_bundle_num_threads.argtypes = [vp]
+    lib.lcmac_bundle_last_error.restype = ctypes.c_char_p
+    lib.lcmac_bundle_last_error.argtypes = [vp]
+    lib.lcmac_bundle_close.argtypes = [vp]
+
+    def device(threads):
+        err, st = ctypes.create_string_buffer(1024), ctypes.c_int()
+        h = lib.lcmac_open_bundle(str(bundle).encode(), threads, ctypes.byref(st), err, len(err))
+        assert h, err.value
+        assert lib.lcmac_bundle_num_threads(h) == threads
+
+        def mm(a, b, out=None):
+            c = torch.empty(a.shape[0], b.shape[1]) if out is None else out
+            rc = lib.lcmac_bundle_matmul(h, a.data_ptr(), b.data_ptr(), c.data_ptr(), a.shape[0],
+                                         b.shape[1], a.shape[1], 0)
+            assert rc == 0, lib.lcmac_bundle_last_error(h)
+            return c
+        return h, mm
+
+    (h2, two), (h1, one) = device(2), device(1)
+    try:
+        rng = np.random.default_rng(3)
+        A = torch.from_numpy(rng.integers(-4, 5, (300, 40)).astype(np.float32))
+        B = torch.from_numpy(rng.integers(-4, 5, (40, 48)).astype(np.float32))
+        want = (A.double() @ B.double()).float()
+        for gpu_rows in (0, 64, 150, 236, 300):
+            C = run_split(A, B, gpu_rows, torch.device("cpu"), gpu_matmul=two, cpu_matmul=one)
+            assert torch.equal(C, want), gpu_rows
+    finally:
+        lib.lcmac_bundle_close(h2)
+        lib.lcmac_bundle_close(h1)
