@@ -41,7 +41,6 @@ non-contiguous operands; ``lcmac.matmul`` refuses them instead, so that no copy 
 can combine B once (``prepare_b``: CUDA artifacts) keep the prepared form, per artifact,
 until B's version counter or storage changes.  CPU artifacts prepare nothing yet.
 """
-import functools
 import sys
 import threading
 from collections import OrderedDict
@@ -121,10 +120,15 @@ def target_for(device: str) -> str:
     return t
 
 
-@functools.lru_cache(maxsize=None)         # per call on the hot path; the target table is static
+_supported: dict[str, tuple] = {}      # per call on the hot path; the target table is static
+
+
 def supported_dtypes(target: str) -> tuple:
     """The dtypes lcmac.matmul takes on ``target``."""
-    return tuple(d for d in get_target(target).dtypes if d in DTYPES)
+    ok = _supported.get(target)
+    if ok is None:
+        ok = _supported[target] = tuple(d for d in get_target(target).dtypes if d in DTYPES)
+    return ok
 
 
 def _check_dtype(name: str, target: str, what: str = "the operands") -> str:
@@ -585,12 +589,12 @@ def _torch_matmul(A, B, algo, max_error, out):
             raise LcmacError("lcmac.matmul(..., out=) records no gradient and A or B requires "
                              "grad: call it without out= (or under torch.no_grad())")
         return compute(A, B, algo, max_error, out)
+    register()             # before any tracing: torch.compile must find the op registered
     if not grad and not torch.compiler.is_compiling():
         # eager, nothing to differentiate: the op's dispatch (its autograd and compiler
         # wrappers, tens of microseconds a call) would add nothing; compute checks the operands
         return compute(A, B, algo, max_error)
     check_operands(A, B)
-    register()
     return torch.ops.lcmac.matmul(A, B, algo, max_error)
 
 
@@ -638,10 +642,10 @@ def linear(x, weight, algo: str = AUTO, max_error=None):
     (autograd, torch.compile), or, in eager mode with nothing to differentiate (inference
     under ``torch.no_grad``), the same computation without the op's dispatch."""
     import torch
+    register()
     if not torch.compiler.is_compiling() and not (
             torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return _linear_impl(x, weight, algo, max_error)
-    register()
     return torch.ops.lcmac.linear(x, weight, algo, max_error)
 
 

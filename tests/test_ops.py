@@ -17,6 +17,7 @@ from lcmac import ops
 from lcmac.errors import CatalogueError, DTypeError, LcmacError, ShapeError, TargetError
 
 torch = pytest.importorskip("torch")
+ops.register()       # torch.ops.lcmac.* exist once lcmac registers them (its first torch call does)
 
 M, N, K = 66, 45, 53              # the forced-Strassen shape: odd N and K, M = 2·3·11
 
