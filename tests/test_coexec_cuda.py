@@ -38,3 +38,18 @@ def test_pageable_host_inputs_and_out():
     out = torch.empty(1024, 256, dtype=torch.float64)
     assert lcmac.matmul(A, B, devices=("cuda", "cpu"), split=0.5, out=out) is out
     assert _rel(out, A, B) < 1e-12
+
+
+@pytest.mark.parametrize("dtype,bound", [(torch.float64, 1e-12), (torch.bfloat16, 2e-2)])
+def test_pageable_inputs_in_several_pieces(dtype, bound):
+    """Large enough for several pieces (PIECE_BYTES of A each): pageable A and C copied piece
+    by piece; GPU only and a split."""
+    from lcmac.coexec import PIECE_BYTES
+    K = 2048
+    M = 5 * PIECE_BYTES // (K * torch.empty((), dtype=dtype).element_size()) + 100
+    A = torch.randn(M, K).to(dtype)
+    B = torch.randn(K, 512).to(dtype)
+    for split in (0.0, 0.1):
+        C = lcmac.matmul(A, B, devices=("cuda", "cpu"), split=split)
+        assert not A.is_pinned() and C.device.type == "cpu"
+        assert _rel(C, A, B) < bound
