@@ -2,7 +2,8 @@
 
 ``Linear`` is a ``torch.nn.Linear`` (same parameters, state_dict keys and initialisation)
 whose product runs through ``torch.ops.lcmac.linear``: y = x·Wᵀ + b with W of
-[out, in] used as B = Wᵀ of K×N = in×out.  ``Linear.from_linear(layer)`` shares the layer's
+[out, in] used as B = Wᵀ of K×N = in×out.  Under ``torch.autocast`` it computes, as
+``torch.nn.Linear`` does, in autocast's dtype (input, weight and bias cast to it).  ``Linear.from_linear(layer)`` shares the layer's
 parameters (an optimizer holding them keeps working).
 
 ``optimize(model)`` swaps, in place, the ``nn.Linear`` layers the model predicts a win for
@@ -68,10 +69,40 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.unsqueeze(0) if x.dim() == 1 else x
-        y = ops.linear(x2.contiguous(), self.weight, self.algo, self.max_error)
+        weight, bias = self.weight, self.bias
+        dt = _autocast_dtype(x2)
+        if dt is not None:             # as torch.nn.Linear under autocast: in its precision
+            x2 = x2.to(dt)
+            weight = weight if weight.dtype == dt else self._weight_in(dt)
+            bias = None if bias is None or bias.dtype == dt else bias.to(dt)
+        y = ops.linear(x2.contiguous(), weight, self.algo, self.max_error)
         if x.dim() == 1:
             y = y.squeeze(0)
-        return y if self.bias is None else y + self.bias
+        return y if bias is None else y + bias
+
+    def _weight_in(self, dtype) -> torch.Tensor:
+        """The weight cast to autocast's dtype.  With no gradient to record (inference) the cast
+        is kept while the weight is unchanged, so that the kept Wᵀ and its prepared form (module
+        doc) stay valid across calls; otherwise it is cast on each call, as autocast does."""
+        w = self.weight
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and w.requires_grad):
+            return w.to(dtype)
+        key = (w.data_ptr(), w._version, dtype)
+        kept = getattr(self, "_autocast_weight", None)
+        if kept is None or kept[0] != key:
+            kept = (key, w.detach().to(dtype))
+            self._autocast_weight = kept
+        return kept[1]
+
+
+def _autocast_dtype(x: torch.Tensor):
+    """autocast's lower-precision dtype where autocast is on for ``x``'s device and would cast
+    x (a floating tensor other than float64, as autocast's casts go), else None."""
+    dev = x.device.type
+    if (dev not in ("cpu", "cuda") or not x.is_floating_point() or x.dtype == torch.float64
+            or not torch.is_autocast_enabled(dev)):
+        return None
+    return torch.get_autocast_dtype(dev)
 
 
 # ---- optimize -----------------------------------------------------------------------------

@@ -50,6 +50,29 @@ def test_linear_with_strassen_matches():
     assert "algo='strassen'" in repr(lin)
 
 
+def test_autocast_computes_in_its_dtype_as_nn_linear_does():
+    ref, lin = _pair()
+    x = torch.randn(7, K, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y_ref, y = ref(x), lin(x)
+    assert y.dtype == y_ref.dtype == torch.bfloat16
+    assert torch.allclose(y.float(), y_ref.float(), atol=3e-2, rtol=2e-2)
+    y.float().sum().backward()                       # the fp32 parameters get their gradients
+    assert lin.weight.grad is not None and lin.weight.grad.dtype == torch.float32
+    # inference: the cast weight is kept while the weight is unchanged (its Wᵀ stays valid)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        lin(x)
+        kept = lin._autocast_weight[1]
+        lin(x)
+        assert lin._autocast_weight[1] is kept and kept.dtype == torch.bfloat16
+        lin.weight.mul_(2)
+        y2 = lin(x)
+        assert lin._autocast_weight[1] is not kept
+        assert torch.allclose(y2.float(), (x @ lin.weight.t() + lin.bias).float(), atol=6e-2, rtol=2e-2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):     # float64 is not autocast's to cast
+        assert _pair()[1].double()(x.double()).dtype == torch.float64
+
+
 def test_from_linear_shares_parameters():
     ref = nn.Linear(K, N).eval()
     lin = Linear.from_linear(ref, algo="vendor")
