@@ -538,38 +538,51 @@ int lcmac_bundle_rule_for(const lcmac_bundle* b, int64_t M, int64_t N, int64_t K
   return -1;
 }
 
-int lcmac_bundle_matmul(lcmac_bundle* b, const void* A, const void* B, void* C, int64_t M,
-                        int64_t N, int64_t K, int dtype) {
-  if (!b) {
-    snprintf(tls_null_error, sizeof tls_null_error, "lcmac_bundle_matmul: the bundle is NULL");
-    return LCMAC_EINVAL;
-  }
-  pthread_mutex_lock(&b->mu);
-  int rc = LCMAC_EINVAL;
+/* The arguments of a bundle call checked (CPU or CUDA as the entry point `who` is): LCMAC_OK
+ * with the rule that admits the shape in *ri, or LCMAC_EINVAL with the message in b->err. */
+static int bundle_args(lcmac_bundle* b, const char* who, int cuda, const void* A, const void* B,
+                       const void* C, int64_t M, int64_t N, int64_t K, int dtype, int* ri) {
   DLDataType dt;
-  int ri = -1;
   if (!A || !B || !C) {
-    put_err(b->err, sizeof b->err, "lcmac_bundle_matmul: %s is NULL", !A ? "A" : !B ? "B" : "C");
+    put_err(b->err, sizeof b->err, "%s: %s is NULL", who, !A ? "A" : !B ? "B" : "C");
   } else if (M < 1 || N < 1 || K < 1 || M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) {
-    put_err(b->err, sizeof b->err, "lcmac_bundle_matmul: M, N, K must be positive and below "
-             "2^31 (got %lld, %lld, %lld)", (long long)M, (long long)N, (long long)K);
+    put_err(b->err, sizeof b->err, "%s: M, N, K must be positive and below 2^31 (got %lld, "
+             "%lld, %lld)", who, (long long)M, (long long)N, (long long)K);
   } else if (dtype_of(dtype, &dt)) {
-    put_err(b->err, sizeof b->err, "lcmac_bundle_matmul: unknown dtype code %d (see lcmac_dtype)", dtype);
-  } else if (b->device >= 0) {
-    put_err(b->err, sizeof b->err, "lcmac_bundle_matmul: this is a CUDA bundle; call "
-             "lcmac_bundle_cuda_matmul with device pointers and a stream");
+    put_err(b->err, sizeof b->err, "%s: unknown dtype code %d (see lcmac_dtype)", who, dtype);
+  } else if (cuda != (b->device >= 0)) {
+    put_err(b->err, sizeof b->err, cuda ? "%s: this is a CPU bundle; call lcmac_bundle_matmul"
+             : "%s: this is a CUDA bundle; call lcmac_bundle_cuda_matmul with device pointers "
+             "and a stream", who);
   } else if (dtype != b->dtype) {
-    put_err(b->err, sizeof b->err, "lcmac_bundle_matmul: dtype %s is not the bundle's %s",
+    put_err(b->err, sizeof b->err, "%s: dtype %s is not the bundle's %s", who,
              dtype_name(dtype), dtype_name(b->dtype));
-  } else if ((ri = lcmac_bundle_rule_for(b, M, N, K)) < 0) {
-    size_t len = (size_t)snprintf(b->err, sizeof b->err, "lcmac_bundle_matmul: no rule of the "
-                                  "bundle %s admits %lldx%lldx%lld; it serves", b->dir,
-                                  (long long)M, (long long)N, (long long)K);
+  } else if ((*ri = lcmac_bundle_rule_for(b, M, N, K)) < 0) {
+    size_t len = (size_t)snprintf(b->err, sizeof b->err, "%s: no rule of the bundle %s admits "
+                                  "%lldx%lldx%lld; it serves", who, b->dir, (long long)M,
+                                  (long long)N, (long long)K);
     for (int i = 0; i < b->nrules && len < sizeof b->err; ++i)
       len += (size_t)snprintf(b->err + len, sizeof b->err - len, "%s %s", i ? "," : "",
                               b->rules[i].text);
   } else {
-    size_t sz = dt.bits / 8;
+    return LCMAC_OK;
+  }
+  return LCMAC_EINVAL;
+}
+
+int lcmac_bundle_matmul(lcmac_bundle* b, const void* A, const void* B, void* C, int64_t M,
+                        int64_t N, int64_t K, int dtype) {
+  static const char who[] = "lcmac_bundle_matmul";
+  if (!b) {
+    snprintf(tls_null_error, sizeof tls_null_error, "%s: the bundle is NULL", who);
+    return LCMAC_EINVAL;
+  }
+  pthread_mutex_lock(&b->mu);
+  int ri = -1;
+  int rc = bundle_args(b, who, 0, A, B, C, M, N, K, dtype, &ri);
+  if (rc == LCMAC_OK) {
+    rc = LCMAC_EINVAL;
+    size_t sz = dtype_bytes(dtype);
     size_t na = (size_t)M * K * sz, nb = (size_t)K * N * sz, nc = (size_t)M * N * sz;
     const BRule* r = &b->rules[ri];
     if (overlaps(C, nc, A, na) || overlaps(C, nc, B, nb)) {
@@ -736,31 +749,15 @@ int lcmac_bundle_cuda_matmul(lcmac_bundle* b, const void* A, const void* B, void
     return LCMAC_EINVAL;
   }
   pthread_mutex_lock(&b->mu);
-  int rc = LCMAC_EINVAL, ri = -1;
+  int ri = -1;
+  int rc = bundle_args(b, who, 1, A, B, C, M, N, K, dtype, &ri);
   size_t sz = dtype_bytes(dtype);
-  if (!A || !B || !C) {
-    put_err(b->err, sizeof b->err, "%s: %s is NULL", who, !A ? "A" : !B ? "B" : "C");
-  } else if (M < 1 || N < 1 || K < 1 || M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) {
-    put_err(b->err, sizeof b->err, "%s: M, N, K must be positive and below 2^31 (got %lld, %lld, "
-             "%lld)", who, (long long)M, (long long)N, (long long)K);
-  } else if (!sz) {
-    put_err(b->err, sizeof b->err, "%s: unknown dtype code %d (see lcmac_dtype)", who, dtype);
-  } else if (b->device < 0) {
-    put_err(b->err, sizeof b->err, "%s: this is a CPU bundle; call lcmac_bundle_matmul", who);
-  } else if (dtype != b->dtype) {
-    put_err(b->err, sizeof b->err, "%s: dtype %s is not the bundle's %s", who, dtype_name(dtype),
-             dtype_name(b->dtype));
-  } else if ((ri = lcmac_bundle_rule_for(b, M, N, K)) < 0) {
-    size_t len = (size_t)snprintf(b->err, sizeof b->err, "%s: no rule of the bundle %s admits "
-                                  "%lldx%lldx%lld; it serves", who, b->dir, (long long)M,
-                                  (long long)N, (long long)K);
-    for (int i = 0; i < b->nrules && len < sizeof b->err; ++i)
-      len += (size_t)snprintf(b->err + len, sizeof b->err - len, "%s %s", i ? "," : "",
-                              b->rules[i].text);
-  } else if (workspace && (int64_t)workspace_bytes < b->ws_bytes) {
+  if (rc == LCMAC_OK && workspace && (int64_t)workspace_bytes < b->ws_bytes) {
     put_err(b->err, sizeof b->err, "%s: the workspace has %zu bytes and the bundle needs %lld "
              "(lcmac_bundle_cuda_workspace_bytes)", who, workspace_bytes, (long long)b->ws_bytes);
-  } else {
+    rc = LCMAC_EINVAL;
+  }
+  if (rc == LCMAC_OK) {
     /* the whole operands, before any piece runs: a short buffer is refused, not half-written */
     size_t na = (size_t)M * K * sz, nb = (size_t)K * N * sz, nc = (size_t)M * N * sz;
     lcmac_handle* h = b->kernels[0].h;

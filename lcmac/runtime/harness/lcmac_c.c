@@ -286,6 +286,31 @@ static void stop_pool(lcmac_handle* h) {
 
 /* ---- opening ---- */
 
+/* dlopen a checked library into a new handle (CPU until told otherwise, no pool yet); NULL
+ * with a message on failure.  Shared by the CPU and the CUDA open. */
+static lcmac_handle* new_handle(const char* who, const char* so_path, char* err, size_t errlen) {
+  void* lib = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char* why = dlerror();
+    put_err(err, errlen, "%s: cannot load %s: %s", who, so_path, why ? why : "?");
+    return NULL;
+  }
+  lcmac_handle* h = (lcmac_handle*)calloc(1, sizeof *h);
+  if (!h) {
+    put_err(err, errlen, "%s: out of memory", who);
+    dlclose(lib);
+    return NULL;
+  }
+  h->lib = lib;
+  h->dtype = -1;
+  h->device = -1;
+  pthread_mutex_init(&h->call_mu, NULL);
+  pthread_mutex_init(&h->mu, NULL);
+  pthread_cond_init(&h->start, NULL);
+  pthread_cond_init(&h->done, NULL);
+  return h;
+}
+
 /* dlopen a checked library, find its entry point, start the pool; NULL with *status and a
  * message on failure */
 static lcmac_handle* open_library(const char* who, const char* so_path, const char* entry,
@@ -297,36 +322,19 @@ static lcmac_handle* open_library(const char* who, const char* so_path, const ch
             "libraries this process loads; link the program with -rdynamic", who);
     return NULL;
   }
-  void* lib = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    const char* why = dlerror();
-    put_err(err, errlen, "%s: cannot load %s: %s", who, so_path, why ? why : "?");
-    return NULL;
-  }
+  lcmac_handle* h = new_handle(who, so_path, err, errlen);
+  if (!h) return NULL;
+  void* lib = h->lib;
   char sym[300];
   snprintf(sym, sizeof sym, "__tvm_ffi_%s", entry);
-  TVMFFISafeCallType fn = (TVMFFISafeCallType)dlsym(lib, sym);
-  if (!fn) {
+  h->fn = (TVMFFISafeCallType)dlsym(lib, sym);
+  if (!h->fn) {
     put_err(err, errlen, "%s: %s has no entry point %s (see the manifest's entry_points)", who,
             so_path, entry);
-    dlclose(lib);
+    lcmac_close(h);
     return NULL;
   }
-  lcmac_handle* h = (lcmac_handle*)calloc(1, sizeof *h);
-  if (!h) {
-    put_err(err, errlen, "%s: out of memory", who);
-    dlclose(lib);
-    return NULL;
-  }
-  h->lib = lib;
-  h->fn = fn;
-  h->dtype = -1;
-  h->device = -1;
   snprintf(h->entry, sizeof h->entry, "%s", entry);
-  pthread_mutex_init(&h->call_mu, NULL);
-  pthread_mutex_init(&h->mu, NULL);
-  pthread_cond_init(&h->start, NULL);
-  pthread_cond_init(&h->done, NULL);
   set_hook(lib, "__TVMBackendParallelLaunch", (void*)ParallelLaunch);
   set_hook(lib, "__TVMBackendParallelBarrier", (void*)ParallelBarrier);
   set_hook(lib, "__TVMBackendAllocWorkspace", (void*)AllocWorkspace);
@@ -367,9 +375,17 @@ lcmac_handle* lcmac_open(const char* so_path, const char* entry, int num_threads
   return open_library("lcmac_open", so_path, entry, num_threads, &status, err, errlen);
 }
 
-lcmac_handle* lcmac_open_artifact(const char* manifest_path, int num_threads, int* status,
-                                  char* err, size_t errlen) {
-  static const char who[] = "lcmac_open_artifact";
+/* defined in lcmac_cuda.c (included below) */
+static int check_gpu(const char* who, const char* arch, int device, char* err, size_t errlen);
+static lcmac_handle* open_cuda_library(const char* who, const ArtifactInfo* a, int device,
+                                       int* status, char* err, size_t errlen);
+
+/* lcmac_open_artifact (cuda 0) and lcmac_open_cuda_artifact (cuda 1, on `device`): the
+ * manifest, the library file and, for CUDA, the GPU checked, then the library opened; the
+ * handle keeps the manifest's shape, dtype and record of the library */
+static lcmac_handle* open_checked(const char* who, const char* manifest_path, int cuda,
+                                  int device, int num_threads, int* status, char* err,
+                                  size_t errlen) {
   lcmac_handle* h = NULL;
   ArtifactInfo* a = NULL;
   int rc;
@@ -380,9 +396,11 @@ lcmac_handle* lcmac_open_artifact(const char* manifest_path, int num_threads, in
   } else if (!(a = (ArtifactInfo*)calloc(1, sizeof *a))) {
     put_err(err, errlen, "%s: out of memory", who);
     rc = LCMAC_ELOAD;
-  } else if (!(rc = read_manifest(who, manifest_path, a, err, errlen)) &&
+  } else if (!((a->cuda = cuda), (rc = read_manifest(who, manifest_path, a, err, errlen))) &&
              !(rc = check_library_file(who, a->lib, a->bytes, a->sha256, err, errlen)) &&
-             (h = open_library(who, a->lib, a->entry, num_threads, &rc, err, errlen))) {
+             !(cuda && (rc = check_gpu(who, a->arch, device, err, errlen))) &&
+             (h = cuda ? open_cuda_library(who, a, device, &rc, err, errlen)
+                       : open_library(who, a->lib, a->entry, num_threads, &rc, err, errlen))) {
     h->has_manifest = 1;
     h->M = a->M;
     h->N = a->N;
@@ -398,6 +416,12 @@ lcmac_handle* lcmac_open_artifact(const char* manifest_path, int num_threads, in
   free(a);
   if (status) *status = rc;
   return h;
+}
+
+lcmac_handle* lcmac_open_artifact(const char* manifest_path, int num_threads, int* status,
+                                  char* err, size_t errlen) {
+  return open_checked("lcmac_open_artifact", manifest_path, 0, -1, num_threads, status, err,
+                      errlen);
 }
 
 /* Call the entry point with packed arguments (the harness's way in; lcmac_matmul's too).

@@ -189,25 +189,10 @@ typedef int (*LcmacRun)(const void*, const void*, void*, void*, void*);
 static lcmac_handle* open_cuda_library(const char* who, const ArtifactInfo* a, int device,
                                        int* status, char* err, size_t errlen) {
   *status = LCMAC_ELOAD;
-  void* lib = dlopen(a->lib, RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    const char* why = dlerror();
-    put_err(err, errlen, "%s: cannot load %s: %s", who, a->lib, why ? why : "?");
-    return NULL;
-  }
-  lcmac_handle* h = (lcmac_handle*)calloc(1, sizeof *h);
-  if (!h) {
-    put_err(err, errlen, "%s: out of memory", who);
-    dlclose(lib);
-    return NULL;
-  }
-  h->lib = lib;
+  lcmac_handle* h = new_handle(who, a->lib, err, errlen);
+  if (!h) return NULL;
+  void* lib = h->lib;
   h->device = device;
-  h->dtype = -1;
-  pthread_mutex_init(&h->call_mu, NULL);
-  pthread_mutex_init(&h->mu, NULL);
-  pthread_cond_init(&h->start, NULL);
-  pthread_cond_init(&h->done, NULL);
   snprintf(h->entry, sizeof h->entry, "%s", a->entry);
   int (*init)(void) = (int (*)(void))dlsym(lib, "lcmac_init");
   long long (*ws)(void) = (long long (*)(void))dlsym(lib, "lcmac_workspace_bytes");
@@ -271,36 +256,8 @@ static lcmac_handle* open_cuda_library(const char* who, const ArtifactInfo* a, i
 
 lcmac_handle* lcmac_open_cuda_artifact(const char* manifest_path, int device, int* status,
                                        char* err, size_t errlen) {
-  static const char who[] = "lcmac_open_cuda_artifact";
-  lcmac_handle* h = NULL;
-  ArtifactInfo* a = NULL;
-  int rc;
-  if (err && errlen) err[0] = 0;
-  if (!manifest_path || !*manifest_path) {
-    put_err(err, errlen, "%s: the manifest path must not be NULL or empty", who);
-    rc = LCMAC_EINVAL;
-  } else if (!(a = (ArtifactInfo*)calloc(1, sizeof *a))) {
-    put_err(err, errlen, "%s: out of memory", who);
-    rc = LCMAC_ELOAD;
-  } else if (!((a->cuda = 1)) || (rc = read_manifest(who, manifest_path, a, err, errlen)) ||
-             (rc = check_library_file(who, a->lib, a->bytes, a->sha256, err, errlen)) ||
-             (rc = check_gpu(who, a->arch, device, err, errlen))) {
-    /* rc and the message are set */
-  } else if ((h = open_cuda_library(who, a, device, &rc, err, errlen))) {
-    h->has_manifest = 1;
-    h->M = a->M;
-    h->N = a->N;
-    h->K = a->K;
-    h->dtype = a->dtype;
-    snprintf(h->sha256, sizeof h->sha256, "%s", a->sha256);
-    h->bytes = a->bytes;
-  }
-  if (rc == LCMAC_EIO && a && a->lib[0] && err && errlen && errlen > strlen(err) + 1)
-    snprintf(err + strlen(err), errlen - strlen(err), " (library.file of the manifest %s)",
-             manifest_path);
-  free(a);
-  if (status) *status = rc;
-  return h;
+  return open_checked("lcmac_open_cuda_artifact", manifest_path, 1, device, 0, status, err,
+                      errlen);
 }
 
 /* ---- checking a call's arguments ---- */
