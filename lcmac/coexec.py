@@ -26,13 +26,14 @@ thread that drives the GPU needs one, and an oversubscribed pool stalls at its b
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
 
 from .costmodel.coexec import DEFAULT_LINK_BW, host_cpu_rate, predict_split, split_rows
 from .errors import LcmacError, ShapeError, TargetError
+from .runtime.loader import host_cpus
+from .targets.x86 import host_flags
 
 GPU_MODES = {"bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 PIECE_BYTES = 32 << 20          # the least of A's bytes a pipelined piece carries
@@ -41,7 +42,7 @@ PIECE_BYTES = 32 << 20          # the least of A's bytes a pipelined piece carri
 @dataclass(frozen=True)
 class SplitChoice:
     cpu_fraction: float
-    source: str            # "measured" | "model" | "asked"
+    source: str            # "measured", "unmeasured", "asked"; "model" from model_split
     why: str
 
 
@@ -57,24 +58,6 @@ def gpu_mode(dtype) -> str:
     return GPU_MODES[name]
 
 
-def host_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def host_flags() -> frozenset:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
 def _gpu_name() -> str | None:
     import torch
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
@@ -86,11 +69,11 @@ def model_split(M, N, K, dtype: str, mode: str, inputs: str, target) -> SplitCho
     from .dtypes import ITEMSIZE
     prof = profile_for_target(target)
     gpu_rate = prof.achievable_mul("tfloat32" if mode == "tf32" else dtype)
-    cpu_rate = host_cpu_rate(dtype, host_cores(), host_flags())
+    cpu_rate = host_cpu_rate(dtype, host_cpus(), host_flags())
     p = predict_split(M, N, K, ITEMSIZE[dtype], gpu_rate=gpu_rate, cpu_rate=cpu_rate,
                       link_bw=DEFAULT_LINK_BW, inputs=inputs)
     return SplitChoice(p.cpu_fraction, "model", p.describe() + f" ({prof.name} profile, "
-                       f"{host_cores()} host cores at a prior {cpu_rate / 1e12:.2f} TFLOP/s, link "
+                       f"{host_cpus()} host cores at a prior {cpu_rate / 1e12:.2f} TFLOP/s, link "
                        f"{DEFAULT_LINK_BW / 1e9:.0f} GB/s)")
 
 
@@ -215,7 +198,7 @@ def run_split(A, B, gpu_rows: int, gpu, *, gpu_matmul, cpu_matmul, out=None, chu
                 torch.cuda.synchronize(gpu)
             timings["gpu_s"], timings["cpu_s"] = time.perf_counter() - t0, 0.0
         return out
-    with _cpu_threads(host_cores() - 1 if on_gpu else host_cores()):
+    with _cpu_threads(host_cpus() - 1 if on_gpu else host_cpus()):
         worker = threading.Thread(target=cpu_side, name="lcmac-coexec-cpu")
         worker.start()
         try:

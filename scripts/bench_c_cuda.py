@@ -64,8 +64,7 @@ def open_bundle(lib, path: Path, device: int):
 def bench_m(M, N, K, args, lib, handle, py_fn, dtype_code) -> dict:
     import torch
 
-    from lcmac.tune.measure import gpu_sustained, gpu_timer
-    timer = gpu_timer()
+    from lcmac.tune.measure import gpu_rounds
     dtype = getattr(torch, args.dtype)
     g = torch.Generator(device="cuda").manual_seed(M)
     A = torch.randn(M, K, device="cuda", dtype=dtype, generator=g)
@@ -88,11 +87,7 @@ def bench_m(M, N, K, args, lib, handle, py_fn, dtype_code) -> dict:
         out = fn()[band].double()
         err[name] = ((out - ref).norm() / ref.norm()).item()
     torch.cuda.synchronize()
-    rounds = {name: [] for name, _ in variants}
-    for _ in range(args.rounds):
-        for name, fn in variants:
-            rounds[name].append(timer(fn, args.calls) / args.calls)
-    sustained = {name: gpu_sustained(fn, args.sustained) for name, fn in variants} if args.sustained else {}
+    rounds, sustained = gpu_rounds(variants, args.rounds, args.calls, args.sustained)
     flops = 2.0 * M * N * K
     base = statistics.median(rounds["torch.matmul"])
     print(f"\n{M}x{N}x{K} {args.dtype}  (burst: median of {args.rounds} rounds x {args.calls} calls"

@@ -52,7 +52,8 @@ def main(argv=None) -> int:
 
     import lcmac
     from lcmac.artifact.build import resolve_target
-    from lcmac.coexec import gpu_side, host_cores, model_split, run_split
+    from lcmac.coexec import gpu_side, model_split, run_split
+    from lcmac.runtime.loader import host_cpus
     from lcmac.tune.coexec_search import search_split
     if not torch.cuda.is_available():
         print("bench_coexec: needs a CUDA GPU", file=sys.stderr)
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
     gpu = torch.device("cuda", torch.cuda.current_device())
     target = resolve_target("cuda")
     name = torch.cuda.get_device_name(gpu)
-    print(f"# {name}, {host_cores()} host CPUs, torch {torch.__version__} "
+    print(f"# {name}, {host_cpus()} host CPUs, torch {torch.__version__} "
           f"({torch.get_num_threads()} CPU threads)")
     print(f"{'mode':5s} {'size':>6s} {'inputs':7s} {'torch ms':>9s} {'GPU ms':>9s} {'best f':>7s} {'best ms':>9s} "
           f"{'vs GPU':>7s} {'model f':>8s} {'model/best':>10s} {'rates f':>8s} {'rates/best':>10s} "
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
                                          A, B, g, gpu, gpu_matmul=gpu_mm, cpu_matmul=cpu_mm, out=C,
                                          timings=timings),
                                      gpu_matmul=gpu_mm, rounds=args.rounds, baselines={"plain": plain},
-                                     log=not args.no_log, device_name=name, host_cpus=host_cores())
+                                     log=not args.no_log, device_name=name, host_cpus=host_cpus())
                 r["mode"] = mode
                 results.append(r)
                 print(f"{mode:5s} {n:6d} {where:7s} {r['baselines_s']['plain'] * 1e3:9.3f} "
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
     if args.out:
         doc = {"benchmark": "CPU+GPU co-execution (lcmac.coexec) vs GPU only", "device": name,
-               "host_cpus": host_cores(), "torch_threads": torch.get_num_threads(),
+               "host_cpus": host_cpus(), "torch_threads": torch.get_num_threads(),
                "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
                "command": "python scripts/bench_coexec.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "gpu_algo": args.gpu_algo, "torch": torch.__version__, "results": results}

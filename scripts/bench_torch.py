@@ -50,8 +50,7 @@ def bench_shape(M, N, K, args, dtype) -> dict:
     import torch
 
     from lcmac.ops import release_kernels
-    from lcmac.tune.measure import gpu_sustained, gpu_timer
-    timer = gpu_timer()
+    from lcmac.tune.measure import gpu_rounds
     with torch.no_grad():
         vs = variants(M, N, K, args.algos, dtype)
         band = slice(0, min(M, CHECK_ROWS))       # checked on a band of rows: float64 is big
@@ -62,11 +61,7 @@ def bench_shape(M, N, K, args, dtype) -> dict:
             diff[name] = ((C - ref).norm() / ref.norm()).item()
         del C, ref
         torch.cuda.synchronize()
-        rounds = {name: [] for name, _ in vs}
-        for _ in range(args.rounds):
-            for name, fn in vs:
-                rounds[name].append(timer(fn, args.calls) / args.calls)
-        sustained = {name: gpu_sustained(fn, args.sustained) for name, fn in vs} if args.sustained else {}
+        rounds, sustained = gpu_rounds(vs, args.rounds, args.calls, args.sustained)
     del vs
     release_kernels()                              # this shape's workspaces and prepared weights
     torch.cuda.empty_cache()

@@ -56,7 +56,7 @@ def tvm_runtime_path() -> Path:
     return p
 
 
-def _threads() -> int:
+def host_cpus() -> int:
     """The CPUs this process may use."""
     try:
         return len(os.sched_getaffinity(0))
@@ -69,7 +69,7 @@ def _load_runtime():
     with _lock:
         if _runtime is None:
             if "TVM_NUM_THREADS" not in os.environ:
-                os.environ["TVM_NUM_THREADS"] = str(_threads())
+                os.environ["TVM_NUM_THREADS"] = str(host_cpus())
             import tvm_ffi  # noqa: F401 - libtvm_ffi.so first: libtvm_runtime links against it
             _runtime = ctypes.CDLL(str(tvm_runtime_path()), mode=ctypes.RTLD_GLOBAL)
         return _runtime
@@ -250,7 +250,7 @@ def _load_emulated(man: Manifest, man_path: Path, sve_vq) -> EmulatedFunction:
     aarch64.qemu()
     aarch64.sysroot()
     qemu_runner.harness_path()
-    threads = int(os.environ.get("LCMAC_NUM_THREADS") or _threads())
+    threads = int(os.environ.get("LCMAC_NUM_THREADS") or host_cpus())
     return EmulatedFunction(man, lib, man_path, vq, threads)
 
 

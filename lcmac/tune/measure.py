@@ -209,6 +209,20 @@ def gpu_sustained(fn, seconds: float) -> float:
     return (time.perf_counter() - t0) / n
 
 
+def gpu_rounds(variants, rounds: int, calls: int, sustained_s: float = 0.0):
+    """Interleaved timing of ``variants`` ((name, fn) pairs) on the GPU: per name, the seconds
+    per call of each of ``rounds`` rounds of ``calls`` back-to-back calls (``gpu_timer``; the
+    variants take turns within a round), and, with ``sustained_s``, the ``gpu_sustained``
+    figure (empty otherwise)."""
+    timer = gpu_timer()
+    times = {name: [] for name, _ in variants}
+    for _ in range(rounds):
+        for name, fn in variants:
+            times[name].append(timer(fn, calls) / calls)
+    sustained = {name: gpu_sustained(fn, sustained_s) for name, fn in variants} if sustained_s else {}
+    return times, sustained
+
+
 #: seconds of back-to-back calls before timing on a GPU: the clocks drop while the GPU waits
 #: (for a compile, between shapes) and the first runs after an idle gap would be timed slow
 #: (seen in the first tuning run: cuBLAS, measured first at each shape, had 10–26 % spread)

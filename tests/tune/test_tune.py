@@ -694,3 +694,22 @@ def test_unmeasured_lcmas_take_the_measured_lcmas_scale():
     w2 = next(c for c in d.candidates if c.algorithm == "winograd^2")
     assert fgr.estimate.time_s == pytest.approx(w2.estimate.time_s)
     assert "fgr-4x4x4-r49" not in d.worth_tuning
+
+
+def test_gpu_rounds_interleaves_the_variants(monkeypatch):
+    """gpu_rounds: rounds taken in turn across variants, seconds per call, the sustained figure
+    only when asked (the GPU timers replaced by a recording stand-in)."""
+    from lcmac.tune import measure
+    order = []
+
+    def timer(fn, n):
+        for _ in range(n):
+            fn()
+        return 0.002 * n * (2 if order[-1] == "b" else 1)
+    monkeypatch.setattr(measure, "gpu_timer", lambda: timer)
+    monkeypatch.setattr(measure, "gpu_sustained", lambda fn, s: s / 100)
+    variants = [("a", lambda: order.append("a")), ("b", lambda: order.append("b"))]
+    times, sustained = measure.gpu_rounds(variants, rounds=3, calls=4)
+    assert order == (["a"] * 4 + ["b"] * 4) * 3
+    assert times == {"a": [0.002] * 3, "b": [0.004] * 3} and sustained == {}
+    assert measure.gpu_rounds(variants, 1, 1, sustained_s=2.0)[1] == {"a": 0.02, "b": 0.02}
