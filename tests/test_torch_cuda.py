@@ -91,6 +91,24 @@ def test_linear_prepares_its_weight_once_and_again_when_it_changes(monkeypatch):
         assert torch.equal(y2, lcmac.matmul(x, ref.weight.t().contiguous(), algo="strassen") + ref.bias)
 
 
+def test_linear_under_autocast_computes_in_bf16_with_fp32_weights():
+    torch.manual_seed(2)
+    ref = nn.Linear(S, S, device="cuda")                             # fp32 parameters
+    lin = Linear.from_linear(ref, algo="strassen")
+    x = torch.randn(S, S, device="cuda", requires_grad=True)
+    with torch.autocast("cuda", dtype=BF16):
+        y, r = lin(x), ref(x)
+    assert y.dtype == r.dtype == BF16
+    y64 = x.detach().double() @ ref.weight.double().t() + ref.bias.double()
+    assert _rel(y, y64) < STRASSEN_BOUND * _rel(r, y64)
+    y.float().sum().backward()
+    assert ref.weight.grad is not None and ref.weight.grad.dtype == torch.float32
+    with torch.no_grad(), torch.autocast("cuda", dtype=BF16):       # the bf16 weight is kept
+        y1 = lin(x)
+        kept = lin._autocast_weight[1]
+        assert torch.equal(lin(x), y1) and lin._autocast_weight[1] is kept
+
+
 def test_optimize_swaps_a_cuda_mlp_and_keeps_its_output():
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(S, 2 * S), nn.GELU(), nn.Linear(2 * S, S), nn.Linear(8, 8))

@@ -7,7 +7,9 @@ machine, let it predict the split, time the prediction and its neighbours, log t
    analytic model's with the measured rates, and the uncalibrated prior's.
 3. Candidates: GPU only, one 64-row block, the three predictions, the calibrated one halved,
    ×1.5 and doubled (rounded to whole 64-row blocks): each timed in ``rounds`` interleaved
-   rounds, median.
+   rounds, median.  A candidate whose CPU side alone is predicted (from the calibration) to take
+   more than twice the GPU alone is not timed: it cannot win, and at 32768³ in fp32 or fp64 one
+   such run costs a minute.  It is reported with its predicted time.
 4. The fastest is logged (``lcmac.artifact.split_log``) for ``split="auto"`` to take.
 """
 from __future__ import annotations
@@ -35,8 +37,10 @@ def calibrate(A, B, gpu, *, run, gpu_matmul) -> dict:
       copies, the link as the split uses it (B host → GPU from pinned memory for host inputs,
       GPU → host into pageable memory for device inputs), the CPU's from the larger probe;
     - the measured sides (``predict_split_measured``): the GPU alone (T₀), its part no split
-      removes (B's copy, host inputs), and the CPU side of split runs with a sixteenth and a
-      sixty-fourth of the rows, timed beside the GPU's — a fixed cost and a cost per row.
+      removes (B's copy, host inputs), and the CPU side of split runs with one 64-row block and
+      with a sixteenth of the rows (fewer where that would take longer than the GPU alone: a
+      split only pays while its CPU side is shorter), timed beside the GPU's — a fixed cost and
+      a cost per row.
       (Timed alone, a CPU GEMM was measured to promise twice what it delivers beside the GPU,
       and small slices run well below its rate.)"""
     import torch
@@ -54,9 +58,9 @@ def calibrate(A, B, gpu, *, run, gpu_matmul) -> dict:
     t_link = min(_wall(link, sync) for _ in range(3))
     run(M)
     t0 = min(_wall(lambda: run(M), sync) for _ in range(2))
-    probes = sorted({max(64, min(M - 64, M // d // 64 * 64)) for d in (16, 64)})
     cpu_s = {}
-    for p in probes:
+
+    def probe(p):
         run(M - p)
         tms = []
         for _ in range(2):
@@ -64,6 +68,15 @@ def calibrate(A, B, gpu, *, run, gpu_matmul) -> dict:
             run(M - p, timings=tm)
             tms.append(tm["cpu_s"])
         cpu_s[p] = min(tms)
+
+    probe(64)
+    # the 64-row block's time per row over-estimates the rate (it carries the fixed cost), so
+    # the rows that fit in T0 by it are a safe upper bound for the larger probe
+    fit = int(t0 / (cpu_s[64] / 64)) // 64 * 64
+    hi = max(128, min(M - 64, M // 16 // 64 * 64, fit))
+    if hi > 64 and hi < M:
+        probe(hi)
+    probes = sorted(cpu_s)
     hi, lo = probes[-1], probes[0]
     row_s = (cpu_s[hi] - cpu_s[lo]) / (hi - lo) if hi > lo else cpu_s[hi] / hi
     return {"gpu_rate": 2.0 * M * N * K / t_gemm, "link_bw": K * N * s / t_link,
@@ -93,6 +106,9 @@ def search_split(A, B, gpu, *, run, gpu_matmul, target: str, mode: str,
     fractions = {0.0, f, prior_fraction, rate_model.cpu_fraction, f / 2, f * 1.5, f * 2,
                  64 / M}
     rows = sorted({split_rows(M, min(1.0, x)) for x in fractions}, reverse=True)
+    cpu_side = {g: rates["cpu_fixed_s"] + (M - g) * rates["cpu_row_s"] for g in rows if g < M}
+    untimed = {g: t for g, t in cpu_side.items() if t > 2 * rates["gpu_only_s"]}
+    rows = [g for g in rows if g not in untimed]
     baselines = baselines or {}
     for g in rows:                                        # first calls of every split: warm
         run(g)
@@ -107,15 +123,19 @@ def search_split(A, B, gpu, *, run, gpu_matmul, target: str, mode: str,
             base_times[name].append(_wall(fn, torch.cuda.synchronize))
     med = {g: statistics.median(ts) for g, ts in times.items()}
     best = min(med, key=med.get)
-    frac = {g: (M - g) / M for g in rows}
+    frac = {g: (M - g) / M for g in [*rows, *untimed]}
+
+    def timed(x):                      # a prediction's measured time; None where not timed
+        return med.get(split_rows(M, min(1.0, x)))
     out = {"shape": [M, N, K], "dtype": dtype, "inputs": inputs, "gpu_mode": mode,
            "rates": rates, "calibrated_fraction": f, "calibrated_predicted_s": pred.t_split,
            "rate_model_fraction": rate_model.cpu_fraction, "prior_fraction": prior_fraction,
            "candidates": [[frac[g], med[g], (max(times[g]) - min(times[g])) / med[g]] for g in rows],
            "gpu_only_s": med[M], "best_fraction": frac[best], "best_s": med[best],
-           "calibrated_s": med[split_rows(M, min(1.0, f))],
-           "rate_model_s": med[split_rows(M, min(1.0, rate_model.cpu_fraction))],
-           "prior_s": med[split_rows(M, min(1.0, prior_fraction))],
+           "untimed": [[frac[g], t] for g, t in sorted(untimed.items(), reverse=True)],
+           "calibrated_s": timed(f),
+           "rate_model_s": timed(rate_model.cpu_fraction),
+           "prior_s": timed(prior_fraction),
            "baselines_s": {name: statistics.median(ts) for name, ts in base_times.items()}}
     if log:
         append_split(make_split_record(
