@@ -6,7 +6,7 @@ from .version import __version__
 
 # lcmac.nn, lcmac.ops and lcmac.optimize are public too, left out of __all__ because they
 # import torch (``from lcmac import *`` stays free of it)
-__all__ = ["__version__", "LcmacError", "auto", "build", "load", "matmul"]
+__all__ = ["__version__", "LcmacError", "auto", "build", "load", "matmul", "bmm"]
 
 #: public name → (module, attribute); None: the module itself
 _LAZY = {
@@ -14,6 +14,7 @@ _LAZY = {
     "load": (".runtime.loader", "load"),
     "auto": (".dispatch", "auto"),
     "matmul": (".ops", "matmul"),
+    "bmm": (".batched", "bmm"),
     "ops": (".ops", None),
     "optimize": (".nn", "optimize"),
     "nn": (".nn", None),

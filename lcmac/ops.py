@@ -49,13 +49,14 @@ import weakref
 from dataclasses import dataclass
 
 from .artifact.build import resolve_algorithm
+from .call_args import AUTO, GEMM, VENDOR, check_algo, target_for  # noqa: F401 (ops.* names)
 from .artifact.bundle import backend_kind
 from .artifact.cache import cached_build
 from .costmodel import model_dtype, select
 from .costmodel.decision import check_error_budget, with_errors
 from .dispatch import AutoMatmul
 from .dtypes import normalize_dtype
-from .errors import CatalogueError, DTypeError, LcmacError, ShapeError, TargetError
+from .errors import DTypeError, LcmacError, ShapeError, TargetError
 from .runtime.loader import load
 from .runtime.tiled import empty, run_rows
 from .shape_rules import JIT_ROWS, row_pieces
@@ -66,7 +67,6 @@ __all__ = ["matmul", "plan", "MatmulPlan", "register", "mark_static", "transpose
            "kernel_keys", "release_kernels", "compute",
            "check_operands", "OP_SCHEMA"]
 
-AUTO, VENDOR, GEMM = "auto", "vendor", "gemm"
 #: the dtypes lcmac.matmul takes (further limited by the target: CPU float32, float64 and,
 #: on x86_64-avx512, bfloat16; CUDA bfloat16, float16, float32)
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -79,7 +79,6 @@ MAX_TRANSPOSED = 256
 MAX_PREPARED = 8
 
 _lock = threading.RLock()     # re-entrant: a weakref callback (mark_static) may fire under it
-_targets: dict[str, str] = {}
 _autos: dict[tuple, AutoMatmul] = {}
 _plans: dict[tuple, "MatmulPlan"] = {}
 _kernels: dict[tuple, object] = {}
@@ -108,16 +107,6 @@ def _device(x) -> str:
     if _kind(x) == "numpy":
         return "cpu"
     return x.device.type
-
-
-def target_for(device: str) -> str:
-    """The lcmac target of a device type ("cpu": this CPU's; "cuda": the GPU present)."""
-    t = _targets.get(device)
-    if t is None:
-        if device not in ("cpu", "cuda"):
-            raise TargetError(f"lcmac runs on the CPU and on CUDA GPUs; the operands are on {device}")
-        t = _targets.setdefault(device, get_target("host" if device == "cpu" else "cuda").name)
-    return t
 
 
 _supported: dict[str, tuple] = {}      # per call on the hot path; the target table is static
@@ -206,18 +195,6 @@ def _check_out(out, A, o: _Operands) -> None:
         raise TargetError(f"out is on {out.device}, A on {A.device}")
     if not _contiguous(out):
         raise ShapeError("out is not contiguous (row-major); pass a contiguous array")
-
-
-def check_algo(algo) -> str:
-    """``algo`` itself when it names something lcmac.matmul can run ("auto", "vendor",
-    "gemm" or a catalogue name or expression); CatalogueError otherwise."""
-    if not isinstance(algo, str):
-        raise CatalogueError(f"algo must be a string (\"auto\", \"vendor\", \"gemm\" or an "
-                             f"algorithm name), got {type(algo).__name__}")
-    if algo in (AUTO, VENDOR):
-        return algo
-    resolve_algorithm(algo)           # unknown names: CatalogueError naming them
-    return algo
 
 
 def check_budget(max_error):
@@ -556,6 +533,7 @@ def compute(A, B, algo: str = AUTO, max_error=None, out=None):
 def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None, devices=None, split="auto"):
     """C = A @ B for numpy arrays or torch tensors (CPU; CUDA where present), A of …×M×K
     (leading dimensions flattened into the rows) and B of K×N; C is …×M×N, new or ``out``.
+    A [batch, M, K] and B [batch, K, N]: the batch of products (``lcmac.bmm``).
 
     ``devices=("cuda", "cpu")``: one 2-D product split between the GPU and the host's CPU
     (``lcmac.coexec``; ``split``: "auto" or the CPU's share of rows); ``algo`` is then the GPU
@@ -569,6 +547,11 @@ def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None, devices=None, sp
     same computation without the op's dispatch).  Operands must be contiguous and of one
     dtype and device; errors name the problem."""
     algo, max_error = check_algo(algo), check_budget(max_error)
+    if getattr(B, "ndim", 2) == 3:             # a batch of products: lcmac.bmm
+        if devices is not None or max_error is not None:
+            raise LcmacError("a batched product (3-D B) takes neither devices= nor max_error=")
+        from .batched import bmm
+        return bmm(A, B, algo=algo, out=out)
     if devices is not None:
         from .coexec import split_product
         return split_product(

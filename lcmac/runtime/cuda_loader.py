@@ -111,31 +111,38 @@ class CudaMatmul:
         return self._ws[key]
 
     # -- checking ------------------------------------------------------------------------
-    def check(self, A, B, out=None):
+    def _check_tensor(self, name, t) -> None:
+        """One operand's type, device, dtype, layout and alignment."""
         import torch
-        for name, t in (("A", A), ("B", B), ("out", out)):
-            if t is None:
-                continue
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch tensor, not {type(t).__name__}")
-            if t.device.type != "cuda":
-                raise TargetError(f"{name} is on {t.device}; this artifact runs on CUDA tensors")
-            if str(t.dtype).replace("torch.", "") != _TORCH_DT[self.dtype]:
-                raise DTypeError(f"{name} has dtype {t.dtype}; the artifact was built for {self.dtype}")
-            if not t.is_contiguous():
-                raise ShapeError(f"{name} must be contiguous row-major (strides {t.stride()}); "
-                                 f"call .contiguous() first")
-            if t.data_ptr() % 16:
-                raise ShapeError(f"{name} must be 16-byte aligned (TMA); got address "
-                                 f"{t.data_ptr():#x}")
-        want = {"A": (self.M, self.K), "B": (self.K, self.N), "out": (self.M, self.N)}
-        for name, t in (("A", A), ("B", B), ("out", out)):
-            if t is not None and tuple(t.shape) != want[name]:
-                raise ShapeError(f"{name} has shape {tuple(t.shape)}; this artifact computes "
-                                 f"{self.M}x{self.K} @ {self.K}x{self.N} (build another for other shapes)")
-        devs = {t.device for t in (A, B, out) if t is not None}
-        if len(devs) != 1:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch tensor, not {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise TargetError(f"{name} is on {t.device}; this artifact runs on CUDA tensors")
+        if str(t.dtype).replace("torch.", "") != _TORCH_DT[self.dtype]:
+            raise DTypeError(f"{name} has dtype {t.dtype}; the artifact was built for {self.dtype}")
+        if not t.is_contiguous():
+            raise ShapeError(f"{name} must be contiguous row-major (strides {t.stride()}); "
+                             f"call .contiguous() first")
+        if t.data_ptr() % 16:
+            raise ShapeError(f"{name} must be 16-byte aligned (TMA); got address "
+                             f"{t.data_ptr():#x}")
+
+    def _check_operands(self, named: dict, want: dict, what: str) -> None:
+        """Each given operand checked, its shape against ``want``, all on one device."""
+        given = {n: t for n, t in named.items() if t is not None}
+        for name, t in given.items():
+            self._check_tensor(name, t)
+        for name, t in given.items():
+            if tuple(t.shape) != want[name]:
+                raise ShapeError(f"{name} has shape {tuple(t.shape)}; this artifact computes {what}")
+        devs = {t.device for t in given.values()}
+        if len(devs) > 1:
             raise TargetError(f"operands on different devices: {sorted(map(str, devs))}")
+
+    def check(self, A, B, out=None):
+        self._check_operands({"A": A, "B": B, "out": out},
+                             {"A": (self.M, self.K), "B": (self.K, self.N), "out": (self.M, self.N)},
+                             f"{self.M}x{self.K} @ {self.K}x{self.N} (build another for other shapes)")
 
     def __call__(self, A, B, out=None):
         if isinstance(B, PreparedB):
@@ -200,6 +207,54 @@ class CudaMatmul:
                          Bp.buffer.data_ptr(), out)
 
 
+class CudaBatchedMatmul(CudaMatmul):
+    """Callable for a batched artifact (``config.batched``): ``C = f(A, B, out=None)`` with
+    A [batch, M, K], B [batch, K, N], C [batch, M, N], any batch count (a kernel argument)."""
+
+    def __repr__(self):
+        return (f"<lcmac CUDA batched artifact {self.arch} {self.dtype} "
+                f"batch x {self.M}x{self.N}x{self.K}>")
+
+    def _open(self, device):
+        lib = super()._open(device)
+        lib.lcmac_run_batched.restype = ctypes.c_int
+        lib.lcmac_run_batched.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_longlong] + [ctypes.c_void_p] * 2
+        return lib
+
+    def check(self, A, B, out=None):
+        for name, t in (("A", A), ("B", B), ("out", out)):
+            if t is not None and getattr(t, "ndim", None) != 3:
+                raise ShapeError(f"{name} must be 3-D [batch, rows, cols] for a batched artifact, "
+                                 f"not {tuple(getattr(t, 'shape', ()))}")
+        b = A.shape[0]
+        self._check_operands({"A": A, "B": B, "out": out},
+                             {"A": (b, self.M, self.K), "B": (b, self.K, self.N), "out": (b, self.M, self.N)},
+                             f"[batch, {self.M}, {self.K}] @ [batch, {self.K}, {self.N}] with one "
+                             f"batch count for A, B and out (here {b})")
+
+    def prepare_b(self, B):
+        raise LcmacError("a batched artifact has no prepared B (each product has its own B)")
+
+    def __call__(self, A, B, out=None):
+        import torch
+        self.check(A, B, out)
+        if out is None:
+            out = torch.empty((A.shape[0], self.M, self.N), dtype=A.dtype, device=A.device)
+        lib = self._open(A.device)
+        stream = torch.cuda.current_stream(A.device).cuda_stream
+        with torch.cuda.device(A.device):
+            rc = lib.lcmac_run_batched(A.data_ptr(), B.data_ptr(), out.data_ptr(), A.shape[0],
+                                       None, stream)
+        if rc != 0:
+            raise CudaRunError(f"lcmac_run_batched failed ({rc}): {lib.lcmac_last_error().decode()}")
+        return out
+
+
+def _callable(meta: dict, lib: str) -> CudaMatmul:
+    batched = bool((meta.get("config") or {}).get("batched"))
+    return (CudaBatchedMatmul if batched else CudaMatmul)(meta, lib)
+
+
 def load_cuda(meta_or_path, lib_path: str | None = None) -> CudaMatmul:
     """From the worker response / manifest (dict or JSON path); the library path defaults to
     the manifest's ``library`` (relative to the manifest's folder)."""
@@ -217,7 +272,7 @@ def load_cuda(meta_or_path, lib_path: str | None = None) -> CudaMatmul:
         cand = os.path.join(base, os.path.basename(lib))
         if os.path.exists(cand):
             lib = cand
-    return CudaMatmul(meta, lib)
+    return _callable(meta, lib)
 
 
 def load(man, man_path) -> CudaMatmul:
@@ -232,6 +287,6 @@ def load(man, man_path) -> CudaMatmul:
             "name": info.get("name", "lcmac"), "algorithm_name": man.algorithm.get("name"),
             "config": man.config, "gemm_precision": info.get("gemm_precision"),
             "extra": info.get("extra")}
-    f = CudaMatmul(meta, str(lib))
+    f = _callable(meta, str(lib))
     f.manifest = man
     return f

@@ -306,7 +306,7 @@ def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
     prepared = prepared or {"unsupported": "not generated"}
     lines = ['#include <cuda_runtime.h>', '#include <cstdio>', '#include <cstring>', '']
     for k in kernels:
-        params = ", ".join("void*" for _ in k["args"])
+        params = ", ".join("int" if a == "batch" else "void*" for a in k["args"])
         lines.append(f'extern "C" int {k["name"]}_init();')
         lines.append(f'extern "C" int {k["name"]}_call({params}, cudaStream_t);')
         lines.append(f'extern "C" const char* {k["name"]}_get_last_error();')
@@ -328,6 +328,8 @@ def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
     memsets = [f'  if (cudaMemsetAsync(bufs_{name}, 0, {size[name]}, s) != cudaSuccess) {{ '
                f'snprintf(lcmac_err, sizeof lcmac_err, "memset {name}: %s", '
                'cudaGetErrorString(cudaGetLastError())); return -2; }' for name in zero]
+    if any("batch" in k["args"] for k in kernels):
+        return "\n".join(lines + _batched_entry(kernels))
     lines += ['extern "C" int lcmac_run(const void* A, const void* B, void* C, void* ws, void* stream) {',
               '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
               '  char* w = (char*)ws; (void)w;',
@@ -364,6 +366,29 @@ def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
     lines += slices(skip=pb) + list(in_p.values()) + memsets + _launches([k for k in kernels if k["name"] not in bnames])
     lines += ['  return 0;', '}', '']
     return "\n".join(lines)
+
+
+def _batched_entry(kernels: list[dict]) -> list[str]:
+    """``lcmac_run_batched(A, B, C, batch, ws, stream)`` for a batched artifact (kernels taking
+    the batch count), and ``lcmac_run`` / prepared-B entries that refuse with the reason."""
+    refuse = ('  snprintf(lcmac_err, sizeof lcmac_err, "this artifact multiplies batches of '
+              'products: call lcmac_run_batched"); return -3;')
+    return (['extern "C" int lcmac_run_batched(const void* A, const void* B, void* C, long long batch, '
+            'void* ws, void* stream) {',
+            '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0; (void)ws;',
+            '  if (batch < 0 || batch > 2147483647LL) { snprintf(lcmac_err, sizeof lcmac_err, '
+            '"batch must be 0 .. 2^31-1, not %lld", batch); return -4; }',
+            '  if (batch == 0) return 0;',
+            '  int bufs_batch = (int)batch;',
+            '  void* bufs_A = (void*)A; void* bufs_B = (void*)B; void* bufs_C = C;']
+            + _launches(kernels) + ['  return 0;', '}', '',
+            'extern "C" int lcmac_run(const void* A, const void* B, void* C, void* ws, void* stream) {',
+            '  (void)A; (void)B; (void)C; (void)ws; (void)stream;', refuse, '}',
+            'extern "C" long long lcmac_prepared_b_bytes() { return -1LL; }',
+            'extern "C" int lcmac_prepare_b(const void* B, void* P, void* stream) {',
+            '  (void)B; (void)P; (void)stream;', refuse, '}',
+            'extern "C" int lcmac_run_prepared(const void* A, const void* P, void* C, void* ws, void* stream) {',
+            '  (void)A; (void)P; (void)C; (void)ws; (void)stream;', refuse, '}', ''])
 
 
 def compile_so(sources: list[str], out_so: str, arch: str, includes: list[str],

@@ -51,7 +51,8 @@ from ..ir.program import (LinearProgram, combine_matrices, direct_outputs, keep_
                           naive_program, scale_inputs)
 from ..schedules.cuda.config import (FP8_MAX_COMBINE, SMEM_PER_CTA, SUPPORTED_DTYPES, Blocking,
                                      CudaConfig, NotSupportedYet, PersistentPlan, arch_why,
-                                     bound_exponent, check_operands, check_shape, check_smem,
+                                     bound_exponent, check_batched_shape, check_operands,
+                                     check_shape, check_smem, small_tile_defaults,
                                      cluster_kernels, direct_views_why, fp8_combine_size,
                                      int64_buffers, is_lcma, needs_int64, operand_sources,
                                      persistent_gemm, persistent_plan, side_read_in_place,
@@ -106,10 +107,14 @@ class Request:
                 raise NotSupportedYet("float8_e4m3 is not supported yet by the CUDA backend")
             raise DTypeError(f"the CUDA backend supports {SUPPORTED_DTYPES}, not {dtype}")
         M, N, K = (int(x) for x in req["shape"])
-        check_shape(M, N, K, dtype)
         alg = _resolve_algorithm(req.get("algorithm"))
-        cfg = CudaConfig.from_dict(req.get("config"), dtype=dtype, arch=target.arch,
-                                   lcma=is_lcma(alg))
+        given = dict(req.get("config") or {})
+        if given.get("batched"):
+            check_batched_shape(M, N, K)
+            given = {**small_tile_defaults(M, N, K, dtype), **given}
+        else:
+            check_shape(M, N, K, dtype)
+        cfg = CudaConfig.from_dict(given, dtype=dtype, arch=target.arch, lcma=is_lcma(alg))
         cfg.check()
         return cls(target, dtype, (M, N, K), alg, cfg, req.get("programs"),
                    os.path.abspath(req.get("out_dir", ".")), req.get("name", "lcmac_cuda"),
@@ -182,6 +187,22 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None) -> Pl
         why = direct_views_why(cfg, Blocking(*shape, alg.m, alg.k, alg.n, alg.R), dtype, arch)
         if why:
             raise NotSupportedYet(f"direct_views={cfg.direct_views!r}: {why} (use direct_views='none')")
+    if cfg.batched:
+        if alg is not None or cfg.operands != "native" or cfg.ladder:
+            raise NotSupportedYet("a batched small product (config batched) is a plain GEMM with "
+                                  "native operands: build it without an algorithm, operands or "
+                                  "ladder step")
+        from ..schedules.cuda import small     # TileLang: this process only
+        return Plan([Kernel("bmm", small.batched_small_gemm(*shape, dtype, cfg), ["A", "B", "C", "batch"])],
+                    [("__end__", 0)], {"batched": True})
+    if cfg.ladder:
+        if alg is not None or cfg.operands != "native":
+            raise NotSupportedYet("a ladder step (config ladder > 0) is a plain GEMM with native "
+                                  "operands: build it without an algorithm and with operands='native'")
+        from ..schedules.cuda import ladder     # TileLang: this process only
+        ws, wide = _sized_workspace(shape, {})
+        return Plan([Kernel("gemm", ladder.ladder_gemm(cfg.ladder, *shape, dtype, cfg, arch),
+                            ["A", "B", "C"])], ws, {"ladder_step": cfg.ladder})
     if cfg.operands == "fp8":
         return _fp8_plan(alg, shape, dtype, cfg, programs, arch)
     if cfg.operands != "native":
@@ -446,7 +467,9 @@ def _launch_info(code: str, kname: str) -> dict:
     grid = re.search(r"config\.gridDim = dim3\(([^)]*)\)", code)
     block = re.search(r"config\.blockDim = dim3\(([^)]*)\)", code)
     smem = re.search(r"config\.dynamicSmemBytes = (\d+)", code)
-    tup = (lambda m: [int(x) for x in m.group(1).split(",")] if m else None)
+    # a dynamic dimension (a batched kernel's batch count) stays its name
+    tup = (lambda m: [int(x) if x.strip().isdigit() else x.strip() for x in m.group(1).split(",")]
+           if m else None)
     return {"name": kname, "grid": tup(grid), "block": tup(block),
             "smem_bytes": int(smem.group(1)) if smem else 0}
 

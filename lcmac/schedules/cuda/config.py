@@ -97,6 +97,14 @@ class CudaConfig:
                  products whose operand on a side ("a", "b", "ab"; "none") is one input block
                  with coefficient ±1 read that block of A / B in place, and the combine
                  writes only the other operands; "auto": "ab" where the shape allows it.
+    batched      the artifact computes a batch of independent products C[b] = A[b]·B[b] of one
+                 (M, N, K), the batch count given at each call (``schedules.cuda.small``);
+                 its tile defaults come from ``small_tile_defaults``.  The plain GEMM only.
+    products_per_cta  batched: the products one CTA runs in one pipeline (tiny products
+                 amortise a CTA's start and overlap one product's loads with another's work).
+    ladder       0: the templates above.  1–7: the plain GEMM as that step of the GEMM
+                 optimisation ladder (``schedules.cuda.ladder``, docs/ladder.md), for
+                 teaching and measurement; the other knobs then only size its tiles.
     """
     fused: bool = False
     block_m: int = 128
@@ -121,6 +129,9 @@ class CudaConfig:
     store_via_smem: bool = True
     tma_reduce: bool = False
     direct_views: str = "auto"
+    batched: bool = False
+    products_per_cta: int = 1
+    ladder: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -176,6 +187,10 @@ class CudaConfig:
             raise LcmacError(f"cluster must be 1 or 2, not {self.cluster!r}")
         if self.direct_views not in DIRECT_VIEWS:
             raise LcmacError(f"direct_views must be one of {DIRECT_VIEWS}, not {self.direct_views!r}")
+        if self.products_per_cta < 1:
+            raise LcmacError(f"products_per_cta must be >= 1, not {self.products_per_cta}")
+        if self.ladder not in range(LADDER_STEPS + 1):
+            raise LcmacError(f"ladder must be 0 (off) or a step 1..{LADDER_STEPS}, not {self.ladder!r}")
 
 
 def cluster_kernels(cfg: CudaConfig, dtype: str, arch: str) -> tuple[str, ...]:
@@ -218,6 +233,8 @@ class Blocking:
 
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
+#: the GEMM optimisation ladder's steps (``CudaConfig.ladder``)
+LADDER_STEPS = 7
 #: Generation of the CUDA templates tuned configs were measured on (see cpu_config's).
 #: 2: the plain and batched GEMMs store their output tile through shared memory.
 SCHEDULE_VERSION = 2
@@ -503,6 +520,35 @@ def buffer_shapes(blk: "Blocking", fused: bool, kmajor_b: bool = False) -> dict[
 def int64_buffers(blk: "Blocking", fused: bool, kmajor_b: bool = False) -> list[str]:
     """Names of the buffers indexed in 64 bits (more than 2³¹−1 elements)."""
     return [k for k, v in buffer_shapes(blk, fused, kmajor_b).items() if needs_int64(v)]
+
+
+def small_tile_defaults(M: int, N: int, K: int, dtype: str) -> dict:
+    """The tile of a batched small product (``CudaConfig.batched``), as measured on the H100
+    (bf16, 10 000 products, docs/batched.md): up to 64 per side the smallest of 16², 32²
+    (one warp, mma) and 64² (a warpgroup, wgmma) covering max(M, N), 16 products per CTA in
+    one pipeline (1.57× torch.bmm at 16³, where one product per CTA ran at 0.59×); 128² one
+    product per CTA; beyond, 128×256 tiles with two consumer warpgroups and 3 stages (0.76×
+    torch.bmm at 256³ where 128² tiles ran at 0.60×).  The K slab the whole K up to 64 (32 for
+    float32), in 16s; two stages where K has more than one slab or several products share
+    the CTA."""
+    side = max(M, N)
+    cap = 32 if dtype == "float32" else 64
+    block_k = min(cap, -(-K // 16) * 16)
+    if side > 128:
+        return {"block_m": 128, "block_n": 256 if N > 128 else 128, "block_k": block_k,
+                "threads": 256, "stages": 3, "policy": "fullrow", "products_per_cta": 1}
+    tile = next(t for t in (16, 32, 64, 128) if side <= t)
+    per_cta = 16 if tile <= 64 else 1
+    return {"block_m": tile, "block_n": tile, "block_k": block_k,
+            "threads": 32 if tile <= 32 else 128,
+            "stages": 2 if K > block_k or per_cta > 1 else 1,
+            "policy": "square" if tile <= 32 else "fullrow", "products_per_cta": per_cta}
+
+
+def check_batched_shape(M: int, N: int, K: int) -> None:
+    """A batched small product takes any positive sizes (its copies check bounds)."""
+    if min(M, N, K) <= 0:
+        raise ShapeError(f"shape must be positive, got M={M} N={N} K={K}")
 
 
 def check_shape(M: int, N: int, K: int, dtype: str) -> None:

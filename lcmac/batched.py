@@ -1,0 +1,199 @@
+"""Batches of small products, C[b] = A[b]·B[b]: ``lcmac.bmm`` and the torch op
+``torch.ops.lcmac.bmm`` behind it for torch tensors.
+
+    C = lcmac.bmm(A, B)                     # A [batch, M, K], B [batch, K, N] → [batch, M, N]
+    C = lcmac.bmm(A, B, algo="gemm")        # lcmac's batched kernel (CUDA), whatever auto says
+
+``lcmac.matmul`` sends a 3-D B here (a B [K, N] shared by the batch is one product with the
+products' rows stacked: ``lcmac.matmul(A, W)``).  ``algo``:
+
+- ``"gemm"``: on CUDA, lcmac's batched small kernel (``schedules.cuda.small``: one CTA per
+  output tile of one product, the batch count a kernel argument, so one kernel per (M, N, K)
+  and dtype serves every batch size; compiled once into the kernel cache).  On the CPU the
+  numpy reference (``np.matmul`` per product in float64 or the dtype's accumulator).
+- a catalogue name (``"strassen"``): that LCMA applied to each product.  On the CPU the
+  reference executor, one product at a time (the correctness oracle for in-block LCMAs);
+  on CUDA refused: in-block LCMA kernels are not built (docs/batched.md says why).
+- ``"vendor"``: ``torch.bmm`` / ``np.matmul``.
+- ``"auto"``: the vendor's batched GEMM.  No decision rule picks lcmac's kernel yet: that
+  waits on measurements across sizes (``scripts/bench_batched.py``, docs/batched.md).
+
+The torch op has a fake
+implementation (``torch.compile`` keeps it) and autograd: dA = dC·Bᵀ and dB = Aᵀ·dC, batched,
+through the op.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .artifact.cache import cached_build
+from .errors import DTypeError, LcmacError, ShapeError, TargetError
+from .ir import get as get_algorithm
+from .ir.executor import run_unfused
+from .call_args import check_algo, target_for
+from .runtime.loader import load
+
+__all__ = ["bmm", "register", "BMM_SCHEMA"]
+
+BMM_SCHEMA = '(Tensor A, Tensor B, str algo="auto") -> Tensor'
+_CUDA_DTYPES = ("bfloat16", "float16", "float32")
+_lock = threading.Lock()
+_kernels: dict[tuple, object] = {}
+
+
+def _kind(x) -> str:
+    mod = type(x).__module__.split(".")[0]
+    if mod == "torch":
+        return "torch"
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    raise TypeError(f"A and B must be numpy arrays or torch tensors, not {type(x).__name__}")
+
+
+def _check(A, B):
+    kinds = {_kind(A), _kind(B)}
+    if len(kinds) > 1:
+        raise TypeError("A and B must both be numpy arrays or both torch tensors")
+    if A.ndim != 3:
+        raise ShapeError(f"B of {tuple(B.shape)} is a batch of products: A must be 3-D [batch, M, K] "
+                         f"too, not {tuple(A.shape)} (or B 2-D [K, N] for one product)")
+    if B.ndim != 3 or B.shape[0] != A.shape[0] or B.shape[1] != A.shape[2]:
+        raise ShapeError(f"B must be [batch, K, N] matching A {tuple(A.shape)}: got {tuple(B.shape)}")
+    if A.dtype != B.dtype:
+        raise DTypeError(f"A and B must have one dtype; A is {A.dtype}, B is {B.dtype}")
+    if kinds == {"torch"} and A.device != B.device:
+        raise TargetError(f"A is on {A.device}, B on {B.device}: put them on one device")
+
+
+def _dtype(x) -> str:
+    return str(x.dtype).replace("torch.", "")
+
+
+def batched_kernel(target: str, dtype: str, shape, config: dict | None = None) -> object:
+    """lcmac's batched kernel for products of (M, N, K) = ``shape``, from the kernel cache;
+    ``config``: template options over the defaults (``schedules.cuda.config``)."""
+    extra = dict(config or {})
+    key = (target, dtype, tuple(int(d) for d in shape), tuple(sorted(extra.items())))
+    with _lock:
+        fn = _kernels.get(key)
+        if fn is None:
+            hit = cached_build("gemm", target, dtype, key[2], config={"batched": True, **extra})
+            fn = _kernels[key] = load(hit.manifest)
+    return fn
+
+
+def _reference(A, B, algo: str):
+    """The CPU path: each product by the float64 reference (``algo`` "gemm") or the LCMA's
+    reference executor, rounded to the operands' dtype."""
+    torch_in = _kind(A) == "torch"
+    a = A.detach().cpu().double().numpy() if torch_in else np.asarray(A, dtype=np.float64)
+    b = B.detach().cpu().double().numpy() if torch_in else np.asarray(B, dtype=np.float64)
+    if algo == "gemm":
+        c = np.matmul(a, b)
+    else:
+        alg = get_algorithm(algo)
+        c = np.stack([run_unfused(alg, a[i], b[i]) for i in range(a.shape[0])])
+    if torch_in:
+        import torch
+        return torch.from_numpy(c).to(device=A.device, dtype=A.dtype)
+    return c.astype(A.dtype)
+
+
+def compute(A, B, algo: str = "auto", out=None):
+    """The batched product with no autograd: what the op runs, and ``bmm`` on numpy."""
+    _check(A, B)
+    batch, M, K = A.shape
+    N = B.shape[2]
+    cuda = _kind(A) == "torch" and A.device.type == "cuda"
+    if algo == "auto":
+        algo = "vendor"
+    if algo == "vendor" or 0 in (batch, M, N, K):
+        if _kind(A) == "torch":
+            import torch
+            return torch.bmm(A, B, out=out) if out is not None else torch.bmm(A, B)
+        return np.matmul(A, B, out=out)
+    if not cuda:
+        C = _reference(A, B, algo)
+    elif algo != "gemm":
+        raise LcmacError(f"algo={algo!r}: in-block LCMA kernels are not built for CUDA "
+                         f"(use 'gemm' or 'vendor'; docs/batched.md)")
+    else:
+        dt = _dtype(A)
+        if dt not in _CUDA_DTYPES:
+            raise DTypeError(f"lcmac's batched CUDA kernel takes {_CUDA_DTYPES}, not {dt} "
+                             f"(algo='vendor' runs torch.bmm)")
+        fn = batched_kernel(target_for(A.device.type), dt, (M, N, K))
+        return fn(A.contiguous(), B.contiguous(), out=out)
+    if out is not None:
+        out[...] = C
+        return out
+    return C
+
+
+def bmm(A, B, *, algo: str = "auto", out=None):
+    """C[b] = A[b]·B[b] (module doc)."""
+    algo = check_algo(algo)
+    if getattr(B, "ndim", None) == 2:
+        raise ShapeError("B is 2-D: one B shared by the batch is one product with the batch's "
+                         "rows stacked, lcmac.matmul(A, B); lcmac.bmm takes B [batch, K, N]")
+    if _kind(A) != "torch":
+        return compute(A, B, algo, out)
+    import torch
+    register()
+    grad = torch.is_grad_enabled() and (A.requires_grad or B.requires_grad)
+    if out is not None:
+        if grad:
+            raise LcmacError("lcmac.bmm(..., out=) records no gradient and A or B requires grad")
+        return compute(A, B, algo, out)
+    if not grad and not torch.compiler.is_compiling():
+        return compute(A, B, algo)
+    _check(A, B)
+    return torch.ops.lcmac.bmm(A, B, algo)
+
+
+# ---- the torch op -----------------------------------------------------------------------------
+def _op_impl(A, B, algo="auto"):
+    return compute(A.contiguous(), B.contiguous(), algo)
+
+
+def _op_fake(A, B, algo="auto"):
+    _check(A, B)
+    return A.new_empty((A.shape[0], A.shape[1], B.shape[2]))
+
+
+def _setup_context(ctx, inputs, output):
+    A, B, algo = inputs
+    ctx.save_for_backward(A, B)
+    ctx.algo = algo
+
+
+def _backward(ctx, dC):
+    """dA[b] = dC[b]·B[b]ᵀ, dB[b] = A[b]ᵀ·dC[b], through the op."""
+    import torch
+    A, B = ctx.saved_tensors
+    op = torch.ops.lcmac.bmm.default
+    dA = dB = None
+    if ctx.needs_input_grad[0]:
+        dA = op(dC.contiguous(), B.transpose(1, 2).contiguous(), ctx.algo)
+    if ctx.needs_input_grad[1]:
+        dB = op(A.transpose(1, 2).contiguous(), dC.contiguous(), ctx.algo)
+    return dA, dB, None
+
+
+_registered: list = []
+
+
+def register() -> None:
+    """Register ``torch.ops.lcmac.bmm`` (imports torch; idempotent)."""
+    if _registered:
+        return
+    import torch
+    with _lock:
+        if _registered:
+            return
+        op = torch.library.custom_op("lcmac::bmm", _op_impl, mutates_args=(), schema=BMM_SCHEMA)
+        op.register_fake(_op_fake)
+        op.register_autograd(_backward, setup_context=_setup_context)
+        _registered.append(op)

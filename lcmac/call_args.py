@@ -1,0 +1,33 @@
+"""The arguments every lcmac product call shares: the ``algo`` names and the target of a
+device.  (Their own module so that ``lcmac.ops`` and ``lcmac.batched`` both use them
+without importing each other.)"""
+from __future__ import annotations
+
+from .artifact.build import resolve_algorithm
+from .errors import CatalogueError, TargetError
+from .targets import get_target
+
+AUTO, VENDOR, GEMM = "auto", "vendor", "gemm"
+_targets: dict[str, str] = {}
+
+
+def target_for(device: str) -> str:
+    """The lcmac target of a device type ("cpu": this CPU's; "cuda": the GPU present)."""
+    t = _targets.get(device)
+    if t is None:
+        if device not in ("cpu", "cuda"):
+            raise TargetError(f"lcmac runs on the CPU and on CUDA GPUs; the operands are on {device}")
+        t = _targets.setdefault(device, get_target("host" if device == "cpu" else "cuda").name)
+    return t
+
+
+def check_algo(algo) -> str:
+    """``algo`` itself when it names something lcmac.matmul can run ("auto", "vendor",
+    "gemm" or a catalogue name or expression); CatalogueError otherwise."""
+    if not isinstance(algo, str):
+        raise CatalogueError(f"algo must be a string (\"auto\", \"vendor\", \"gemm\" or an "
+                             f"algorithm name), got {type(algo).__name__}")
+    if algo in (AUTO, VENDOR):
+        return algo
+    resolve_algorithm(algo)           # unknown names: CatalogueError naming them
+    return algo

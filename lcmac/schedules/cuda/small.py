@@ -1,0 +1,59 @@
+"""Batched products of small matrices, C[b] = A[b]·B[b], each output tile inside one CTA
+(KAMI's setting: the operands of one product staged in shared memory, the accumulators in
+registers, tensor cores as the compute units).
+
+    batched_small_gemm   a CTA per output tile position and group of ``products_per_cta``
+                         products, which it runs in one software pipeline; the batch count
+                         is a kernel argument (TileLang's dynamic dimension), so one kernel
+                         serves every batch size of a (M, N, K)
+
+The grid's x index is the group of products (up to 2³¹ − 1 of them; y and z would cap it at
+65535), y the tile within a product.  A product no larger than the tile is one CTA; the warp partition is the
+config's ``policy`` (``fullrow``: warps split the tile's rows, 1D; ``square``: rows and
+columns, 2D).  Partial tiles (M, N or K not a multiple of the tile) are copied with bounds
+checks and zero fill, so any size is exact.  Sizes per product and the tile a size gets:
+``config.small_tile``.
+"""
+# (no `from __future__ import annotations`: TileLang evaluates the Tensor annotations)
+
+import tilelang.language as T
+
+from .common import ACCUM, emit_names, warp_policy
+from .config import CudaConfig
+
+
+def batched_small_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig):
+    """C[b] = A[b]·B[b] for b < batch, A [batch, M, K], B [batch, K, N], C [batch, M, N],
+    all row-major and contiguous; ``batch`` is the kernel's last argument."""
+    block_m, block_n, block_k = cfg.block_m, cfg.block_n, cfg.bk(dtype)
+    tiles_n = T.ceildiv(N, block_n)
+    tiles = T.ceildiv(M, block_m) * tiles_n
+    batch = T.dynamic("batch")
+    policy = warp_policy(cfg.policy, dtype)
+
+    per_cta = cfg.products_per_cta
+    num_k = -(-K // block_k)
+
+    @T.prim_func
+    def lcmac_bmm(A: T.Tensor((batch, M, K), dtype), B: T.Tensor((batch, K, N), dtype),
+                  C: T.Tensor((batch, M, N), dtype)):
+        with T.Kernel(T.ceildiv(batch, per_cta), tiles, threads=cfg.threads) as (group, tile):
+            by, bx = tile // tiles_n, tile % tiles_n
+            A_shared = T.alloc_shared((block_m, block_k), dtype)
+            B_shared = T.alloc_shared((block_k, block_n), dtype)
+            C_local = T.alloc_fragment((block_m, block_n), ACCUM)
+            emit_names(A_s=A_shared, B_s=B_shared, C_l=C_local)
+            # one pipeline over every (product, k) step of the CTA's products: the next
+            # product's slabs load while this one multiplies and stores.  The last group's
+            # index is clamped: it repeats the last product (same values, same CTA, in order)
+            # instead of reading past the batch.
+            for step in T.Pipelined(per_cta * num_k, num_stages=cfg.stages):
+                b = T.min(group * per_cta + step // num_k, batch - 1)
+                ko = step % num_k
+                T.copy(A[b, by * block_m, ko * block_k], A_shared)
+                T.copy(B[b, ko * block_k, bx * block_n], B_shared)
+                T.gemm(A_shared, B_shared, C_local, policy=policy, clear_accum=ko == 0)
+                if ko == num_k - 1:
+                    T.copy(C_local, C[b, by * block_m, bx * block_n])
+
+    return lcmac_bmm

@@ -1,0 +1,139 @@
+"""lcmac.bmm and torch.ops.lcmac.bmm on the CPU (the reference path), the clock-cycle model of
+the batched kernel, its tiles, and its CUDA code (generated for sm_90a, no GPU needed)."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import lcmac
+from lcmac.batched import bmm
+from lcmac.costmodel.small import predict_batched
+from lcmac.errors import CatalogueError, DTypeError, LcmacError, ShapeError
+from lcmac.schedules.cuda.config import small_tile_defaults
+from tests.schedules.cuda.test_cuda_codegen import needs_tilelang
+
+torch = pytest.importorskip("torch")
+
+
+def _operands(batch, M, N, K, seed=0, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((batch, M, K)).astype(dtype),
+            rng.standard_normal((batch, K, N)).astype(dtype))
+
+
+@pytest.mark.parametrize("algo", ["gemm", "strassen", "vendor", "auto"])
+@pytest.mark.parametrize("shape", [(3, 5, 7), (16, 16, 16), (63, 65, 127)])
+def test_numpy_batches_match_float64(algo, shape):
+    M, N, K = shape
+    A, B = _operands(4, M, N, K)
+    ref = np.einsum("bmk,bkn->bmn", A, B)
+    C = bmm(A, B, algo=algo)
+    assert C.shape == (4, M, N) and C.dtype == np.float64
+    assert np.allclose(C, ref, rtol=1e-10, atol=1e-10)
+    assert np.allclose(lcmac.matmul(A, B, algo=algo), ref, rtol=1e-10, atol=1e-10)   # 3-D B routes here
+
+
+def test_float32_and_out():
+    A, B = _operands(3, 9, 10, 11, dtype=np.float32)
+    out = np.empty((3, 9, 10), np.float32)
+    C = bmm(A, B, algo="strassen", out=out)
+    assert C is out and np.allclose(out, A.astype(np.float64) @ B.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+def test_torch_op_gradients_and_one_graph():
+    A = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    B = torch.randn(3, 5, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: bmm(a, b, algo="strassen"), (A, B))
+    C = bmm(A, B, algo="gemm")
+    assert C.grad_fn is not None and torch.allclose(C, torch.bmm(A, B))
+    graphs = []
+
+    def count(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    f = torch.compile(lambda a, b: torch.ops.lcmac.bmm(a, b, "gemm") + 1, backend=count, fullgraph=True)
+    got = f(A.detach(), B.detach())
+    assert len(graphs) == 1 and torch.allclose(got, torch.bmm(A, B).detach() + 1)
+
+
+def test_bf16_torch_on_the_cpu_rounds_the_float64_product():
+    A = torch.randn(2, 8, 16).bfloat16()
+    B = torch.randn(2, 16, 8).bfloat16()
+    C = bmm(A, B, algo="gemm")
+    assert C.dtype == torch.bfloat16
+    assert torch.equal(C, (A.double() @ B.double()).bfloat16())
+
+
+@pytest.mark.parametrize("args, kw, err, text", [
+    ((np.ones((2, 3, 4)), np.ones((4, 5))), {}, ShapeError, "lcmac.matmul(A, B)"),
+    ((np.ones((2, 3, 4)), np.ones((3, 4, 5))), {}, ShapeError, "matching A"),
+    ((np.ones((3, 4)), np.ones((2, 4, 5))), {}, ShapeError, "must be 3-D"),
+    ((np.ones((2, 3, 4)), np.ones((2, 4, 5), np.float32)), {}, DTypeError, "one dtype"),
+    ((np.ones((2, 3, 4)), np.ones((2, 4, 5))), {"algo": "no-such"}, CatalogueError, "no-such"),
+])
+def test_bad_input_is_named(args, kw, err, text):
+    with pytest.raises(err, match=None) as e:
+        bmm(*args, **kw)
+    assert text in str(e.value)
+
+
+def test_matmul_refuses_batched_options():
+    A, B = _operands(2, 3, 3, 3)
+    with pytest.raises(LcmacError, match="devices"):
+        lcmac.matmul(A, B, max_error=2.0)
+
+
+def test_tiles_cover_the_product_with_the_fewest_idle_lanes():
+    assert small_tile_defaults(16, 16, 16, "bfloat16") == {
+        "block_m": 16, "block_n": 16, "block_k": 16, "threads": 32, "stages": 2, "policy": "square",
+        "products_per_cta": 16}
+    t = small_tile_defaults(100, 100, 127, "bfloat16")
+    assert (t["block_m"], t["block_k"], t["threads"], t["stages"], t["products_per_cta"]) == (128, 64, 128, 2, 1)
+    big = small_tile_defaults(512, 512, 512, "float32")
+    assert (big["block_n"], big["block_k"], big["threads"]) == (256, 32, 256)
+
+
+def test_cycle_model_worked_example():
+    e = predict_batched(128, 128, 128, "bfloat16", 10000, small_tile_defaults(128, 128, 128, "bfloat16"))
+    assert round(e.cta_cycles) == 8156 and e.ctas_per_sm == 3 and e.waves == 26
+    assert e.t_latency == pytest.approx(121e-6, rel=0.01)
+    assert e.t_memory == pytest.approx(293e-6, rel=0.01) and e.bound == "memory"
+    # tiny products: latency of one short CTA, many resident per SM
+    tiny = predict_batched(16, 16, 16, "bfloat16", 10000, small_tile_defaults(16, 16, 16, "bfloat16"))
+    assert tiny.ctas_per_sm == 12          # 32 + 128 producer threads each: 2048 / 160
+
+
+_GEN = """
+import json, sys
+from lcmac.targets import tilelang_worker as w
+out = {}
+for shape in ([16, 16, 16], [63, 65, 127]):
+    r = w.build({"algorithm": None, "target": "cuda-sm90a", "dtype": "bfloat16", "shape": shape,
+                 "config": {"batched": True}, "out_dir": sys.argv[1] + "/%d" % shape[0],
+                 "name": "lcmac", "compile": False})
+    out[str(shape[0])] = {"sources": [open(p).read() for p in r["sources"]], "grid": r["kernels"][0]["grid"]}
+try:
+    w.build({"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bfloat16", "shape": [64, 64, 64],
+             "config": {"batched": True}, "out_dir": sys.argv[1] + "/x", "compile": False})
+except Exception as e:
+    out["refused"] = str(e)
+print(json.dumps(out))
+"""
+
+
+@needs_tilelang
+def test_batched_kernel_generates_for_sm90a(tmp_path):
+    r = subprocess.run([sys.executable, "-c", _GEN, str(tmp_path)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for size in ("16", "63"):
+        kernel, entry = out[size]["sources"]
+        assert "int batch" in kernel and "batch" in str(out[size]["grid"][0])   # one kernel, any batch
+        assert "lcmac_run_batched" in entry and "call lcmac_run_batched" in entry
+    assert "mma" in out["16"]["sources"][0]                 # one warp: mma.sync
+    assert "wgmma" in out["63"]["sources"][0]                # a warpgroup: wgmma, bounds-checked copies
+    assert "without an algorithm" in out["refused"]
