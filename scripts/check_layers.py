@@ -40,7 +40,7 @@ LAYER_OF = {
     "lcmac.ir": "ir", "lcmac.bits": "bits", "lcmac.costmodel": "costmodel", "lcmac.schedules": "schedules",
     "lcmac.targets": "targets", "lcmac.artifact": "artifact", "lcmac.runtime": "runtime",
     "lcmac.tune": "tune", "lcmac.dispatch": "app", "lcmac.ops": "app", "lcmac.nn": "app",
-    "lcmac.call_args": "app", "lcmac.batched": "app",
+    "lcmac.call_args": "app", "lcmac.batched": "app", "lcmac.structured": "app",
     "lcmac.cli": "app", "lcmac.__main__": "app",
     "lcmac": "app",
 }

@@ -137,3 +137,41 @@ def test_batched_kernel_generates_for_sm90a(tmp_path):
     assert "mma" in out["16"]["sources"][0]                 # one warp: mma.sync
     assert "wgmma" in out["63"]["sources"][0]                # a warpgroup: wgmma, bounds-checked copies
     assert "without an algorithm" in out["refused"]
+
+
+# ---- structured A: low rank, block-sparse ----------------------------------------------------
+from lcmac.structured import bsr_matmul, lowrank_matmul, lowrank_order  # noqa: E402
+
+
+@pytest.mark.parametrize("algo", ["gemm", "strassen"])
+def test_lowrank_matches_the_formed_product(algo):
+    rng = np.random.default_rng(1)
+    U, V, B = rng.standard_normal((3, 20, 4)), rng.standard_normal((3, 30, 4)), rng.standard_normal((3, 30, 7))
+    ref = (U @ np.swapaxes(V, 1, 2)) @ B
+    assert np.allclose(lowrank_matmul(U, V, B, algo=algo), ref, rtol=1e-10, atol=1e-10)
+    assert np.allclose(lowrank_matmul(U[0], V[0], B[0], algo=algo), ref[0], rtol=1e-10, atol=1e-10)
+    assert lowrank_order(20, 30, 7, 4) == "U(VtB)" and lowrank_order(8, 8, 8, 64) == "(UVt)B"
+    with pytest.raises(ShapeError, match="do not fit"):
+        lowrank_matmul(U, V[:, :-1], B)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_bsr_matches_the_dense_product(kind):
+    rng = np.random.default_rng(2)
+    bs, M, K, N = 4, 12, 16, 5
+    rows, cols = [0, 0, 2, 1, 2], [1, 3, 0, 1, 1]            # block (2, 1) twice: summed
+    blocks = rng.standard_normal((5, bs, bs))
+    A = np.zeros((M, K))
+    for blk, r, c in zip(blocks, rows, cols):
+        A[r * bs:(r + 1) * bs, c * bs:(c + 1) * bs] += blk
+    B = rng.standard_normal((K, N))
+    if kind == "torch":
+        C = bsr_matmul(torch.from_numpy(blocks), torch.tensor(rows), torch.tensor(cols),
+                       torch.from_numpy(B), (M, K), algo="gemm").numpy()
+    else:
+        C = bsr_matmul(blocks, rows, cols, B, (M, K), algo="strassen")
+    assert np.allclose(C, A @ B, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ShapeError, match="outside"):
+        bsr_matmul(blocks, [0, 0, 3, 1, 2], cols, B, (M, K))
+    with pytest.raises(ShapeError, match="multiple of the block size"):
+        bsr_matmul(blocks, rows, cols, B, (13, K))

@@ -88,3 +88,19 @@ def test_misuse_is_named():
         fn(A.transpose(1, 2), B)
     with pytest.raises(Exception, match="in-block LCMA"):
         lcmac.bmm(A, B, algo="strassen")
+
+
+def test_structured_products_on_cuda():
+    from lcmac.structured import bsr_matmul, lowrank_matmul
+    g = torch.Generator(device="cuda").manual_seed(9)
+    blocks = torch.randn(6, 64, 64, device="cuda", generator=g).bfloat16()
+    rows, cols = torch.tensor([0, 1, 1, 2, 3, 3]), torch.tensor([2, 0, 3, 1, 1, 1])
+    B = torch.randn(256, 64, device="cuda", generator=g).bfloat16()
+    A = torch.zeros(256, 256, device="cuda", dtype=torch.float64)
+    for blk, r, c in zip(blocks, rows.tolist(), cols.tolist()):
+        A[r * 64:(r + 1) * 64, c * 64:(c + 1) * 64] += blk.double()
+    ref = A @ B.double()
+    assert _rel(bsr_matmul(blocks, rows, cols, B, (256, 256), algo="gemm"), ref) < 1e-2
+    U, V, X = (torch.randn(4, 64, 64, device="cuda", generator=g).bfloat16() for _ in range(3))
+    ref = (U.double() @ V.double().transpose(1, 2)) @ X.double()
+    assert _rel(lowrank_matmul(U, V, X, algo="gemm"), ref) < 1e-2
