@@ -459,6 +459,8 @@ def gemm_precision(dtype: str, cfg) -> str:
         return "fp16x2 (float32 split into hi + lo fp16 halves, 3 fp16 tensor-core products, fp32 accumulate)"
     if cfg.operands == "fp16":
         return f"fp16 (power-of-two scaled from {dtype}, fp32 accumulate)"
+    if 0 < cfg.ladder <= 5:
+        return f"{dtype} (ladder step {cfg.ladder}: CUDA cores, fp32 FMA)"
     return "tf32" if dtype == "float32" else dtype
 
 
