@@ -1,4 +1,4 @@
-"""Bit matrices: products over GF(2) and over the Boolean semiring, on the CPU, in numpy.
+"""Bit matrices: products over GF(2) and over the Boolean semiring, on the CPU.
 
     C = gf2_matmul(A, B)                  # A·B modulo 2
     C = gf2_matmul(A, B, algo="winograd", levels=1)    # an LCMA over GF(2) above the kernel
@@ -6,15 +6,17 @@
 
 Operands are 2-D numpy arrays of 0 and 1 (bool or an integer dtype; the result is a
 ``np.uint8`` array of 0 and 1) or ``PackedBits`` (the result is ``PackedBits``): the packed
-layout is described in ``lcmac.bits.packing``.  The kernel is the Method of Four Russians
+layout is described in ``lcmac.bits.packing``.  The kernel is the Method of Four Russians:
+compiled for this CPU where apache-tvm is installed (``lcmac.bits.native``), else in numpy
 (``lcmac.bits.products``); the LCMA recursion over GF(2) is ``lcmac.bits.lcma``.
 """
 from __future__ import annotations
 
 from ..errors import DTypeError, ShapeError
 from .lcma import XorReport, gf2_scheme, lcma_product
+from .native import base_product, choose_kernel
 from .packing import PackedBits, check_bit_form, pack, unpack
-from .products import KernelCount, boolean_product, gf2_product
+from .products import KernelCount
 
 __all__ = ["gf2_matmul", "boolean_matmul", "PackedBits", "pack", "unpack", "XorReport",
            "AUTO_SCHEME"]
@@ -46,35 +48,45 @@ def _result(C: PackedBits, packed: bool):
     return C if packed else unpack(C)
 
 
-def gf2_matmul(A, B, *, algo="auto", levels: int | None = None, return_report: bool = False):
+def _kernel_product(A: PackedBits, B: PackedBits, semiring: str, kernel,
+                    count: KernelCount | None = None) -> PackedBits:
+    native = choose_kernel(semiring, kernel, A.nrows * A.ncols * B.ncols)
+    return PackedBits(base_product(A.data, B.data, native, semiring=semiring, count=count),
+                      A.nrows, B.ncols)
+
+
+def gf2_matmul(A, B, *, algo="auto", levels: int | None = None, return_report: bool = False,
+               kernel: str | None = None):
     """C = A·B over GF(2) (AND for products, XOR for sums).
 
     ``algo``: ``"m4r"``, the Four Russians kernel alone; a scheme (a catalogue name such as
     ``"strassen"`` or ``"winograd"`` reduced modulo 2, ``"winograd-ab"`` for its alternative
     basis over GF(2), or a scheme object: see ``lcmac.bits.lcma.gf2_scheme``) run for
-    ``levels`` levels above the kernel (None: as many as keep the base case at least
-    ``lcmac.bits.lcma.BASE_BITS`` bits on each side); ``"auto"``: ``AUTO_SCHEME`` with those
-    levels, which is the kernel alone below 2·BASE_BITS.  With ``return_report`` the result
-    comes with an ``XorReport`` of the XORs done."""
+    ``levels`` levels above the kernel (None: as many as keep the base case at least the
+    kernel's threshold on each side, ``lcmac.bits.lcma.NATIVE_BASE_BITS`` or ``BASE_BITS``);
+    ``"auto"``: ``AUTO_SCHEME`` with those levels, which is the kernel alone below twice the
+    threshold.  ``kernel``: ``"auto"`` (default, or ``$LCMAC_BITS_KERNEL``), ``"native"`` or
+    ``"numpy"``: see ``lcmac.bits.native``.  With ``return_report`` the result comes with an
+    ``XorReport`` of the XORs done."""
     A, B, packed = _operands(A, B)
     if isinstance(algo, str) and algo == "m4r":
         if levels not in (None, 0):
             raise ValueError(f"algo='m4r' runs no recursion; levels={levels!r} needs a scheme "
                              f"(algo='winograd', 'strassen', ...)")
         count = KernelCount()
-        C = gf2_product(A, B, count=count)
+        C = _kernel_product(A, B, "gf2", kernel, count)
         shape = (A.nrows, A.ncols, B.ncols)
         report = XorReport("m4r", 0, shape, shape, 1, kernel=count)
     else:
         scheme = gf2_scheme(AUTO_SCHEME if isinstance(algo, str) and algo == "auto" else algo)
-        C, report = lcma_product(A, B, scheme, levels)
+        C, report = lcma_product(A, B, scheme, levels, kernel=kernel)
     out = _result(C, packed)
     return (out, report) if return_report else out
 
 
-def boolean_matmul(A, B):
+def boolean_matmul(A, B, *, kernel: str | None = None):
     """C = A·B over the Boolean semiring: C_ij = OR_l (A_il AND B_lj), by the Four Russians
     kernel with OR tables (no LCMA: the Boolean semiring has no subtraction; see
-    ``lcmac.bits.products.boolean_product``)."""
+    ``lcmac.bits.products.boolean_product``).  ``kernel`` as for ``gf2_matmul``."""
     A, B, packed = _operands(A, B)
-    return _result(boolean_product(A, B), packed)
+    return _result(_kernel_product(A, B, "boolean", kernel), packed)

@@ -16,6 +16,9 @@ base-case products go to the kernel as one stack, and the products are combined 
 same way.  A block of A is rows × 64-bit words, so A's columns (and B's rows) are cut at word
 boundaries.
 
+**The base case** is the native kernel where it can be had, else the numpy one
+(``lcmac.bits.native``; ``kernel=``).  Each has its own ``auto_levels`` threshold.
+
 **Sizes the grid does not divide** are padded with zero rows and zero words to multiples of
 m^L rows, k^L words of A and n^L words of B (B's rows to 64 × A's words), and C is cropped:
 zero rows and columns add nothing, so the padding is exact.
@@ -36,11 +39,12 @@ from ..ir.basis_search import search_basis
 from ..ir.catalogue import get
 from ..ir.gf2 import GF2Algorithm, mod2, reduce_mod2
 from ..ir.program import LinearProgram, combine_matrices
+from .native import base_product, choose_kernel
 from .packing import WORD_BITS, PackedBits
-from .products import KernelCount, four_russians
+from .products import KernelCount
 
 __all__ = ["XorProgram", "GF2Scheme", "XorReport", "gf2_scheme", "auto_levels", "lcma_product",
-           "BASE_BITS", "MAX_LEVELS", "ALTERNATIVE_BASIS_SUFFIX"]
+           "BASE_BITS", "NATIVE_BASE_BITS", "MAX_LEVELS", "ALTERNATIVE_BASIS_SUFFIX"]
 
 #: recurse while every dimension of the base-case products stays at least this many bits.
 #: The kernel moves one table row (N/64 words) per lookup, and numpy's cost per lookup falls
@@ -48,6 +52,11 @@ __all__ = ["XorProgram", "GF2Scheme", "XorReport", "gf2_scheme", "auto_levels", 
 #: VM one Winograd level above 4096² base cases matched or beat the kernel alone at 8192²,
 #: and any level above 2048² or narrower lost (scripts/bench_bits.py)
 BASE_BITS = 4096
+#: the same for the native kernel (``lcmac.bits.native``), which runs at about the same rate
+#: from 4096² to 16384², so a level pays only where its XORs (numpy, memory-bound) cost less
+#: than the 1/8 of the kernel's time it saves: on the same VM one level above 8192² base
+#: cases gained 15 % at 16384², one above 4096² lost 6 % at 8192² (docs/bits.md)
+NATIVE_BASE_BITS = 8192
 #: levels beyond this multiply the stacks' memory by (R/(m·k))^L for little gain
 MAX_LEVELS = 6
 #: ``"winograd-ab"``: Winograd's scheme in the alternative basis found by ``search_basis``
@@ -148,7 +157,7 @@ class XorReport:
     basis changes), summed over the levels and the nodes (or groups of blocks) of each level;
     ``xor_words``: the 64-bit word XORs they took; ``copied_words``: words of blocks copied
     unchanged (a combination of one block); ``kernel``: the Four Russians kernel's own word
-    XORs."""
+    XORs, and which kernel ran (``kernel.kernel``: ``"native"`` or ``"numpy"``)."""
 
     scheme: str
     levels: int
@@ -166,7 +175,8 @@ class XorReport:
                 "base_products": self.base_products, "block_xors": dict(self.block_xors),
                 "xor_words": self.xor_words, "copied_words": self.copied_words,
                 "kernel_words": {"tables": self.kernel.tables,
-                                 "accumulate": self.kernel.accumulate}}
+                                 "accumulate": self.kernel.accumulate},
+                "kernel": self.kernel.kernel}
 
 
 def _xor_into(dst: np.ndarray | None, xs: list, report: XorReport) -> np.ndarray:
@@ -271,14 +281,20 @@ def _round_up(x: int, d: int) -> int:
 
 
 def lcma_product(A: PackedBits, B: PackedBits, algo="winograd", levels: int | None = None,
-                 *, base_bits: int = BASE_BITS) -> tuple[PackedBits, XorReport]:
+                 *, base_bits: int | None = None,
+                 kernel: str | None = None) -> tuple[PackedBits, XorReport]:
     """C = A·B over GF(2) by ``levels`` levels of the scheme ``algo`` (see ``gf2_scheme``;
-    None: ``auto_levels``) above the Four Russians kernel; returns C and what was done."""
+    None: ``auto_levels`` with ``base_bits``, by default the threshold of the kernel that
+    runs) above the Four Russians kernel (``kernel``: ``"auto"``, ``"native"`` or
+    ``"numpy"``, see ``lcmac.bits.native``); returns C and what was done."""
     if A.ncols != B.nrows:
         raise ShapeError(f"inner dimensions differ: A is {A.nrows}×{A.ncols}, B is "
                          f"{B.nrows}×{B.ncols}")
     scheme = gf2_scheme(algo)
     M, K, N = A.nrows, A.ncols, B.ncols
+    native = choose_kernel("gf2", kernel, M * K * N)
+    if base_bits is None:
+        base_bits = BASE_BITS if native is None else NATIVE_BASE_BITS
     if levels is None:
         levels = auto_levels(scheme, (M, K, N), base_bits)
     if not isinstance(levels, (int, np.integer)) or isinstance(levels, bool) or levels < 0:
@@ -302,7 +318,7 @@ def lcma_product(A: PackedBits, B: PackedBits, algo="winograd", levels: int | No
     for _ in range(levels):
         a = _descend(a, scheme.combine["A"], m, k, report, "A")
         b = _descend(b, scheme.combine["B"], k, n, report, "B")
-    c = four_russians(a, b, semiring="gf2", count=report.kernel)
+    c = base_product(a, b, native, semiring="gf2", count=report.kernel)
     del a, b
     for _ in range(levels):
         c = _ascend(c, scheme.combine["H"], m, n, report)

@@ -19,6 +19,10 @@ is the OR over the rows of B that A selects, and an OR of ORs is the OR of all o
 Everything runs on stacks of P independent products at once (P × M × words), so the numpy
 calls per group do not grow with P: the LCMA recursion (``lcmac.bits.lcma``) hands its R^L
 base-case products to one call.
+
+This is the numpy kernel.  ``lcmac.bits.native`` runs a compiled one (the same method with
+eight 256-entry tables at once) in its place where it can be had; ``gf2_product`` and
+``boolean_product`` here always run this one.
 """
 from __future__ import annotations
 
@@ -49,10 +53,12 @@ STACK_BYTES = 4 << 20
 class KernelCount:
     """Word operations (XOR over GF(2), OR over the Boolean semiring) the kernel did: ``tables``
     to fill the tables, ``accumulate`` to add table rows into C (the first group is copied,
-    not added, and is not counted)."""
+    not added, and is not counted); ``kernel``: which kernel did them (``"numpy"``, or
+    ``"native"``: ``lcmac.bits.native``)."""
 
     tables: int = 0
     accumulate: int = 0
+    kernel: str | None = None
 
     @property
     def total(self) -> int:
@@ -179,6 +185,7 @@ def four_russians(a: np.ndarray, b: np.ndarray, *, semiring: str = "gf2", t: int
     if count is not None:
         count.tables += groups * P * (size - 1) * NW
         count.accumulate += (groups - 1) * P * M * NW
+        count.kernel = "numpy"
     return c[0] if flat_in else c
 
 

@@ -2,6 +2,12 @@
 family — ``tvm_target(request) -> dict``, ``lower(request) -> (TVMScript source, info)``,
 ``export_library(module, path)``.
 
+x86 requests come in two kinds: the LCMA matmul (``lcmac.build``'s request) and, with
+``"kernel": "bits"``, the packed bit-matrix product of ``lcmac.schedules.cpu_bits`` (the
+request ``lcmac.bits`` sends: ``semiring``, ``config``, ``entry``, ``library`` and a target
+named ``"host"``, which is resolved here to the best target this CPU runs, built with
+``mcpu`` "native": the kernel is compiled where it runs).
+
 This module imports apache-tvm, so only ``lcmac.targets.tvm_worker`` imports it; the host
 facts these plug-ins use (CPU flags, the AArch64 toolchain) live in ``x86`` and ``aarch64``,
 which import no compiler.
@@ -17,15 +23,27 @@ from tvm.target import codegen
 
 from ..errors import ToolchainError
 from ..ir.algorithm import Algorithm
+from ..schedules import cpu_bits
 from ..schedules.cpu_lcma import lower_request
 from ..schedules.te_lcma import lcma_prim_func
 from . import aarch64, get_target, x86
 
 
 # ---- x86-64 -----------------------------------------------------------------------------
+def _resolved(request: dict) -> dict:
+    """The request, its target named ``"host"`` replaced by this CPU's best target."""
+    if request["target"].get("name") != "host":
+        return request
+    t = get_target("host")
+    return {**request, "target": {"name": t.name, "family": t.family, "backend": t.backend,
+                                  "vector_bits": t.vector_bits, "arch": t.arch,
+                                  "dict": t.tvm_target()}}
+
+
 def x86_tvm_target(request: dict) -> dict:
     """The TVM target dict: the registry's, with ``mcpu`` from the request; ``native``
     (or ``host``) asks LLVM for this machine's CPU."""
+    request = _resolved(request)
     d = dict(request["target"]["dict"])
     mcpu = request.get("mcpu")
     native = mcpu in ("native", "host")
@@ -64,13 +82,19 @@ def x86_lower(request: dict) -> tuple[str, dict]:
     """TVMScript source of the kernel for this request.  Nothing in it is x86-specific beyond
     the config (vector width comes in through mr/nr) and the kernel features of the target
     (``avx512bf16``: the bf16 GEMM stage on vdpbf16ps), which need LLVM to resolve; the
-    fixed-width AArch64 targets use it as is."""
+    fixed-width AArch64 targets use it as is.  A ``"kernel": "bits"`` request gets the bit
+    kernel (``lcmac.schedules.cpu_bits``), which selects on no feature."""
+    request = _resolved(request)
     tdict = x86_tvm_target(request)
     # one LLVM query: the features a kernel selects on, and all the mcpu lets LLVM use
     enabled = (llvm_features(tdict, {*x86.LLVM_FEATURE_FLAGS, *x86.KERNEL_FEATURES})
                if request["target"]["family"] == "x86" else set())
     feats = [f for f in x86.KERNEL_FEATURES if f in enabled] if request.get("dtype") == "bfloat16" else []
-    src, info = lower_request(request, features=feats)
+    if request.get("kernel") == "bits":
+        src, info = cpu_bits.lower_request(request)
+        info["target"] = request["target"]["name"]
+    else:
+        src, info = lower_request(request, features=feats)
     # what the artifact needs from the CPU: its target's flags, the kernel's own (vdpbf16ps),
     # and whatever else LLVM may use for the target's mcpu (checked by the loader)
     info["cpu_flags"] = sorted(set(x86.REQUIRED_FLAGS.get(request["target"]["name"], ()))

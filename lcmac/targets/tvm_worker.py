@@ -5,6 +5,17 @@ Reads one JSON request on stdin, writes one JSON response on stdout (the contrac
 (the two cannot share a process).  Target specifics come from the family's plug-ins in
 ``lcmac.targets.tvm_plugins``: ``tvm_target(request)``, ``lower(request) -> (TVMScript
 source, info)``, ``export_library(rt_module, path)``.
+
+A request with ``"kernel": "bits"`` asks for the packed bit-matrix product of
+``lcmac.schedules.cpu_bits`` instead of an LCMA matmul (sent by ``lcmac.bits.native_build``)::
+
+    {"version": 1, "kernel": "bits", "semiring": "gf2" | "boolean",
+     "config": BitsConfig.to_dict(), "entry": "lcmac_bits_m4rm",
+     "target": {"name": "host", "family": "x86"},   # resolved by the plug-in to this CPU's
+     "mcpu": "native", "library": "/abs/kernel.so"}  # best target
+    → the response of that contract; info: {"kernel": "bits-m4rm", "target": name, ...}
+
+Its function takes (A, B, C, AT, Tab) of any shape (the template's docstring).
 """
 from __future__ import annotations
 
