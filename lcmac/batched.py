@@ -32,7 +32,7 @@ from .artifact.cache import cached_build
 from .errors import DTypeError, LcmacError, ShapeError, TargetError
 from .ir import get as get_algorithm
 from .ir.executor import run_unfused
-from .call_args import check_algo, target_for
+from .call_args import check_algo, define_op, target_for
 from .runtime.loader import load
 
 __all__ = ["bmm", "register", "BMM_SCHEMA"]
@@ -189,11 +189,8 @@ def register() -> None:
     """Register ``torch.ops.lcmac.bmm`` (imports torch; idempotent)."""
     if _registered:
         return
-    import torch
     with _lock:
         if _registered:
             return
-        op = torch.library.custom_op("lcmac::bmm", _op_impl, mutates_args=(), schema=BMM_SCHEMA)
-        op.register_fake(_op_fake)
-        op.register_autograd(_backward, setup_context=_setup_context)
-        _registered.append(op)
+        _registered.append(define_op("lcmac::bmm", _op_impl, BMM_SCHEMA, _op_fake, _backward,
+                                     _setup_context))

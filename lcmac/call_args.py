@@ -1,5 +1,5 @@
 """The arguments every lcmac product call shares: the ``algo`` names and the target of a
-device.  (Their own module so that ``lcmac.ops`` and ``lcmac.batched`` both use them
+device; and how its torch ops are defined.  (Their own module so that ``lcmac.ops`` and ``lcmac.batched`` both use them
 without importing each other.)"""
 from __future__ import annotations
 
@@ -31,3 +31,13 @@ def check_algo(algo) -> str:
         return algo
     resolve_algorithm(algo)           # unknown names: CatalogueError naming them
     return algo
+
+
+def define_op(name: str, impl, schema: str, fake, backward, setup_context):
+    """A ``torch.library.custom_op`` with its fake (shape-only) implementation and autograd
+    formula: what torch.compile traces without a graph break and autograd differentiates."""
+    import torch
+    op = torch.library.custom_op(name, impl, mutates_args=(), schema=schema)
+    op.register_fake(fake)
+    op.register_autograd(backward, setup_context=setup_context)
+    return op

@@ -49,7 +49,7 @@ import weakref
 from dataclasses import dataclass
 
 from .artifact.build import resolve_algorithm
-from .call_args import AUTO, GEMM, VENDOR, check_algo, target_for  # noqa: F401 (ops.* names)
+from .call_args import AUTO, GEMM, VENDOR, check_algo, define_op, target_for  # noqa: F401 (ops.* names)
 from .artifact.bundle import backend_kind
 from .artifact.cache import cached_build
 from .costmodel import model_dtype, select
@@ -663,17 +663,12 @@ def register() -> None:
     """Register ``torch.ops.lcmac.matmul`` (imports torch; idempotent)."""
     if _registered:
         return
-    import torch
     with _lock:
         if _registered:
             return
-        op = torch.library.custom_op("lcmac::matmul", _op_impl, mutates_args=(), schema=OP_SCHEMA)
-        op.register_fake(_op_fake)
-        op.register_autograd(_backward, setup_context=_setup_context)
-        lin = torch.library.custom_op("lcmac::linear", _linear_impl, mutates_args=(),
-                                      schema=LINEAR_SCHEMA)
-        lin.register_fake(_linear_fake)
-        lin.register_autograd(_linear_backward, setup_context=_setup_context)
+        op = define_op("lcmac::matmul", _op_impl, OP_SCHEMA, _op_fake, _backward, _setup_context)
+        lin = define_op("lcmac::linear", _linear_impl, LINEAR_SCHEMA, _linear_fake, _linear_backward,
+                        _setup_context)
         _registered.extend([op, lin])
 
 
