@@ -21,8 +21,8 @@ BF16 = [(16, 16, 16), (24, 24, 24), (33, 33, 33), (64, 64, 64), (63, 65, 127), (
 FP32 = [(16, 16, 16), (100, 100, 100), (256, 256, 256)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _kernels():
+@pytest.fixture(scope="module")
+def kernels():
     """All kernels of the file compiled at once (each in its own worker process)."""
     cases = [("bfloat16", s) for s in BF16] + [("float32", s) for s in FP32]
     with ThreadPoolExecutor(8) as pool:
@@ -41,7 +41,7 @@ def _rel(C, ref):
 
 
 @pytest.mark.parametrize("dtype, shape", [(torch.bfloat16, s) for s in BF16] + [(torch.float32, s) for s in FP32])
-def test_every_size_matches_float64(dtype, shape):
+def test_every_size_matches_float64(kernels, dtype, shape):
     M, N, K = shape
     A, B = _pair(37, M, N, K, dtype)
     ref = torch.bmm(A.double(), B.double())
@@ -104,3 +104,55 @@ def test_structured_products_on_cuda():
     U, V, X = (torch.randn(4, 64, 64, device="cuda", generator=g).bfloat16() for _ in range(3))
     ref = (U.double() @ V.double().transpose(1, 2)) @ X.double()
     assert _rel(lowrank_matmul(U, V, X, algo="gemm"), ref) < 1e-2
+
+
+def test_c_api_runs_a_batched_artifact(tmp_path):
+    """lcmac_cuda_bmm from C (the harness as a shared library, called on torch's stream):
+    the same C as lcmac.bmm, any batch count; each call refuses the other's artifact."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from lcmac.artifact.cache import cached_build
+    from lcmac.runtime import c_include_dir, c_source
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("needs gcc")
+    so = tmp_path / "liblcmac_capi.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-I", c_include_dir(), "-o", str(so), c_source(),
+                    "-ldl", "-lpthread"], check=True)
+    lib = ctypes.CDLL(str(so))
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.lcmac_open_cuda_artifact.restype = vp
+    lib.lcmac_open_cuda_artifact.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                                             ctypes.c_char_p, ctypes.c_size_t]
+    lib.lcmac_cuda_bmm.argtypes = [vp, vp, vp, vp, i64, i64, i64, i64, ctypes.c_int, vp]
+    lib.lcmac_cuda_matmul.argtypes = [vp, vp, vp, vp, i64, i64, i64, ctypes.c_int, vp, ctypes.c_size_t, vp]
+    lib.lcmac_last_error.restype = ctypes.c_char_p
+    lib.lcmac_last_error.argtypes = [vp]
+    lib.lcmac_close.argtypes = [vp]
+    man = cached_build("gemm", target_for("cuda"), "bfloat16", (16, 16, 16), config={"batched": True}).manifest
+    status, err = ctypes.c_int(), ctypes.create_string_buffer(1024)
+    h = lib.lcmac_open_cuda_artifact(str(man).encode(), torch.cuda.current_device(), ctypes.byref(status),
+                                     err, len(err))
+    assert h, err.value
+    try:
+        stream = torch.cuda.current_stream().cuda_stream
+        for batch in (1, 37):
+            A, B = _pair(batch, 16, 16, 16, torch.bfloat16, seed=batch)
+            C = torch.full((batch, 16, 16), float("nan"), device="cuda", dtype=torch.bfloat16)
+            rc = lib.lcmac_cuda_bmm(h, A.data_ptr(), B.data_ptr(), C.data_ptr(), batch, 16, 16, 16, 2, stream)
+            torch.cuda.synchronize()
+            assert rc == 0, lib.lcmac_last_error(h)
+            assert torch.equal(C, lcmac.bmm(A, B, algo="gemm"))
+        assert lib.lcmac_cuda_bmm(h, A.data_ptr(), B.data_ptr(), C.data_ptr(), 37, 16, 16, 32, 2, stream) == 1
+        assert b"not the artifact's" in lib.lcmac_last_error(h)
+        # (short buffers are refused against their cudaMalloc allocation, tests/runtime/cuda_misuse.c;
+        # torch's caching allocator hands out slices of larger ones, so they are not tried here)
+        assert lib.lcmac_cuda_bmm(h, A.data_ptr(), B.data_ptr(), C.data_ptr(), -1, 16, 16, 16, 2, stream) == 1
+        assert b"batch must be" in lib.lcmac_last_error(h)
+        assert lib.lcmac_cuda_matmul(h, A.data_ptr(), B.data_ptr(), C.data_ptr(), 16, 16, 16, 2, None, 0,
+                                     stream) == 1
+        assert b"lcmac_cuda_bmm" in lib.lcmac_last_error(h)
+    finally:
+        lib.lcmac_close(h)

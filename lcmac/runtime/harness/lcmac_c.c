@@ -112,6 +112,8 @@ struct lcmac_handle {
   int (*cu_run)(const void*, const void*, void*, void*, void*);
   int (*cu_run_prepared)(const void*, const void*, void*, void*, void*);
   int (*cu_prepare_b)(const void*, void*, void*);
+  /* a batched artifact's entry (lcmac_run_batched); NULL for one product */
+  int (*cu_run_batched)(const void*, const void*, void*, long long, void*, void*);
   const char* (*cu_last_error)(void);
   unsigned long long cu_ws;    /* the handle's workspace (device memory) */
   int64_t cu_ws_bytes;

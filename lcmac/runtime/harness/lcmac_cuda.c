@@ -210,6 +210,8 @@ static lcmac_handle* open_cuda_library(const char* who, const ArtifactInfo* a, i
   h->cu_prepare_b = (int (*)(const void*, void*, void*))dlsym(lib, "lcmac_prepare_b");
   h->cu_run_prepared = (LcmacRun)dlsym(lib, "lcmac_run_prepared");
   h->cu_prepared_bytes = pb && h->cu_prepare_b && h->cu_run_prepared ? pb() : -2;
+  h->cu_run_batched = (int (*)(const void*, const void*, void*, long long, void*, void*))dlsym(
+      lib, "lcmac_run_batched");
   h->cu_ws_bytes = ws();
   if (h->cu_ws_bytes < 0 || (a->ws_bytes >= 0 && a->ws_bytes != h->cu_ws_bytes)) {
     put_err(err, errlen, "%s: %s asks for %lld bytes of workspace and its manifest records %lld: "
@@ -370,6 +372,9 @@ static int cuda_matmul(lcmac_handle* h, const char* who, int prepared, const voi
   } else if (h->device < 0) {
     snprintf(h->err, sizeof h->err, "%s: this handle holds a CPU artifact; call lcmac_matmul "
              "with host pointers", who);
+  } else if (h->cu_run_batched) {
+    snprintf(h->err, sizeof h->err, "%s: this artifact multiplies batches of products; call "
+             "lcmac_cuda_bmm", who);
   } else if (prepared && h->cu_prepared_bytes < 0) {
     snprintf(h->err, sizeof h->err, "%s: this artifact's B cannot be prepared (%s)", who,
              h->cu_prepared_bytes == -2 ? "it was built before prepared B: rebuild it"
@@ -410,6 +415,49 @@ int lcmac_cuda_matmul_prepared(lcmac_handle* h, const void* A, const void* P, vo
                                size_t workspace_bytes, struct CUstream_st* stream) {
   return cuda_matmul(h, "lcmac_cuda_matmul_prepared", 1, A, P, C, M, N, K, dtype, workspace,
                      workspace_bytes, stream);
+}
+
+int lcmac_cuda_bmm(lcmac_handle* h, const void* A, const void* B, void* C, int64_t batch,
+                   int64_t M, int64_t N, int64_t K, int dtype, struct CUstream_st* stream) {
+  static const char who[] = "lcmac_cuda_bmm";
+  if (!h) {
+    snprintf(tls_null_error, sizeof tls_null_error, "%s: the handle is NULL", who);
+    return LCMAC_EINVAL;
+  }
+  pthread_mutex_lock(&h->call_mu);
+  size_t sz = dtype_bytes(dtype);
+  int rc = LCMAC_EINVAL;
+  if (h->device < 0 || !h->cu_run_batched) {
+    snprintf(h->err, sizeof h->err, "%s: this handle holds %s; build one with config "
+             "{\"batched\": true} (lcmac.bmm builds them)", who,
+             h->device < 0 ? "a CPU artifact" : "an artifact of one product (lcmac_cuda_matmul)");
+  } else if (batch < 0 || batch > 2147483647LL) {
+    snprintf(h->err, sizeof h->err, "%s: batch must be 0 .. 2^31-1, not %lld", who, (long long)batch);
+  } else if (!sz) {
+    snprintf(h->err, sizeof h->err, "%s: unknown dtype code %d (see lcmac_dtype)", who, dtype);
+  } else if (batch > 0 && (!A || !B || !C)) {
+    snprintf(h->err, sizeof h->err, "%s: %s is NULL", who, !A ? "A" : !B ? "B" : "C");
+  } else if ((rc = cu_enter(h)) == LCMAC_OK) {
+    size_t na = (size_t)batch * M * K * sz, nb = (size_t)batch * K * N * sz;
+    size_t nc = (size_t)batch * M * N * sz;
+    if (!(rc = check_cuda_call(h, who, M, N, K, dtype, NULL, 0, stream)) && batch > 0 &&
+        !(rc = check_device_buffer(h, who, "A", A, na)) &&
+        !(rc = check_device_buffer(h, who, "B", B, nb)) &&
+        !(rc = check_device_buffer(h, who, "C", C, nc))) {
+      if (overlaps(C, nc, A, na) || overlaps(C, nc, B, nb)) {
+        snprintf(h->err, sizeof h->err, "%s: C overlaps %s in memory", who,
+                 overlaps(C, nc, A, na) ? "A" : "B");
+        rc = LCMAC_EINVAL;
+      } else {
+        int r = h->cu_run_batched(A, B, C, (long long)batch, NULL, (void*)stream);
+        rc = r ? cuda_failed(h, who, r) : LCMAC_OK;
+      }
+    }
+    cu_leave();
+  }
+  if (rc == LCMAC_OK) h->err[0] = 0;
+  pthread_mutex_unlock(&h->call_mu);
+  return rc;
 }
 
 int64_t lcmac_cuda_prepared_b_bytes(const lcmac_handle* h) {

@@ -72,7 +72,8 @@
 extern "C" {
 #endif
 
-#define LCMAC_API_VERSION 4   /* 2: lcmac_open_artifact and the checks; 3: bundles; 4: CUDA */
+#define LCMAC_API_VERSION 5   /* 2: lcmac_open_artifact and the checks; 3: bundles; 4: CUDA;
+                                 5: lcmac_cuda_bmm */
 
 typedef struct lcmac_handle lcmac_handle;
 typedef struct lcmac_bundle lcmac_bundle;
@@ -253,6 +254,14 @@ lcmac_handle* lcmac_open_cuda_artifact(const char* manifest_path, int device, in
 int lcmac_cuda_matmul(lcmac_handle* h, const void* A, const void* B, void* C, int64_t M,
                       int64_t N, int64_t K, int dtype, void* workspace, size_t workspace_bytes,
                       struct CUstream_st* stream);
+
+/* C[b] = A[b] . B[b] for b < batch, on a batched artifact (config {"batched": true}; what
+ * lcmac.bmm builds): A [batch, M, K], B [batch, K, N], C [batch, M, N], contiguous device
+ * memory as for lcmac_cuda_matmul, M, N, K the manifest's and batch any count from 0 to
+ * 2^31-1 (one kernel serves them all).  Enqueued on `stream`; needs no workspace.
+ * lcmac_cuda_matmul refuses a batched artifact, and this call an artifact of one product. */
+int lcmac_cuda_bmm(lcmac_handle* h, const void* A, const void* B, void* C, int64_t batch,
+                   int64_t M, int64_t N, int64_t K, int dtype, struct CUstream_st* stream);
 
 /* Bytes of the prepared form of B (-1: nothing to prepare, or not a CUDA handle). */
 int64_t lcmac_cuda_prepared_b_bytes(const lcmac_handle* h);
