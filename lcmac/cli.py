@@ -68,11 +68,12 @@ def grid_arg(text: str) -> tuple[int, int, int]:
 
 # ---- list / show / verify ---------------------------------------------------------------
 def cmd_list(args) -> int:
-    algs = catalogue.all_algorithms(include_naive=args.naive)
+    # GF(2)-only schemes are listed too (ring "gf2"); `catalogue.get` refuses them
+    algs = catalogue.all_algorithms(include_naive=args.naive) + catalogue.gf2_algorithms()
     if args.grid:
         want = sorted(args.grid)
         algs = [a for a in algs if sorted(a.grid) == want]
-    rows = [summarize(a) for a in algs]
+    rows = [{**summarize(a), "ring": getattr(a, "ring", "rational")} for a in algs]
     ab = {}
     if args.alternative_basis:          # a quick search per scheme (heuristic beyond 4x4)
         for a, r in zip(algs, rows):

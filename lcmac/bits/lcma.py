@@ -36,7 +36,7 @@ from ..errors import AlgorithmError, ShapeError
 from ..ir.algorithm import Algorithm
 from ..ir.alternative_basis import AlternativeBasisAlgorithm, stage_program
 from ..ir.basis_search import search_basis
-from ..ir.catalogue import get
+from ..ir.catalogue import get, get_gf2
 from ..ir.gf2 import GF2Algorithm, mod2, reduce_mod2
 from ..ir.program import LinearProgram, combine_matrices
 from .native import base_product, choose_kernel
@@ -132,7 +132,7 @@ def _from_name(name: str) -> GF2Scheme:
     if name.endswith(ALTERNATIVE_BASIS_SUFFIX):
         base = get(name[:-len(ALTERNATIVE_BASIS_SUFFIX)])
         return _from_object(search_basis(base, ring="gf2").algorithm)
-    return _from_object(get(name))
+    return _from_object(get_gf2(name))     # catalogue schemes reduced mod 2, and GF(2)-only ones
 
 
 def gf2_scheme(algo) -> GF2Scheme:

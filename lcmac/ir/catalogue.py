@@ -10,6 +10,10 @@ Expressions compose them:
     fg-3x4x5-r47@5x3x4    the symmetric image of a scheme on another grid order
 
 Every algorithm is verified exactly (Brent equations) the first time it is looked up.
+
+Entries marked ``"ring": "gf2"`` hold only modulo 2 (``at-4x4x4-r47-gf2``): ``get`` refuses
+them, since everything that takes its result computes over the integers or reals, and
+``get_gf2`` serves them, verified over GF(2), beside any rational scheme reduced modulo 2.
 """
 from __future__ import annotations
 
@@ -18,9 +22,10 @@ import json
 import re
 from pathlib import Path
 
-from ..errors import AlgorithmError, CatalogueError
+from ..errors import AlgorithmError, CatalogueError, VerificationError
 from . import builtin
 from .algorithm import Algorithm
+from .gf2 import GF2Algorithm, reduce_mod2, require_rational, verify_gf2
 from .transforms import compose, for_grid, power
 from .verify import verify
 
@@ -51,11 +56,21 @@ def _data_entries() -> dict[str, tuple[dict, str]]:
     return out
 
 
+def _is_gf2(name: str) -> bool:
+    entry = _data_entries().get(name)
+    return entry is not None and entry[0].get("ring") == "gf2"
+
+
 def base_names() -> list[str]:
-    """Every name the catalogue holds (no composed expressions)."""
+    """Every name of a rational scheme the catalogue holds (no composed expressions)."""
     names = [n for n in _builtins() if not n.startswith("naive-")]
-    names += [n for n in _data_entries() if n not in names]
+    names += [n for n in _data_entries() if n not in names and not _is_gf2(n)]
     return names
+
+
+def gf2_names() -> list[str]:
+    """The catalogue's schemes that hold only modulo 2 (look them up with ``get_gf2``)."""
+    return [n for n in _data_entries() if _is_gf2(n)]
 
 
 def naive_names() -> list[str]:
@@ -68,6 +83,12 @@ def _base(name: str) -> Algorithm:
     if name in b:
         return verify(b[name]())
     entries = _data_entries()
+    if _is_gf2(name):
+        try:
+            require_rational(get_gf2(name))     # refuses: the scheme holds only modulo 2
+        except VerificationError as e:
+            raise VerificationError(f"{e}; lcmac.ir.catalogue.get_gf2({name!r}) gives it for "
+                                    f"GF(2)") from None
     if name in entries:
         d, fname = entries[name]
         try:
@@ -112,6 +133,45 @@ def get(expr: str) -> Algorithm:
         except ValueError as e:
             raise CatalogueError(str(e)) from e
     return _base(expr)
+
+
+@functools.lru_cache(maxsize=None)
+def _gf2_base(name: str) -> GF2Algorithm:
+    d, fname = _data_entries()[name]
+    try:
+        t = Algorithm.from_dict(d)
+        return verify_gf2(GF2Algorithm(t.m, t.k, t.n, t.U, t.V, t.W, name=t.name,
+                                       source=t.source))
+    except AlgorithmError as e:
+        raise CatalogueError(f"catalogue entry {name!r} in {fname} is corrupt: {e}") from e
+
+
+@functools.lru_cache(maxsize=None)
+def get_gf2(expr: str) -> GF2Algorithm:
+    """A scheme for GF(2): a GF(2)-only entry (``at-4x4x4-r47-gf2``) or its image on another
+    grid order (``…@4x5x4``), verified over GF(2), or any rational expression reduced modulo 2
+    (correct there because the rational scheme is)."""
+    expr = expr.strip()
+    base, _, g = expr.rpartition("@") if "@" in expr else (expr, "", "")
+    if not _is_gf2(base):
+        return reduce_mod2(get(expr))
+    alg = _gf2_base(base)
+    if not g:
+        return alg
+    mt = _GRID.match(g)
+    if not mt:
+        raise CatalogueError(f"bad grid in {expr!r}: write NAME@MxKxN")
+    try:                                # a symmetry of the 0/1 table holds modulo 2 as well
+        t = for_grid(alg.integer_image(), tuple(int(x) for x in mt.groups()))
+    except ValueError as e:
+        raise CatalogueError(str(e)) from e
+    return verify_gf2(GF2Algorithm(t.m, t.k, t.n, t.U, t.V, t.W, name=expr,
+                                   source=f"symmetric image of {base}"))
+
+
+def gf2_algorithms() -> list[GF2Algorithm]:
+    """The GF(2)-only schemes, verified over GF(2)."""
+    return [get_gf2(n) for n in gf2_names()]
 
 
 def all_algorithms(include_naive: bool = False) -> list[Algorithm]:

@@ -17,21 +17,23 @@ integer value differs from the expected one by an odd number.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 
 from ..errors import AlgorithmError, VerificationError
 from .algorithm import Algorithm
-from .importers import from_fmm_scheme
+from .importers import from_fmm_scheme, load_file
 from .verify import BrentFailure, brent_failures, verify
 
 RINGS = ("rational", "gf2")
 
 __all__ = ["GF2Algorithm", "RINGS", "reduce_mod2", "mod2", "gf2_failures", "verify_gf2",
-           "verify_over", "ring_of", "require_rational", "gf2_from_fmm"]
+           "verify_over", "ring_of", "require_rational", "gf2_from_fmm", "load_gf2"]
 
 
 def mod2(x, where: str = "coefficient") -> int:
@@ -95,6 +97,10 @@ class GF2Algorithm:
     @property
     def naive_rank(self) -> int:
         return self.m * self.k * self.n
+
+    @property
+    def saving(self) -> float:
+        return 1.0 - self.R / self.naive_rank
 
     def integer_image(self) -> Algorithm:
         """The same 0/1 table as an ``Algorithm``, for counting and for the Brent check; it is
@@ -211,3 +217,27 @@ def gf2_from_fmm(d: dict, name: str = "", source: str = "") -> GF2Algorithm:
                        name=name or f"gf2-{m}x{k}x{n}-r{table.R}",
                        source=source or "FastMatrixMultiplication scheme valid modulo 2")
     return verify_gf2(alg)
+
+
+def load_gf2(path, key: str | None = None) -> list[GF2Algorithm]:
+    """Every scheme in ``path`` read modulo 2 and verified over GF(2): AlphaTensor's
+    ``factorizations_f2.npz``, flip-graph ``…-mod2`` expression files, FastMatrixMultiplication
+    schemes marked ``"z2": true``, lcmac catalogues of ring ``gf2``, or any other file
+    ``lcmac.ir.importers.load_file`` reads.  A name gets ``-gf2`` appended if it lacks it."""
+    path = Path(path)
+    if path.suffix == ".json":
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            doc = None                          # load_file reports what is wrong
+        if isinstance(doc, dict) and doc.get("z2"):
+            return [gf2_from_fmm(doc, source=f"FastMatrixMultiplication scheme {path.name}")]
+    out = []
+    for t in load_file(path, key, check=False):
+        name = t.name if t.name.endswith("-gf2") else f"{t.name}-gf2"
+        try:
+            out.append(verify_gf2(GF2Algorithm(t.m, t.k, t.n, t.U, t.V, t.W, name=name,
+                                               source=t.source)))
+        except AlgorithmError as e:
+            raise type(e)(f"{path}: {e}") from None
+    return out

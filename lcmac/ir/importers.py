@@ -12,21 +12,28 @@
   ``j·m+i``) or an addition-reduced scheme (``u_fresh``/``u``, ``v_fresh``/``v``,
   ``w_fresh``/``w`` straight-line programs), which becomes an algorithm carrying its
   ``programs`` (lcmac ``LinearProgram`` dicts for the stages A, B, H).
-* FastMatrixMultiplication ``.m`` text (``{{{A}, {B}, {Cᵀ}}, ...}`` per product).
+* FastMatrixMultiplication ``.m`` text (``{{{A}, {B}, {Cᵀ}}, ...}`` per product) and
+  ``.txt`` (``m k n R``, then u, v, w flattened).
+* Expression files (``.exp``; jakobmoosbauer/flips, symmetric-flips ``.txt``), Maple tensor
+  files (``.mpl``, ``TriadSet([Triad([Matrix(..), ..]), ..])``) and notebooks holding
+  ``decomposition_… = (np.array(..), ..)`` literals (AlphaEvolve's, read without running).
 * lcmac JSON: one algorithm (``format: lcmac-algorithm/1``) or a catalogue
   (``format: lcmac-catalogue/1``).
 
 Every algorithm is verified exactly before it is returned.  A malformed or wrong file
 raises ``AlgorithmError`` / ``VerificationError`` / ``CatalogueError`` whose message names
-the file and the problem (for a wrong coefficient: the failing Brent equation).
+the file and the problem (for a wrong coefficient: the failing Brent equation).  A scheme
+that holds only modulo 2 is refused with that reason; ``lcmac.ir.gf2.load_gf2`` reads it.
 """
 from __future__ import annotations
 
+import ast
 import io
 import json
 import pickle
 import re
 import zipfile
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +41,7 @@ import numpy as np
 from ..errors import AlgorithmError, CatalogueError, LcmacError, VerificationError
 from .algorithm import Algorithm, _exact
 from .program import LinearProgram, combine_matrices
-from .verify import verify
+from .verify import brent_failures, verify
 
 ALGORITHM_FORMAT = "lcmac-algorithm/1"
 CATALOGUE_FORMAT = "lcmac-catalogue/1"
@@ -101,7 +108,17 @@ def check_programs(alg: Algorithm) -> Algorithm:
 
 
 def _verified(alg: Algorithm) -> Algorithm:
-    return check_programs(verify(alg))
+    try:
+        verify(alg)
+    except VerificationError:
+        fails = brent_failures(alg)
+        if alg.is_integral and all((f.got - f.expected) % 2 == 0 for f in fails):
+            raise VerificationError(
+                f"{alg.name} <{alg.m},{alg.k},{alg.n};{alg.R}> holds only modulo 2: every Brent "
+                f"equation holds over GF(2), over the integers {fails[0]}. It cannot be used over "
+                f"the integers or reals; lcmac.ir.gf2.load_gf2 reads it as a GF(2) scheme") from None
+        raise
+    return check_programs(alg)
 
 
 # ---- AlphaTensor ---------------------------------------------------------------------------
@@ -367,18 +384,305 @@ def parse_fmm_text(text: str, name: str = "", source: str = "") -> Algorithm:
     return Algorithm(m, k, n, U, V, W, name=name or _grid_name("fg", m, k, n, R), source=source)
 
 
+# ---- expression files (flip-graph catalogues) ----------------------------------------------
+
+# one term of a linear form: sign, coefficient, variable (a12, a_1_12, m7), divisor
+_TERM = re.compile(r"([+-]?)(\d+(?:/\d+)?)?\*?([abcm])_?(\d+)(?:_(\d+))?(?:/(\d+))?")
+_SCALAR = re.compile(r"[+-]?\d+(?:/\d+)?")
+
+
+def _linear_form(s: str, what: str) -> list[tuple]:
+    """``-a11+2*a12+a21/2`` → [(coefficient, letter, index), ...]; index (i, j) or (r,)."""
+    out, pos = [], 0
+    while pos < len(s):
+        mt = _TERM.match(s, pos)
+        if not mt or (pos and not mt.group(1)):
+            raise AlgorithmError(f"{what}: cannot read {s!r} at character {pos}")
+        sign, coef, letter, i, j, div = mt.groups()
+        c = Fraction(coef or 1) / int(div or 1) * (-1 if sign == "-" else 1)
+        # a12: one digit per index (dimensions up to 9); a_1_12 otherwise; m7: a product
+        idx = (int(i),) if letter == "m" and j is None else (
+            (int(i), int(j)) if j is not None else (int(i[0]), int(i[1])) if len(i) == 2 else ())
+        if len(idx) != 1 + (letter != "m") or min(idx) < 1:
+            raise AlgorithmError(f"{what}: cannot read the variable {mt.group(0)!r} (write "
+                                 f"a12, a_1_12 or m7; indices start at 1)")
+        out.append((_exact(c), letter, idx))
+        pos = mt.end()
+    if not out:
+        raise AlgorithmError(f"{what}: empty linear form")
+    return out
+
+
+def _factors(line: str, what: str) -> list[str]:
+    """Split a product at '*' and where factors touch, ``(..)(..)``, ``a11(..)``, ``(..)c11``,
+    outside parentheses; a '*' after a top-level sum is a coefficient's (``b1+2*b2``)."""
+    parts, depth, cur, summed = [], 0, "", False
+    for ch in line:
+        touch = cur and ((ch == "(" and cur[-1] not in "+-*/") or (cur[-1] == ")" and ch.isalnum()))
+        if depth == 0 and ((ch == "*" and not summed) or touch):
+            parts.append(cur)
+            cur, summed = ("" if ch == "*" else ch), False
+            depth += ch == "("
+            continue
+        summed |= depth == 0 and ch in "+-" and cur != ""
+        depth += (ch == "(") - (ch == ")")
+        if depth < 0:
+            raise AlgorithmError(f"{what}: unbalanced ')'")
+        cur += ch
+    if depth:
+        raise AlgorithmError(f"{what}: unbalanced '('")
+    parts.append(cur)
+    if "" in parts:
+        raise AlgorithmError(f"{what}: empty factor in {line!r}")
+    return parts
+
+
+def _wrapped(f: str) -> bool:
+    """Whether one pair of parentheses encloses all of ``f``."""
+    depth = 0
+    for pos, ch in enumerate(f):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0:
+            return pos == len(f) - 1 and ch == ")"
+    return False
+
+
+def _unwrap(f: str) -> tuple[Fraction, str]:
+    """A factor's outer sign and parentheses: '-(a11+a12)' → (-1, 'a11+a12')."""
+    sign = Fraction(1)
+    if f[:2] in ("-(", "+(") and _wrapped(f[1:]):
+        sign, f = Fraction(-1 if f[0] == "-" else 1), f[1:]
+    while _wrapped(f):
+        f = f[1:-1]
+    return sign, f
+
+
+def _product(line: str, letters: str, what: str) -> dict[str, list]:
+    """One product of linear forms, each in its own letter; scalars go to the first."""
+    scale, forms, todo = Fraction(1), {}, _factors(line, what)
+    while todo:
+        f = todo.pop(0)
+        sign, body = _unwrap(f)
+        if _SCALAR.fullmatch(body):
+            scale *= sign * Fraction(body)
+            continue
+        try:
+            terms = _linear_form(body, what)
+        except AlgorithmError:
+            if len(_factors(body, what)) < 2:
+                raise
+            scale *= sign                       # -(a11(b11+b12)c11): a product inside
+            todo[:0] = _factors(body, what)
+            continue
+        got = {t[1] for t in terms}
+        if len(got) != 1 or not got <= set(letters) or got & set(forms):
+            raise AlgorithmError(f"{what}: factor {f!r} must be a linear form in one of "
+                                 f"{', '.join(letters)} not used by another factor")
+        forms[got.pop()] = [(c * sign, l, idx) for c, l, idx in terms]
+    if set(forms) != set(letters):
+        raise AlgorithmError(f"{what}: expected factors in {', '.join(letters)}, got "
+                             f"{', '.join(sorted(forms)) or 'none'}")
+    forms[letters[0]] = [(_exact(c * scale), l, idx) for c, l, idx in forms[letters[0]]]
+    return forms
+
+
+def _tables(products: list[dict], outputs: dict, grid, name: str, source: str) -> Algorithm:
+    """U, V, W from per-product a/b forms and, per C entry (i, j), terms (coefficient, r)."""
+    if grid is None:                        # a correct scheme reads every entry of A and B
+        grid = [max((t[2][d] for p in products for t in p[x]), default=0)
+                for x, d in (("a", 0), ("a", 1), ("b", 1))]
+    m, k, n = (_positive_int(x, "grid dimension") for x in grid)
+    R = len(products)
+    U, V, W = (np.zeros((R, *s), dtype=object) for s in ((m, k), (k, n), (m, n)))
+    for (t, shape, letter) in ((U, (m, k), "a"), (V, (k, n), "b")):
+        for r, p in enumerate(products):
+            for c, _, (i, j) in p[letter]:
+                if i > shape[0] or j > shape[1]:
+                    raise AlgorithmError(f"{letter}{i}{j} is outside the {shape[0]}x{shape[1]} "
+                                         f"matrix of <{m},{k},{n}>")
+                t[r, i - 1, j - 1] += c
+    for (i, j), terms in outputs.items():
+        if i > m or j > n:
+            raise AlgorithmError(f"C entry ({i},{j}) is outside the {m}x{n} result")
+        for c, r in terms:
+            W[r, i - 1, j - 1] += c
+    return Algorithm(m, k, n, U, V, W, name=name or _grid_name("exp", m, k, n, R), source=source)
+
+
+def parse_expressions(text: str, name: str = "", source: str = "",
+                      grid: tuple[int, int, int] | None = None) -> Algorithm:
+    """An expression file: one product per line, ``(a11-a21)*(b12+b22)*(c21)`` (factors joined
+    by ``*`` or side by side; ``cJI`` is entry (J, I) of Cᵀ, the trace form Σ a_il·b_lj·c_ji
+    of jakobmoosbauer/flips), or statements ``m1 = (a11+a22)*(b11+b22)``, ``c11 = m1+m4``.
+    Indices are 1-based, ``a12`` or ``a_1_12``; coefficients integers or fractions (``2*a11``,
+    ``1/2*a11``, ``a11/2``).  The grid is read off the largest indices unless given."""
+    lines = [ln.split("#")[0].replace(" ", "").replace("\t", "") for ln in text.splitlines()]
+    lines = [(no, ln.rstrip(";,")) for no, ln in enumerate(lines, 1) if ln.strip(";,")]
+    if not lines:
+        raise AlgorithmError("an expression file must list at least one product")
+    if any("=" in ln for _, ln in lines):
+        return _parse_statements(lines, name, source, grid)
+    products, outputs = [], {}
+    for r, (no, ln) in enumerate(lines):
+        p = _product(ln, "abc", f"line {no}")
+        products.append(p)
+        for c, _, (j, i) in p["c"]:                 # cJI is C[I][J]
+            outputs.setdefault((i, j), []).append((c, r))
+    return _tables(products, outputs, grid, name, source)
+
+
+def _parse_statements(lines, name, source, grid) -> Algorithm:
+    prods, outputs = {}, {}
+    for no, ln in lines:
+        lhs, _, rhs = ln.partition("=")
+        what = f"line {no}"
+        mt = re.fullmatch(r"m(\d+)|c_?(\d+)_(\d+)|c(\d)(\d)", lhs)
+        if not mt:
+            raise AlgorithmError(f"{what}: the left side must be a product mR or an entry cIJ "
+                                 f"of C, got {lhs!r}")
+        if mt.group(1):
+            if int(mt.group(1)) in prods:
+                raise AlgorithmError(f"{what}: product {lhs} is defined twice")
+            prods[int(mt.group(1))] = _product(rhs, "ab", what)
+            continue
+        ij = tuple(int(x) for x in (mt.group(2, 3) if mt.group(2) else mt.group(4, 5)))
+        terms = _linear_form(rhs, what)
+        if any(letter != "m" for _, letter, _ in terms):
+            raise AlgorithmError(f"{what}: an entry of C must be a sum of products mR, "
+                                 f"got {rhs!r}")
+        outputs.setdefault(ij, []).extend((c, r - 1) for c, _, (r,) in terms)
+    if sorted(prods) != list(range(1, len(prods) + 1)):
+        raise AlgorithmError(f"products must be numbered m1..m{len(prods)} without gaps")
+    if any(not 0 <= r < len(prods) for t in outputs.values() for _, r in t):
+        raise AlgorithmError("an entry of C uses a product that is not defined")
+    return _tables([prods[r] for r in sorted(prods)], outputs, grid, name, source)
+
+
+# ---- Maple tensor files (fmm.univ-lille.fr, FastMatrixMultiplication .tensor.mpl) ----------
+
+_MPL_MATRIX = re.compile(r"Matrix\(\s*(\d+)\s*,\s*(\d+)\s*,\s*(\[.*?\]\s*\])\s*\)", re.S)
+
+
+def parse_maple_tensor(text: str, name: str = "", source: str = "") -> Algorithm:
+    """``Tensor:=TriadSet([Triad([Matrix(m,k,[[..]]), Matrix(k,n,..), Matrix(n,m,..)]), ..])``:
+    product r is Trace(T1ᵀA)·Trace(T2ᵀB) added to C with T3ᵀ (T3 describes Cᵀ)."""
+    body = text.partition("TriadSet(")[2]
+    if not body:
+        raise AlgorithmError("not a Maple tensor file (no 'TriadSet(' found)")
+    mats = []
+    for mt in _MPL_MATRIX.finditer(body):
+        rows, cols = int(mt.group(1)), int(mt.group(2))
+        js = re.sub(r"(-?\d+)\s*/\s*(\d+)", r'"\1/\2"', mt.group(3))
+        try:
+            mats.append(_exact_matrix(json.loads(js), rows, cols, f"Matrix #{len(mats) + 1}"))
+        except json.JSONDecodeError:
+            raise AlgorithmError(f"Matrix #{len(mats) + 1} holds something other than numbers: "
+                                 f"{mt.group(3)[:60]!r}") from None
+    if not mats or len(mats) % 3 or body.count("Triad(") != len(mats) // 3:
+        raise AlgorithmError(f"expected three matrices per Triad, found {len(mats)} matrices in "
+                             f"{body.count('Triad(')} triads")
+    (m, k), n = mats[0].shape, mats[1].shape[1]
+    for r in range(len(mats) // 3):
+        if (got := tuple(x.shape for x in mats[3 * r: 3 * r + 3])) != ((m, k), (k, n), (n, m)):
+            raise AlgorithmError(f"triad {r + 1} has shapes {got}, expected {((m, k), (k, n), (n, m))}")
+    U, V = np.stack(mats[0::3]), np.stack(mats[1::3])
+    W = np.ascontiguousarray(np.transpose(np.stack(mats[2::3]), (0, 2, 1)))
+    return Algorithm(m, k, n, U, V, W, name=name or _grid_name("mpl", m, k, n, len(U)),
+                     source=source)
+
+
+# ---- FastMatrixMultiplication plain text ---------------------------------------------------
+
+def parse_fmm_txt(text: str, name: str = "", source: str = "") -> Algorithm:
+    """``m k n R`` on the first line, then the u, v, w tables of the JSON form flattened,
+    one line each (R·mk, R·kn and R·nm numbers; w describes Cᵀ)."""
+    lines = [ln.split() for ln in text.splitlines() if ln.strip()]
+    if len(lines) != 4 or len(lines[0]) != 4 or not all(x.isdigit() for x in lines[0]):
+        raise AlgorithmError("not a FastMatrixMultiplication text scheme (expected a line "
+                             "'m k n R' and three lines of coefficients)")
+    m, k, n, R = (int(x) for x in lines[0])
+    d = {"n": [m, k, n], "m": R}
+    for key, line, cols in (("u", lines[1], m * k), ("v", lines[2], k * n), ("w", lines[3], n * m)):
+        if len(line) != R * cols:
+            raise AlgorithmError(f"line {key}: {len(line)} numbers, expected R·{cols} = {R * cols}")
+        d[key] = [line[r * cols:(r + 1) * cols] for r in range(R)]
+    return from_fmm_scheme(d, name=name, source=source)
+
+
+# ---- AlphaEvolve's notebook ----------------------------------------------------------------
+
+def _np_array_literal(node, what: str) -> np.ndarray:
+    """``np.array([[...]], dtype=...)`` as an array, reading literals only (no code runs)."""
+    f = node.func if isinstance(node, ast.Call) else None
+    if not (f is not None and node.args and getattr(f, "attr", getattr(f, "id", "")) == "array"):
+        raise AlgorithmError(f"{what} is not an np.array(...) literal")
+    try:
+        arr = np.array(ast.literal_eval(node.args[0]), dtype=object)
+    except (ValueError, SyntaxError, TypeError) as e:
+        raise AlgorithmError(f"{what}: the array is not a literal table of numbers ({e})") from None
+    for idx, x in np.ndenumerate(arr):
+        if isinstance(x, complex) and x.imag:
+            raise AlgorithmError(f"{what} has the complex coefficient {x}; lcmac reads "
+                                 f"rational schemes only")
+        arr[idx] = x.real if isinstance(x, complex) else x
+    return arr
+
+
+def parse_alphaevolve_notebook(doc: dict, source: str = "") -> list[Algorithm]:
+    """Every ``decomposition_… = (np.array(u), np.array(v), np.array(w))`` of a Jupyter
+    notebook (google-deepmind/alphaevolve_results ``mathematical_results.ipynb``): AlphaTensor's
+    layout, u (nm×R), v (mp×R), w (pn×R, Cᵀ), so the grid follows from the shapes.  Those
+    over the complex numbers are skipped (an error only if nothing else is left)."""
+    out, complex_ = [], []
+    for cell in doc.get("cells", []):
+        src = cell.get("source", "")
+        src = "".join(src) if isinstance(src, list) else src
+        if cell.get("cell_type") != "code" or "decomposition" not in src:
+            continue
+        try:
+            nodes = list(ast.walk(ast.parse(src)))
+        except SyntaxError:                 # a cell of notebook magics, not data
+            nodes = []
+        for node in nodes:
+            if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple)
+                    and isinstance(node.targets[0], ast.Name)
+                    and node.targets[0].id.startswith("decomposition")):
+                continue
+            label = node.targets[0].id
+            if len(node.value.elts) != 3:
+                raise AlgorithmError(f"{label}: expected three factor matrices")
+            try:
+                u, v, w = (_np_array_literal(e, f"{label} factor {i + 1}")
+                           for i, e in enumerate(node.value.elts))
+            except AlgorithmError as e:
+                if "complex" not in str(e):
+                    raise
+                complex_.append(str(e))
+                continue
+            nm, mp, pn = (x.shape[0] for x in (u, v, w))
+            n = round((nm * pn / max(mp, 1)) ** 0.5)
+            if n < 1 or nm % n or pn % n or (nm // n) * (pn // n) != mp:
+                raise AlgorithmError(f"{label}: factor shapes {u.shape}, {v.shape}, {w.shape} "
+                                     f"fit no grid <n,m,p>")
+            grid = (n, nm // n, pn // n)
+            out.append(from_alphatensor(u, v, w, grid, name=_grid_name("ae", *grid, u.shape[1]),
+                                        source=f"{source} {label}".strip()))
+    if not out:
+        raise AlgorithmError(complex_[0] if complex_ else "the notebook holds no "
+                             "'decomposition_… = (np.array(..), ..)' cell")
+    return out
+
+
 # ---- lcmac's own JSON ----------------------------------------------------------------------
-
-def _lcmac_algorithm(d: dict) -> Algorithm:
-    return Algorithm.from_dict(d)
-
 
 def _from_json_doc(doc, path: Path) -> list[Algorithm]:
     if not isinstance(doc, dict):
         raise AlgorithmError(f"{path}: top level is a {type(doc).__name__}, expected a JSON object")
+    if "cells" in doc and "nbformat" in doc:
+        return parse_alphaevolve_notebook(doc, source=f"notebook {path.name}")
     fmt = doc.get("format")
     if fmt == ALGORITHM_FORMAT:
-        return [_lcmac_algorithm(doc)]
+        return [Algorithm.from_dict(doc)]
     if fmt == CATALOGUE_FORMAT:
         algs = doc.get("algorithms")
         if not isinstance(algs, list):
@@ -387,7 +691,7 @@ def _from_json_doc(doc, path: Path) -> list[Algorithm]:
         for i, d in enumerate(algs):
             label = d.get("name", f"#{i}") if isinstance(d, dict) else f"#{i}"
             try:
-                out.append(_lcmac_algorithm(d))
+                out.append(Algorithm.from_dict(d))
             except AlgorithmError as e:
                 raise type(e)(f"catalogue entry {label!r}: {e}") from None
         return out
@@ -404,6 +708,25 @@ def _from_json_doc(doc, path: Path) -> list[Algorithm]:
 
 
 # ---- entry point ---------------------------------------------------------------------------
+
+_TEXT_PARSERS = {"m": (parse_fmm_text, "FastMatrixMultiplication scheme"),
+                 "txt": (parse_fmm_txt, "FastMatrixMultiplication text scheme"),
+                 "exp": (parse_expressions, "expression file"),
+                 "mpl": (parse_maple_tensor, "Maple tensor file")}
+
+
+def _text_kind(path: Path, text: str) -> str:
+    """The text format, by suffix and then by the first characters (JSON otherwise)."""
+    if path.suffix == ".m" or (_M_TOKEN.match(text) and "{{" in text.replace(" ", "")):
+        return "m"
+    if path.suffix == ".mpl" or "TriadSet(" in text:
+        return "mpl"
+    if re.match(r"[ \t]*\d[\d \t]*\r?\n", text):     # a first line of numbers only: m k n R
+        return "txt"
+    if path.suffix in (".exp", ".txt") or re.match(r"[-+(]*[abcm]_?\d", text):
+        return "exp"
+    return "json"
+
 
 def load_file(path: str | Path, key: str | None = None, *, check: bool = True) -> list[Algorithm]:
     """Every algorithm in ``path`` (format detected), each verified exactly.
@@ -425,10 +748,11 @@ def load_file(path: str | Path, key: str | None = None, *, check: bool = True) -
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise AlgorithmError(f"{path}: not a text file and not an .npz archive") from None
-    stripped = text.lstrip()
+    kind = _text_kind(path, text.lstrip())
     try:
-        if path.suffix == ".m" or (_M_TOKEN.match(stripped) and "{{" in stripped.replace(" ", "")):
-            algs = [parse_fmm_text(text, source=f"FastMatrixMultiplication scheme {path.name}")]
+        if kind in _TEXT_PARSERS:
+            parse, what = _TEXT_PARSERS[kind]
+            algs = [parse(text, source=f"{what} {path.name}")]
         else:
             try:
                 doc = json.loads(text)
@@ -468,5 +792,6 @@ def load_algorithm(path: str | Path, key: str | None = None) -> Algorithm:
 
 
 __all__ = ["load_file", "load_algorithm", "from_alphatensor", "from_fmm_scheme",
-           "from_fmm_reduced", "parse_fmm_text", "read_npz", "check_programs",
+           "from_fmm_reduced", "parse_fmm_text", "parse_fmm_txt", "parse_expressions",
+           "parse_maple_tensor", "parse_alphaevolve_notebook", "read_npz", "check_programs",
            "fmm_published_additions"]

@@ -195,7 +195,8 @@ def test_every_catalogue_scheme_reduces_mod2_and_verifies_over_gf2():
         assert set(g.U.flat) | set(g.V.flat) | set(g.W.flat) <= {0, 1}
         assert gf2_failures(g) == [], alg.name
         assert verify_over(g) is g
-    assert refused == ["dps-4x4x4-r48"]                 # coefficients ½, ¼, ⅛
+    # coefficients ½ (AlphaEvolve), ⅛ (Smirnov), ½, ¼, ⅛ (DPS)
+    assert refused == ["ae-2x4x5-r32", "smirnov-3x3x6-r40", "smirnov-3x6x6-r80", "dps-4x4x4-r48"]
 
 
 def test_a_wrong_bit_fails_over_gf2():
