@@ -3,6 +3,7 @@
 Runs in its own process (TileLang bundles a TVM that cannot share a process with apache-tvm):
 
     python -m lcmac.targets.tilelang_worker  < request.json  > response.json
+    python -m lcmac.targets.tilelang_worker --serve     (one request per line; ``serve``)
 
 Request (JSON object):
     algorithm   catalogue name (e.g. "strassen", "strassen^2") or Algorithm.to_dict();
@@ -618,7 +619,36 @@ def _contract_error(e) -> dict:
                                    "traceback": traceback.format_exc()[-6000:]}}
 
 
+#: ``--serve`` marks each response line with this prefix (TileLang's own output may come between)
+SERVE_MARK = "@lcmac-worker@ "
+
+
+def _failure(e) -> dict:
+    """A raw request's failure; the parent turns it into an exception of the same class."""
+    return {"ok": False, "error": str(e), "error_type": type(e).__name__,
+            "traceback": traceback.format_exc()[-6000:]}
+
+
+def serve() -> int:
+    """``python -m lcmac.targets.tilelang_worker --serve``: one raw request (the module
+    docstring's JSON object) per line on stdin, each answered by one line on stdout that
+    starts with ``SERVE_MARK``, until stdin closes: many builds for one TileLang import (the
+    tests run their code generation through one such process)."""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            resp = build(json.loads(line))
+        except Exception as e:
+            resp = _failure(e)
+        sys.stdout.write("\n" + SERVE_MARK + json.dumps(resp) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
 def main() -> int:
+    if "--serve" in sys.argv[1:]:
+        return serve()
     try:
         req = json.loads(sys.stdin.read() or "{}")
         if "batch" in req:
@@ -636,9 +666,8 @@ def main() -> int:
                 resp = _contract_error(e)
         else:
             resp = build(req)
-    except Exception as e:  # the parent turns this into an exception of the same class
-        resp = {"ok": False, "error": str(e), "error_type": type(e).__name__,
-                "traceback": traceback.format_exc()[-6000:]}
+    except Exception as e:
+        resp = _failure(e)
     # TileLang logs to stdout/stderr; the response is the last line of stdout
     sys.stdout.write("\n" + json.dumps(resp) + "\n")
     sys.stdout.flush()

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from fractions import Fraction
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from lcmac.schedules.cuda.config import Blocking, CudaConfig, ceil_div
+from lcmac.targets.tilelang_worker import SERVE_MARK
 
 ROOT = str(Path(__file__).resolve().parents[3])     # the repository
 
@@ -39,13 +41,28 @@ needs_tilelang = pytest.mark.skipif(not _have_tilelang(), reason="tilelang is no
 needs_nvcc = pytest.mark.skipif(_nvcc() is None, reason="nvcc (CUDA toolkit) is not installed")
 
 
+_server: dict = {}
+
+
 def worker(req: dict) -> dict:
-    p = subprocess.run([sys.executable, "-m", "lcmac.targets.tilelang_worker"],
-                       input=json.dumps(req), capture_output=True, text=True, cwd=ROOT,
-                       timeout=600)
-    lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
-    assert lines, p.stderr[-3000:]
-    return json.loads(lines[-1])
+    """The TileLang worker's answer to one raw request, from one ``--serve`` process kept for
+    the session (one TileLang import instead of one per request; restarted if it dies)."""
+    p = _server.get("proc")
+    if p is None or p.poll() is not None:
+        err = tempfile.TemporaryFile("w+")
+        p = subprocess.Popen([sys.executable, "-m", "lcmac.targets.tilelang_worker", "--serve"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+                             cwd=ROOT)
+        _server.update(proc=p, err=err)
+    p.stdin.write(json.dumps(req) + "\n")
+    p.stdin.flush()
+    for line in p.stdout:
+        if line.startswith(SERVE_MARK):
+            return json.loads(line[len(SERVE_MARK):])
+    err = _server.pop("err")
+    _server.clear()
+    err.seek(0)
+    raise AssertionError(f"the TileLang worker died: {err.read()[-3000:]}")
 
 
 def kernel_body(src: str) -> str:
