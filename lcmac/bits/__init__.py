@@ -13,6 +13,7 @@ compiled for this CPU where apache-tvm is installed (``lcmac.bits.native``), els
 from __future__ import annotations
 
 from ..errors import DTypeError, ShapeError
+from .counting import boolean_by_counts
 from .lcma import XorReport, gf2_scheme, lcma_product
 from .native import base_product, choose_kernel
 from .packing import PackedBits, check_bit_form, pack, unpack
@@ -84,9 +85,14 @@ def gf2_matmul(A, B, *, algo="auto", levels: int | None = None, return_report: b
     return (out, report) if return_report else out
 
 
-def boolean_matmul(A, B, *, kernel: str | None = None):
-    """C = A·B over the Boolean semiring: C_ij = OR_l (A_il AND B_lj), by the Four Russians
-    kernel with OR tables (no LCMA: the Boolean semiring has no subtraction; see
-    ``lcmac.bits.products.boolean_product``).  ``kernel`` as for ``gf2_matmul``."""
+def boolean_matmul(A, B, *, algo: str = "m4r", kernel: str | None = None):
+    """C = A·B over the Boolean semiring: C_ij = OR_l (A_il AND B_lj).  ``algo="m4r"``: the
+    Four Russians kernel with OR tables (``kernel`` as for ``gf2_matmul``); a catalogue name
+    (``"strassen"``) or an ``Algorithm``: the integer product by that LCMA, exact, compared
+    with zero (``lcmac.bits.counting``; the Boolean semiring has no subtraction, so no LCMA
+    runs over it directly)."""
     A, B, packed = _operands(A, B)
-    return _result(_kernel_product(A, B, "boolean", kernel), packed)
+    if isinstance(algo, str) and algo == "m4r":
+        return _result(_kernel_product(A, B, "boolean", kernel), packed)
+    C = boolean_by_counts(unpack(A), unpack(B), algo)
+    return pack(C, "C") if packed else C
