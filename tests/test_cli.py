@@ -64,6 +64,10 @@ def test_verify_name_and_files(capsys, tmp_path):
     doc = json.loads(out)
     assert code == 1 and not doc["ok"]
     assert "in C[1][0]" in doc["results"][0]["failures"][0]
+    assert doc["results"][0]["ring"] == "rationals"
+    code, out, _ = run(capsys, "verify", "at-4x4x4-r47-gf2", "--json")    # valid only mod 2
+    doc = json.loads(out)
+    assert code == 0 and doc["ok"] and doc["results"][0]["ring"] == "gf2"
 
 
 def test_errors_are_one_clear_line(capsys, tmp_path):
