@@ -63,8 +63,30 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     return a
 
 
+class SchemeShape:
+    """What every scheme value type (``Algorithm``, ``GF2Algorithm``,
+    ``AlternativeBasisAlgorithm``) derives from its grid m, k, n and U [R, m, k]."""
+
+    @property
+    def R(self) -> int:
+        return self.U.shape[0]
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.m, self.k, self.n)
+
+    @property
+    def naive_rank(self) -> int:
+        return self.m * self.k * self.n
+
+    @property
+    def saving(self) -> float:
+        """Fraction of block multiplications saved against the naive m·k·n."""
+        return 1.0 - self.R / self.naive_rank
+
+
 @dataclass(frozen=True, eq=False)
-class Algorithm:
+class Algorithm(SchemeShape):
     """An exact bilinear algorithm for the <m,k,n> matrix product using R multiplications."""
 
     m: int
@@ -98,24 +120,7 @@ class Algorithm:
         if not self.name:
             object.__setattr__(self, "name", f"custom-{self.m}x{self.k}x{self.n}-r{R}")
 
-    # ---- basic properties -------------------------------------------------------------
-    @property
-    def R(self) -> int:
-        return self.U.shape[0]
-
-    @property
-    def grid(self) -> tuple[int, int, int]:
-        return (self.m, self.k, self.n)
-
-    @property
-    def naive_rank(self) -> int:
-        return self.m * self.k * self.n
-
-    @property
-    def saving(self) -> float:
-        """Fraction of block multiplications saved against the naive m·k·n."""
-        return 1.0 - self.R / self.naive_rank
-
+    # ---- basic properties (R, grid, naive_rank, saving: SchemeShape) -------------------
     @property
     def is_integral(self) -> bool:
         return all(isinstance(x, int) for t in (self.U, self.V, self.W) for x in t.flat)

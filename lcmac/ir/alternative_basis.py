@@ -34,7 +34,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..errors import AlgorithmError, VerificationError
-from .algorithm import Algorithm, _exact
+from .algorithm import Algorithm, SchemeShape, _exact
 from .cse import optimize
 from .gf2 import RINGS, GF2Algorithm, gf2_failures, mod2, reduce_mod2, require_rational, ring_of
 from .program import LinearProgram, naive_program
@@ -112,7 +112,7 @@ def inverse(M, ring: str = "rational", what: str = "matrix") -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
-class AlternativeBasisAlgorithm:
+class AlternativeBasisAlgorithm(SchemeShape):
     """A core ``<U',V',W'>`` (R×m×k, R×k×n, R×m×n, indexed by transformed block positions)
     with basis changes φ, ψ, υ; ``ring`` is ``"rational"`` or ``"gf2"``."""
 
@@ -148,14 +148,6 @@ class AlternativeBasisAlgorithm:
                 object.__setattr__(self, "upsilon_inverse", inv)
         if not self.name:
             object.__setattr__(self, "name", f"ab-{m}x{k}x{n}-r{self.R}")
-
-    @property
-    def R(self) -> int:
-        return self.U.shape[0]
-
-    @property
-    def grid(self) -> tuple[int, int, int]:
-        return (self.m, self.k, self.n)
 
     def core_matrices(self) -> dict[str, np.ndarray]:
         """The core's combine stages (outputs × inputs), as ``program.combine_matrices``."""

@@ -26,7 +26,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import AlgorithmError, VerificationError
-from .algorithm import Algorithm
+from .algorithm import Algorithm, SchemeShape
 from .importers import from_fmm_scheme, load_file
 from .verify import BrentFailure, brent_failures, verify
 
@@ -55,7 +55,7 @@ def _mod2_array(t: np.ndarray, what: str) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
-class GF2Algorithm:
+class GF2Algorithm(SchemeShape):
     """An <m,k,n;R> scheme whose Brent equations hold modulo 2: coefficients 0 or 1.
 
     Same layout as ``Algorithm`` (U: R×m×k, V: R×k×n, W: R×m×n).  It can be verified
@@ -85,22 +85,6 @@ class GF2Algorithm:
             object.__setattr__(self, nm, _mod2_array(getattr(shaped, nm), nm))
         if not self.name:
             object.__setattr__(self, "name", f"gf2-{self.m}x{self.k}x{self.n}-r{shaped.R}")
-
-    @property
-    def R(self) -> int:
-        return self.U.shape[0]
-
-    @property
-    def grid(self) -> tuple[int, int, int]:
-        return (self.m, self.k, self.n)
-
-    @property
-    def naive_rank(self) -> int:
-        return self.m * self.k * self.n
-
-    @property
-    def saving(self) -> float:
-        return 1.0 - self.R / self.naive_rank
 
     def integer_image(self) -> Algorithm:
         """The same 0/1 table as an ``Algorithm``, for counting and for the Brent check; it is
