@@ -18,7 +18,6 @@ torch.bmm's own, on the first 512 products).  ``model µs``: the clock-cycle mod
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
 import sys
@@ -115,10 +114,10 @@ def main(argv=None) -> int:
             A = B = C = ref = None                           # free before the next size
             torch.cuda.empty_cache()
     if args.out:
-        doc = {"benchmark": "batched small products: lcmac.bmm (algo='gemm') vs torch.bmm and torch.matmul",
-               "device": name, "torch": torch.__version__,
-               "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
-               "command": "python scripts/bench_batched.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        from lcmac.tune.measure import run_header
+        doc = {**run_header("batched small products: lcmac.bmm (algo='gemm') vs torch.bmm and torch.matmul",
+                            name, __file__, argv),
+               "torch": torch.__version__,
                "rounds": args.rounds, "calls": args.calls, "sustained_s": args.sustained,
                "results": results}
         with open(args.out, "w") as f:

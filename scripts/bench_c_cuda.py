@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime as dt
 import json
 import shutil
 import statistics
@@ -152,9 +151,9 @@ def main(argv=None) -> int:
         lib.lcmac_bundle_close(handle)
         decisions = json.loads((path / "bundle.json").read_text()).get("decisions")
     if args.out:
-        doc = {"benchmark": "CUDA bundle via the C API vs torch.matmul (cuBLAS) and lcmac.load",
-               "device": props.name, "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
-               "command": "python scripts/bench_c_cuda.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        from lcmac.tune.measure import run_header
+        doc = {**run_header("CUDA bundle via the C API vs torch.matmul (cuBLAS) and lcmac.load",
+                            props.name, __file__, argv),
                "dtype": args.dtype, "torch": torch.__version__, "rule": args.rule,
                "decisions": decisions, "results": results}
         with open(args.out, "w") as f:

@@ -19,7 +19,6 @@ here); fp32 is IEEE fp32 (TF32 off), tf32 the fast mode, fp64 runs torch.matmul 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 
@@ -111,10 +110,9 @@ def main(argv=None) -> int:
                       f"{vs_best(r['rate_model_s'])} {prior:8.3f} {vs_best(r['prior_s'])}", flush=True)
                 torch.cuda.empty_cache()
     if args.out:
-        doc = {"benchmark": "CPU+GPU co-execution (lcmac.coexec) vs GPU only", "device": name,
+        from lcmac.tune.measure import run_header
+        doc = {**run_header("CPU+GPU co-execution (lcmac.coexec) vs GPU only", name, __file__, argv),
                "host_cpus": host_cpus(), "torch_threads": torch.get_num_threads(),
-               "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
-               "command": "python scripts/bench_coexec.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "gpu_algo": args.gpu_algo, "torch": torch.__version__, "results": results}
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)

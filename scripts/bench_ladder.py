@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import datetime as dt
 import json
 import os
 import statistics
@@ -256,9 +255,9 @@ def run(args, argv) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        doc = {"benchmark": "GEMM optimisation ladder (lcmac config ladder=1..7) vs torch.matmul (cuBLAS)",
-               "device": props.name, "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
-               "command": "python scripts/bench_ladder.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        from lcmac.tune.measure import run_header
+        doc = {**run_header("GEMM optimisation ladder (lcmac config ladder=1..7) vs torch.matmul (cuBLAS)",
+                            props.name, __file__, argv),
                "dtype": args.dtype, "shape": [M, N, K], "target": args.target, "torch": torch.__version__,
                "timing": {"rounds": args.rounds, "round_s": args.round_s, "sustained_s": args.sustained},
                "steps": rows, "cublas": cub, "wrong": wrong}

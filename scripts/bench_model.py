@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import contextlib
-import datetime as dt
 import json
 import statistics
 import sys
@@ -303,9 +302,8 @@ def main(argv=None) -> int:
                 train[f"{kind} compiled"] = (layer, torch.compile(layer_loss(layer), dynamic=False))
         train_results = [bench_train(T, train, args) for T in args.train_tokens]
     if args.out:
-        doc = {"benchmark": "Llama decoder stack prefill: torch vs lcmac.optimize", "device": name,
-               "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
-               "command": "python scripts/bench_model.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        from lcmac.tune.measure import run_header
+        doc = {**run_header("Llama decoder stack prefill: torch vs lcmac.optimize", name, __file__, argv),
                "torch": torch.__version__, "config": {k: getattr(args, k) for k in (
                    "layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "algo", "max_error")},
                "optimize": report.to_dict(), "results": results,

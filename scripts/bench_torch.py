@@ -15,7 +15,6 @@ Each result is compared with torch.matmul's on a band of rows (relative differen
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
 import sys
@@ -115,9 +114,8 @@ def main(argv=None) -> int:
     print(f"# {props.name}, torch {torch.__version__}")
     results = [bench_shape(M, N, K, args, dtype) for M, N, K in shapes]
     if args.out:
-        doc = {"benchmark": "lcmac in PyTorch vs torch.matmul / F.linear", "device": props.name,
-               "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
-               "command": "python scripts/bench_torch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        from lcmac.tune.measure import run_header
+        doc = {**run_header("lcmac in PyTorch vs torch.matmul / F.linear", props.name, __file__, argv),
                "dtype": args.dtype, "torch": torch.__version__, "results": results}
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)

@@ -28,8 +28,11 @@ returns None, ``f(A, B, C)`` with a preallocated C is tried.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import datetime as dt
 import multiprocessing as mp
+import os
 import statistics
+import sys
 import time
 
 from ..runtime.loader import load
@@ -207,6 +210,16 @@ def gpu_sustained(fn, seconds: float) -> float:
         n += 8
         torch.cuda.synchronize()
     return (time.perf_counter() - t0) / n
+
+
+def run_header(benchmark: str, device: str, script: str, argv=None) -> dict:
+    """The fields every benchmark's results JSON starts with: what it measured, on which
+    device, the date (UTC) and the command as run (``script`` its ``__file__``, ``argv`` its
+    arguments; None: this process's)."""
+    args = argv if argv is not None else sys.argv[1:]
+    return {"benchmark": benchmark, "device": device,
+            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
+            "command": f"python scripts/{os.path.basename(script)} " + " ".join(args)}
 
 
 def gpu_rounds(variants, rounds: int, calls: int, sustained_s: float = 0.0):

@@ -713,3 +713,11 @@ def test_gpu_rounds_interleaves_the_variants(monkeypatch):
     assert order == (["a"] * 4 + ["b"] * 4) * 3
     assert times == {"a": [0.002] * 3, "b": [0.004] * 3} and sustained == {}
     assert measure.gpu_rounds(variants, 1, 1, sustained_s=2.0)[1] == {"a": 0.02, "b": 0.02}
+
+
+def test_run_header_names_the_command_as_run():
+    from lcmac.tune import measure
+    h = measure.run_header("what", "dev", "/x/scripts/bench_thing.py", ["--sizes", "64", "--out", "o.json"])
+    assert list(h) == ["benchmark", "device", "date", "command"]
+    assert h["command"] == "python scripts/bench_thing.py --sizes 64 --out o.json"
+    assert h["benchmark"] == "what" and h["device"] == "dev" and len(h["date"]) == 10
