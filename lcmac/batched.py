@@ -32,7 +32,7 @@ from .artifact.cache import cached_build
 from .errors import DTypeError, LcmacError, ShapeError, TargetError
 from .ir import get as get_algorithm
 from .ir.executor import run_unfused
-from .call_args import check_algo, define_op, target_for
+from .call_args import check_algo, define_op, operand_kind, target_for
 from .runtime.loader import load
 
 __all__ = ["bmm", "register", "BMM_SCHEMA"]
@@ -44,12 +44,10 @@ _kernels: dict[tuple, object] = {}
 
 
 def _kind(x) -> str:
-    mod = type(x).__module__.split(".")[0]
-    if mod == "torch":
-        return "torch"
-    if isinstance(x, np.ndarray):
-        return "numpy"
-    raise TypeError(f"A and B must be numpy arrays or torch tensors, not {type(x).__name__}")
+    kind = operand_kind(x)
+    if kind is None:
+        raise TypeError(f"A and B must be numpy arrays or torch tensors, not {type(x).__name__}")
+    return kind
 
 
 def _check(A, B):

@@ -1,5 +1,5 @@
 """The arguments every lcmac product call shares: the ``algo`` names and the target of a
-device; and how its torch ops are defined.  (Their own module so that ``lcmac.ops`` and ``lcmac.batched`` both use them
+device; what kind an operand is; and how its torch ops are defined.  (Their own module so that ``lcmac.ops`` and ``lcmac.batched`` both use them
 without importing each other.)"""
 from __future__ import annotations
 
@@ -9,6 +9,13 @@ from .targets import get_target
 
 AUTO, VENDOR, GEMM = "auto", "vendor", "gemm"
 _targets: dict[str, str] = {}
+
+
+def operand_kind(x) -> str | None:
+    """"numpy" or "torch" for an array or tensor of those libraries (by its type's module, so
+    torch is not imported to ask), else None."""
+    mod = type(x).__module__.split(".")[0]
+    return mod if mod in ("numpy", "torch") else None
 
 
 def target_for(device: str) -> str:

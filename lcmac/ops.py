@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 from .artifact.build import resolve_algorithm
 from .call_args import AUTO, GEMM, VENDOR, check_algo, define_op, target_for  # noqa: F401 (ops.* names)
+from .call_args import operand_kind as _kind
 from .artifact.bundle import backend_kind
 from .artifact.cache import cached_build
 from .costmodel import model_dtype, select
@@ -87,11 +88,6 @@ _failed: dict[tuple, str] = {}
 
 
 # ---- operands ---------------------------------------------------------------------------------
-def _kind(x) -> str | None:
-    mod = type(x).__module__.split(".")[0]
-    return mod if mod in ("numpy", "torch") else None
-
-
 def _dtype_name(x, what: str) -> str:
     """The element type's name; complex and unknown types are refused here."""
     if _kind(x) == "numpy":

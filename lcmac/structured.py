@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .batched import bmm
+from .call_args import operand_kind
 from .errors import DTypeError, ShapeError
 
 __all__ = ["lowrank_matmul", "lowrank_order", "bsr_matmul"]
@@ -33,7 +34,7 @@ def lowrank_order(M: int, K: int, N: int, r: int) -> str:
 
 
 def _is_torch(x) -> bool:
-    return type(x).__module__.split(".")[0] == "torch"
+    return operand_kind(x) == "torch"
 
 
 def _t(x):
