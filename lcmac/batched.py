@@ -28,19 +28,16 @@ import threading
 
 import numpy as np
 
-from .artifact.cache import cached_build
 from .errors import DTypeError, LcmacError, ShapeError, TargetError
 from .ir import get as get_algorithm
 from .ir.executor import run_unfused
-from .call_args import check_algo, define_op, operand_kind, target_for
-from .runtime.loader import load
+from .call_args import LOADED, check_algo, define_op, operand_kind, target_for
 
 __all__ = ["bmm", "register", "BMM_SCHEMA"]
 
 BMM_SCHEMA = '(Tensor A, Tensor B, str algo="auto") -> Tensor'
 _CUDA_DTYPES = ("bfloat16", "float16", "float32")
 _lock = threading.Lock()
-_kernels: dict[tuple, object] = {}
 
 
 def _kind(x) -> str:
@@ -72,14 +69,10 @@ def _dtype(x) -> str:
 def batched_kernel(target: str, dtype: str, shape, config: dict | None = None) -> object:
     """lcmac's batched kernel for products of (M, N, K) = ``shape``, from the kernel cache;
     ``config``: template options over the defaults (``schedules.cuda.config``)."""
-    extra = dict(config or {})
-    key = (target, dtype, tuple(int(d) for d in shape), tuple(sorted(extra.items())))
-    with _lock:
-        fn = _kernels.get(key)
-        if fn is None:
-            hit = cached_build("gemm", target, dtype, key[2], config={"batched": True, **extra})
-            fn = _kernels[key] = load(hit.manifest)
-    return fn
+    cfg = {"batched": True, **(config or {})}
+    shape = tuple(int(d) for d in shape)
+    return LOADED.get(("gemm", target, dtype, shape, tuple(sorted(cfg.items()))),
+                      ("gemm", target, dtype, shape), {"config": cfg})
 
 
 def _reference(A, B, algo: str):

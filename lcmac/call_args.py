@@ -1,10 +1,15 @@
 """The arguments every lcmac product call shares: the ``algo`` names and the target of a
-device; what kind an operand is; and how its torch ops are defined.  (Their own module so that ``lcmac.ops`` and ``lcmac.batched`` both use them
+device; what kind an operand is; the kernels loaded in this process; and how its torch ops
+are defined.  (Their own module so that ``lcmac.ops`` and ``lcmac.batched`` both use them
 without importing each other.)"""
 from __future__ import annotations
 
+import threading
+
 from .artifact.build import resolve_algorithm
+from .artifact.cache import cached_build
 from .errors import CatalogueError, TargetError
+from .runtime.loader import load
 from .targets import get_target
 
 AUTO, VENDOR, GEMM = "auto", "vendor", "gemm"
@@ -48,3 +53,40 @@ def define_op(name: str, impl, schema: str, fake, backward, setup_context):
     op.register_fake(fake)
     op.register_autograd(backward, setup_context=setup_context)
     return op
+
+
+class LoadedKernels:
+    """This process's loaded kernels by key: each loaded (compiled on a cache miss) once,
+    whatever the threads asking; a lock per key, so different kernels build at the same
+    time."""
+
+    def __init__(self):
+        self._table: dict[tuple, object] = {}
+        self._locks: dict[tuple, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def __contains__(self, key) -> bool:
+        return key in self._table
+
+    def get(self, key: tuple, build_args: tuple, build_kwargs: dict | None = None):
+        """The kernel of ``key``: from the table, else ``lcmac.load`` of
+        ``cached_build(*build_args, **build_kwargs)`` (the kernel cache, compiled there on a
+        miss, once whatever the processes asking)."""
+        fn = self._table.get(key)
+        if fn is not None:
+            return fn
+        with self._lock:
+            klock = self._locks.setdefault(key, threading.Lock())
+        with klock:
+            fn = self._table.get(key)
+            if fn is None:
+                fn = self._table[key] = load(cached_build(*build_args, **(build_kwargs or {})).manifest)
+        return fn
+
+    def clear(self) -> None:
+        with self._lock:
+            self._table.clear()
+
+
+#: the kernels lcmac.matmul and lcmac.bmm have loaded (``lcmac.ops.release_kernels`` drops them)
+LOADED = LoadedKernels()

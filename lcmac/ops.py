@@ -50,15 +50,13 @@ from dataclasses import dataclass
 
 from .artifact.build import resolve_algorithm
 from .call_args import AUTO, GEMM, VENDOR, check_algo, define_op, target_for  # noqa: F401 (ops.* names)
-from .call_args import operand_kind as _kind
+from .call_args import LOADED, operand_kind as _kind
 from .artifact.bundle import backend_kind
-from .artifact.cache import cached_build
 from .costmodel import model_dtype, select
 from .costmodel.decision import check_error_budget, with_errors
 from .dispatch import AutoMatmul
 from .dtypes import normalize_dtype
 from .errors import DTypeError, LcmacError, ShapeError, TargetError
-from .runtime.loader import load
 from .runtime.tiled import empty, run_rows
 from .shape_rules import JIT_ROWS, row_pieces
 from .targets import get_target
@@ -82,8 +80,7 @@ MAX_PREPARED = 8
 _lock = threading.RLock()     # re-entrant: a weakref callback (mark_static) may fire under it
 _autos: dict[tuple, AutoMatmul] = {}
 _plans: dict[tuple, "MatmulPlan"] = {}
-_kernels: dict[tuple, object] = {}
-_kernel_locks: dict[tuple, threading.Lock] = {}
+_kernels = LOADED             # shared with lcmac.bmm's batched kernels
 _failed: dict[tuple, str] = {}
 
 
@@ -307,21 +304,13 @@ def kernel(algo: str, target: str, dtype: str, shape):
     else from the kernel cache (``lcmac.artifact.cache.cached_build``: compiled there on a
     miss, once whatever the threads and processes asking)."""
     key = (algo, target, dtype, tuple(int(d) for d in shape))
-    fn = _kernels.get(key)
-    if fn is not None:
-        return fn
-    with _lock:
-        klock = _kernel_locks.setdefault(key, threading.Lock())
-    with klock:
-        fn = _kernels.get(key)
-        if fn is None:
-            fn = _kernels[key] = load(cached_build(*key).manifest)
-    return fn
+    return _kernels.get(key, key)
 
 
 def release_kernels() -> None:
-    """Drop this process's loaded kernels and prepared weights (their GPU workspaces go with
-    the last reference); the next call at a shape loads its kernel from the cache again."""
+    """Drop this process's loaded kernels (lcmac.bmm's too) and prepared weights (their GPU
+    workspaces go with the last reference); the next call at a shape loads its kernel from the
+    cache again."""
     with _lock:
         _kernels.clear()
         _transposed.clear()
