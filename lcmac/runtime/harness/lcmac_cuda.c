@@ -344,6 +344,23 @@ static int check_cuda_call(lcmac_handle* h, const char* who, int64_t M, int64_t 
   return LCMAC_OK;
 }
 
+/* A, B (named `bname`) and C of na, nb and nc bytes: each a device buffer of h's device
+ * (check_device_buffer), and C overlapping neither. */
+static int check_operands(lcmac_handle* h, const char* who, const void* A, size_t na,
+                          const void* B, size_t nb, const char* bname, void* C, size_t nc) {
+  int rc;
+  if ((rc = check_device_buffer(h, who, "A", A, na)) ||
+      (rc = check_device_buffer(h, who, bname, B, nb)) ||
+      (rc = check_device_buffer(h, who, "C", C, nc)))
+    return rc;
+  if (overlaps(C, nc, A, na) || overlaps(C, nc, B, nb)) {
+    snprintf(h->err, sizeof h->err, "%s: C overlaps %s in memory", who,
+             overlaps(C, nc, A, na) ? "A" : bname);
+    return LCMAC_EINVAL;
+  }
+  return LCMAC_OK;
+}
+
 /* the library's failure as the handle's message */
 static int cuda_failed(lcmac_handle* h, const char* who, int rc) {
   snprintf(h->err, sizeof h->err, "%s: the kernel launch failed (%d): %s", who, rc,
@@ -383,18 +400,10 @@ static int cuda_matmul(lcmac_handle* h, const char* who, int prepared, const voi
     size_t na = (size_t)M * K * sz, nc = (size_t)M * N * sz;
     size_t nb = prepared ? (size_t)h->cu_prepared_bytes : (size_t)K * N * sz;
     if (!(rc = check_cuda_call(h, who, M, N, K, dtype, workspace, workspace_bytes, stream)) &&
-        !(rc = check_device_buffer(h, who, "A", A, na)) &&
-        !(rc = check_device_buffer(h, who, bname, B, nb)) &&
-        !(rc = check_device_buffer(h, who, "C", C, nc))) {
-      if (overlaps(C, nc, A, na) || overlaps(C, nc, B, nb)) {
-        snprintf(h->err, sizeof h->err, "%s: C overlaps %s in memory", who,
-                 overlaps(C, nc, A, na) ? "A" : bname);
-        rc = LCMAC_EINVAL;
-      } else {
-        void* ws = workspace ? workspace : (void*)(uintptr_t)h->cu_ws;
-        int r = (prepared ? h->cu_run_prepared : h->cu_run)(A, B, C, ws, (void*)stream);
-        rc = r ? cuda_failed(h, who, r) : LCMAC_OK;
-      }
+        !(rc = check_operands(h, who, A, na, B, nb, bname, C, nc))) {
+      void* ws = workspace ? workspace : (void*)(uintptr_t)h->cu_ws;
+      int r = (prepared ? h->cu_run_prepared : h->cu_run)(A, B, C, ws, (void*)stream);
+      rc = r ? cuda_failed(h, who, r) : LCMAC_OK;
     }
     cu_leave();
   }
@@ -441,17 +450,9 @@ int lcmac_cuda_bmm(lcmac_handle* h, const void* A, const void* B, void* C, int64
     size_t na = (size_t)batch * M * K * sz, nb = (size_t)batch * K * N * sz;
     size_t nc = (size_t)batch * M * N * sz;
     if (!(rc = check_cuda_call(h, who, M, N, K, dtype, NULL, 0, stream)) && batch > 0 &&
-        !(rc = check_device_buffer(h, who, "A", A, na)) &&
-        !(rc = check_device_buffer(h, who, "B", B, nb)) &&
-        !(rc = check_device_buffer(h, who, "C", C, nc))) {
-      if (overlaps(C, nc, A, na) || overlaps(C, nc, B, nb)) {
-        snprintf(h->err, sizeof h->err, "%s: C overlaps %s in memory", who,
-                 overlaps(C, nc, A, na) ? "A" : "B");
-        rc = LCMAC_EINVAL;
-      } else {
-        int r = h->cu_run_batched(A, B, C, (long long)batch, NULL, (void*)stream);
-        rc = r ? cuda_failed(h, who, r) : LCMAC_OK;
-      }
+        !(rc = check_operands(h, who, A, na, B, nb, "B", C, nc))) {
+      int r = h->cu_run_batched(A, B, C, (long long)batch, NULL, (void*)stream);
+      rc = r ? cuda_failed(h, who, r) : LCMAC_OK;
     }
     cu_leave();
   }
