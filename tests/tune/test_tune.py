@@ -717,7 +717,7 @@ def test_gpu_rounds_interleaves_the_variants(monkeypatch):
 
 def test_run_header_names_the_command_as_run():
     from lcmac.tune import measure
-    h = measure.run_header("what", "dev", "/x/scripts/bench_thing.py", ["--sizes", "64", "--out", "o.json"])
+    h = measure.run_header("what", "dev", "/x/scripts/bench_batched.py", ["--sizes", "64", "--out", "o.json"])
     assert list(h) == ["benchmark", "device", "date", "command"]
-    assert h["command"] == "python scripts/bench_thing.py --sizes 64 --out o.json"
+    assert h["command"] == "python scripts/bench_batched.py --sizes 64 --out o.json"
     assert h["benchmark"] == "what" and h["device"] == "dev" and len(h["date"]) == 10
