@@ -1,0 +1,225 @@
+"""C = A·B for operands in host memory, larger than one GPU's, on the GPUs of a process group:
+``lcmac.distributed.host_matmul``.
+
+C is cut into square tiles dealt to the ranks (``lcmac.costmodel.distributed.plan_tiles``);
+each rank computes its tiles on its GPU, K in chunks:
+
+    host thread   stage A[rows, chunk], B[chunk, cols] into pinned buffer i%2
+    copy stream   pinned → GPU buffer i%2 (asynchronous: the buffers are page-locked)
+    compute       P = local(A_chunk, B_chunk); acc += P      (acc float32; float64 for float64)
+    last chunk    the tile rounded, copied back on a third stream, written into ``out`` by a
+                  second host thread
+
+Item i+1 is staged and copied while item i multiplies (two buffers of each kind; events say
+when a buffer is free again).  A and B need not be pinned: the staging buffers are, and a
+staging copy is also what cuts a tile's strided rows out of A and B.  Each chunk's product is
+rounded to the operands' dtype before it is accumulated (one rounding per chunk, as a K-split
+GEMM has).
+
+Every rank passes the same A and B (their values: each rank reads only its tiles' rows and
+columns) and the same ``out``; with more than one rank ``out`` must be shared memory
+(``torch.Tensor.share_memory_()`` or ``torch.from_file(..., shared=True)``), which every rank
+writes its tiles into; the call returns after a barrier, when all of C is there.
+
+On a CPU group (gloo) the same tiles are computed on the CPU, one after another: the path CI
+runs, to test the tiling and the dealing.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from .costmodel.coexec import DEFAULT_LINK_BW
+from .costmodel.distributed import TilePlan, plan_tiles
+from .costmodel.profiles import get_profile
+from .errors import DTypeError, LcmacError, ShapeError, TargetError
+from .runtime.loader import host_cpus
+
+DTYPES = ("bfloat16", "float16", "float32", "float64")
+#: the share of the GPU's free memory a plan may use (the rest: the local GEMM's workspace,
+#: the caching allocator's slack)
+MEMORY_SHARE = 0.7
+
+
+def _check(A, B, out, size):
+    import torch
+    for nm, X in (("A", A), ("B", B), ("out", out)):
+        if not isinstance(X, torch.Tensor):
+            raise LcmacError(f"{nm} must be a torch tensor, got {type(X).__name__}")
+        if X.device.type != "cpu":
+            raise TargetError(f"host_matmul takes host tensors; {nm} is on {X.device} "
+                              "(operands on the GPUs: lcmac.distributed.matmul)")
+        if X.dim() != 2:
+            raise ShapeError(f"{nm} must be 2-D, got shape {tuple(X.shape)}")
+    M, K = A.shape
+    if B.shape[0] != K or tuple(out.shape) != (M, B.shape[1]):
+        raise ShapeError(f"A {M}x{K}, B {B.shape[0]}x{B.shape[1]} and out "
+                         f"{out.shape[0]}x{out.shape[1]} do not make C = A·B")
+    if not (A.dtype == B.dtype == out.dtype):
+        raise DTypeError(f"A, B and out must have one dtype; got {A.dtype}, {B.dtype}, {out.dtype}")
+    if str(A.dtype).replace("torch.", "") not in DTYPES:
+        raise DTypeError(f"host_matmul takes {', '.join(DTYPES)}, not {A.dtype}")
+    if size > 1 and not out.is_shared():
+        raise LcmacError("with several ranks, out must be in shared memory so that every rank's "
+                         "tiles land in one C: torch.from_file(path, shared=True, ...) or "
+                         "out.share_memory_()")
+
+
+def _local(local: str):
+    import torch
+    if local == "vendor":
+        return torch.matmul
+    from .ops import matmul as lcmac_matmul
+    return lambda a, b: lcmac_matmul(a, b, algo=local)
+
+
+def _flat(buf, rows, cols):
+    """A contiguous rows×cols view of the front of a preallocated buffer."""
+    return buf.view(-1)[:rows * cols].view(rows, cols)
+
+
+def _run_cpu(A, B, out, tiles, chunk, mm):
+    import torch
+    acc_dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
+    K = A.shape[1]
+    for r0, r1, c0, c1 in tiles:
+        acc = None
+        for k0 in range(0, K, chunk):
+            k1 = min(K, k0 + chunk)
+            P = mm(A[r0:r1, k0:k1].contiguous(), B[k0:k1, c0:c1].contiguous())
+            acc = P.to(acc_dtype) if acc is None else acc.add_(P)
+        out[r0:r1, c0:c1].copy_(acc)
+
+
+def _run_gpu(A, B, out, tiles, plan: TilePlan, mm, device, threads: int):
+    """The pipeline of the module doc for this rank's tiles; each host thread copies with
+    ``threads`` of torch's CPU threads (torch's setting is per thread, and torchrun starts
+    every rank with one)."""
+    import torch
+    dtype, K, T, kc = A.dtype, A.shape[1], plan.tile, plan.chunk
+    acc_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    items = [(t, k0) for t in range(len(tiles)) for k0 in range(0, K, kc)]
+    if not items:
+        return
+    pin = lambda n: torch.empty(n, dtype=dtype, pin_memory=True)
+    a_pin, b_pin = [pin(T * kc) for _ in range(2)], [pin(kc * T) for _ in range(2)]
+    o_pin = [pin(T * T) for _ in range(2)]
+    a_dev = [torch.empty(T * kc, dtype=dtype, device=device) for _ in range(2)]
+    b_dev = [torch.empty(kc * T, dtype=dtype, device=device) for _ in range(2)]
+    c_dev = [torch.empty(T * T, dtype=dtype, device=device) for _ in range(2)]
+    acc = torch.empty(T * T, dtype=acc_dtype, device=device)
+    compute = torch.cuda.current_stream(device)
+    copy_in, copy_out = torch.cuda.Stream(device), torch.cuda.Stream(device)
+    h2d_done, used = [None, None], [None, None]        # per slot: events of the last item
+    out_done = [None, None]                            # per slot: the host write of its tile
+    d2h_done = [None, None]                            # per slot: c_dev's copy back
+
+    def shape(i):
+        t, k0 = items[i]
+        r0, r1, c0, c1 = tiles[t]
+        return r0, r1, c0, c1, k0, min(K, k0 + kc)
+
+    def stage(i, wait_for):
+        r0, r1, c0, c1, k0, k1 = shape(i)
+        if wait_for is not None:
+            wait_for.synchronize()                      # buffer i%2's last copy has left it
+        _flat(a_pin[i % 2], r1 - r0, k1 - k0).copy_(A[r0:r1, k0:k1])
+        _flat(b_pin[i % 2], k1 - k0, c1 - c0).copy_(B[k0:k1, c0:c1])
+
+    def write(slot, ev, r0, r1, c0, c1):
+        ev.synchronize()
+        out[r0:r1, c0:c1].copy_(_flat(o_pin[slot], r1 - r0, c1 - c0))
+
+    pool = lambda: ThreadPoolExecutor(1, initializer=torch.set_num_threads, initargs=(threads,))
+    with pool() as stager, pool() as writer:
+        staged = [stager.submit(stage, i, None) for i in range(min(2, len(items)))]
+        for i in range(len(items)):
+            s = i % 2
+            r0, r1, c0, c1, k0, k1 = shape(i)
+            staged[i].result()
+            a = _flat(a_dev[s], r1 - r0, k1 - k0)
+            b = _flat(b_dev[s], k1 - k0, c1 - c0)
+            with torch.cuda.stream(copy_in):
+                if used[s] is not None:
+                    copy_in.wait_event(used[s])        # the GPU buffers' last product is done
+                a.copy_(_flat(a_pin[s], r1 - r0, k1 - k0), non_blocking=True)
+                b.copy_(_flat(b_pin[s], k1 - k0, c1 - c0), non_blocking=True)
+                h2d_done[s] = copy_in.record_event()
+            if i + 2 < len(items):
+                staged.append(stager.submit(stage, i + 2, h2d_done[s]))
+            compute.wait_event(h2d_done[s])
+            P = mm(a, b)
+            tile_acc = _flat(acc, r1 - r0, c1 - c0)
+            last = k1 == K
+            if k0 == 0 and last:
+                result = P
+            elif k0 == 0:
+                tile_acc.copy_(P)
+            else:
+                tile_acc.add_(P)
+            used[s] = compute.record_event()
+            if last:
+                t = items[i][0] % 2
+                if k0 > 0:
+                    result = tile_acc
+                c = _flat(c_dev[t], r1 - r0, c1 - c0)
+                if d2h_done[t] is not None:
+                    compute.wait_event(d2h_done[t])     # c_dev[t]'s last tile has left it
+                c.copy_(result)
+                if out_done[t] is not None:
+                    out_done[t].result()                # o_pin[t]'s last tile is written out
+                copy_out.wait_event(compute.record_event())
+                with torch.cuda.stream(copy_out):
+                    _flat(o_pin[t], r1 - r0, c1 - c0).copy_(c, non_blocking=True)
+                    ev = d2h_done[t] = copy_out.record_event()
+                out_done[t] = writer.submit(write, t, ev, r0, r1, c0, c1)
+        for f in out_done:
+            if f is not None:
+                f.result()
+
+
+def host_matmul(A, B, out, *, group=None, local: str = "vendor", tile: int | None = None,
+                chunk: int | None = None, host_bw: float = DEFAULT_LINK_BW,
+                return_plan: bool = False):
+    """C = A·B into ``out`` for host tensors (module doc); every rank of ``group`` calls it
+    with the same arguments.  ``local``: each chunk's product ("vendor": torch.matmul, or an
+    lcmac algorithm for ``lcmac.matmul``); ``tile``/``chunk``: fix the plan's sides."""
+    import torch
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        size, rank, backend = dist.get_world_size(group), dist.get_rank(group), dist.get_backend(group)
+    else:
+        size, rank, backend = 1, 0, "none"
+    _check(A, B, out, size)
+    if local != "vendor":
+        from .artifact.build import resolve_algorithm
+        resolve_algorithm(local)
+    on_gpu = backend == "nccl" or (size == 1 and torch.cuda.is_available())
+    M, K = A.shape
+    N = B.shape[1]
+    dtype = str(A.dtype).replace("torch.", "")
+    from .artifact.build import resolve_target
+    if on_gpu:
+        device = torch.device("cuda", torch.cuda.current_device())
+        free, _total = torch.cuda.mem_get_info(device)
+        budget = int(free * MEMORY_SHARE)
+        profile = get_profile(resolve_target("cuda").profile)
+    else:
+        device, budget = torch.device("cpu"), 1 << 62
+        profile = get_profile(resolve_target(None).profile)
+    plan = plan_tiles(M, N, K, size, dtype, profile, budget, host_bw=host_bw, tile=tile, chunk=chunk)
+    mm = _local(local)
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    with torch.no_grad():
+        if on_gpu:
+            _run_gpu(A, B, out, plan.tiles[rank], plan, mm, device,
+                     max(1, host_cpus() // local_ranks - 2))
+            torch.cuda.synchronize(device)
+        else:
+            _run_cpu(A, B, out, plan.tiles[rank], plan.chunk, mm)
+    if size > 1:
+        if backend == "nccl":
+            dist.barrier(group=group, device_ids=[device.index])
+        else:
+            dist.barrier(group=group)
+    return (out, plan) if return_plan else out
