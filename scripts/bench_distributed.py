@@ -248,6 +248,32 @@ def _plot(rows, path):
     fig.savefig(path, dpi=120)
 
 
+def _report(rows, dev, args, argv, final: bool):
+    """Weak-scaling efficiencies, the JSON and plot (after every part: a run cut short keeps
+    what it measured), and the table at the end."""
+    from lcmac.tune.measure import run_header
+    base = [r for r in rows if r["part"] == "weak" and r["variant"] == "torch.matmul"]
+    one = min(base, key=lambda r: r["n"]) if base else None
+    for r in rows:
+        if r["part"] == "weak" and one:
+            r["efficiency_vs_1gpu_torch"] = r["tflops"] / (r["gpus"] * one["tflops"])
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        doc = {**run_header("distributed", dev, __file__, argv), "dtype": args.dtype, "rows": rows}
+        with open(os.path.join(args.out, "distributed.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+        _plot(rows, os.path.join(args.out, "distributed.png"))
+    if not final:
+        return
+    print(f"{'part':6} {'n':>6} {'gpus':>4} {'variant':24} {'ms':>9} {'spread':>6} {'TFLOP/s':>8} "
+          f"{'vs 1 GPU':>8} {'vs plain':>8} {'sust.':>6} {'rel err':>8}")
+    for r in rows:
+        print(f"{r['part']:6} {r['n']:6d} {r['gpus']:4d} {r['variant']:24} {r['ms']:9.1f} "
+              f"{r['spread']:6.1%} {r['tflops']:8.1f} {r.get('vs_torch_1gpu') or 0:8.3f} "
+              f"{r.get('vs_plain_distributed') or 0:8.3f} {r.get('sustained_vs_torch_1gpu') or 0:6.3f} "
+              f"{r['rel_err']:8.2e}", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -268,8 +294,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
     import torch.distributed as dist
-
-    from lcmac.tune.measure import run_header
     if "RANK" not in os.environ:
         print("bench_distributed: launch with torchrun --nproc-per-node N (one process per GPU)",
               file=sys.stderr)
@@ -285,39 +309,22 @@ def main(argv=None) -> int:
         groups[1] = dist.new_group([0])
     dtype = getattr(torch, args.dtype)
     rows = []
+    dev = f"{world}x {torch.cuda.get_device_name(0)}"
+    save = lambda final: _report(rows, dev, args, argv, final) if rank == 0 else None
     for n in args.sizes:
         rows += [dict(r, part="strong") for r in _resident(n, groups, args, dtype, rank, world, n)]
         torch.cuda.empty_cache()
-        if rank == 0:
-            print(json.dumps(rows[-1]), flush=True)
+        save(False)
     if args.weak:
         for p in args.ranks:
             n = int(round(args.weak * p ** (1 / 3) / 1024)) * 1024
             sub = argparse.Namespace(**{**vars(args), "ranks": [p]})
             rows += [dict(r, part="weak") for r in _resident(n, groups, sub, dtype, rank, world, n)
                      if r["gpus"] == p or r["variant"] == "torch.matmul"]
+        save(False)
     for n in args.host:
         rows += [dict(r, part="host") for r in _host(n, groups, args, dtype, rank)]
-    if rank == 0:
-        base = {r["gpus"]: r for r in rows if r["part"] == "weak" and r["variant"] == "torch.matmul"}
-        one = min(base.values(), key=lambda r: r["n"]) if base else None
-        for r in rows:
-            if r["part"] == "weak" and one:
-                r["efficiency_vs_1gpu_torch"] = r["tflops"] / (r["gpus"] * one["tflops"])
-        dev = f"{world}x {torch.cuda.get_device_name(0)}"
-        doc = {**run_header("distributed", dev, __file__, argv), "dtype": args.dtype, "rows": rows}
-        print(f"{'part':6} {'n':>6} {'gpus':>4} {'variant':24} {'ms':>9} {'spread':>6} {'TFLOP/s':>8} "
-              f"{'vs 1 GPU':>8} {'vs plain':>8} {'sust.':>6} {'rel err':>8}")
-        for r in rows:
-            print(f"{r['part']:6} {r['n']:6d} {r['gpus']:4d} {r['variant']:24} {r['ms']:9.1f} "
-                  f"{r['spread']:6.1%} {r['tflops']:8.1f} {r.get('vs_torch_1gpu') or 0:8.3f} "
-                  f"{r.get('vs_plain_distributed') or 0:8.3f} {r.get('sustained_vs_torch_1gpu') or 0:6.3f} "
-                  f"{r['rel_err']:8.2e}")
-        if args.out:
-            os.makedirs(args.out, exist_ok=True)
-            with open(os.path.join(args.out, "distributed.json"), "w") as f:
-                json.dump(doc, f, indent=1)
-            _plot(rows, os.path.join(args.out, "distributed.png"))
+    save(True)
     dist.barrier()
     dist.destroy_process_group()
     return 0
