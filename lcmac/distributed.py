@@ -416,7 +416,7 @@ def _padded(X, rows, cols):
     return out
 
 
-def matmul(A, B, *, algo: str = "strassen", group=None, src: int | None = None,
+def matmul(A, B, *, algo: str = "gemm", group=None, src: int | None = None,
            dst: int | None = None, local: str = "vendor", strategy: str = "auto",
            return_plan: bool = False):
     """C = A·B with ``algo``'s products spread over the ranks of ``group`` (module doc).

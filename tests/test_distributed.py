@@ -201,3 +201,17 @@ def test_without_a_process_group_the_error_says_what_to_do():
         pytest.skip("a process group is initialised in this process")
     with pytest.raises(Exception, match="init_process_group"):
         ld.matmul(torch.ones(4, 4), torch.ones(4, 4))
+
+
+def test_the_torchrun_example_runs_on_cpu_processes():
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", str(_free_port()),
+                          os.path.join(root, "examples", "distributed", "matmul_torchrun.py"),
+                          "--size", "200", "--algo", "winograd", "--backend", "gloo"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "winograd on 2 ranks" in run.stdout and "relative error" in run.stdout

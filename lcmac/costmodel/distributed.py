@@ -25,15 +25,17 @@ smaller: the combined operands of their units (Ã_r rows, B̃_r; src combines th
 blocks those combine from (they combine them).
 
 Time per rank (no overlap assumed between its phases, so the figure is an upper bound):
-receive operands + combines (memory-bound: bytes / bandwidth) + GEMMs (``gemm_estimate`` of
-one unit's shape) + partial sums sent + C assembled (all-gather, or the pieces sent to
-``dst``), each transfer at ``link_bw`` bytes/s per rank.
+receive operands + combines (``combine_bytes``: the bytes the runtime's torch combines move,
+at the profile's bandwidth) + GEMMs (``gemm_estimate`` of one unit's shape) + partial sums
+sent + C assembled (all-gather, or the pieces sent to ``dst``), each transfer at ``link_bw``
+bytes/s per rank.
 
-Worked example (Strassen, 32768³ bf16, 2 H100s, operands on both, C on both): slices: each
-rank 7 products of 8192×16384×16384, ``gemm_estimate`` 2·7·8192·16384²/(989 T·0.78·0.99)
-≈ 80.3 ms; combines ≈ 4.7 ms; no partial sums; the all-gather 16384·32768·2 B / 300 GB/s ≈
-3.6 ms: ≈ 88.7 ms against the plain row split's 91.0 + 3.6 ms.  products (S = 2, 7 units
-each) computes the same GEMMs but sends partial sums: slices wins.
+Worked example (Strassen, 32768³ bf16, 2 H100s, A and B on both, C on both): slices: each
+rank 7 GEMMs of 8192×16384×16384 at 5.89 ms (``gemm_estimate``) = 41.2 ms, its combines
+11.0 ms, the all-gather of the other half of C (1 GiB at 300 GB/s) 3.6 ms: 55.8 ms.  products
+(S = 2, 7 units each): the same GEMMs, 4 partial sums moved, 60.9 ms.  The plain GEMM's row
+split: 45.9 + 3.6 = 49.5 ms, which is why the LCMA's products spread with torch combines
+lose (measured on 4 H200s: docs/distributed.md) and the LCMA pays inside each GPU instead.
 """
 from __future__ import annotations
 
@@ -204,6 +206,22 @@ def plan_products(alg, M: int, N: int, K: int, ranks: int, dtype, profile, *,
     return ProductPlan(**{**best.__dict__, "why": why})
 
 
+def combine_bytes(coefs, isz: int, acc: int, out: int) -> int:
+    """Bytes per element moved by ``lcmac.distributed.combine`` for terms with these
+    coefficients (in order) of ``isz``-byte inputs, an ``acc``-byte accumulator and an
+    ``out``-byte result: nothing for one term of 1 (the input itself), one add for two terms
+    led by 1, else an accumulator written, read and written per further term, and cast."""
+    if len(coefs) == 1 and coefs[0] == 1 and isz == out:
+        return 0
+    if len(coefs) == 2 and coefs[0] == 1 and isz == out:
+        return 3 * isz
+    return isz + acc + (len(coefs) - 1) * (isz + 2 * acc) + (acc + out if out != acc else 0)
+
+
+def _coefs(T, r):
+    return [T[r, a, b] for a, b in _support(T, r)]
+
+
 def _plan(alg, M, N, K, P, dtype, profile, link_bw, src, dst, strategy, S) -> ProductPlan:
     d = normalize_model_dtype(dtype)
     isz = ITEMSIZE[d]
@@ -215,7 +233,7 @@ def _plan(alg, M, N, K, P, dtype, profile, link_bw, src, dst, strategy, S) -> Pr
     pieces_of = {(r, s): [(i, j, s) for i, j in _support(alg.W, r)] for r in range(R) for s in range(S)}
     bw = profile.achievable_bw()
     piece_s = h * nb * acc / link_bw
-    b_combine_s = lambda r: (len(_support(alg.V, r)) + 1) * kb * nb * isz / bw if len(_support(alg.V, r)) > 1 else 0.0
+    b_combine_s = lambda r: combine_bytes(_coefs(alg.V, r), isz, acc, isz) * kb * nb / bw
     ranks = _deal(R, S, P, strategy)
     if strategy == "products" and P > 1:
         ranks = _reduce_traffic(ranks, pieces_of, kb * nb * isz / bw, piece_s)
@@ -230,12 +248,21 @@ def _plan(alg, M, N, K, P, dtype, profile, link_bw, src, dst, strategy, S) -> Pr
         in_pieces = sum(1 for q, qs in enumerate(ranks) if q != p
                         for pc in {pc for u in qs for pc in pieces_of[u]} if owner[pc] == p)
         for r, s in us:
-            a_terms = len(_support(alg.U, r))
-            if a_terms > 1:
-                t += (a_terms + 1) * h * kb * isz / bw
-            t += len(pieces_of[(r, s)]) * h * nb * isz / bw       # H read once per W term
-        # each piece written once (partials in the accumulation dtype), received ones read
-        t += ((len(mine) - out_pieces) * isz + (out_pieces + in_pieces) * acc) * h * nb / bw
+            t += combine_bytes(_coefs(alg.U, r), isz, acc, isz) * h * kb / bw
+        # each piece summed once from its terms (in the order the runtime sums them): the
+        # rank's own, then those received; sent ones stay in the accumulation dtype
+        terms: dict = {}
+        for r, s in sorted(us):
+            for i, j in _support(alg.W, r):
+                terms.setdefault((i, j, s), []).append(alg.W[r, i, j])
+        received = {pc: sum(1 for q, qs in enumerate(ranks) if q != p and
+                            any(pc in pieces_of[u] for u in qs)) if owner[pc] == p else 0
+                    for pc in terms}
+        for pc, cs in terms.items():
+            if owner[pc] == p:
+                t += combine_bytes(cs + [1] * received[pc], isz, acc, isz) * h * nb / bw
+            else:
+                t += combine_bytes(cs, isz, acc, acc) * h * nb / bw
         sent += out_pieces
         t += max(out_pieces, in_pieces) * piece_s
         a_comb = len(us)
