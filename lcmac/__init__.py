@@ -4,8 +4,8 @@ import importlib
 from .errors import LcmacError
 from .version import __version__
 
-# lcmac.nn, lcmac.ops and lcmac.optimize are public too, left out of __all__ because they
-# import torch (``from lcmac import *`` stays free of it)
+# lcmac.nn, lcmac.ops, lcmac.optimize and lcmac.distributed are public too, left out of
+# __all__ because they import torch (``from lcmac import *`` stays free of it)
 __all__ = ["__version__", "LcmacError", "auto", "build", "load", "matmul", "bmm"]
 
 #: public name → (module, attribute); None: the module itself
@@ -20,6 +20,7 @@ _LAZY = {
     "nn": (".nn", None),
     "gf2_matmul": (".bits", "gf2_matmul"),
     "boolean_matmul": (".bits", "boolean_matmul"),
+    "distributed": (".distributed", None),
 }
 
 

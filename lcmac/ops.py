@@ -113,13 +113,16 @@ def supported_dtypes(target: str) -> tuple:
     return ok
 
 
-def _check_dtype(name: str, target: str, what: str = "the operands") -> str:
+def _check_dtype(name: str, target: str, what: str = "the operands", vendor: bool = False) -> str:
+    """lcmac's name of the dtype ``name`` when ``target``'s kernels take it; with ``vendor``
+    (the vendor GEMM may run the call) also any dtype lcmac names, which the caller then
+    gives to the vendor GEMM."""
     ok = supported_dtypes(target)
     try:
         d = normalize_dtype(name)
     except DTypeError:
         d = None
-    if d not in ok:
+    if d not in ok and not (vendor and d in DTYPES):
         raise DTypeError(f"lcmac.matmul takes {', '.join(ok)} on {target}; {what} have dtype {name}")
     return d
 
@@ -133,10 +136,13 @@ class _Operands:
     M: int               # the rows flattened
     N: int
     K: int
+    kernels: bool = True  # False: the target's kernels do not take the dtype (the vendor GEMM runs)
 
 
-def check_operands(A, B, *, contiguous: bool = True) -> _Operands:
-    """Check A (…×M×K) and B (K×N) for lcmac.matmul; errors name the problem."""
+def check_operands(A, B, *, contiguous: bool = True, vendor: bool = False) -> _Operands:
+    """Check A (…×M×K) and B (K×N) for lcmac.matmul; errors name the problem.  ``vendor``:
+    the call may run the vendor GEMM ("auto", "vendor"), so a dtype the target's kernels do not
+    take (bfloat16 on a CPU without AVX-512 BF16, say) is accepted, marked ``kernels=False``."""
     ka, kb = _kind(A), _kind(B)
     for what, x, k in (("A", A, ka), ("B", B, kb)):
         if k is None:
@@ -158,7 +164,7 @@ def check_operands(A, B, *, contiguous: bool = True) -> _Operands:
     if ka == "torch" and A.device != B.device:
         raise TargetError(f"A is on {A.device} and B on {B.device}; move both to one device")
     target = target_for(dev_a)
-    dtype = _check_dtype(da, target)
+    dtype = _check_dtype(da, target, vendor=vendor)
     if contiguous:
         for what, x in (("A", A), ("B", B)):
             if not _contiguous(x):
@@ -169,7 +175,7 @@ def check_operands(A, B, *, contiguous: bool = True) -> _Operands:
     M = 1
     for d in rows:
         M *= d
-    return _Operands(ka, dtype, target, rows, M, N, K)
+    return _Operands(ka, dtype, target, rows, M, N, K, dtype in supported_dtypes(target))
 
 
 def _contiguous(x) -> bool:
@@ -501,10 +507,10 @@ def compute(A, B, algo: str = AUTO, max_error=None, out=None):
     key = _call_key(A, B, algo, max_error) if out is None else None
     if key is not None and key in _vendor_calls:
         return vendor_matmul(A, B)
-    o = check_operands(A, B)
+    o = check_operands(A, B, vendor=algo in (AUTO, VENDOR))
     if out is not None:
         _check_out(out, A, o)
-    if algo != VENDOR and 0 not in (o.M, o.N, o.K):
+    if algo != VENDOR and o.kernels and 0 not in (o.M, o.N, o.K):
         p = plan(o.M, o.N, o.K, o.dtype, algo=algo, max_error=max_error, target=o.target)
         if p.runs != VENDOR:
             return _run_lcmac(p, A, B, out, o, max_error)
@@ -562,7 +568,7 @@ def _torch_matmul(A, B, algo, max_error, out):
         # eager, nothing to differentiate: the op's dispatch (its autograd and compiler
         # wrappers, tens of microseconds a call) would add nothing; compute checks the operands
         return compute(A, B, algo, max_error)
-    check_operands(A, B)
+    check_operands(A, B, vendor=algo in (AUTO, VENDOR))
     return torch.ops.lcmac.matmul(A, B, algo, max_error)
 
 

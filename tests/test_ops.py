@@ -205,7 +205,7 @@ def test_bad_inputs_name_the_problem():
         ((A.astype(np.int64), B.astype(np.int64)), {}, DTypeError, "int64"),
         ((At.to(torch.complex64), Bt.to(torch.complex64)), {}, DTypeError, "complex"),
         ((A.astype(np.complex128), B.astype(np.complex128)), {}, DTypeError, "complex"),
-        ((At.half(), Bt.half()), {}, DTypeError, "float16"),
+        ((At.half(), Bt.half()), {"algo": "strassen"}, DTypeError, "float16"),
         ((A, B.astype(np.float64)), {}, DTypeError, "one dtype"),
         ((A, Bt), {}, DTypeError, "numpy arrays or both torch tensors"),
         (([[1.0]], B), {}, DTypeError, "numpy array or a torch tensor"),
@@ -227,6 +227,18 @@ def test_bad_inputs_name_the_problem():
             lcmac.matmul(*args, **kw)
     with pytest.raises(LcmacError, match="records no gradient"):
         lcmac.matmul(At.requires_grad_(), Bt, out=torch.empty(4, 3))
+
+
+def test_auto_runs_the_vendor_gemm_for_a_dtype_the_kernels_do_not_take():
+    """float16 on a CPU (no lcmac kernel takes it): "auto" and "vendor" give torch.matmul's
+    product, through the op too (autograd); a forced algorithm refuses (above)."""
+    A, B = _ab(6, 5, 7)
+    At, Bt = torch.from_numpy(A).half(), torch.from_numpy(B).half()
+    for algo in ("auto", "vendor"):
+        assert torch.equal(lcmac.matmul(At, Bt, algo=algo), At @ Bt)
+    Ag = At.clone().requires_grad_()
+    lcmac.matmul(Ag, Bt).float().sum().backward()
+    assert Ag.grad is not None and Ag.grad.dtype == torch.float16
 
 
 def test_kernel_keys_name_the_bucket_kernels_a_product_runs():

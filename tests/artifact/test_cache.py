@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 import lcmac
+from lcmac.targets import host_target
 from lcmac import version
 from lcmac.artifact import build as build_mod
 from lcmac.artifact import cache
 from lcmac.cli import main
 from lcmac.errors import ArtifactError
 
-CPU = "x86_64-avx512"
+CPU = host_target().name       # kernels are built and run here
 SHAPE = (32, 24, 40)                 # M, N, K: no dimension a multiple of the others
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -124,7 +125,8 @@ def test_key_changes_with_what_the_kernel_depends_on(monkeypatch):
     assert key("strassen", CPU, "float32", SHAPE, levels=2) != base
     assert key("gemm", CPU, "float32", SHAPE) != base
     assert cache.cache_key("gemm", CPU, "float32", SHAPE)[1]["algorithm"] == "gemm"
-    assert key("strassen", "x86_64-avx2", "float32", SHAPE) != base
+    other = "x86_64-avx2" if CPU != "x86_64-avx2" else "x86_64-avx512"
+    assert key("strassen", other, "float32", SHAPE) != base
     assert key("strassen", CPU, "float32", SHAPE, mcpu="sapphirerapids") != base
     monkeypatch.setattr(version, "__version__", "999.0")
     assert key("strassen", CPU, "float32", SHAPE) != base
@@ -151,7 +153,7 @@ CHILD = textwrap.dedent("""
     import json, os, sys, time
     from pathlib import Path
     import lcmac.artifact.build as b
-    go, compiles = Path(sys.argv[1]), sys.argv[2]
+    go, compiles, target = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     real = b.run_worker
     def counting(backend, request):          # every compile this process starts, on disk
         with open(compiles, "a") as f:
@@ -161,7 +163,7 @@ CHILD = textwrap.dedent("""
     from lcmac.artifact.cache import cached_build
     while not go.exists():                   # all three start together
         time.sleep(0.005)
-    hit = cached_build("strassen", "x86_64-avx512", "float32", (32, 24, 40))
+    hit = cached_build("strassen", target, "float32", (32, 24, 40))
     print(json.dumps({"pid": os.getpid(), "manifest": str(hit.manifest),
                       "compiled": hit.compiled}))
 """)
@@ -171,7 +173,7 @@ def test_three_processes_compile_a_new_kernel_once(tmp_path):
     env = dict(os.environ, LCMAC_CACHE_DIR=str(tmp_path / "lcmac"),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     go, compiles = tmp_path / "go", tmp_path / "compiles.txt"
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(go), str(compiles)], env=env,
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(go), str(compiles), CPU], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(3)]
     time.sleep(0.5)
