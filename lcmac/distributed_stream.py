@@ -17,9 +17,13 @@ rounded to the operands' dtype before it is accumulated (one rounding per chunk,
 GEMM has).
 
 Every rank passes the same A and B (their values: each rank reads only its tiles' rows and
-columns) and the same ``out``; with more than one rank ``out`` must be shared memory
-(``torch.Tensor.share_memory_()`` or ``torch.from_file(..., shared=True)``), which every rank
-writes its tiles into; the call returns after a barrier, when all of C is there.
+columns) and an ``out``.  Where every rank's ``out`` is one shared memory
+(``torch.from_file(..., shared=True)``, or a tensor shared before the processes started;
+checked on every call by marks each rank writes and all read), each rank writes its tiles into
+it and the call returns after a barrier.  Otherwise each tile is then broadcast from the rank
+that computed it (through its GPU under NCCL) into every rank's ``out``: all of C crosses to
+every rank, the price of separate memories.  The ranks plan with the least of their GPUs'
+free memory, so that all deal the same tiles.
 
 On a CPU group (gloo) the same tiles are computed on the CPU, one after another: the path CI
 runs, to test the tiling and the dealing.
@@ -59,10 +63,64 @@ def _check(A, B, out, size):
         raise DTypeError(f"A, B and out must have one dtype; got {A.dtype}, {B.dtype}, {out.dtype}")
     if str(A.dtype).replace("torch.", "") not in DTYPES:
         raise DTypeError(f"host_matmul takes {', '.join(DTYPES)}, not {A.dtype}")
-    if size > 1 and not out.is_shared():
-        raise LcmacError("with several ranks, out must be in shared memory so that every rank's "
-                         "tiles land in one C: torch.from_file(path, shared=True, ...) or "
-                         "out.share_memory_()")
+    if not out.is_contiguous():
+        raise ShapeError("out must be contiguous (row-major): pass torch.empty(M, N, ...)")
+
+
+def _collective_device(backend, device):
+    """Where the group's collectives take their tensors: the rank's GPU for NCCL."""
+    import torch
+    return device if backend == "nccl" else torch.device("cpu")
+
+
+def _agree_budget(budget: int, group, backend, device) -> int:
+    """The least of the ranks' GPU budgets: every rank must plan the same tiles."""
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor([budget], dtype=torch.int64, device=_collective_device(backend, device))
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return int(t.item())
+
+
+def _shared_by_all(out, rank, size, group, backend, device) -> bool:
+    """Whether every rank's ``out`` is the same memory: each rank writes its mark into its own
+    element of out's first ``size`` elements, then all read them all (out is overwritten
+    by the product afterwards)."""
+    import torch
+    import torch.distributed as dist
+    flat = out.view(-1)
+    if flat.numel() < size or size > 256:        # marks must be exact small integers
+        return False
+    flat[rank] = rank + 1
+    _barrier(group, backend, device)
+    seen = (flat[:size].to(torch.float64) == torch.arange(1, size + 1, dtype=torch.float64)).all()
+    ok = torch.tensor([int(seen)], dtype=torch.int64, device=_collective_device(backend, device))
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+    return bool(ok.item())
+
+
+def _barrier(group, backend, device):
+    import torch.distributed as dist
+    if backend == "nccl":
+        dist.barrier(group=group, device_ids=[device.index])
+    else:
+        dist.barrier(group=group)
+
+
+def _exchange_tiles(out, plan: TilePlan, group, backend, device):
+    """Every rank's tiles into every rank's ``out`` (when the outs are separate memories): each
+    tile broadcast from the rank that computed it (through its GPU under NCCL)."""
+    import torch.distributed as dist
+    cdev = _collective_device(backend, device)
+    for p, tiles in enumerate(plan.tiles):
+        src = dist.get_global_rank(group, p) if group is not None else p
+        for r0, r1, c0, c1 in tiles:
+            view = out[r0:r1, c0:c1]
+            buf = view.to(cdev).contiguous() if dist.get_rank(group) == p else \
+                view.new_empty(view.shape, device=cdev)
+            dist.broadcast(buf, src=src, group=group)
+            if dist.get_rank(group) != p:
+                view.copy_(buf)
 
 
 def _local(local: str):
@@ -207,6 +265,9 @@ def host_matmul(A, B, out, *, group=None, local: str = "vendor", tile: int | Non
     else:
         device, budget = torch.device("cpu"), 1 << 62
         profile = get_profile(resolve_target(None).profile)
+    if size > 1:
+        budget = _agree_budget(budget, group, backend, device)
+        shared = _shared_by_all(out, rank, size, group, backend, device)
     plan = plan_tiles(M, N, K, size, dtype, profile, budget, host_bw=host_bw, tile=tile, chunk=chunk)
     mm = _local(local)
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -218,8 +279,8 @@ def host_matmul(A, B, out, *, group=None, local: str = "vendor", tile: int | Non
         else:
             _run_cpu(A, B, out, plan.tiles[rank], plan.chunk, mm)
     if size > 1:
-        if backend == "nccl":
-            dist.barrier(group=group, device_ids=[device.index])
-        else:
-            dist.barrier(group=group)
+        _barrier(group, backend, device)
+        if not shared:
+            with torch.no_grad():
+                _exchange_tiles(out, plan, group, backend, device)
     return (out, plan) if return_plan else out

@@ -63,6 +63,10 @@ def _worker(rank, size, port, outdir):
                               dtype=torch.float64).view(300, 260)
         _, tplan = ld.host_matmul(A, B, out, tile=128, chunk=64, return_plan=True)
         results["host"] = out.clone().numpy()
+        # each rank's own out (not shared): the tiles are exchanged, every rank gets all of C
+        mine = torch.full((300, 260), float("nan"), dtype=torch.float64)
+        ld.host_matmul(A, B, mine, tile=128, chunk=64)
+        results["host_private"] = mine.numpy()
         results["host_tiles"] = np.array(len(tplan.tiles[rank]))
         # the ranks disagree: every rank gets the error, none hangs
         try:
@@ -120,12 +124,13 @@ def test_distributed_float32_within_the_error_model(ranks):
         assert rel(res[r]["f32"].astype(np.float64)) < bound, (rel(res[r]["f32"]), bound)
 
 
-def test_host_matmul_fills_one_shared_out(ranks):
+def test_host_matmul_fills_one_shared_out_or_each_rank_s_own(ranks):
     size, res = ranks
     A, B = _int_inputs(300, 260, 200, seed=11)
     ref = (A @ B).numpy()
     for r in range(size):
         np.testing.assert_array_equal(res[r]["host"], ref)
+        np.testing.assert_array_equal(res[r]["host_private"], ref)
     assert sum(int(res[r]["host_tiles"]) for r in range(size)) == 3 * 3
     assert min(int(res[r]["host_tiles"]) for r in range(size)) >= 9 // size
 
