@@ -44,6 +44,7 @@ from .tune.measured_decision import REGIMES, decide_by_measurement
 from .tune.plot import plot_predicted_vs_measured
 from .tune.llm_shapes import llm_cpu_shapes, llm_shapes
 from .cli_cache import add_cache_parser
+from .cli_distributed import add_distribute_parser
 from .cli_output import dump_json, table
 from .version import __version__
 
@@ -719,6 +720,7 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (_add_list, _add_show, _add_verify, _add_select, _add_build, _add_export, _add_tune,
                 add_cache_parser, _add_capi):
         add(sub)
+    add_distribute_parser(sub, shape_arg, SHAPE_HELP, DTYPE_HELP)
     return p
 
 

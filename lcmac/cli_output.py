@@ -6,7 +6,7 @@ import json
 
 JSON_SCHEMAS = {"list": "lcmac-list/1", "show": "lcmac-show/1", "verify": "lcmac-verify/1",
                 "select": "lcmac-select/1", "cache-info": "lcmac-cache-info/1",
-                "cache-list": "lcmac-cache-list/1"}
+                "cache-list": "lcmac-cache-list/1", "distribute": "lcmac-distribute/1"}
 
 
 def dump_json(kind: str, payload: dict) -> None:

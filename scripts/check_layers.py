@@ -42,7 +42,7 @@ LAYER_OF = {
     "lcmac.tune": "tune", "lcmac.dispatch": "app", "lcmac.ops": "app", "lcmac.nn": "app",
     "lcmac.call_args": "app", "lcmac.batched": "app", "lcmac.structured": "app",
     "lcmac.distributed": "app", "lcmac.distributed_stream": "app",
-    "lcmac.cli": "app", "lcmac.__main__": "app",
+    "lcmac.cli": "app", "lcmac.cli_distributed": "app", "lcmac.__main__": "app",
     "lcmac": "app",
 }
 

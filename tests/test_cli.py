@@ -160,3 +160,19 @@ def test_list_alternative_basis_columns(capsys):
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["algorithms"]}
     assert rows["strassen"]["alternative_basis"]["additions"]["core"] == 12
     assert rows["winograd"]["alternative_basis"]["additions"]["basis_changes"] == 3
+
+
+def test_distribute_prints_the_plan_and_the_row_split(capsys):
+    code, out, _ = run(capsys, "distribute", "--shape", "8192x8192x8192", "--ranks", "4",
+                       "--algo", "strassen", "--src", "0", "--dst", "0")
+    assert code == 0 and "row split" in out and "sent A/B" in out
+    code, out, _ = run(capsys, "distribute", "--shape", "4096x4096x4096", "--ranks", "3",
+                       "--algo", "winograd", "--target", "x86_64-avx2", "--dtype", "float32",
+                       "--strategy", "products", "--json")
+    doc = json.loads(out)
+    assert doc["schema"] == "lcmac-distribute/1" and doc["strategy"] == "products"
+    assert doc["link_bytes_per_s"] == 2e9 and len(doc["per_rank"]) == 3
+    assert sum(r["units"] for r in doc["per_rank"]) == 7 * doc["slices"]
+    assert doc["predicted_s"] == max(r["predicted_s"] for r in doc["per_rank"])
+    code, _, err = run(capsys, "distribute", "--shape", "64x64x64", "--ranks", "2", "--dst", "2")
+    assert code == 2 and "--dst must be a rank in 0..1" in err

@@ -163,15 +163,27 @@ H100 = get_profile("h100")
 
 @pytest.mark.parametrize("algo", ["strassen", "winograd", "strassen^2", "laderman"])
 @pytest.mark.parametrize("P", [2, 3, 4, 8])
-def test_plan_covers_every_unit_once_and_balances(algo, P):
+def test_plan_covers_every_unit_once_and_balances_predicted_time(algo, P, monkeypatch):
+    from lcmac.costmodel import distributed as cd
     alg = resolve_algorithm(algo)[0]
-    plan = plan_products(alg, 8192, 8192, 8192, P, "bfloat16", H100, strategy="products")
+    plan = plan_products(alg, 8192, 8192, 8192, P, "bfloat16", H100, strategy="products", slices=2)
     units = [u for us in plan.units for u in us]
     assert sorted(units) == [(r, s) for r in range(alg.R) for s in range(plan.slices)]
-    counts = [len(us) for us in plan.units]
-    assert max(counts) - min(counts) <= 1
     assert set(plan.owner) == {(i, j, s) for i in range(alg.m) for j in range(alg.n)
                                for s in range(plan.slices)}
+    # moving units off the slowest rank never leaves it slower than equal counts did
+    monkeypatch.setattr(cd, "_rebalance", lambda ranks, priced, price: (ranks, priced))
+    equal = plan_products(alg, 8192, 8192, 8192, P, "bfloat16", H100, strategy="products", slices=2)
+    assert max(len(u) for u in equal.units) - min(len(u) for u in equal.units) <= 1
+    assert plan.predicted_s <= equal.predicted_s
+
+
+def test_the_rank_that_sends_the_operands_gets_fewer_units():
+    alg = resolve_algorithm("strassen^2")[0]
+    plan = plan_products(alg, 32768, 32768, 32768, 4, "bfloat16", H100, src=0, strategy="products",
+                         slices=1)
+    counts = [len(u) for u in plan.units]
+    assert counts[0] < min(counts[1:]), counts
 
 
 def test_slices_plan_moves_no_partial_sums_and_swaps_lower_traffic():

@@ -15,9 +15,11 @@ Two shapes of plan, and the model picks the faster:
 * slices  S = P, rank p runs every product of slice p: each rank runs the whole LCMA on its
           rows of A; it touches only its own pieces, so no partial sums move.  Each rank needs
           all of B (combines all R of B̃).
-* products  S ∈ {1, 2, 4, 8}, the R·S units dealt to the ranks in equal numbers, then
-          swapped between ranks while that lowers the partial-sum traffic and the B̃ combines
-          done twice.  Each rank needs only its products' blocks of B: the plan for operands
+* products  S ∈ {1, 2, 4, 8}, the R·S units dealt to the ranks in equal numbers, swapped
+          between ranks while that lowers the partial-sum traffic and the B̃ combines done
+          twice, then moved from the slowest rank to the fastest while the slowest's
+          predicted time falls (``_rebalance``: the rank that sends every operand does fewer
+          products).  Each rank needs only its products' blocks of B: the plan for operands
           held by one rank (``src``), where what is sent counts.
 
 With the operands on one rank (``src``), the others receive, per operand, whichever is
@@ -237,52 +239,78 @@ def _plan(alg, M, N, K, P, dtype, profile, link_bw, src, dst, strategy, S) -> Pr
     ranks = _deal(R, S, P, strategy)
     if strategy == "products" and P > 1:
         ranks = _reduce_traffic(ranks, pieces_of, kb * nb * isz / bw, piece_s)
-    owner = _owners(ranks, pieces_of, m, n, S)
     unit_gemm = gemm_estimate(h, nb, kb, d, profile).time_s
-    rank_s, sent, combined, to_send = [], 0, [], 0
-    for p, us in enumerate(ranks):
-        prods = sorted({r for r, _ in us})
-        t = len(us) * unit_gemm + sum(b_combine_s(r) for r in prods)
-        mine = {pc for u in us for pc in pieces_of[u]}
-        out_pieces = sum(owner[pc] != p for pc in mine)
-        in_pieces = sum(1 for q, qs in enumerate(ranks) if q != p
-                        for pc in {pc for u in qs for pc in pieces_of[u]} if owner[pc] == p)
-        for r, s in us:
-            t += combine_bytes(_coefs(alg.U, r), isz, acc, isz) * h * kb / bw
-        # each piece summed once from its terms (in the order the runtime sums them): the
-        # rank's own, then those received; sent ones stay in the accumulation dtype
-        terms: dict = {}
-        for r, s in sorted(us):
-            for i, j in _support(alg.W, r):
-                terms.setdefault((i, j, s), []).append(alg.W[r, i, j])
-        received = {pc: sum(1 for q, qs in enumerate(ranks) if q != p and
-                            any(pc in pieces_of[u] for u in qs)) if owner[pc] == p else 0
-                    for pc in terms}
-        for pc, cs in terms.items():
-            if owner[pc] == p:
-                t += combine_bytes(cs + [1] * received[pc], isz, acc, isz) * h * nb / bw
-            else:
-                t += combine_bytes(cs, isz, acc, acc) * h * nb / bw
-        sent += out_pieces
-        t += max(out_pieces, in_pieces) * piece_s
-        a_comb = len(us)
-        a_raw = len({(i, l, s) for r, s in us for i, l in _support(alg.U, r)})
-        b_comb, b_raw = len(prods), len({lj for r in prods for lj in _support(alg.V, r)})
-        combined.append((a_comb < a_raw, b_comb < b_raw))
-        if src is not None and p != src:
-            moved = (min(a_comb, a_raw) * h * kb + min(b_comb, b_raw) * kb * nb) * isz
-            to_send += moved
-            t += moved / link_bw
-        rank_s.append(t)
-    if src is not None and P > 1:      # src sends every rank its operands: its link is the bottleneck
-        rank_s[src] += to_send / link_bw
-    piece_bytes = h * nb * isz
-    owned = [sum(o == p for o in owner.values()) for p in range(P)]
-    gather = (sum(owned) - min(owned)) * piece_bytes / link_bw if dst is None else \
-        (sum(owned) - owned[dst]) * piece_bytes / link_bw
-    rank_s = [t + gather for t in rank_s] if P > 1 else rank_s
+
+    def price(ranks):
+        """(owner, seconds per rank, combined-or-raw per rank, partial sums moved)."""
+        owner = _owners(ranks, pieces_of, m, n, S)
+        touched = [{pc for u in us for pc in pieces_of[u]} for us in ranks]
+        rank_s, sent, combined, to_send = [], 0, [], 0
+        for p, us in enumerate(ranks):
+            prods = sorted({r for r, _ in us})
+            t = len(us) * unit_gemm + sum(b_combine_s(r) for r in prods)
+            out_pieces = sum(owner[pc] != p for pc in touched[p])
+            received = {pc: sum(pc in touched[q] for q in range(P) if q != p)
+                        for pc in touched[p] if owner[pc] == p}
+            in_pieces = sum(received.values())
+            for r, s in us:
+                t += combine_bytes(_coefs(alg.U, r), isz, acc, isz) * h * kb / bw
+            # each piece summed once from its terms (in the order the runtime sums them): the
+            # rank's own, then those received; sent ones stay in the accumulation dtype
+            terms: dict = {}
+            for r, s in sorted(us):
+                for i, j in _support(alg.W, r):
+                    terms.setdefault((i, j, s), []).append(alg.W[r, i, j])
+            for pc, cs in terms.items():
+                if owner[pc] == p:
+                    t += combine_bytes(cs + [1] * received[pc], isz, acc, isz) * h * nb / bw
+                else:
+                    t += combine_bytes(cs, isz, acc, acc) * h * nb / bw
+            sent += out_pieces
+            t += max(out_pieces, in_pieces) * piece_s
+            a_comb = len(us)
+            a_raw = len({(i, l, s) for r, s in us for i, l in _support(alg.U, r)})
+            b_comb, b_raw = len(prods), len({lj for r in prods for lj in _support(alg.V, r)})
+            combined.append((a_comb < a_raw, b_comb < b_raw))
+            if src is not None and p != src:
+                moved = (min(a_comb, a_raw) * h * kb + min(b_comb, b_raw) * kb * nb) * isz
+                to_send += moved
+                t += moved / link_bw
+            rank_s.append(t)
+        if src is not None and P > 1:      # src sends every rank its operands: its link is the bottleneck
+            rank_s[src] += to_send / link_bw
+        owned = [sum(o == p for o in owner.values()) for p in range(P)]
+        gather = (sum(owned) - (min(owned) if dst is None else owned[dst])) * h * nb * isz / link_bw
+        return owner, [t + gather for t in rank_s] if P > 1 else rank_s, combined, sent
+
+    priced = price(ranks)
+    if strategy == "products" and P > 1:
+        ranks, priced = _rebalance(ranks, priced, price)
+    owner, rank_s, combined, sent = priced
     return ProductPlan(alg.grid, (Mp, Np, Kp), S, strategy, tuple(tuple(sorted(us)) for us in ranks),
                        owner, tuple(combined), tuple(rank_s), sent, "")
+
+
+def _rebalance(ranks, priced, price, tries: int = 6, rounds: int = 8):
+    """Units moved from the slowest rank to the fastest while that lowers the slowest's
+    predicted time (what equal counts miss: the rank that sends every operand, combines of
+    different sizes); ``tries`` candidate units per move, at most ``rounds`` moves."""
+    for _ in range(rounds):
+        rank_s = priced[1]
+        hi = max(range(len(ranks)), key=lambda p: rank_s[p])
+        lo = min(range(len(ranks)), key=lambda p: rank_s[p])
+        best = None
+        for u in sorted(ranks[hi], key=lambda u: u[0] in {v[0] for v in ranks[lo]}, reverse=True)[:tries]:
+            cand = [list(us) for us in ranks]
+            cand[hi].remove(u)
+            cand[lo].append(u)
+            got = price(cand)
+            if max(got[1]) < max(rank_s) * (1 - 1e-6) and (best is None or max(got[1]) < max(best[1][1])):
+                best = (cand, got)
+        if best is None:
+            break
+        ranks, priced = best
+    return [sorted(us) for us in ranks], priced
 
 
 # ---- operands in host memory: C's tiles streamed ---------------------------------------------
