@@ -425,7 +425,8 @@ def matmul(A, B, *, algo: str = "gemm", group=None, src: int | None = None,
     (of the group) passes them and the others pass ``A=None, B=None``.  Tensors are on the
     rank's GPU for NCCL, on the CPU for gloo.  ``dst``: the rank that receives C (the others
     get None); None: every rank.  ``local``: each product's GEMM ("vendor": torch.matmul, or
-    an lcmac algorithm for ``lcmac.matmul``).  ``strategy``: "auto", "slices" or "products"
+    an lcmac algorithm for ``lcmac.matmul``; "auto": lcmac.matmul's choice per GPU shape, from
+    the tuning logs and the model).  ``strategy``: "auto", "slices" or "products"
     (``lcmac.costmodel.distributed``).  ``algo="gemm"`` is the plain GEMM's row split.
     With ``return_plan``, (C, plan)."""
     torch, dist = _torch()
@@ -435,7 +436,7 @@ def matmul(A, B, *, algo: str = "gemm", group=None, src: int | None = None,
         if v is not None and not (isinstance(v, int) and 0 <= v < size):
             raise LcmacError(f"{nm} must be a rank of the group (0..{size - 1}) or None, got {v!r}")
     resolve_algorithm(algo)
-    if local != "vendor":
+    if local not in ("vendor", "auto"):
         resolve_algorithm(local)
     _check_operands(A, B, rank, src, backend)
     device = _device(backend, A)

@@ -241,7 +241,7 @@ def host_matmul(A, B, out, *, group=None, local: str = "vendor", tile: int | Non
                 return_plan: bool = False):
     """C = A·B into ``out`` for host tensors (module doc); every rank of ``group`` calls it
     with the same arguments.  ``local``: each chunk's product ("vendor": torch.matmul, or an
-    lcmac algorithm for ``lcmac.matmul``); ``tile``/``chunk``: fix the plan's sides."""
+    lcmac algorithm or "auto" for ``lcmac.matmul``); ``tile``/``chunk``: fix the plan's sides."""
     import torch
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
@@ -249,7 +249,7 @@ def host_matmul(A, B, out, *, group=None, local: str = "vendor", tile: int | Non
     else:
         size, rank, backend = 1, 0, "none"
     _check(A, B, out, size)
-    if local != "vendor":
+    if local not in ("vendor", "auto"):
         from .artifact.build import resolve_algorithm
         resolve_algorithm(local)
     on_gpu = backend == "nccl" or (size == 1 and torch.cuda.is_available())

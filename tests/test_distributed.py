@@ -57,6 +57,9 @@ def _worker(rank, size, port, outdir):
         g = torch.Generator().manual_seed(7)
         A, B = torch.randn(96, 80, generator=g), torch.randn(80, 64, generator=g)
         results["f32"] = ld.matmul(A, B, algo="strassen^2", strategy="products").numpy()
+        # each rank's products by lcmac.matmul's own choice (this small shape: the vendor GEMM)
+        A, B = _int_inputs(40, 24, 56, seed=21)
+        results["local_auto"] = ld.matmul(A, B, algo="strassen", local="auto").numpy()
         # host operands, C's tiles dealt to the ranks, written into one shared out
         A, B = _int_inputs(300, 260, 200, seed=11)
         out = torch.from_file(os.path.join(outdir, "C.bin"), shared=True, size=300 * 260,
@@ -149,6 +152,13 @@ def test_host_matmul_one_process_and_its_errors():
         ld.host_matmul(A, B.float(), out)
     with pytest.raises(Exception, match="takes bfloat16"):
         ld.host_matmul(A.int(), B.int(), out.int())
+
+
+def test_local_auto_gives_the_exact_product(ranks):
+    size, res = ranks
+    A, B = _int_inputs(40, 24, 56, seed=21)
+    for r in range(size):
+        np.testing.assert_array_equal(res[r]["local_auto"], (A @ B).numpy())
 
 
 def test_ranks_that_disagree_get_an_error(ranks):
