@@ -100,6 +100,9 @@ def _check_operands(A, B, rank, src, backend):
         raise DTypeError(f"lcmac.distributed takes {', '.join(DTYPES)}, not {A.dtype}")
     if A.device != B.device:
         raise TargetError(f"A is on {A.device} and B on {B.device}: give both on one device")
+    if torch.is_grad_enabled() and (A.requires_grad or B.requires_grad):
+        raise LcmacError("lcmac.distributed.matmul records no gradient and A or B requires grad: "
+                         "call it under torch.no_grad() or pass detached tensors")
     want = "cuda" if backend == "nccl" else "cpu"
     if A.device.type != want:
         raise TargetError(f"the group's backend is {backend}, which moves {want} tensors; A and B "

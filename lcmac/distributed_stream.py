@@ -63,6 +63,9 @@ def _check(A, B, out, size):
         raise DTypeError(f"A, B and out must have one dtype; got {A.dtype}, {B.dtype}, {out.dtype}")
     if str(A.dtype).replace("torch.", "") not in DTYPES:
         raise DTypeError(f"host_matmul takes {', '.join(DTYPES)}, not {A.dtype}")
+    if torch.is_grad_enabled() and (A.requires_grad or B.requires_grad):
+        raise LcmacError("host_matmul records no gradient and A or B requires grad: call it under "
+                         "torch.no_grad() or pass detached tensors")
     if not out.is_contiguous():
         raise ShapeError("out must be contiguous (row-major): pass torch.empty(M, N, ...)")
 

@@ -71,6 +71,12 @@ def _worker(rank, size, port, outdir):
         ld.host_matmul(A, B, mine, tile=128, chunk=64)
         results["host_private"] = mine.numpy()
         results["host_tiles"] = np.array(len(tplan.tiles[rank]))
+        # operands that want a gradient: refused on every rank (no silent loss of grad_fn)
+        try:
+            ld.matmul(torch.ones(4, 4, requires_grad=True), torch.ones(4, 4))
+            results["grad"] = "no error"
+        except Exception as e:          # noqa: BLE001 - the message is what is tested
+            results["grad"] = str(e)
         # the ranks disagree: every rank gets the error, none hangs
         try:
             ld.matmul(torch.ones(8, 8 + rank), torch.ones(8 + rank, 8), algo="strassen")
@@ -152,6 +158,8 @@ def test_host_matmul_one_process_and_its_errors():
         ld.host_matmul(A, B.float(), out)
     with pytest.raises(Exception, match="takes bfloat16"):
         ld.host_matmul(A.int(), B.int(), out.int())
+    with pytest.raises(Exception, match="records no gradient"):
+        ld.host_matmul(A.requires_grad_(), B, out)
 
 
 def test_local_auto_gives_the_exact_product(ranks):
@@ -161,8 +169,10 @@ def test_local_auto_gives_the_exact_product(ranks):
         np.testing.assert_array_equal(res[r]["local_auto"], (A @ B).numpy())
 
 
-def test_ranks_that_disagree_get_an_error(ranks):
+def test_bad_calls_get_an_error_on_every_rank(ranks):
     size, res = ranks
+    for r in range(size):
+        assert "records no gradient" in str(res[r]["grad"]), res[r]["grad"]
     for r in range(size):
         assert "differently" in str(res[r]["disagree"]), res[r]["disagree"]
 
