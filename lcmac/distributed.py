@@ -31,10 +31,9 @@ from dataclasses import dataclass
 from .artifact.build import resolve_algorithm
 from .costmodel.distributed import GLOO_BW, NVLINK_BW, ProductPlan, plan_products
 from .costmodel.profiles import get_profile
+from .distributed_stream import DTYPES, acc_dtype, local_matmul, refuse_gradients
 from .distributed_stream import host_matmul  # noqa: F401  (lcmac.distributed.host_matmul)
 from .errors import DTypeError, LcmacError, ShapeError, TargetError
-
-DTYPES = ("bfloat16", "float16", "float32", "float64")
 
 
 def _torch():
@@ -100,9 +99,7 @@ def _check_operands(A, B, rank, src, backend):
         raise DTypeError(f"lcmac.distributed takes {', '.join(DTYPES)}, not {A.dtype}")
     if A.device != B.device:
         raise TargetError(f"A is on {A.device} and B on {B.device}: give both on one device")
-    if torch.is_grad_enabled() and (A.requires_grad or B.requires_grad):
-        raise LcmacError("lcmac.distributed.matmul records no gradient and A or B requires grad: "
-                         "call it under torch.no_grad() or pass detached tensors")
+    refuse_gradients("lcmac.distributed.matmul", A, B)
     want = "cuda" if backend == "nccl" else "cpu"
     if A.device.type != want:
         raise TargetError(f"the group's backend is {backend}, which moves {want} tensors; A and B "
@@ -174,11 +171,6 @@ def combine(terms, acc_dtype, out_dtype, out=None):
     return acc if acc.dtype == out_dtype else acc.to(out_dtype)
 
 
-def _acc_dtype(dtype):
-    torch, _ = _torch()
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 class _Operands:
     """The blocks of A and B one rank reads: its own (views of the padded operands) or what
     src sent it (combined operands or raw blocks)."""
@@ -210,7 +202,7 @@ class _Operands:
         U = self.alg.U
         terms = [(U[r, i, l], self.a_block(i, l, s)) for i in range(U.shape[1])
                  for l in range(U.shape[2]) if U[r, i, l] != 0]
-        return combine(terms, _acc_dtype(dtype), dtype)
+        return combine(terms, acc_dtype(dtype), dtype)
 
     def b_tilde(self, r, dtype):
         if r in self.b_comb:
@@ -218,7 +210,7 @@ class _Operands:
         V = self.alg.V
         terms = [(V[r, l, j], self.b_block(l, j)) for l in range(V.shape[1])
                  for j in range(V.shape[2]) if V[r, l, j] != 0]
-        return combine(terms, _acc_dtype(dtype), dtype)
+        return combine(terms, acc_dtype(dtype), dtype)
 
 
 def _needs(alg, plan: ProductPlan, rank: int):
@@ -277,14 +269,6 @@ def _scatter_operands(alg, plan, ops_src: _Operands, rank, src, group, dtype, de
     _p2p(sends + recvs)
 
 
-def _local_matmul(local: str):
-    if local == "vendor":
-        torch, _ = _torch()
-        return lambda a, b, out=None: torch.matmul(a, b, out=out)
-    from .ops import matmul as lcmac_matmul
-    return lambda a, b, out=None: lcmac_matmul(a.contiguous(), b.contiguous(), algo=local, out=out)
-
-
 def _row_split(alg, plan) -> bool:
     """The plain GEMM's plan: rank p computes C's rows p, whole (no sums, no copies)."""
     return alg.grid == (1, 1, 1) and plan.slices == plan.ranks and \
@@ -294,7 +278,7 @@ def _row_split(alg, plan) -> bool:
 def _products(alg, plan, ops: _Operands, rank, dtype, local, C):
     """Phase 3: H of each of this rank's units, B̃_r combined once per product; the plain
     GEMM's rows go straight into C where this rank receives C."""
-    mm = _local_matmul(local)
+    mm = local_matmul(local)
     H, bt = {}, {}
     for r, s in plan.units[rank]:
         if r not in bt:
@@ -315,7 +299,7 @@ def _partials(alg, plan, H, rank, dtype, group, device, shape, C):
     """Phase 4: this rank's sums per piece, sent to their owners; the owned pieces summed
     (into C's piece where this rank receives C)."""
     torch, dist = _torch()
-    acc = _acc_dtype(dtype)
+    acc = acc_dtype(dtype)
     W = alg.W
     mine: dict = {}
     for (r, s), Hr in H.items():
@@ -324,12 +308,9 @@ def _partials(alg, plan, H, rank, dtype, group, device, shape, C):
                 if W[r, i, j] != 0:
                     mine.setdefault((i, j, s), []).append((W[r, i, j], Hr))
     touchers: dict = {}
-    for p, units in enumerate(plan.units):
-        for r, s in units:
-            for i in range(alg.m):
-                for j in range(alg.n):
-                    if W[r, i, j] != 0:
-                        touchers.setdefault((i, j, s), set()).add(p)
+    for p, pcs in enumerate(plan.touched):
+        for pc in pcs:
+            touchers.setdefault(pc, set()).add(p)
     g = lambda r: dist.get_global_rank(group, r)
     pieces, ops, received = {}, [], {}
 

@@ -39,6 +39,7 @@ from .costmodel.profiles import get_profile
 from .errors import DTypeError, LcmacError, ShapeError, TargetError
 from .runtime.loader import host_cpus
 
+#: what lcmac.distributed's two calls take
 DTYPES = ("bfloat16", "float16", "float32", "float64")
 #: the share of the GPU's free memory a plan may use (the rest: the local GEMM's workspace,
 #: the caching allocator's slack)
@@ -63,9 +64,7 @@ def _check(A, B, out, size):
         raise DTypeError(f"A, B and out must have one dtype; got {A.dtype}, {B.dtype}, {out.dtype}")
     if str(A.dtype).replace("torch.", "") not in DTYPES:
         raise DTypeError(f"host_matmul takes {', '.join(DTYPES)}, not {A.dtype}")
-    if torch.is_grad_enabled() and (A.requires_grad or B.requires_grad):
-        raise LcmacError("host_matmul records no gradient and A or B requires grad: call it under "
-                         "torch.no_grad() or pass detached tensors")
+    refuse_gradients("host_matmul", A, B)
     if not out.is_contiguous():
         raise ShapeError("out must be contiguous (row-major): pass torch.empty(M, N, ...)")
 
@@ -126,12 +125,30 @@ def _exchange_tiles(out, plan: TilePlan, group, backend, device):
                 view.copy_(buf)
 
 
-def _local(local: str):
+def refuse_gradients(what: str, A, B) -> None:
+    """Neither call records a gradient: operands that want one are an error, not a result
+    without its grad_fn."""
+    import torch
+    if torch.is_grad_enabled() and (A.requires_grad or B.requires_grad):
+        raise LcmacError(f"{what} records no gradient and A or B requires grad: call it under "
+                         "torch.no_grad() or pass detached tensors")
+
+
+def acc_dtype(dtype):
+    """What sums of products of ``dtype`` accumulate in: float64 for float64, else float32."""
+    import torch
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def local_matmul(local: str):
+    """``mm(a, b, out=None)`` for one rank's own products: torch.matmul ("vendor"), or
+    ``lcmac.matmul`` with ``local`` as its algo ("auto" or an algorithm; it takes contiguous
+    operands, so views are copied)."""
     import torch
     if local == "vendor":
-        return torch.matmul
+        return lambda a, b, out=None: torch.matmul(a, b, out=out)
     from .ops import matmul as lcmac_matmul
-    return lambda a, b: lcmac_matmul(a, b, algo=local)
+    return lambda a, b, out=None: lcmac_matmul(a.contiguous(), b.contiguous(), algo=local, out=out)
 
 
 def _flat(buf, rows, cols):
@@ -140,15 +157,13 @@ def _flat(buf, rows, cols):
 
 
 def _run_cpu(A, B, out, tiles, chunk, mm):
-    import torch
-    acc_dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
     K = A.shape[1]
     for r0, r1, c0, c1 in tiles:
         acc = None
         for k0 in range(0, K, chunk):
             k1 = min(K, k0 + chunk)
             P = mm(A[r0:r1, k0:k1].contiguous(), B[k0:k1, c0:c1].contiguous())
-            acc = P.to(acc_dtype) if acc is None else acc.add_(P)
+            acc = P.to(acc_dtype(A.dtype)) if acc is None else acc.add_(P)
         out[r0:r1, c0:c1].copy_(acc)
 
 
@@ -158,7 +173,6 @@ def _run_gpu(A, B, out, tiles, plan: TilePlan, mm, device, threads: int):
     every rank with one)."""
     import torch
     dtype, K, T, kc = A.dtype, A.shape[1], plan.tile, plan.chunk
-    acc_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     items = [(t, k0) for t in range(len(tiles)) for k0 in range(0, K, kc)]
     if not items:
         return
@@ -168,7 +182,7 @@ def _run_gpu(A, B, out, tiles, plan: TilePlan, mm, device, threads: int):
     a_dev = [torch.empty(T * kc, dtype=dtype, device=device) for _ in range(2)]
     b_dev = [torch.empty(kc * T, dtype=dtype, device=device) for _ in range(2)]
     c_dev = [torch.empty(T * T, dtype=dtype, device=device) for _ in range(2)]
-    acc = torch.empty(T * T, dtype=acc_dtype, device=device)
+    acc = torch.empty(T * T, dtype=acc_dtype(dtype), device=device)
     compute = torch.cuda.current_stream(device)
     copy_in, copy_out = torch.cuda.Stream(device), torch.cuda.Stream(device)
     h2d_done, used = [None, None], [None, None]        # per slot: events of the last item
@@ -272,7 +286,7 @@ def host_matmul(A, B, out, *, group=None, local: str = "vendor", tile: int | Non
         budget = _agree_budget(budget, group, backend, device)
         shared = _shared_by_all(out, rank, size, group, backend, device)
     plan = plan_tiles(M, N, K, size, dtype, profile, budget, host_bw=host_bw, tile=tile, chunk=chunk)
-    mm = _local(local)
+    mm = local_matmul(local)
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     with torch.no_grad():
         if on_gpu:

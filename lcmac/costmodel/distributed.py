@@ -68,6 +68,7 @@ class ProductPlan:
     send_combined: tuple[tuple[bool, bool], ...]     # per rank (A, B): combined from src?
     rank_s: tuple[float, ...]            # predicted seconds per rank, assembly included
     partial_pieces: int                  # partial sums that cross ranks
+    touched: tuple[frozenset, ...]       # per rank: the pieces its units add into
     why: str
 
     @property
@@ -242,7 +243,8 @@ def _plan(alg, M, N, K, P, dtype, profile, link_bw, src, dst, strategy, S) -> Pr
     unit_gemm = gemm_estimate(h, nb, kb, d, profile).time_s
 
     def price(ranks):
-        """(owner, seconds per rank, combined-or-raw per rank, partial sums moved)."""
+        """(owner, seconds per rank, combined-or-raw per rank, partial sums moved, pieces
+        touched per rank)."""
         owner = _owners(ranks, pieces_of, m, n, S)
         touched = [{pc for u in us for pc in pieces_of[u]} for us in ranks]
         rank_s, sent, combined, to_send = [], 0, [], 0
@@ -281,14 +283,15 @@ def _plan(alg, M, N, K, P, dtype, profile, link_bw, src, dst, strategy, S) -> Pr
             rank_s[src] += to_send / link_bw
         owned = [sum(o == p for o in owner.values()) for p in range(P)]
         gather = (sum(owned) - (min(owned) if dst is None else owned[dst])) * h * nb * isz / link_bw
-        return owner, [t + gather for t in rank_s] if P > 1 else rank_s, combined, sent
+        return owner, [t + gather for t in rank_s] if P > 1 else rank_s, combined, sent, touched
 
     priced = price(ranks)
     if strategy == "products" and P > 1:
         ranks, priced = _rebalance(ranks, priced, price)
-    owner, rank_s, combined, sent = priced
+    owner, rank_s, combined, sent, touched = priced
     return ProductPlan(alg.grid, (Mp, Np, Kp), S, strategy, tuple(tuple(sorted(us)) for us in ranks),
-                       owner, tuple(combined), tuple(rank_s), sent, "")
+                       owner, tuple(combined), tuple(rank_s), sent,
+                       tuple(frozenset(t) for t in touched), "")
 
 
 def _rebalance(ranks, priced, price, tries: int = 6, rounds: int = 8):
