@@ -14,6 +14,7 @@ The layers, lowest first (a module may import its own layer and any lower one):
     costmodel  analytic time and accuracy models, the decision
     schedules  per-target templates and their configs
     targets    the target table, host facts, compiler workers
+    bits       bit-matrix products (GF(2), Boolean), which compile and load their own kernels
     artifact   build, manifest, tuning log
     runtime    loaders (no compiler)
     tune       the tuner and the measured decision
@@ -31,7 +32,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-LAYERS = ["base", "ir", "bits", "costmodel", "schedules", "targets", "artifact", "runtime", "tune", "app"]
+LAYERS = ["base", "ir", "costmodel", "schedules", "targets", "bits", "artifact", "runtime", "tune", "app"]
 
 #: module (or package prefix) → layer; the longest matching prefix wins
 LAYER_OF = {

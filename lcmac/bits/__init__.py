@@ -1,4 +1,5 @@
-"""Bit matrices: products over GF(2) and over the Boolean semiring, on the CPU.
+"""Bit matrices: products over GF(2) and over the Boolean semiring, on the CPU and on an
+NVIDIA GPU.
 
     C = gf2_matmul(A, B)                  # A·B modulo 2
     C = gf2_matmul(A, B, algo="winograd", levels=1)    # an LCMA over GF(2) above the kernel
@@ -8,22 +9,21 @@ Operands are 2-D numpy arrays of 0 and 1 (bool or an integer dtype; the result i
 ``np.uint8`` array of 0 and 1) or ``PackedBits`` (the result is ``PackedBits``): the packed
 layout is described in ``lcmac.bits.packing``.  The kernel is the Method of Four Russians:
 compiled for this CPU where apache-tvm is installed (``lcmac.bits.native``), else in numpy
-(``lcmac.bits.products``); the LCMA recursion over GF(2) is ``lcmac.bits.lcma``.
+(``lcmac.bits.products``); the LCMA recursion over GF(2) is ``lcmac.bits.lcma``.  Torch CUDA tensors (or ``CudaBits``)
+run on their GPU: ``lcmac.bits.cuda``, with ``kernel`` one of ``"auto"``, ``"mma"`` (the 1-bit
+tensor-core MMA) or ``"bitwise"`` (the CUDA cores).
 """
 from __future__ import annotations
 
 from ..errors import DTypeError, ShapeError
 from .counting import boolean_by_counts
-from .lcma import XorReport, gf2_scheme, lcma_product
+from .lcma import AUTO_SCHEME, XorReport, gf2_scheme, lcma_product
 from .native import base_product, choose_kernel
 from .packing import PackedBits, check_bit_form, pack, unpack
 from .products import KernelCount
 
 __all__ = ["gf2_matmul", "boolean_matmul", "PackedBits", "pack", "unpack", "XorReport",
            "AUTO_SCHEME"]
-
-#: the scheme ``algo="auto"`` recurses with, where ``auto_levels`` finds room for a level
-AUTO_SCHEME = "winograd"
 
 
 def _operands(A, B) -> tuple[PackedBits, PackedBits, bool]:
@@ -56,6 +56,31 @@ def _kernel_product(A: PackedBits, B: PackedBits, semiring: str, kernel,
                       A.nrows, B.ncols)
 
 
+def _on_gpu(A, B) -> bool:
+    """Whether the operands are for the GPU path (``lcmac.bits.cuda``): a torch CUDA tensor or
+    ``CudaBits`` on either side (the other is then checked to be one too)."""
+    def gpu(x):
+        return type(x).__name__ == "CudaBits" or (type(x).__module__.startswith("torch")
+                                                  and getattr(x, "is_cuda", False))
+    if gpu(A) or gpu(B):
+        return True
+    for x, what in ((A, "A"), (B, "B")):
+        if type(x).__module__.startswith("torch"):
+            raise DTypeError(f"{what} is a torch tensor on {x.device}: bit products run on "
+                             f"numpy arrays or PackedBits (CPU) or on CUDA tensors (GPU); pass "
+                             f"{what}.numpy() for the CPU")
+    return False
+
+
+def _gpu_kernel(kernel: str | None) -> str:
+    from .cuda import KERNELS
+    kernel = "auto" if kernel is None else kernel
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel={kernel!r} is not a GPU bit kernel: choose one of "
+                         f"{', '.join(KERNELS)} for CUDA tensors")
+    return kernel
+
+
 def gf2_matmul(A, B, *, algo="auto", levels: int | None = None, return_report: bool = False,
                kernel: str | None = None):
     """C = A·B over GF(2) (AND for products, XOR for sums).
@@ -68,7 +93,12 @@ def gf2_matmul(A, B, *, algo="auto", levels: int | None = None, return_report: b
     ``"auto"``: ``AUTO_SCHEME`` with those levels, which is the kernel alone below twice the
     threshold.  ``kernel``: ``"auto"`` (default, or ``$LCMAC_BITS_KERNEL``), ``"native"`` or
     ``"numpy"``: see ``lcmac.bits.native``.  With ``return_report`` the result comes with an
-    ``XorReport`` of the XORs done."""
+    ``XorReport`` of the XORs done.  CUDA tensors and ``CudaBits`` run on their GPU, where
+    ``kernel`` is ``"auto"``, ``"mma"`` or ``"bitwise"`` (``lcmac.bits.cuda``)."""
+    if _on_gpu(A, B):
+        from .cuda import gf2_product
+        return gf2_product(A, B, algo=algo, levels=levels, kernel=_gpu_kernel(kernel),
+                           return_report=return_report)
     A, B, packed = _operands(A, B)
     if isinstance(algo, str) and algo == "m4r":
         if levels not in (None, 0):
@@ -90,7 +120,14 @@ def boolean_matmul(A, B, *, algo: str = "m4r", kernel: str | None = None):
     Four Russians kernel with OR tables (``kernel`` as for ``gf2_matmul``); a catalogue name
     (``"strassen"``) or an ``Algorithm``: the integer product by that LCMA, exact, compared
     with zero (``lcmac.bits.counting``; the Boolean semiring has no subtraction, so no LCMA
-    runs over it directly)."""
+    runs over it directly).  CUDA tensors and ``CudaBits`` run on their GPU with the kernel
+    alone (``algo="m4r"``; ``kernel``: ``"auto"``, ``"mma"`` or ``"bitwise"``)."""
+    if _on_gpu(A, B):
+        if algo != "m4r":
+            raise ValueError(f"boolean_matmul on a GPU runs the kernel alone (algo='m4r'), "
+                             f"not {algo!r}: the counting path runs on the CPU")
+        from .cuda import boolean_product
+        return boolean_product(A, B, kernel=_gpu_kernel(kernel))
     A, B, packed = _operands(A, B)
     if isinstance(algo, str) and algo == "m4r":
         return _result(_kernel_product(A, B, "boolean", kernel), packed)

@@ -44,6 +44,7 @@ from .packing import WORD_BITS, PackedBits
 from .products import KernelCount
 
 __all__ = ["XorProgram", "GF2Scheme", "XorReport", "gf2_scheme", "auto_levels", "lcma_product",
+           "plan", "recurse", "check_levels", "padded", "AUTO_SCHEME",
            "BASE_BITS", "NATIVE_BASE_BITS", "MAX_LEVELS", "ALTERNATIVE_BASIS_SUFFIX"]
 
 #: recurse while every dimension of the base-case products stays at least this many bits.
@@ -57,6 +58,8 @@ BASE_BITS = 4096
 #: than the 1/8 of the kernel's time it saves: on the same VM one level above 8192² base
 #: cases gained 15 % at 16384², one above 4096² lost 6 % at 8192² (docs/bits.md)
 NATIVE_BASE_BITS = 8192
+#: the scheme ``algo="auto"`` recurses with, where ``auto_levels`` finds room for a level
+AUTO_SCHEME = "winograd"
 #: levels beyond this multiply the stacks' memory by (R/(m·k))^L for little gain
 MAX_LEVELS = 6
 #: ``"winograd-ab"``: Winograd's scheme in the alternative basis found by ``search_basis``
@@ -179,6 +182,31 @@ class XorReport:
                 "kernel": self.kernel.kernel}
 
 
+def _new(shape, like):
+    """An uninitialised word array of ``shape`` of the same kind as ``like``: numpy (uint64)
+    on the CPU, torch (int64, the same bits) on a GPU (``lcmac.bits.cuda``)."""
+    if isinstance(like, np.ndarray):
+        return np.empty(shape, np.uint64)
+    return like.new_empty(shape)
+
+
+def _zeros(shape, like):
+    out = _new(shape, like)
+    out[...] = 0
+    return out
+
+
+def _xor(a, b, out=None):
+    if isinstance(a, np.ndarray):
+        return np.bitwise_xor(a, b, out=out)
+    import torch                          # the arrays are torch tensors: torch is imported
+    return torch.bitwise_xor(a, b, out=out) if out is not None else torch.bitwise_xor(a, b)
+
+
+def _count(x) -> int:
+    return int(x.size) if isinstance(x, np.ndarray) else int(x.numel())
+
+
 def _xor_into(dst: np.ndarray | None, xs: list, report: XorReport) -> np.ndarray:
     """dst = XOR of xs (a new array when dst is None); the words touched go into ``report``."""
     if not xs:
@@ -190,12 +218,12 @@ def _xor_into(dst: np.ndarray | None, xs: list, report: XorReport) -> np.ndarray
         if dst is None:
             return xs[0]                 # an alias: nothing to compute
         dst[...] = xs[0]
-        report.copied_words += dst.size
+        report.copied_words += _count(dst)
         return dst
-    dst = np.bitwise_xor(xs[0], xs[1], out=dst)
+    dst = _xor(xs[0], xs[1], dst)
     for x in xs[2:]:
-        np.bitwise_xor(dst, x, out=dst)
-    report.xor_words += (len(xs) - 1) * dst.size
+        _xor(dst, x, dst)
+    report.xor_words += (len(xs) - 1) * _count(dst)
     return dst
 
 
@@ -218,7 +246,7 @@ def _descend(x: np.ndarray, prog: XorProgram, p: int, q: int, report: XorReport,
     nodes, rows, words = x.shape
     rb, wb = rows // p, words // q
     blocks = x.reshape(nodes, p, rb, q, wb)
-    out = np.empty((nodes, prog.n_outputs, rb, wb), np.uint64)
+    out = _new((nodes, prog.n_outputs, rb, wb), x)
     _run(prog, [blocks[:, i, :, j, :] for i in range(p) for j in range(q)],
          [out[:, r] for r in range(out.shape[1])], nodes, report, stage)
     return out.reshape(-1, rb, wb)
@@ -231,7 +259,7 @@ def _ascend(h: np.ndarray, prog: XorProgram, m: int, n: int, report: XorReport) 
     nodes = h.shape[0] // R
     rows, words = h.shape[1:]
     hs = h.reshape(nodes, R, rows, words)
-    out = np.empty((nodes, m * rows, n * words), np.uint64)
+    out = _new((nodes, m * rows, n * words), h)
     blocks = out.reshape(nodes, m, rows, n, words)
     _run(prog, [hs[:, r] for r in range(R)],
          [blocks[:, i, :, j, :] for i in range(m) for j in range(n)], nodes, report, "H")
@@ -247,7 +275,7 @@ def _change_basis(x: np.ndarray, prog: XorProgram, p: int, q: int, levels: int,
         P, Q = p ** lvl, q ** lvl
         rb, wb = rows // (P * p), words // (Q * q)
         src = x.reshape(P, p, rb, Q, q, wb)
-        y = np.empty_like(x)
+        y = _new(x.shape, x)
         dst = y.reshape(P, p, rb, Q, q, wb)
         _run(prog, [src[:, i, :, :, j, :] for i in range(p) for j in range(q)],
              [dst[:, i, :, :, j, :] for i in range(p) for j in range(q)], P * Q, report, stage)
@@ -268,16 +296,55 @@ def auto_levels(scheme: GF2Scheme, shape: tuple[int, int, int], base_bits: int =
     return levels
 
 
-def _padded(x: np.ndarray, rows: int, words: int) -> np.ndarray:
+def padded(x: np.ndarray, rows: int, words: int) -> np.ndarray:
     if x.shape == (rows, words):
         return x
-    out = np.zeros((rows, words), np.uint64)
+    out = _zeros((rows, words), x)
     out[:x.shape[0], :x.shape[1]] = x
     return out
 
 
 def _round_up(x: int, d: int) -> int:
     return -(-x // d) * d
+
+
+def plan(scheme: GF2Scheme, M: int, KW: int, NW: int, levels: int) -> tuple:
+    """(Mp, KWp, NWp, base shape in bits): A's rows and words and B's words padded to whole
+    blocks of ``levels`` levels, and the shape (rows, K bits, N bits) of each base product."""
+    m, k, n = scheme.grid
+    Mp = _round_up(max(M, 1), m ** levels)
+    KWp = _round_up(max(KW, 1), k ** levels)
+    NWp = _round_up(max(NW, 1), n ** levels)
+    return Mp, KWp, NWp, (Mp // m ** levels, KWp * WORD_BITS // k ** levels,
+                          NWp * WORD_BITS // n ** levels)
+
+
+def recurse(a, b, scheme: GF2Scheme, levels: int, report: XorReport, base):
+    """C = A·B over GF(2) on padded word arrays (``plan``'s sizes; numpy uint64 or torch
+    int64 on a GPU): the basis changes, ``levels`` levels down, ``base(a_stack, b_stack)``
+    on the R^levels products at once, and back up."""
+    m, k, n = scheme.grid
+    if scheme.basis and levels:
+        a = _change_basis(a, scheme.basis["A"], m, k, levels, report, "phi")
+        b = _change_basis(b, scheme.basis["B"], k, n, levels, report, "psi")
+    a, b = a[None], b[None]
+    for _ in range(levels):
+        a = _descend(a, scheme.combine["A"], m, k, report, "A")
+        b = _descend(b, scheme.combine["B"], k, n, report, "B")
+    c = base(a, b)
+    del a, b
+    for _ in range(levels):
+        c = _ascend(c, scheme.combine["H"], m, n, report)
+    c = c[0]
+    if scheme.basis and levels:
+        c = _change_basis(c, scheme.basis["C"], m, n, levels, report, "upsilon_inv")
+    return c
+
+
+def check_levels(levels) -> int:
+    if not isinstance(levels, (int, np.integer)) or isinstance(levels, bool) or levels < 0:
+        raise ValueError(f"levels must be a nonnegative integer, got {levels!r}")
+    return int(levels)
 
 
 def lcma_product(A: PackedBits, B: PackedBits, algo="winograd", levels: int | None = None,
@@ -297,32 +364,14 @@ def lcma_product(A: PackedBits, B: PackedBits, algo="winograd", levels: int | No
         base_bits = BASE_BITS if native is None else NATIVE_BASE_BITS
     if levels is None:
         levels = auto_levels(scheme, (M, K, N), base_bits)
-    if not isinstance(levels, (int, np.integer)) or isinstance(levels, bool) or levels < 0:
-        raise ValueError(f"levels must be a nonnegative integer, got {levels!r}")
-    levels = int(levels)
-    m, k, n = scheme.grid
-    Mp = _round_up(max(M, 1), m ** levels)
-    KWp = _round_up(max(A.nwords, 1), k ** levels)
-    NWp = _round_up(max(B.nwords, 1), n ** levels)
-    base = (Mp // m ** levels, KWp * WORD_BITS // k ** levels, NWp * WORD_BITS // n ** levels)
+    levels = check_levels(levels)
+    Mp, KWp, NWp, base = plan(scheme, M, A.nwords, B.nwords, levels)
     report = XorReport(scheme.name, levels, (Mp, KWp * WORD_BITS, NWp * WORD_BITS), base,
                        scheme.R ** levels)
     if M == 0 or N == 0:
         return PackedBits(np.zeros((M, B.nwords), np.uint64), M, N), report
-    a = _padded(A.data, Mp, KWp)
-    b = _padded(B.data, KWp * WORD_BITS if levels else K, NWp)
-    if scheme.basis and levels:
-        a = _change_basis(a, scheme.basis["A"], m, k, levels, report, "phi")
-        b = _change_basis(b, scheme.basis["B"], k, n, levels, report, "psi")
-    a, b = a[None], b[None]
-    for _ in range(levels):
-        a = _descend(a, scheme.combine["A"], m, k, report, "A")
-        b = _descend(b, scheme.combine["B"], k, n, report, "B")
-    c = base_product(a, b, native, semiring="gf2", count=report.kernel)
-    del a, b
-    for _ in range(levels):
-        c = _ascend(c, scheme.combine["H"], m, n, report)
-    c = c[0]
-    if scheme.basis and levels:
-        c = _change_basis(c, scheme.basis["C"], m, n, levels, report, "upsilon_inv")
+    a = padded(A.data, Mp, KWp)
+    b = padded(B.data, KWp * WORD_BITS if levels else K, NWp)
+    c = recurse(a, b, scheme, levels, report,
+                lambda a, b: base_product(a, b, native, semiring="gf2", count=report.kernel))
     return PackedBits(np.ascontiguousarray(c[:M, :B.nwords]), M, N), report

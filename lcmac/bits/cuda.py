@@ -1,0 +1,323 @@
+"""Bit-matrix products on an NVIDIA GPU (compute capability 8.0 or newer): operands are torch
+CUDA tensors, packed on the GPU in the CPU's layout (``lcmac.bits.packing``; words held as
+``torch.int64``, the same 64 bits), multiplied by lcmac's CUDA kernels
+(``lcmac.schedules.cuda_bits``) with an LCMA over GF(2) above them (``lcmac.bits.lcma``'s
+recursion, its XORs done by torch on the GPU).
+
+    C = gf2_matmul(A, B)          # A, B: CUDA tensors of 0/1 (bool or an integer dtype)
+    P = pack(A); Q = pack(B)      # CudaBits: the packed words and the shape
+    R = gf2_matmul(P, Q)          # CudaBits in, CudaBits out
+
+Kernels (``kernel=``): ``"mma"``, the 1-bit tensor-core MMA (AND, then the count); ``"bitwise"``,
+the CUDA cores (one LOP3, ``acc ^= a & b``, per 32 bit products); ``"auto"``: ``AUTO_KERNEL``.
+
+The library is compiled once per machine with nvcc (``lcmac.targets.cuda``) for the GPU's
+architecture and kept in the bit-kernel cache (``lcmac.bits.native_build.cache_dir``: a lock
+per key, built in a scratch directory and renamed into place, checked by sha256 on load), so
+processes that ask for it at once compile it once.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import version as _version
+from ..errors import ArtifactError, DTypeError, LcmacError, ShapeError, TargetError, ToolchainError
+from ..schedules import cuda_bits
+from ..targets import cuda as cuda_target
+from . import native_build
+from .lcma import (AUTO_SCHEME, WORD_BITS, XorReport, check_levels, gf2_scheme, padded, plan,
+                   recurse)
+
+__all__ = ["CudaBits", "pack", "unpack", "is_cuda_tensor", "gf2_product", "boolean_product",
+           "base_product", "transpose", "KERNELS", "AUTO_KERNEL", "BASE_BITS", "library"]
+
+KERNELS = ("auto",) + cuda_bits.KERNELS
+#: the kernel "auto" runs (see docs/bits.md for the measurement that chose it)
+AUTO_KERNEL = "mma"
+#: recurse while every side of the base products stays at least this many bits
+BASE_BITS = 8192
+#: products per kernel launch (the grid's z extent)
+MAX_BATCH = 65535
+KEY_FORMAT = "lcmac-bits-cuda/1"
+
+_lock = threading.Lock()
+_libraries: dict[str, ctypes.CDLL] = {}
+
+
+class CudaBitsError(LcmacError, RuntimeError):
+    """A bit kernel returned an error (the message is the kernel's)."""
+
+
+@dataclass(frozen=True, eq=False)
+class CudaBits:
+    """An ``nrows`` × ``ncols`` bit matrix on a GPU: ``words`` is nrows × ⌈ncols/64⌉
+    ``torch.int64``, contiguous, zero padding bits (the layout of ``PackedBits``)."""
+
+    words: object
+    nrows: int
+    ncols: int
+
+    def __post_init__(self):
+        w = self.words
+        if not is_cuda_tensor(w):
+            raise DTypeError(f"CudaBits.words must be a torch CUDA tensor, got {type(w).__name__}")
+        import torch
+        if w.dtype != torch.int64 or w.dim() != 2 or not w.is_contiguous():
+            raise DTypeError(f"CudaBits.words must be a contiguous 2-D torch.int64 tensor, got "
+                             f"{w.dtype}, {w.dim()}-D")
+        if tuple(w.shape) != (self.nrows, -(-self.ncols // WORD_BITS)):
+            raise ShapeError(f"CudaBits.words has shape {tuple(w.shape)}; {self.nrows} rows of "
+                             f"{self.ncols} bits need {self.nrows}×{-(-self.ncols // WORD_BITS)}")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.nrows, self.ncols)
+
+    @property
+    def nwords(self) -> int:
+        return self.words.shape[1]
+
+    def to_tensor(self):
+        return unpack(self)
+
+    def __repr__(self):
+        return f"CudaBits({self.nrows}×{self.ncols} on {self.words.device})"
+
+
+def is_cuda_tensor(x) -> bool:
+    return type(x).__module__.startswith("torch") and getattr(x, "is_cuda", False)
+
+
+def _check_tensor(t, what: str):
+    import torch
+    if t.dim() != 2:
+        raise ShapeError(f"{what} must be 2-D (a matrix), got shape {tuple(t.shape)}")
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        raise DTypeError(f"{what} has dtype {t.dtype}; bit matrices take bool or an integer "
+                         f"dtype holding 0 and 1")
+    if t.dtype != torch.bool and t.numel() and bool(((t != 0) & (t != 1)).any()):
+        i, j = (((t != 0) & (t != 1)).nonzero()[0]).tolist()
+        raise ValueError(f"{what}[{i}, {j}] = {t[i, j].item()} is not 0 or 1; bit matrices "
+                         f"hold only 0 and 1")
+
+
+def pack(t, what: str = "array") -> CudaBits:
+    """A CUDA tensor of 0 and 1 packed into ``CudaBits`` (8 bits a byte, little-endian, the
+    bytes read as 64-bit words)."""
+    import torch
+    _check_tensor(t, what)
+    rows, cols = t.shape
+    nw = -(-cols // WORD_BITS)
+    bits = torch.zeros((rows, nw * WORD_BITS), dtype=torch.uint8, device=t.device)
+    bits[:, :cols] = t
+    weights = (1 << torch.arange(8, device=t.device, dtype=torch.int32)).to(torch.uint8)
+    packed = (bits.view(rows, nw * 8, 8) * weights).sum(dim=2, dtype=torch.uint8)
+    return CudaBits(packed.view(torch.int64).reshape(rows, nw).contiguous(), rows, cols)
+
+
+def unpack(p: CudaBits):
+    """The ``torch.uint8`` tensor of 0 and 1 held by ``p``."""
+    import torch
+    rows = p.nrows
+    shifts = torch.arange(8, device=p.words.device, dtype=torch.uint8)
+    bytes_ = p.words.view(torch.uint8).reshape(rows, -1, 1)
+    return ((bytes_ >> shifts) & 1).reshape(rows, -1)[:, :p.ncols].contiguous()
+
+
+# -- the compiled library --------------------------------------------------------------------
+def _arch(device) -> str:
+    import torch
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        raise TargetError(f"the GPU bit kernels need compute capability 8.0 or newer "
+                          f"(cp.async, the 1-bit MMA); {torch.cuda.get_device_name(device)} "
+                          f"is {major}.{minor}")
+    return f"sm_{major}{minor}" + ("a" if major == 9 else "")
+
+
+def _nvcc_version() -> str:
+    try:
+        out = subprocess.run([cuda_target.find_nvcc(), "--version"], capture_output=True,
+                             text=True, timeout=60).stdout
+    except OSError as e:
+        raise ToolchainError(f"nvcc cannot run: {e}") from None
+    return out.strip().splitlines()[-1] if out.strip() else "?"
+
+
+def _key(arch: str) -> tuple[str, dict]:
+    fields = {"format": KEY_FORMAT, "arch": arch, "template_version": cuda_bits.TEMPLATE_VERSION,
+              "source_sha256": hashlib.sha256(cuda_bits.source().encode()).hexdigest(),
+              "lcmac_version": _version.__version__, "nvcc": _nvcc_version()}
+    blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return "cuda-" + hashlib.sha256(blob.encode()).hexdigest(), fields
+
+
+def _build(root: Path, key: str, fields: dict) -> Path:
+    tmp = root / f".tmp-{key}-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        tmp.mkdir(parents=True)
+        src = tmp / "bits.cu"
+        src.write_text(cuda_bits.source())
+        cuda_target.compile_so([str(src)], str(tmp / "kernel.so"), fields["arch"], [])
+        src.unlink()
+        meta = {"key": key, "fields": fields, "sha256": native_build._sha256(tmp / "kernel.so")}
+        (tmp / "entry.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        entry = root / key
+        if entry.exists():                 # a damaged entry: out of the way, under the lock
+            shutil.rmtree(entry, ignore_errors=True)
+        os.rename(tmp, entry)
+        return entry / "kernel.so"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def library_path(arch: str) -> Path:
+    """The compiled library for ``arch``: from the cache, else compiled now."""
+    key, fields = _key(arch)
+    root = native_build.cache_dir()
+    lib = native_build._valid_library(root / key, key)
+    if lib is not None:
+        return lib
+    try:
+        with native_build._locked(root, key):
+            return native_build._valid_library(root / key, key) or _build(root, key, fields)
+    except OSError as e:
+        raise ArtifactError(f"the bit-kernel cache {root} is not writable ({e.strerror or e}); "
+                            f"set LCMAC_CACHE_DIR to a writable directory") from None
+
+
+def library(device) -> ctypes.CDLL:
+    """The bit kernels' library for ``device``'s architecture, loaded once per process."""
+    arch = _arch(device)
+    with _lock:
+        if arch not in _libraries:
+            lib = ctypes.CDLL(str(library_path(arch)))
+            lib.lcmac_bits_mm.restype = ctypes.c_int
+            lib.lcmac_bits_mm.argtypes = ([ctypes.c_int] * 2 + [ctypes.c_void_p] * 3
+                                          + [ctypes.c_int] * 4 + [ctypes.c_longlong] * 3
+                                          + [ctypes.c_int, ctypes.c_void_p])
+            lib.lcmac_bits_transpose.restype = ctypes.c_int
+            lib.lcmac_bits_transpose.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_int] * 5
+                                                 + [ctypes.c_longlong] * 2 + [ctypes.c_void_p])
+            lib.lcmac_bits_last_error.restype = ctypes.c_char_p
+            _libraries[arch] = lib
+        return _libraries[arch]
+
+
+def _checked(lib, status: int, what: str) -> None:
+    if status != 0:
+        raise CudaBitsError(f"{what} failed ({status}): {lib.lcmac_bits_last_error().decode()}")
+
+
+def _stream(t) -> int:
+    import torch
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+# -- kernels on stacks of packed words -----------------------------------------------------------
+def transpose(b, K: int, kw: int):
+    """Bᵀ of a stack of packed matrices: b is P × rows × NW words (K ≤ rows bits used), the
+    result P × 64·NW × kw words (kw ≥ ⌈K/64⌉; bits past K zero)."""
+    import torch
+    P, _, NW = b.shape
+    N = NW * WORD_BITS
+    bt = torch.empty((P, N, kw), dtype=torch.int64, device=b.device)
+    lib = library(b.device)
+    for p0 in range(0, P, MAX_BATCH):
+        n = min(MAX_BATCH, P - p0)
+        _checked(lib, lib.lcmac_bits_transpose(b[p0].data_ptr(), bt[p0].data_ptr(), n, K, N, NW,
+                                               kw, b.stride(0), bt.stride(0), _stream(b)),
+                 "the bit transpose")
+    return bt
+
+
+def base_product(a, b, *, semiring: str = "gf2", kernel: str = "auto", K: int | None = None):
+    """C = A·B over ``semiring`` on stacks of packed words on a GPU: a P × M × KW, b P × K' ×
+    NW (its first ``K`` rows used, default 64·KW), C P × M × NW (int64)."""
+    import torch
+    kernel = AUTO_KERNEL if kernel == "auto" else kernel
+    if kernel not in cuda_bits.KERNELS:
+        raise ValueError(f"kernel={kernel!r}: choose one of {', '.join(KERNELS)}")
+    a, b = a.contiguous(), b.contiguous()
+    P, M, KW = a.shape
+    NW = b.shape[2]
+    K = min(b.shape[1], KW * WORD_BITS) if K is None else K
+    kw = KW + (KW & 1)                       # whole 128-bit loads
+    if kw != KW:
+        a = torch.nn.functional.pad(a, (0, 1))
+    bt = transpose(b, K, kw)
+    c = torch.empty((P, M, NW), dtype=torch.int64, device=a.device)
+    lib = library(a.device)
+    for p0 in range(0, P, MAX_BATCH):
+        n = min(MAX_BATCH, P - p0)
+        _checked(lib, lib.lcmac_bits_mm(cuda_bits.KERNELS.index(kernel),
+                                        cuda_bits.SEMIRINGS.index(semiring), a[p0].data_ptr(),
+                                        bt[p0].data_ptr(), c[p0].data_ptr(), n, M, NW * WORD_BITS,
+                                        kw, a.stride(0), bt.stride(0), c.stride(0), NW,
+                                        _stream(a)),
+                 f"the {kernel} bit product")
+    return c
+
+
+def _operands(A, B) -> tuple[CudaBits, CudaBits, bool]:
+    packed = isinstance(A, CudaBits)
+    if packed != isinstance(B, CudaBits):
+        raise DTypeError("pass A and B both as CUDA tensors or both as CudaBits, not one of each")
+    dev_a = A.words.device if packed else A.device
+    dev_b = B.words.device if packed else B.device
+    if dev_a != dev_b:
+        raise TargetError(f"A is on {dev_a} and B on {dev_b}: both must be on one GPU")
+    if not packed:
+        A, B = pack(A, "A"), pack(B, "B")
+    if A.ncols != B.nrows:
+        raise ShapeError(f"inner dimensions differ: A is {A.nrows}×{A.ncols}, B is "
+                         f"{B.nrows}×{B.ncols}")
+    return A, B, packed
+
+
+def auto_levels(scheme, shape, base_bits: int = BASE_BITS) -> int:
+    from .lcma import auto_levels as levels_for
+    return levels_for(scheme, shape, base_bits)
+
+
+def gf2_product(A, B, *, algo="auto", levels: int | None = None, kernel: str = "auto",
+                return_report: bool = False):
+    """C = A·B over GF(2) on a GPU (see the module's docstring); ``algo`` and ``levels`` as
+    for ``lcmac.bits.gf2_matmul`` (``"m4r"`` there is the kernel alone here too)."""
+    A, B, packed = _operands(A, B)
+    M, K, N = A.nrows, A.ncols, B.ncols
+    if isinstance(algo, str) and algo == "m4r":
+        if levels not in (None, 0):
+            raise ValueError(f"algo='m4r' runs no recursion; levels={levels!r} needs a scheme")
+        algo, levels = AUTO_SCHEME, 0
+    scheme = gf2_scheme(AUTO_SCHEME if isinstance(algo, str) and algo == "auto" else algo)
+    levels = check_levels(auto_levels(scheme, (M, K, N)) if levels is None else levels)
+    Mp, KWp, NWp, base = plan(scheme, M, A.nwords, B.nwords, levels)
+    report = XorReport(scheme.name, levels, (Mp, KWp * WORD_BITS, NWp * WORD_BITS), base,
+                       scheme.R ** levels)
+    report.kernel.kernel = f"cuda-{AUTO_KERNEL if kernel == 'auto' else kernel}"
+    a = padded(A.words, Mp, KWp)
+    b = padded(B.words, KWp * WORD_BITS if levels else K, NWp)
+    c = recurse(a, b, scheme, levels, report,
+                lambda x, y: base_product(x, y, semiring="gf2", kernel=kernel,
+                                          K=K if levels == 0 else None))
+    C = CudaBits(c[:M, :B.nwords].contiguous(), M, N)
+    out = C if packed else unpack(C)
+    return (out, report) if return_report else out
+
+
+def boolean_product(A, B, *, kernel: str = "auto"):
+    """C = A·B over the Boolean semiring on a GPU: the kernel alone (no LCMA runs over it)."""
+    A, B, packed = _operands(A, B)
+    c = base_product(A.words[None], B.words[None], semiring="boolean", kernel=kernel, K=A.ncols)
+    C = CudaBits(c[0], A.nrows, B.ncols)
+    return C if packed else unpack(C)
