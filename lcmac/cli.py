@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 
+from .artifact.bits import build_bits, is_bit_dtype
 from .artifact.build import build, resolve_target
 from .artifact.bundle import build_bundle, read_bundle
 from .artifact.manifest import Manifest
@@ -235,8 +236,29 @@ def _print_selection(args, shown, best, source: str, dt: str, errors: bool) -> N
 
 
 # ---- build ---------------------------------------------------------------------------------
+def _build_bits(args, t) -> int:
+    if args.shape.kind != "any" or args.rows or args.tile or args.config:
+        raise LcmacError("--dtype gf2|bool builds kernels that take any shape: drop --shape, "
+                         "--rows, --tile and --config")
+    t0 = time.perf_counter()
+    path = build_bits(args.algo, t, args.dtype, levels=args.levels, out_dir=args.output,
+                      name=args.name)
+    m = Manifest.read(path)
+    levels = m.algorithm["levels"]
+    print(f"built {m.algorithm['name']} over {m.build['semiring']} (levels "
+          f"{'auto' if levels is None else levels}) for {m.target['name']}, any shape, in "
+          f"{time.perf_counter() - t0:.1f} s")
+    print(f"  library  {m.library_path(path)}  ({m.library['bytes']} bytes, sha256 {m.library['sha256'][:12]})")
+    print(f"  manifest {path}")
+    return 0
+
+
 def cmd_build(args) -> int:
     t = resolve_target(args.target)
+    if is_bit_dtype(args.dtype):
+        return _build_bits(args, t)
+    if args.levels is None:
+        args.levels = 1
     if args.shape.kind != "exact" or args.rows or args.tile:
         return _build_bundle(args, t)
     args.shape = (args.shape.M, args.shape.N, args.shape.K)
@@ -505,7 +527,8 @@ def cmd_tune(args) -> int:
 # ---- the command line ----------------------------------------------------------------------
 TARGET_NAMES = ", ".join(TARGETS)
 DTYPE_HELP = (f"element type: {', '.join(CANONICAL)}, or an alias (bf16, fp16, fp32, fp64, "
-              f"fp8); default float32")
+              f"fp8); default float32; build also takes gf2 and bool (bit matrices: "
+              f"docs/bits.md)")
 
 
 def _add_list(sub) -> None:
@@ -603,7 +626,9 @@ def _add_build(sub) -> None:
                         "32768,8192,2048 on CUDA; any shape: 1024,256 / 8192,2048)")
     s.add_argument("--tile", type=tile_arg, default=None, metavar="NxK",
                    help="the any-shape rule's N×K tile (default 1024x1024 on CPUs, 8192x8192 on CUDA)")
-    s.add_argument("--levels", type=int, default=1, help="recursion levels of the algorithm (default 1)")
+    s.add_argument("--levels", type=int, default=None,
+                   help="recursion levels of the algorithm (default 1; gf2: as many as keep the "
+                        "kernel's threshold)")
     s.add_argument("--config", default=None, metavar="JSON",
                    help="schedule knobs as JSON, e.g. '{\"mc\": 128}'; CUDA operand precision: "
                         "'{\"operands\": \"fp16x2\"}' (float32 at fp32-level error on fp16 tensor "

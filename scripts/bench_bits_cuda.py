@@ -9,7 +9,8 @@ Variants, each on the same random n×n packed operands (CudaBits, already on the
     wino-L1…        Strassen–Winograd over GF(2), 1, 2 … levels above the mma kernel
     wino-ab-L2      the alternative basis (12 core XORs a level) at 2 levels
     torch-int8      what a torch user would write: the 0/1 matrices as int8, torch._int_mm
-                    (cuBLAS, int32 counts), & 1; operands unpacked beforehand, not timed
+                    (cuBLAS, int32 counts), & 1; operands unpacked beforehand (B column-major,
+                    the layout cuBLASLt's int8 kernels take), not timed
 
 Every variant's result is checked equal to the cubic mma product before timing (and that to
 torch-int8's where it runs).  Rounds are interleaved (every variant once per round); each
@@ -50,7 +51,8 @@ def make_variants(P, Q, n, levels, int8_max):
     if n // 4 >= 1024:
         v["wino-ab-L2"] = lambda: gf2_matmul(P, Q, algo="winograd-ab", levels=2, kernel="mma")
     if n <= int8_max:
-        A8, B8 = unpack(P).to(torch.int8), unpack(Q).to(torch.int8)
+        A8 = unpack(P).to(torch.int8)
+        B8 = unpack(Q).to(torch.int8).t().contiguous().t()   # column-major: cuBLASLt's int8 layout
         v["torch-int8"] = lambda: torch._int_mm(A8, B8) & 1
     return v
 

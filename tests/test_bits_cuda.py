@@ -81,3 +81,17 @@ def test_bad_input_is_named():
         gf2_matmul(_gpu(A), _gpu(B), kernel="native")
     with pytest.raises(DTypeError, match="torch tensor on cpu"):
         gf2_matmul(torch.from_numpy(A), _gpu(B).cpu())
+
+
+def test_cuda_artifact_serves_shapes(tmp_path):
+    from lcmac import load
+    from lcmac.artifact.bits import build_bits
+    from lcmac.targets import get_target
+    f = load(build_bits("winograd", get_target("cuda"), "gf2", levels=1, out_dir=tmp_path))
+    for shape in [(1000, 777, 1234), (63, 65, 127), (3, 5, 7)]:
+        A, B = _operands(*shape)
+        np.testing.assert_array_equal(f(_gpu(A), _gpu(B)).cpu().numpy(), (A.astype(np.int64) @ B) % 2)
+    g = load(build_bits("m4r", get_target("cuda"), "bool", out_dir=tmp_path))
+    A, B = _operands(63, 65, 127)
+    np.testing.assert_array_equal(g(_gpu(A), _gpu(B)).cpu().numpy(),
+                                  ((A.astype(np.int64) @ B) > 0).astype(np.uint8))

@@ -38,7 +38,8 @@ from .lcma import (AUTO_SCHEME, WORD_BITS, XorReport, check_levels, gf2_scheme, 
                    recurse)
 
 __all__ = ["CudaBits", "pack", "unpack", "is_cuda_tensor", "gf2_product", "boolean_product",
-           "base_product", "transpose", "KERNELS", "AUTO_KERNEL", "BASE_BITS", "library"]
+           "base_product", "transpose", "KERNELS", "AUTO_KERNEL", "BASE_BITS", "library",
+           "open_library", "library_path"]
 
 KERNELS = ("auto",) + cuda_bits.KERNELS
 #: the kernel "auto" runs (see docs/bits.md for the measurement that chose it)
@@ -195,21 +196,27 @@ def library_path(arch: str) -> Path:
                             f"set LCMAC_CACHE_DIR to a writable directory") from None
 
 
+def open_library(path) -> ctypes.CDLL:
+    """The compiled library at ``path`` (``source()``'s entry points), opened with ctypes."""
+    lib = ctypes.CDLL(str(path))
+    lib.lcmac_bits_mm.restype = ctypes.c_int
+    lib.lcmac_bits_mm.argtypes = ([ctypes.c_int] * 2 + [ctypes.c_void_p] * 3
+                                  + [ctypes.c_int] * 4 + [ctypes.c_longlong] * 3
+                                  + [ctypes.c_int, ctypes.c_void_p])
+    lib.lcmac_bits_transpose.restype = ctypes.c_int
+    lib.lcmac_bits_transpose.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_int] * 5
+                                         + [ctypes.c_longlong] * 2 + [ctypes.c_void_p])
+    lib.lcmac_bits_last_error.restype = ctypes.c_char_p
+    return lib
+
+
 def library(device) -> ctypes.CDLL:
-    """The bit kernels' library for ``device``'s architecture, loaded once per process."""
+    """The bit kernels' library for ``device``'s architecture (compiled into the cache if
+    needed), opened once per process."""
     arch = _arch(device)
     with _lock:
         if arch not in _libraries:
-            lib = ctypes.CDLL(str(library_path(arch)))
-            lib.lcmac_bits_mm.restype = ctypes.c_int
-            lib.lcmac_bits_mm.argtypes = ([ctypes.c_int] * 2 + [ctypes.c_void_p] * 3
-                                          + [ctypes.c_int] * 4 + [ctypes.c_longlong] * 3
-                                          + [ctypes.c_int, ctypes.c_void_p])
-            lib.lcmac_bits_transpose.restype = ctypes.c_int
-            lib.lcmac_bits_transpose.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_int] * 5
-                                                 + [ctypes.c_longlong] * 2 + [ctypes.c_void_p])
-            lib.lcmac_bits_last_error.restype = ctypes.c_char_p
-            _libraries[arch] = lib
+            _libraries[arch] = open_library(library_path(arch))
         return _libraries[arch]
 
 
@@ -224,14 +231,14 @@ def _stream(t) -> int:
 
 
 # -- kernels on stacks of packed words -----------------------------------------------------------
-def transpose(b, K: int, kw: int):
+def transpose(b, K: int, kw: int, lib=None):
     """Bᵀ of a stack of packed matrices: b is P × rows × NW words (K ≤ rows bits used), the
     result P × 64·NW × kw words (kw ≥ ⌈K/64⌉; bits past K zero)."""
     import torch
     P, _, NW = b.shape
     N = NW * WORD_BITS
     bt = torch.empty((P, N, kw), dtype=torch.int64, device=b.device)
-    lib = library(b.device)
+    lib = lib or library(b.device)
     for p0 in range(0, P, MAX_BATCH):
         n = min(MAX_BATCH, P - p0)
         _checked(lib, lib.lcmac_bits_transpose(b[p0].data_ptr(), bt[p0].data_ptr(), n, K, N, NW,
@@ -240,9 +247,11 @@ def transpose(b, K: int, kw: int):
     return bt
 
 
-def base_product(a, b, *, semiring: str = "gf2", kernel: str = "auto", K: int | None = None):
+def base_product(a, b, *, semiring: str = "gf2", kernel: str = "auto", K: int | None = None,
+                 lib=None):
     """C = A·B over ``semiring`` on stacks of packed words on a GPU: a P × M × KW, b P × K' ×
-    NW (its first ``K`` rows used, default 64·KW), C P × M × NW (int64)."""
+    NW (its first ``K`` rows used, default 64·KW), C P × M × NW (int64).  ``lib``: an opened
+    library (``open_library``; default: ``library``'s)."""
     import torch
     kernel = AUTO_KERNEL if kernel == "auto" else kernel
     if kernel not in cuda_bits.KERNELS:
@@ -254,9 +263,9 @@ def base_product(a, b, *, semiring: str = "gf2", kernel: str = "auto", K: int | 
     kw = KW + (KW & 1)                       # whole 128-bit loads
     if kw != KW:
         a = torch.nn.functional.pad(a, (0, 1))
-    bt = transpose(b, K, kw)
+    lib = lib or library(a.device)
+    bt = transpose(b, K, kw, lib)
     c = torch.empty((P, M, NW), dtype=torch.int64, device=a.device)
-    lib = library(a.device)
     for p0 in range(0, P, MAX_BATCH):
         n = min(MAX_BATCH, P - p0)
         _checked(lib, lib.lcmac_bits_mm(cuda_bits.KERNELS.index(kernel),
@@ -290,9 +299,10 @@ def auto_levels(scheme, shape, base_bits: int = BASE_BITS) -> int:
 
 
 def gf2_product(A, B, *, algo="auto", levels: int | None = None, kernel: str = "auto",
-                return_report: bool = False):
+                return_report: bool = False, lib=None):
     """C = A·B over GF(2) on a GPU (see the module's docstring); ``algo`` and ``levels`` as
-    for ``lcmac.bits.gf2_matmul`` (``"m4r"`` there is the kernel alone here too)."""
+    for ``lcmac.bits.gf2_matmul`` (``"m4r"`` there is the kernel alone here too); ``lib`` as
+    for ``base_product``."""
     A, B, packed = _operands(A, B)
     M, K, N = A.nrows, A.ncols, B.ncols
     if isinstance(algo, str) and algo == "m4r":
@@ -309,15 +319,16 @@ def gf2_product(A, B, *, algo="auto", levels: int | None = None, kernel: str = "
     b = padded(B.words, KWp * WORD_BITS if levels else K, NWp)
     c = recurse(a, b, scheme, levels, report,
                 lambda x, y: base_product(x, y, semiring="gf2", kernel=kernel,
-                                          K=K if levels == 0 else None))
+                                          K=K if levels == 0 else None, lib=lib))
     C = CudaBits(c[:M, :B.nwords].contiguous(), M, N)
     out = C if packed else unpack(C)
     return (out, report) if return_report else out
 
 
-def boolean_product(A, B, *, kernel: str = "auto"):
+def boolean_product(A, B, *, kernel: str = "auto", lib=None):
     """C = A·B over the Boolean semiring on a GPU: the kernel alone (no LCMA runs over it)."""
     A, B, packed = _operands(A, B)
-    c = base_product(A.words[None], B.words[None], semiring="boolean", kernel=kernel, K=A.ncols)
+    c = base_product(A.words[None], B.words[None], semiring="boolean", kernel=kernel, K=A.ncols,
+                     lib=lib)
     C = CudaBits(c[0], A.nrows, B.ncols)
     return C if packed else unpack(C)

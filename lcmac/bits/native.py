@@ -162,7 +162,12 @@ def prepare(semirings=("gf2", "boolean")) -> dict[str, NativeKernel]:
 
 def choose_kernel(semiring: str, kernel: str | None = None, bit_ops: int = 0) -> NativeKernel | None:
     """The native kernel if ``kernel`` (see the module's docstring) gives it for a product of
-    ``bit_ops`` bit operations (M·K·N), else None (the numpy kernel)."""
+    ``bit_ops`` bit operations (M·K·N), else None (the numpy kernel).  A ``NativeKernel``
+    given as ``kernel`` (one an artifact loaded: ``lcmac.runtime.bits``) is used as it is."""
+    if isinstance(kernel, NativeKernel):
+        if kernel.semiring != semiring:
+            raise ValueError(f"the kernel given is the {kernel.semiring} one, not {semiring}'s")
+        return kernel
     choice = kernel_choice(kernel)
     if choice == "numpy":
         return None

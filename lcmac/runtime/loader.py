@@ -264,7 +264,9 @@ def load(path, *, sve_vq: int | None = None) -> LcmacFunction:
     ignored where the artifact runs natively.
 
     A bundle (a directory with ``bundle.json``, ``lcmac.artifact.bundle``) comes back as a
-    :class:`~lcmac.runtime.bundle.BundleFunction` serving every shape its rules admit."""
+    :class:`~lcmac.runtime.bundle.BundleFunction` serving every shape its rules admit; a
+    bit-matrix artifact (``lcmac build --dtype gf2|bool``) as a
+    :class:`~lcmac.runtime.bits.BitsFunction`."""
     if is_bundle(path):
         return load_bundle(path, lambda p: load(p, sve_vq=sve_vq))
     man_path = find_manifest(path)
@@ -275,4 +277,7 @@ def load(path, *, sve_vq: int | None = None) -> LcmacFunction:
         return _load_tvm(man, man_path.resolve())
     if man.backend == "tilelang":
         return cuda_loader.load(man, man_path.resolve())
+    if man.backend in ("bits-native", "bits-cuda"):
+        from .bits import load_bits
+        return load_bits(man, man_path.resolve())
     raise ArtifactError(f"no loader for {man.backend!r} artifacts in this lcmac ({man_path})")
