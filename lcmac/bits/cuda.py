@@ -36,15 +36,22 @@ from ..targets import cuda as cuda_target
 from . import native_build
 from .lcma import (AUTO_SCHEME, WORD_BITS, XorReport, check_levels, gf2_scheme, padded, plan,
                    recurse)
+from .lcma import auto_levels as lcma_auto_levels
 
 __all__ = ["CudaBits", "pack", "unpack", "is_cuda_tensor", "gf2_product", "boolean_product",
            "base_product", "transpose", "KERNELS", "AUTO_KERNEL", "BASE_BITS", "library",
            "open_library", "library_path"]
 
 KERNELS = ("auto",) + cuda_bits.KERNELS
-#: the kernel "auto" runs (see docs/bits.md for the measurement that chose it)
+#: the kernel "auto" runs: on an H100 the 1-bit MMA ran 3.6–3.8 effective Pbop/s at n = 16384
+#: … 65536, the CUDA-core kernel 0.70–0.72 (docs/bits.md, scripts/bench_bits_cuda.py)
 AUTO_KERNEL = "mma"
-#: recurse while every side of the base products stays at least this many bits
+#: ``algo="auto"`` recurses only on products whose every side is at least MIN_BITS, and then
+#: while every side of the base products stays at least BASE_BITS.  Measured on an H100
+#: (Winograd over GF(2) above the MMA kernel, against it alone): at 16384 one level lost 10 %
+#: (the XORs, by torch, cost more than the 1/8 they save on a 2 ms product); at 32768 two
+#: levels gained 26 % (one 22 %, three 1 %); at 65536 three gained 41 % (two 37 %)
+MIN_BITS = 32768
 BASE_BITS = 8192
 #: products per kernel launch (the grid's z extent)
 MAX_BATCH = 65535
@@ -293,9 +300,11 @@ def _operands(A, B) -> tuple[CudaBits, CudaBits, bool]:
     return A, B, packed
 
 
-def auto_levels(scheme, shape, base_bits: int = BASE_BITS) -> int:
-    from .lcma import auto_levels as levels_for
-    return levels_for(scheme, shape, base_bits)
+def auto_levels(scheme, shape) -> int:
+    """The levels ``algo="auto"`` (or ``levels=None``) runs on the GPU: see ``MIN_BITS``."""
+    if min(shape) < MIN_BITS:
+        return 0
+    return lcma_auto_levels(scheme, shape, BASE_BITS)
 
 
 def gf2_product(A, B, *, algo="auto", levels: int | None = None, kernel: str = "auto",
