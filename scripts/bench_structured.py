@@ -1,0 +1,156 @@
+#!/usr/bin/env python
+"""Structured products on the GPU (lcmac.structured) against cuSPARSE and dense cuBLAS, in one
+run.
+
+Block-sparse A (BSR, bs×bs blocks at random positions, ``--density`` of the blocks nonzero),
+M×K times a dense K×N B:
+
+    lcmac bsr         lcmac.structured.bsr_matmul: one batched product (lcmac.bmm, algo="auto":
+                      torch.bmm on CUDA) + index_add
+    lcmac bsr gemm    the same with lcmac's own batched kernel (algo="gemm")
+    cusparse bsr      torch.sparse_bsr_tensor(...) @ B (torch.sparse.mm: cuSPARSE bsrmm)
+    dense             A formed dense beforehand, torch.matmul (cuBLAS)
+
+Low-rank A = U·Vᵀ (rank r):
+
+    lcmac lowrank     lcmac.structured.lowrank_matmul(U, V, B)
+    torch U(VtB)      U @ (V.T @ B): the same order in plain torch
+    dense             A = U·Vᵀ formed beforehand, torch.matmul
+
+Each result's relative error against a float64 product of the same operands is recorded
+(float32 runs with TF32 off: FP32 against FP32).  Timing: ``--rounds`` interleaved rounds of
+CUDA-event timed calls, median and spread; ratios are baseline time / lcmac time.
+
+    python scripts/bench_structured.py --out bench/results/x.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def rel_error(C, ref) -> float:
+    import torch
+    return float(torch.linalg.norm(C.double() - ref) / torch.linalg.norm(ref).clamp_min(1e-30))
+
+
+def bsr_case(M, K, N, bs, density, dtype, g):
+    import torch
+
+    from lcmac.structured import bsr_matmul
+    nb_r, nb_c = M // bs, K // bs
+    nnzb = max(1, int(round(density * nb_r * nb_c)))
+    pos = torch.randperm(nb_r * nb_c, device="cuda", generator=g)[:nnzb].sort().values
+    rows, cols = pos // nb_c, pos % nb_c
+    blocks = torch.randn(nnzb, bs, bs, device="cuda", generator=g).to(dtype)
+    B = torch.randn(K, N, device="cuda", generator=g).to(dtype)
+    crow = torch.zeros(nb_r + 1, dtype=torch.int64, device="cuda")
+    crow[1:] = torch.bincount(rows, minlength=nb_r).cumsum(0)
+    A_bsr = torch.sparse_bsr_tensor(crow, cols, blocks, (M, K))
+    A = A_bsr.to_dense()
+    ref = A.double() @ B.double()
+    v = {"lcmac bsr": lambda: bsr_matmul(blocks, rows, cols, B, (M, K)),
+         "lcmac bsr gemm": lambda: bsr_matmul(blocks, rows, cols, B, (M, K), algo="gemm"),
+         "dense": lambda: A @ B}
+    try:
+        v["lcmac bsr gemm"]()                # lcmac's own batched kernel (compiled here)
+    except Exception as e:  # noqa: BLE001 - recorded, the others still run
+        v.pop("lcmac bsr gemm")
+        print(f"  lcmac bsr gemm: {str(e).splitlines()[0][:160]}")
+    try:
+        v["cusparse bsr"] = lambda: A_bsr @ B
+        v["cusparse bsr"]()
+    except (RuntimeError, NotImplementedError) as e:
+        v.pop("cusparse bsr")
+        print(f"  cusparse bsr: {str(e).splitlines()[0][:120]}")
+    return v, ref, {"nnz_blocks": nnzb}
+
+
+def lowrank_case(M, K, N, r, dtype, g):
+    import torch
+
+    from lcmac.structured import lowrank_matmul
+    U = torch.randn(M, r, device="cuda", generator=g).to(dtype)
+    V = torch.randn(K, r, device="cuda", generator=g).to(dtype)
+    B = torch.randn(K, N, device="cuda", generator=g).to(dtype)
+    A = U @ V.T
+    ref = U.double() @ (V.double().T @ B.double())
+    Vt = V.T.contiguous()
+    return ({"lcmac lowrank": lambda: lowrank_matmul(U, V, B),
+             "torch U(VtB)": lambda: U @ (Vt @ B),
+             "dense": lambda: A @ B}, ref, {"rank": r})
+
+
+def run_case(name, variants, ref, extra, args, flops):
+    import torch
+
+    from lcmac.tune.measure import gpu_rounds
+    errors = {k: rel_error(fn(), ref) for k, fn in variants.items()}
+    torch.cuda.synchronize()
+    times, _ = gpu_rounds(list(variants.items()), args.rounds, args.calls)
+    lcmac_key = next(k for k in variants if k.startswith("lcmac"))
+    row = {"case": name, **extra, "variants": {}}
+    for k, ts in times.items():
+        med = statistics.median(ts)
+        row["variants"][k] = {"median_s": med, "rounds_s": ts, "spread": (max(ts) - min(ts)) / med,
+                              "rel_error": errors[k], "dense_equivalent_tflops": flops / med / 1e12}
+    t_l = row["variants"][lcmac_key]["median_s"]
+    for k, v in row["variants"].items():
+        v["baseline_over_lcmac"] = v["median_s"] / t_l
+        print(f"  {name:44s} {k:14s} {v['median_s'] * 1e3:9.3f} ms  spread {v['spread'] * 100:4.1f}%  "
+              f"x{v['baseline_over_lcmac']:5.2f} of lcmac  err {v['rel_error']:.1e}", flush=True)
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--shape", default="8192x8192x4096", help="MxKxN of A (M×K) times B (K×N)")
+    ap.add_argument("--blocks", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--density", type=float, nargs="+", default=[0.01, 0.05, 0.2])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[64, 512])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--out", help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("bench_structured: no CUDA GPU", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    M, K, N = (int(x) for x in args.shape.split("x"))
+    name = torch.cuda.get_device_name(0)
+    print(f"# {name}, torch {torch.__version__}; A {M}x{K}, B {K}x{N}")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    results = []
+    for dt in args.dtypes:
+        dtype = getattr(torch, dt)
+        for bs in args.blocks:
+            for d in args.density:
+                v, ref, extra = bsr_case(M, K, N, bs, d, dtype, g)
+                results.append({"kind": "bsr", "dtype": dt, "block": bs, "density": d,
+                                **run_case(f"{dt} bsr bs={bs} density={d}", v, ref, extra, args,
+                                           2 * M * K * N)})
+        for r in args.ranks:
+            v, ref, extra = lowrank_case(M, K, N, r, dtype, g)
+            results.append({"kind": "lowrank", "dtype": dt,
+                            **run_case(f"{dt} lowrank r={r}", v, ref, extra, args, 2 * M * K * N)})
+    if args.out:
+        from lcmac.tune.measure import run_header
+        doc = {**run_header("structured products: lcmac.structured vs cuSPARSE and dense cuBLAS",
+                            name, __file__, argv), "torch": torch.__version__,
+               "shape": {"M": M, "K": K, "N": N}, "tf32": False, "results": results}
+        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
