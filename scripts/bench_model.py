@@ -1,5 +1,6 @@
 """A decoder stack of Llama architecture, prefill, plain torch against ``lcmac.optimize``, in one
 run: eager and ``torch.compile`` for each, and the error of each against a float32 reference.
+Compiled means each decoder layer compiled (``--compile-how``, ``compiled``).
 
     python scripts/bench_model.py --tokens 8192 16384 32768 --out bench/results/h100-model.json
 
@@ -70,6 +71,23 @@ def prebuild(model, tokens: int, backward: bool = False) -> list[str]:
     with cf.ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(lambda key: ops.kernel(*key), jobs))
     return [f"{k[0]} {'x'.join(map(str, k[3]))}" for k in jobs]
+
+
+def compiled(model, how: str):
+    """``model`` under ``torch.compile``: ``how="layers"`` compiles each decoder layer and
+    leaves the stack's own forward eager (regional compilation: the causal mask is then
+    decided eagerly, so SDPA gets ``is_causal`` and a flash kernel, where a whole-model
+    compile makes transformers build a T×T mask, a slower attention); ``"model"`` compiles
+    the whole forward.  The compiled model shares the parameters of ``model``."""
+    import copy
+
+    import torch
+    if how == "model":
+        return torch.compile(model)
+    out = copy.copy(model)                 # a shallow copy with its own table of children
+    out._modules = dict(model._modules)
+    out.layers = torch.nn.ModuleList(torch.compile(layer) for layer in model.layers)
+    return out
 
 
 @contextlib.contextmanager
@@ -253,6 +271,10 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--check-tokens", type=int, default=1024, help="positions compared with float32")
     ap.add_argument("--no-compile", dest="compile", action="store_false", help="eager only")
+    ap.add_argument("--compile-how", choices=["layers", "model"], default="layers",
+                    help="torch.compile each decoder layer (default: the causal mask stays eager "
+                         "and SDPA runs flash attention) or the whole model (transformers then "
+                         "builds a T×T mask)")
     ap.add_argument("--train", action=argparse.BooleanOptionalAction, default=None,
                     help="also time one training step (forward + backward) of the first layer "
                          "(default: on with --device cuda or --train-tokens, off otherwise)")
@@ -282,8 +304,8 @@ def main(argv=None) -> int:
     print(report)
     runs = {"torch eager": plain, "lcmac eager": lcmac_model}
     if args.compile:
-        runs["torch compiled"] = torch.compile(plain)
-        runs["lcmac compiled"] = torch.compile(lcmac_model)
+        runs["torch compiled"] = compiled(plain, args.compile_how)
+        runs["lcmac compiled"] = compiled(lcmac_model, args.compile_how)
     results = [bench_tokens(T, runs, args) for T in args.tokens]
     train_results = []
     if args.train:
@@ -305,7 +327,8 @@ def main(argv=None) -> int:
         from lcmac.tune.measure import run_header
         doc = {**run_header("Llama decoder stack prefill: torch vs lcmac.optimize", name, __file__, argv),
                "torch": torch.__version__, "config": {k: getattr(args, k) for k in (
-                   "layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "algo", "max_error")},
+                   "layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "algo", "max_error",
+                   "compile_how")},
                "optimize": report.to_dict(), "results": results,
                "train": {"layer": "layers.0", "loss": "mean(layer(h).float()**2)",
                          "grad_param": GRAD_PARAM, "tokens": args.train_tokens,
