@@ -42,7 +42,7 @@ LAYER_OF = {
     "lcmac.targets": "targets", "lcmac.artifact": "artifact", "lcmac.runtime": "runtime",
     "lcmac.tune": "tune", "lcmac.dispatch": "app", "lcmac.ops": "app", "lcmac.nn": "app",
     "lcmac.call_args": "app", "lcmac.batched": "app", "lcmac.structured": "app",
-    "lcmac.distributed": "app", "lcmac.distributed_stream": "app",
+    "lcmac.distributed": "app", "lcmac.distributed_stream": "app", "lcmac.alternative": "app",
     "lcmac.cli": "app", "lcmac.cli_distributed": "app", "lcmac.__main__": "app",
     "lcmac": "app",
 }

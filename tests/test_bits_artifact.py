@@ -51,12 +51,15 @@ def test_bool_artifact_and_refusals(tmp_path):
     torch = pytest.importorskip("torch")
     with pytest.raises(DTypeError, match="torch tensor on cpu"):
         f(torch.zeros(2, 2, dtype=torch.uint8), B)
-    lib = man.with_suffix(".so")
-    data = bytearray(lib.read_bytes())
+    # a damaged copy (the loaded library itself is mapped by this process: left alone)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    shutil.copy(man, bad / man.name)
+    data = bytearray(man.with_suffix(".so").read_bytes())
     data[len(data) // 2] ^= 0xFF
-    lib.write_bytes(bytes(data))
+    (bad / man.with_suffix(".so").name).write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="sha256"):
-        load(man)
+        load(bad / man.name)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
