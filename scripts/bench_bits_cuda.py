@@ -60,7 +60,9 @@ def make_variants(P, Q, n, levels, int8_max):
 def same(x, ref) -> bool:
     import torch
 
-    from lcmac.bits.cuda import unpack
+    from lcmac.bits.cuda import CudaBits, unpack
+    if isinstance(x, CudaBits) and isinstance(ref, CudaBits):   # packed: the same words
+        return x.shape == ref.shape and bool(torch.equal(x.words, ref.words))
     x = x if isinstance(x, torch.Tensor) else unpack(x)
     r = ref if isinstance(ref, torch.Tensor) else unpack(ref)
     return bool(torch.equal(x.to(torch.uint8), r.to(torch.uint8)))
