@@ -53,6 +53,10 @@ AUTO_KERNEL = "mma"
 #: levels gained 26 % (one 22 %, three 1 %); at 65536 three gained 41 % (two 37 %)
 MIN_BITS = 32768
 BASE_BITS = 8192
+#: peak GPU memory of a recursion ≈ this many times its largest base-case stack (the stacks of
+#: A, B, Bᵀ and C, and the one being formed); "auto" takes fewer levels where that exceeds the
+#: free memory: 3 levels at 131072 (10.7 GB stacks) ran on an 80 GB H100, 4 would need ~94 GB
+STACK_FACTOR = 5
 #: products per kernel launch (the grid's z extent)
 MAX_BATCH = 65535
 KEY_FORMAT = "lcmac-bits-cuda/1"
@@ -300,11 +304,22 @@ def _operands(A, B) -> tuple[CudaBits, CudaBits, bool]:
     return A, B, packed
 
 
-def auto_levels(scheme, shape) -> int:
-    """The levels ``algo="auto"`` (or ``levels=None``) runs on the GPU: see ``MIN_BITS``."""
+def auto_levels(scheme, shape, free_bytes: int | None = None) -> int:
+    """The levels ``algo="auto"`` (or ``levels=None``) runs on the GPU: see ``MIN_BITS``;
+    with ``free_bytes``, no more than fit in that much memory (``STACK_FACTOR``)."""
     if min(shape) < MIN_BITS:
         return 0
-    return lcma_auto_levels(scheme, shape, BASE_BITS)
+    levels = lcma_auto_levels(scheme, shape, BASE_BITS)
+    M, K, N = shape
+    m, k, n = scheme.grid
+
+    def peak(L):
+        R = scheme.R ** L
+        return STACK_FACTOR * R * max(M * K // (m * k) ** L, K * N // (k * n) ** L,
+                                      M * N // (m * n) ** L) / 8
+    while free_bytes is not None and levels > 0 and peak(levels) > free_bytes:
+        levels -= 1
+    return levels
 
 
 def gf2_product(A, B, *, algo="auto", levels: int | None = None, kernel: str = "auto",
@@ -319,7 +334,10 @@ def gf2_product(A, B, *, algo="auto", levels: int | None = None, kernel: str = "
             raise ValueError(f"algo='m4r' runs no recursion; levels={levels!r} needs a scheme")
         algo, levels = AUTO_SCHEME, 0
     scheme = gf2_scheme(AUTO_SCHEME if isinstance(algo, str) and algo == "auto" else algo)
-    levels = check_levels(auto_levels(scheme, (M, K, N)) if levels is None else levels)
+    if levels is None:
+        import torch
+        levels = auto_levels(scheme, (M, K, N), torch.cuda.mem_get_info(A.words.device)[0])
+    levels = check_levels(levels)
     Mp, KWp, NWp, base = plan(scheme, M, A.nwords, B.nwords, levels)
     report = XorReport(scheme.name, levels, (Mp, KWp * WORD_BITS, NWp * WORD_BITS), base,
                        scheme.R ** levels)
