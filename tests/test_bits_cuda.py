@@ -95,3 +95,10 @@ def test_cuda_artifact_serves_shapes(tmp_path):
     A, B = _operands(63, 65, 127)
     np.testing.assert_array_equal(g(_gpu(A), _gpu(B)).cpu().numpy(),
                                   ((A.astype(np.int64) @ B) > 0).astype(np.uint8))
+
+
+def test_default_call_decides_levels_on_the_gpu():
+    A, B = _operands(1000, 777, 1234, seed=9)
+    C, report = gf2_matmul(_gpu(A), _gpu(B), return_report=True)     # algo="auto", levels=None
+    np.testing.assert_array_equal(C.cpu().numpy(), (A.astype(np.int64) @ B) % 2)
+    assert report.levels == 0                                        # below MIN_BITS
