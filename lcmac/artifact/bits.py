@@ -23,7 +23,7 @@ from ..bits import native_build
 from ..bits.lcma import AUTO_SCHEME, gf2_scheme
 from ..errors import AlgorithmError, TargetError, ToolchainError
 from ..schedules import cuda_bits
-from ..targets import Target
+from ..targets import Target, host_target
 from .manifest import FORMAT, Manifest, sha256_file
 
 __all__ = ["BIT_DTYPES", "build_bits", "is_bit_dtype"]
@@ -76,7 +76,6 @@ def _library(t: Target, semiring: str) -> tuple[Path, str, dict, list]:
 
 def _check_host_target(t: Target) -> None:
     """The native kernel is compiled for this CPU (``-mcpu=native``): a build names the host."""
-    from ..targets import host_target
     if t.family == "x86" and t.name != host_target().name:
         raise TargetError(f"the native bit kernel is compiled for this CPU ({host_target().name}); "
                           f"--target {t.name} would need another machine: build there, or pass "
