@@ -7,6 +7,7 @@ import os
 import sys
 
 from .artifact import cache as kcache
+from .bits import native_build as bit_kernels
 from .cli_output import dump_json, size_text, table
 
 
@@ -22,33 +23,50 @@ def cmd_cache_info(args) -> int:
     print("set by        " + ("--dir" if args.dir else "LCMAC_CACHE_DIR (its kernels/ subdirectory)"
                               if os.environ.get("LCMAC_CACHE_DIR") else
                               "default (LCMAC_CACHE_DIR sets it)"))
+    if not args.dir:
+        bits = bit_kernels.cached_kernels()
+        print(f"bit kernels   {len(bits)}, {size_text(sum(b['bytes'] for b in bits))} in "
+              f"{bit_kernels.cache_dir()}")
     return 0
 
 
 def cmd_cache_list(args) -> int:
     es = kcache.entries(args.dir)
+    bits = [] if args.dir else bit_kernels.cached_kernels()   # --dir names a kernel cache only
     if args.json:
         dump_json("cache-list", {"dir": str(kcache.cache_dir(args.dir)), "entries": [
             {"key": e.key, "algorithm": e.algorithm, "target": e.target, "dtype": e.dtype,
              "shape_rule": e.shape_rule, "config": e.config, "lcmac_version": e.lcmac_version,
              "created": e.created, "bytes": e.bytes, "ok": e.ok,
-             "manifest": str(e.manifest) if e.manifest else None} for e in es]})
+             "manifest": str(e.manifest) if e.manifest else None} for e in es],
+            "bit_kernels_dir": None if args.dir else str(bit_kernels.cache_dir()),
+            "bit_kernels": bits})
         return 0
     if not es:
         print(f"the kernel cache {kcache.cache_dir(args.dir)} holds no kernels")
-        return 0
-    rows = [[e.algorithm, e.target, e.dtype, e.shape_rule, size_text(e.bytes), e.created.replace("T", " ")[:16],
-             e.key[:12] + ("" if e.ok else "  (damaged: rebuilt on next use)")] for e in es]
-    print(table(rows, ["algorithm", "target", "dtype", "shape rule", "size", "created (UTC)", "key"]))
+    else:
+        rows = [[e.algorithm, e.target, e.dtype, e.shape_rule, size_text(e.bytes), e.created.replace("T", " ")[:16],
+                 e.key[:12] + ("" if e.ok else "  (damaged: rebuilt on next use)")] for e in es]
+        print(table(rows, ["algorithm", "target", "dtype", "shape rule", "size", "created (UTC)", "key"]))
+    if bits:
+        print(f"\nbit kernels ({bit_kernels.cache_dir()}; lcmac.bits):")
+        rows = [[b["kind"], str(b["for"]), size_text(b["bytes"]),
+                 b["key"][:17] + ("" if b["ok"] else "  (damaged: rebuilt on next use)")] for b in bits]
+        print(table(rows, ["kind", "for", "size", "key"]))
     return 0
 
 
 def cmd_cache_clear(args) -> int:
     inf = kcache.info(args.dir)
-    if not inf["exists"] or (inf["entries"] == 0 and inf["bytes"] == 0):
+    bits = [] if args.dir else bit_kernels.cached_kernels()   # --dir names a kernel cache only
+    kernels_empty = not inf["exists"] or (inf["entries"] == 0 and inf["bytes"] == 0)
+    if kernels_empty and not bits:
         print(f"the kernel cache {inf['dir']} is empty")
         return 0
     what = f"{inf['entries']} kernels ({size_text(inf['bytes'])}) from {inf['dir']}"
+    if bits:
+        what += (f" and {len(bits)} bit kernels ({size_text(sum(b['bytes'] for b in bits))}) "
+                 f"from {bit_kernels.cache_dir()}")
     if not args.yes:
         if not sys.stdin.isatty():
             print(f"lcmac cache clear: this would remove {what}; pass --yes to do it",
@@ -57,8 +75,13 @@ def cmd_cache_clear(args) -> int:
         if input(f"remove {what}? [y/N] ").strip().lower() not in ("y", "yes"):
             print("nothing removed")
             return 1
-    r = kcache.clear(args.dir)
-    print(f"removed {r['entries']} kernels ({size_text(r['bytes'])}) from {inf['dir']}")
+    if not kernels_empty:
+        r = kcache.clear(args.dir)
+        print(f"removed {r['entries']} kernels ({size_text(r['bytes'])}) from {inf['dir']}")
+    if bits:
+        b = bit_kernels.clear_kernels()
+        print(f"removed {b['entries']} bit kernels ({size_text(b['bytes'])}) from "
+              f"{bit_kernels.cache_dir()}")
     return 0
 
 

@@ -53,7 +53,7 @@ from ..cachedir import cache_root
 from ..errors import ArtifactError, ToolchainError
 
 __all__ = ["TEMPLATE_VERSION", "ENTRY", "WORKER", "cache_dir", "kernel_key", "library_paths",
-           "load_kernel", "missing_loader", "missing_toolchain"]
+           "load_kernel", "missing_loader", "missing_toolchain", "cached_kernels", "clear_kernels"]
 
 #: the generation of ``lcmac.schedules.cpu_bits``'s template that this module asks for (the
 #: two are kept equal; a test checks it): part of the key, so a new template is recompiled
@@ -258,3 +258,56 @@ def load_kernel(semiring: str, config: dict, *, build: bool = True):
         return module[ENTRY], module
     except Exception as e:  # noqa: BLE001 - whatever the FFI raises, said as lcmac's error
         raise ArtifactError(f"the native bit kernel {lib} cannot be loaded: {e}") from None
+
+
+# ---- what ``lcmac cache`` shows and clears --------------------------------------------------
+def _entry_dirs(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _dir_bytes(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+def cached_kernels() -> list[dict]:
+    """The bit kernels on disk (native CPU kernels and the GPU library of each architecture,
+    ``lcmac.bits.cuda``): key, kind, what it is for, bytes, and whether the entry is whole."""
+    out = []
+    for entry in _entry_dirs(cache_dir()):
+        try:
+            meta = json.loads((entry / "entry.json").read_text())
+        except (OSError, ValueError):
+            meta = {}
+        fields = meta.get("fields", {}) if isinstance(meta, dict) else {}
+        cuda = entry.name.startswith("cuda-")
+        out.append({"key": entry.name, "kind": "cuda" if cuda else "native",
+                    "for": fields.get("arch") if cuda else fields.get("semiring"),
+                    "bytes": _dir_bytes(entry),
+                    "ok": _valid_library(entry, entry.name) is not None})
+    return out
+
+
+def clear_kernels() -> dict:
+    """Remove every bit-kernel entry not being built right now (its lock free); returns
+    {entries, bytes} removed.  A process that has a library loaded keeps its mapping."""
+    root = cache_dir()
+    n = freed = 0
+    for entry in _entry_dirs(root):
+        fd = os.open(root / ".locks" / f"{entry.name}.lock", os.O_RDWR | os.O_CREAT, 0o644) \
+            if (root / ".locks").is_dir() else None
+        try:
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue                     # being built: left alone
+            size = _dir_bytes(entry)
+            shutil.rmtree(entry, ignore_errors=True)
+            if not entry.exists():
+                n, freed = n + 1, freed + size
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return {"entries": n, "bytes": freed}
