@@ -102,3 +102,14 @@ def test_default_call_decides_levels_on_the_gpu():
     C, report = gf2_matmul(_gpu(A), _gpu(B), return_report=True)     # algo="auto", levels=None
     np.testing.assert_array_equal(C.cpu().numpy(), (A.astype(np.int64) @ B) % 2)
     assert report.levels == 0                                        # below MIN_BITS
+
+
+def test_padding_bits_of_operands_are_ignored_and_results_zero_padded():
+    A, B = _operands(70, 100, 90, seed=4)
+    P, Q = bits_cuda.pack(_gpu(A)), bits_cuda.pack(_gpu(B))
+    P.words[:, -1] |= -(1 << 40)          # bits past column 100 (K) and 90 (N) set
+    Q.words[:, -1] |= -(1 << 30)
+    for algo in ("m4r", "winograd"):
+        R = gf2_matmul(P, Q, algo=algo, levels=None if algo == "m4r" else 1)
+        np.testing.assert_array_equal(R.to_tensor().cpu().numpy(), (A.astype(np.int64) @ B) % 2)
+        assert int((R.words[:, -1] >> 26).abs().sum()) == 0          # bits 90..127 of the row

@@ -72,7 +72,9 @@ class CudaBitsError(LcmacError, RuntimeError):
 @dataclass(frozen=True, eq=False)
 class CudaBits:
     """An ``nrows`` × ``ncols`` bit matrix on a GPU: ``words`` is nrows × ⌈ncols/64⌉
-    ``torch.int64``, contiguous, zero padding bits (the layout of ``PackedBits``)."""
+    ``torch.int64``, contiguous, in the layout of ``PackedBits``.  Padding bits are not
+    checked (that would read the GPU on every construction): the products ignore them in
+    their operands and write them zero in their results."""
 
     words: object
     nrows: int
@@ -288,6 +290,15 @@ def base_product(a, b, *, semiring: str = "gf2", kernel: str = "auto", K: int | 
     return c
 
 
+def _result(words, nrows: int, ncols: int) -> CudaBits:
+    """C as CudaBits with its padding bits zero: a B whose padding bits were not zero gives
+    bits past column N (the columns before N never depend on them)."""
+    used = ncols % WORD_BITS
+    if used and nrows:
+        words[:, -1] &= (1 << used) - 1
+    return CudaBits(words, nrows, ncols)
+
+
 def _operands(A, B) -> tuple[CudaBits, CudaBits, bool]:
     packed = isinstance(A, CudaBits)
     if packed != isinstance(B, CudaBits):
@@ -347,7 +358,7 @@ def gf2_product(A, B, *, algo="auto", levels: int | None = None, kernel: str = "
     c = recurse(a, b, scheme, levels, report,
                 lambda x, y: base_product(x, y, semiring="gf2", kernel=kernel,
                                           K=K if levels == 0 else None, lib=lib))
-    C = CudaBits(c[:M, :B.nwords].contiguous(), M, N)
+    C = _result(c[:M, :B.nwords].contiguous(), M, N)
     out = C if packed else unpack(C)
     return (out, report) if return_report else out
 
@@ -357,5 +368,5 @@ def boolean_product(A, B, *, kernel: str = "auto", lib=None):
     A, B, packed = _operands(A, B)
     c = base_product(A.words[None], B.words[None], semiring="boolean", kernel=kernel, K=A.ncols,
                      lib=lib)
-    C = CudaBits(c[0], A.nrows, B.ncols)
+    C = _result(c[0], A.nrows, B.ncols)
     return C if packed else unpack(C)
