@@ -38,10 +38,11 @@ def _is_torch(x) -> bool:
 
 
 def _t(x):
-    """The last two dimensions swapped, contiguous."""
+    """The last two dimensions swapped, as a view: the vendor's batched GEMM reads a transposed
+    operand in place, and lcmac's own kernel path makes its operands contiguous itself."""
     if _is_torch(x):
-        return x.transpose(-1, -2).contiguous()
-    return np.ascontiguousarray(np.swapaxes(x, -1, -2))
+        return x.transpose(-1, -2)
+    return np.swapaxes(x, -1, -2)
 
 
 def lowrank_matmul(U, V, B, *, algo: str = "auto"):
