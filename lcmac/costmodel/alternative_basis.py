@@ -16,12 +16,14 @@ kernels run ``levels`` as the Kronecker power of a scheme, and the pair's bases 
 be powered with it.
 
 Worked example (H100 profile, bf16, 32768³, fused, Winograd against its pair from
-``search_basis``, 12 core additions against 15): the core's combines read the same 4 blocks
-and write one operand fewer (3 of the 7 products' A operands are sums, against 4), so Combine
-A and B each save a quarter-block of writes, about 0.05 ms of ~100 ms; φ, ψ and υ⁻¹ cost a
-pass over A, B and C each, 2·2 GiB at the achievable bandwidth, about 1.4 ms apiece.  The
-pair is slower by ~4 ms unless chained with a static B, where only the saved writes remain:
-then it gains ~0.1 %.  ``compare`` gives these numbers for any pair, shape and profile.
+``search_basis``, 12 core additions against 15): Winograd's stages are Combine A and B 1.51
+ms each, the GEMM stage 79.97 ms, Combine H 1.54 ms: 84.53 ms.  The core's combines read the
+same 4 blocks and write one operand fewer (3 of the 7 products' A operands are sums, against
+4): 1.32 ms each, and its Combine H 1.28 ms.  φ, ψ and υ⁻¹ cost a pass over A, B and C each
+(read and write 2 GiB at the achievable bandwidth): 1.51 ms apiece.  So a single product by
+the pair takes 88.43 ms (0.956×); chained with a static B, where only the saved writes remain,
+82.58 ms against Winograd's 83.02 with its static B (1.005×).  ``compare`` gives these numbers
+for any pair, shape and profile.
 """
 from __future__ import annotations
 
