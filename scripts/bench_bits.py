@@ -30,6 +30,7 @@ lcmac's cache) before the first size.
 
     python scripts/bench_bits.py                           # 4096, 8192, 16384
     python scripts/bench_bits.py --sizes 1024,2048 --rounds 3 --numpy
+    python scripts/bench_bits.py --device cuda --sizes 16384,32768   # the GPU (bench_bits_cuda.py)
 
 Writes out/bench-bits/<host>-<UTC time>.json (``out/`` is not tracked; ``--out`` picks another
 path).
@@ -251,7 +252,17 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="JSON path (default: out/bench-bits/...)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: the GPU benchmark instead (scripts/bench_bits_cuda.py: lcmac's "
+                         "kernels and LCMA levels against its own cubic kernel and torch's int8 "
+                         "product; M4RI is a CPU library)")
     args = ap.parse_args(argv)
+    if args.device == "cuda":
+        sys.path.insert(0, str(ROOT / "scripts"))
+        import bench_bits_cuda
+        fwd = (["--sizes", *args.sizes.split(",")] + ["--levels", *args.levels.split(",")]
+               + ["--rounds", str(args.rounds)] + (["--out", args.out] if args.out else []))
+        return bench_bits_cuda.main([a for a in fwd if a])
     lib, libname = load_m4ri()
     openmp = m4ri_openmp()
     if openmp:
