@@ -22,22 +22,19 @@ measurement.  One level only (the core at ``levels=1``).
 from __future__ import annotations
 
 import functools
-import threading
 
-from .artifact.cache import cached_build
-from .call_args import operand_kind
+import numpy as np
+
+from .call_args import LOADED, operand_kind
 from .costmodel.alternative_basis import core_algorithm
 from .errors import AlgorithmError, DTypeError, ShapeError
 from .ir.alternative_basis import AlternativeBasisAlgorithm
 from .ir.basis_search import search_basis
 from .ir.catalogue import get
-from .runtime.loader import load
 
 __all__ = ["pair_for", "to_basis", "from_basis", "change_basis", "ab_matmul"]
 
 SUFFIX = "-ab"
-_loaded: dict[tuple, object] = {}
-_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=32)
@@ -79,8 +76,8 @@ def change_basis(X, T, p: int, q: int):
     def block(Z, o):
         i, j = divmod(o, q)
         return Z[..., i * rb:(i + 1) * rb, j * cb:(j + 1) * cb]
-    Y = X.copy() if operand_kind(X) == "numpy" else X.clone()
-    for o in range(p * q):
+    Y = np.empty_like(X) if operand_kind(X) == "numpy" else X.new_empty(X.shape)
+    for o in range(p * q):                 # every block of Y is written below
         dst, first = block(Y, o), True
         for s in range(p * q):
             c = T[o, s]
@@ -118,12 +115,8 @@ def _core_kernel(pair, A, M: int, N: int, K: int, config=None):
     else:
         raise DTypeError("ab_matmul takes numpy arrays (this CPU) or torch CUDA tensors")
     core = core_algorithm(pair)
-    key = (core.hash, target, dtype, M, N, K, repr(sorted((config or {}).items())))
-    with _lock:
-        if key not in _loaded:
-            hit = cached_build(core, target, dtype, (M, N, K), config=config)
-            _loaded[key] = load(hit.manifest)
-        return _loaded[key]
+    return LOADED.get((core.hash, target, dtype, (M, N, K), repr(sorted((config or {}).items()))),
+                      (core, target, dtype, (M, N, K)), {"config": config})
 
 
 def ab_matmul(A, B, algo="winograd-ab", *, inputs_in_basis: bool = False,

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from .artifact.bits import build_bits, is_bit_dtype
+from .artifact.bits import BIT_DTYPES, build_bits, is_bit_dtype
 from .artifact.build import build, resolve_target
 from .artifact.bundle import build_bundle, read_bundle
 from .artifact.manifest import Manifest
@@ -245,7 +245,7 @@ def _build_bits(args, t) -> int:
                       name=args.name)
     m = Manifest.read(path)
     levels = m.algorithm["levels"]
-    print(f"built {m.algorithm['name']} over {m.build['semiring']} (levels "
+    print(f"built {m.algorithm['name']} over {BIT_DTYPES[m.dtype]} (levels "
           f"{'auto' if levels is None else levels}) for {m.target['name']}, any shape, in "
           f"{time.perf_counter() - t0:.1f} s")
     print(f"  library  {m.library_path(path)}  ({m.library['bytes']} bytes, sha256 {m.library['sha256'][:12]})")

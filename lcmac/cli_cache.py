@@ -11,6 +11,13 @@ from .bits import native_build as bit_kernels
 from .cli_output import dump_json, size_text, table
 
 
+def _bit_kernels(args) -> tuple[list[dict], str]:
+    """The bit kernels (lcmac.bits' own cache) and their bytes as text; none with ``--dir``,
+    which names a kernel cache only."""
+    bits = [] if args.dir else bit_kernels.cached_kernels()
+    return bits, size_text(sum(b["bytes"] for b in bits))
+
+
 def cmd_cache_info(args) -> int:
     inf = kcache.info(args.dir)
     if args.json:
@@ -24,15 +31,14 @@ def cmd_cache_info(args) -> int:
                               if os.environ.get("LCMAC_CACHE_DIR") else
                               "default (LCMAC_CACHE_DIR sets it)"))
     if not args.dir:
-        bits = bit_kernels.cached_kernels()
-        print(f"bit kernels   {len(bits)}, {size_text(sum(b['bytes'] for b in bits))} in "
-              f"{bit_kernels.cache_dir()}")
+        bits, size = _bit_kernels(args)
+        print(f"bit kernels   {len(bits)}, {size} in {bit_kernels.cache_dir()}")
     return 0
 
 
 def cmd_cache_list(args) -> int:
     es = kcache.entries(args.dir)
-    bits = [] if args.dir else bit_kernels.cached_kernels()   # --dir names a kernel cache only
+    bits, _ = _bit_kernels(args)
     if args.json:
         dump_json("cache-list", {"dir": str(kcache.cache_dir(args.dir)), "entries": [
             {"key": e.key, "algorithm": e.algorithm, "target": e.target, "dtype": e.dtype,
@@ -58,15 +64,14 @@ def cmd_cache_list(args) -> int:
 
 def cmd_cache_clear(args) -> int:
     inf = kcache.info(args.dir)
-    bits = [] if args.dir else bit_kernels.cached_kernels()   # --dir names a kernel cache only
+    bits, bits_size = _bit_kernels(args)
     kernels_empty = not inf["exists"] or (inf["entries"] == 0 and inf["bytes"] == 0)
     if kernels_empty and not bits:
         print(f"the kernel cache {inf['dir']} is empty")
         return 0
     what = f"{inf['entries']} kernels ({size_text(inf['bytes'])}) from {inf['dir']}"
     if bits:
-        what += (f" and {len(bits)} bit kernels ({size_text(sum(b['bytes'] for b in bits))}) "
-                 f"from {bit_kernels.cache_dir()}")
+        what += f" and {len(bits)} bit kernels ({bits_size}) from {bit_kernels.cache_dir()}"
     if not args.yes:
         if not sys.stdin.isatty():
             print(f"lcmac cache clear: this would remove {what}; pass --yes to do it",

@@ -104,6 +104,6 @@ def build_bits(algo: str, t: Target, dtype: str, levels: int | None = None,
                    library={"file": dst.name, "sha256": sha256_file(dst),
                             "bytes": dst.stat().st_size},
                    lcmac_version=_version.__version__,
-                   build={"seconds": round(time.perf_counter() - t0, 3), "semiring": semiring},
+                   build={"seconds": round(time.perf_counter() - t0, 3)},
                    format=FORMAT)
     return man.write(out / f"{name}.json")

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from ..errors import DTypeError, ShapeError
 from .counting import boolean_by_counts
+from .cuda import KERNELS as GPU_KERNELS
+from .cuda import CudaBits, boolean_product, gf2_product, is_cuda_tensor
 from .lcma import AUTO_SCHEME, XorReport, gf2_scheme, lcma_product
 from .native import base_product, choose_kernel
 from .packing import PackedBits, check_bit_form, pack, unpack
@@ -59,10 +61,7 @@ def _kernel_product(A: PackedBits, B: PackedBits, semiring: str, kernel,
 def _on_gpu(A, B) -> bool:
     """Whether the operands are for the GPU path (``lcmac.bits.cuda``): a torch CUDA tensor or
     ``CudaBits`` on either side (the other is then checked to be one too)."""
-    def gpu(x):
-        return type(x).__name__ == "CudaBits" or (type(x).__module__.startswith("torch")
-                                                  and getattr(x, "is_cuda", False))
-    if gpu(A) or gpu(B):
+    if any(isinstance(x, CudaBits) or is_cuda_tensor(x) for x in (A, B)):
         return True
     for x, what in ((A, "A"), (B, "B")):
         if type(x).__module__.startswith("torch"):
@@ -73,11 +72,10 @@ def _on_gpu(A, B) -> bool:
 
 
 def _gpu_kernel(kernel: str | None) -> str:
-    from .cuda import KERNELS
     kernel = "auto" if kernel is None else kernel
-    if kernel not in KERNELS:
+    if kernel not in GPU_KERNELS:
         raise ValueError(f"kernel={kernel!r} is not a GPU bit kernel: choose one of "
-                         f"{', '.join(KERNELS)} for CUDA tensors")
+                         f"{', '.join(GPU_KERNELS)} for CUDA tensors")
     return kernel
 
 
@@ -96,7 +94,6 @@ def gf2_matmul(A, B, *, algo="auto", levels: int | None = None, return_report: b
     ``XorReport`` of the XORs done.  CUDA tensors and ``CudaBits`` run on their GPU, where
     ``kernel`` is ``"auto"``, ``"mma"`` or ``"bitwise"`` (``lcmac.bits.cuda``)."""
     if _on_gpu(A, B):
-        from .cuda import gf2_product
         return gf2_product(A, B, algo=algo, levels=levels, kernel=_gpu_kernel(kernel),
                            return_report=return_report)
     A, B, packed = _operands(A, B)
@@ -126,7 +123,6 @@ def boolean_matmul(A, B, *, algo: str = "m4r", kernel: str | None = None):
         if algo != "m4r":
             raise ValueError(f"boolean_matmul on a GPU runs the kernel alone (algo='m4r'), "
                              f"not {algo!r}: the counting path runs on the CPU")
-        from .cuda import boolean_product
         return boolean_product(A, B, kernel=_gpu_kernel(kernel))
     A, B, packed = _operands(A, B)
     if isinstance(algo, str) and algo == "m4r":

@@ -21,8 +21,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
-import os
-import secrets
 import shutil
 import subprocess
 import threading
@@ -30,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import version as _version
-from ..errors import ArtifactError, DTypeError, LcmacError, ShapeError, TargetError, ToolchainError
+from ..errors import DTypeError, LcmacError, ShapeError, TargetError, ToolchainError
 from ..schedules import cuda_bits
 from ..targets import cuda as cuda_target
 from . import native_build
@@ -176,20 +174,13 @@ def _key(arch: str) -> tuple[str, dict]:
 
 
 def _build(root: Path, key: str, fields: dict) -> Path:
-    tmp = root / f".tmp-{key}-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = native_build.scratch_dir(root, key)
     try:
-        tmp.mkdir(parents=True)
         src = tmp / "bits.cu"
         src.write_text(cuda_bits.source())
         cuda_target.compile_so([str(src)], str(tmp / "kernel.so"), fields["arch"], [])
         src.unlink()
-        meta = {"key": key, "fields": fields, "sha256": native_build._sha256(tmp / "kernel.so")}
-        (tmp / "entry.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-        entry = root / key
-        if entry.exists():                 # a damaged entry: out of the way, under the lock
-            shutil.rmtree(entry, ignore_errors=True)
-        os.rename(tmp, entry)
-        return entry / "kernel.so"
+        return native_build.publish(root, tmp, key, fields)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -205,8 +196,7 @@ def library_path(arch: str) -> Path:
         with native_build._locked(root, key):
             return native_build._valid_library(root / key, key) or _build(root, key, fields)
     except OSError as e:
-        raise ArtifactError(f"the bit-kernel cache {root} is not writable ({e.strerror or e}); "
-                            f"set LCMAC_CACHE_DIR to a writable directory") from None
+        raise native_build.not_writable(root, e) from None
 
 
 def open_library(path) -> ctypes.CDLL:
@@ -352,7 +342,8 @@ def gf2_product(A, B, *, algo="auto", levels: int | None = None, kernel: str = "
     Mp, KWp, NWp, base = plan(scheme, M, A.nwords, B.nwords, levels)
     report = XorReport(scheme.name, levels, (Mp, KWp * WORD_BITS, NWp * WORD_BITS), base,
                        scheme.R ** levels)
-    report.kernel.kernel = f"cuda-{AUTO_KERNEL if kernel == 'auto' else kernel}"
+    kernel = AUTO_KERNEL if kernel == "auto" else kernel
+    report.kernel.kernel = f"cuda-{kernel}"
     a = padded(A.words, Mp, KWp)
     b = padded(B.words, KWp * WORD_BITS if levels else K, NWp)
     c = recurse(a, b, scheme, levels, report,

@@ -53,7 +53,8 @@ from ..cachedir import cache_root
 from ..errors import ArtifactError, ToolchainError
 
 __all__ = ["TEMPLATE_VERSION", "ENTRY", "WORKER", "cache_dir", "kernel_key", "library_paths",
-           "load_kernel", "missing_loader", "missing_toolchain", "cached_kernels", "clear_kernels"]
+           "load_kernel", "missing_loader", "missing_toolchain", "cached_kernels", "clear_kernels",
+           "scratch_dir", "publish", "not_writable"]
 
 #: the generation of ``lcmac.schedules.cpu_bits``'s template that this module asks for (the
 #: two are kept equal; a test checks it): part of the key, so a new template is recompiled
@@ -147,14 +148,44 @@ def _valid_library(entry: Path, key: str) -> Path | None:
 
 
 @contextlib.contextmanager
-def _locked(root: Path, key: str):
+def _locked(root: Path, key: str, blocking: bool = True):
+    """Holds ``key``'s lock (waits for it); with ``blocking=False`` yields whether it got it."""
     (root / ".locks").mkdir(parents=True, exist_ok=True)
     fd = os.open(root / ".locks" / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
         os.close(fd)                       # closing it releases the lock
+
+
+def scratch_dir(root: Path, key: str) -> Path:
+    """A fresh directory to build ``key``'s entry in, beside the cache's entries."""
+    tmp = root / f".tmp-{key}-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def publish(root: Path, tmp: Path, key: str, fields: dict, **extra) -> Path:
+    """Complete the entry built in ``tmp`` (its ``kernel.so``): write ``entry.json`` (the key,
+    what it is made of, the library's sha256, ``extra``) and rename it to ``<root>/<key>``,
+    under the key's lock; returns the library's path."""
+    meta = {"key": key, "fields": fields, "sha256": _sha256(tmp / "kernel.so"), **extra}
+    (tmp / "entry.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    entry = root / key
+    if entry.exists():                     # a damaged entry: out of the way, under the lock
+        shutil.rmtree(entry, ignore_errors=True)
+    os.rename(tmp, entry)
+    return entry / "kernel.so"
+
+
+def not_writable(root: Path, e: OSError) -> ArtifactError:
+    return ArtifactError(f"the bit-kernel cache {root} is not writable ({e.strerror or e}); set "
+                         f"LCMAC_CACHE_DIR to a writable directory")
 
 
 def _run_worker(requests: list[dict]) -> list[dict]:
@@ -183,12 +214,11 @@ def _run_worker(requests: list[dict]) -> list[dict]:
 def _build_entries(root: Path, keys: dict[str, tuple[str, dict]]) -> dict[str, Path]:
     """Compile the kernels ``keys`` (semiring → (key, fields)) into scratch directories with
     one worker, then rename each to ``<root>/<key>``; their libraries."""
-    scratch = {s: root / f".tmp-{key}-{os.getpid()}-{secrets.token_hex(4)}"
-               for s, (key, _) in keys.items()}
+    scratch = {}
     try:
         requests = []
         for s, (key, fields) in keys.items():
-            scratch[s].mkdir(parents=True)
+            scratch[s] = scratch_dir(root, key)
             requests.append({"version": 1, "kernel": "bits", "semiring": s,
                              "config": fields["config"], "target": {"name": "host", "family": "x86"},
                              "mcpu": "native", "entry": ENTRY,
@@ -199,16 +229,9 @@ def _build_entries(root: Path, keys: dict[str, tuple[str, dict]]) -> dict[str, P
                 err = resp.get("error", {})
                 raise ToolchainError(f"the apache-tvm worker could not compile the native bit "
                                      f"kernel: {err.get('type')}: {err.get('message')}")
-            tmp = scratch[s]
-            meta = {"key": key, "fields": fields, "sha256": _sha256(tmp / "kernel.so"),
-                    "target": resp.get("info", {}).get("target"),
-                    "target_dict": resp.get("target_dict"), "seconds": resp.get("seconds")}
-            (tmp / "entry.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-            entry = root / key
-            if entry.exists():             # a damaged entry: out of the way, under the lock
-                shutil.rmtree(entry, ignore_errors=True)
-            os.rename(tmp, entry)
-            out[s] = entry / "kernel.so"
+            out[s] = publish(root, scratch[s], key, fields,
+                             target=resp.get("info", {}).get("target"),
+                             target_dict=resp.get("target_dict"), seconds=resp.get("seconds"))
         return out
     finally:
         for tmp in scratch.values():
@@ -239,8 +262,7 @@ def library_paths(semirings, config: dict, *, build: bool = True) -> dict[str, P
                 found.update(_build_entries(root, todo))
             return found
     except OSError as e:
-        raise ArtifactError(f"the bit-kernel cache {root} is not writable ({e.strerror or e}); "
-                            f"set LCMAC_CACHE_DIR to a writable directory") from None
+        raise not_writable(root, e) from None
 
 
 def load_kernel(semiring: str, config: dict, *, build: bool = True):
@@ -295,19 +317,11 @@ def clear_kernels() -> dict:
     root = cache_dir()
     n = freed = 0
     for entry in _entry_dirs(root):
-        fd = os.open(root / ".locks" / f"{entry.name}.lock", os.O_RDWR | os.O_CREAT, 0o644) \
-            if (root / ".locks").is_dir() else None
-        try:
-            if fd is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    continue                     # being built: left alone
+        with _locked(root, entry.name, blocking=False) as held:
+            if not held:
+                continue                         # being built: left alone
             size = _dir_bytes(entry)
             shutil.rmtree(entry, ignore_errors=True)
             if not entry.exists():
                 n, freed = n + 1, freed + size
-        finally:
-            if fd is not None:
-                os.close(fd)
     return {"entries": n, "bytes": freed}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..artifact.bits import BIT_DTYPES
 from ..artifact.manifest import Manifest, verify_library
 from ..bits import boolean_matmul, gf2_matmul
 from ..bits import cuda as bits_cuda
@@ -26,7 +27,7 @@ class BitsFunction:
     def __init__(self, man: Manifest, lib_path: Path):
         self.manifest = man
         self.lib_path = lib_path
-        self.semiring = man.build.get("semiring") or {"gf2": "gf2", "bool": "boolean"}[man.dtype]
+        self.semiring = BIT_DTYPES[man.dtype]
         self.algo = man.algorithm["name"]
         self.levels = man.algorithm.get("levels")
         self._kernel = None
@@ -75,12 +76,11 @@ class BitsFunction:
                 return bits_cuda.boolean_product(A, B, kernel=self.manifest.config.get("kernel", "auto"),
                                                  lib=self._cuda(A))
             return boolean_matmul(A, B, kernel=self._native())
-        algo = "m4r" if self.algo == "m4r" else self.algo
         if gpu:
-            return bits_cuda.gf2_product(A, B, algo=algo, levels=self.levels,
+            return bits_cuda.gf2_product(A, B, algo=self.algo, levels=self.levels,
                                          kernel=self.manifest.config.get("kernel", "auto"),
                                          return_report=return_report, lib=self._cuda(A))
-        return gf2_matmul(A, B, algo=algo, levels=self.levels, kernel=self._native(),
+        return gf2_matmul(A, B, algo=self.algo, levels=self.levels, kernel=self._native(),
                           return_report=return_report)
 
 
