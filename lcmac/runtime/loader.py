@@ -208,6 +208,8 @@ def _check_host(man: Manifest) -> None:
         # cpu_flags: features the kernel itself needs beyond the target's (vdpbf16ps:
         # avx512_bf16); without the check such a library dies on an illegal instruction
         x86.check_runnable(man.target["name"], tuple(man.extra.get("cpu_flags", ()) or ()))
+        if man.extra.get("gemm_kernel") == "amx":
+            x86.request_amx()       # else the first tile instruction is SIGILL
     elif fam == "aarch64":
         if not aarch64.native_host():
             raise TargetError(f"artifact {man.name} is AArch64 code and this machine is {mach}: "

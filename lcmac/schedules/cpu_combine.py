@@ -28,13 +28,14 @@ def bf16_bits(x: str) -> str:
 
 
 def _emit_program(w: Writer, prog, dtype: str, vl: int, var: str, load, store,
-                  pairs: bool = False) -> None:
+                  pairs: bool = False, bits16: bool = False) -> None:
     """Loads of the used inputs into xin, temporaries into tmp, outputs stored: each a
     vectorised statement over ``var`` (no let-bindings: see cpu_gemm's note).
 
     ``pairs``: the program runs twice, for the two k values of a pair (``load(s, e)``,
     e = 0, 1, into xin[e] / tmp[e]); each output is stored as one int32 holding both values
-    rounded once to bf16 (k even in the low half: the order vdpbf16ps pairs them in)."""
+    rounded once to bf16 (k even in the low half: the order vdpbf16ps pairs them in).
+    ``bits16``: each output is stored as its bf16 bit pattern (uint16), rounded once."""
     used = _used_inputs(prog)
     slot = {s: i for i, s in enumerate(used)}
     nt = len(prog.temps)
@@ -67,17 +68,21 @@ def _emit_program(w: Writer, prog, dtype: str, vl: int, var: str, load, store,
                     w(f"yo[{e}, {var}] = {linear_expr(ex, namer(e), dtype)}")
                 w(f"{store(o)} = T.reinterpret(\"int32\", {bf16_bits(f'yo[0, {var}]')} | "
                   f"({bf16_bits(f'yo[1, {var}]')} << T.uint32(16)))")
+            elif bits16:
+                w(f"yo[0, {var}] = {linear_expr(ex, namer(None), dtype)}")
+                w(f"{store(o)} = T.Cast(\"uint16\", {bf16_bits(f'yo[0, {var}]')})")
             else:
                 w(f"{store(o)} = {linear_expr(ex, namer(None), dtype)}")
     return len(used), nt
 
 
-def _decl_locals(w: Writer, prog, dtype: str, vl: int, pairs: bool = False) -> None:
+def _decl_locals(w: Writer, prog, dtype: str, vl: int, pairs: bool = False,
+                 bits16: bool = False) -> None:
     pre = "2, " if pairs else ""
     w(f"xin = T.decl_buffer(({pre}{max(1, len(_used_inputs(prog)))}, {vl}), \"{dtype}\", scope=\"local\")")
     if prog.temps:
         w(f"tmp = T.decl_buffer(({pre}{len(prog.temps)}, {vl}), \"{dtype}\", scope=\"local\")")
-    if pairs:
+    if pairs or bits16:
         w(f"yo = T.decl_buffer((2, {vl}), \"{dtype}\", scope=\"local\")")
 
 
@@ -126,11 +131,15 @@ def _load(src: str, row: str, col: str, dtype: str, src_dtype: str | None) -> st
 
 
 def emit_combine_a(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype: str | None = None,
-                   padded: bool = False, pair: bool = False) -> None:
+                   padded: bool = False, pair: bool = False, amx: bool = False) -> None:
     """Ãp[r, p, kk, 0:mr] for all r from one read of the m·k blocks' rows p·mr.. at column kk
     (from ``Apad`` when the shape needed padding).  A narrower ``src_dtype`` (bf16) is
     widened on load: the combine is computed in ``dtype``.  ``pair``: the bf16 dot-product
-    layout (int32 ``Ap32[r, p, kk/2, 0:mr]``, a bf16 k pair per element), rounded once."""
+    layout (int32 ``Ap32[r, p, kk/2, 0:mr]``, a bf16 k pair per element), rounded once.
+    ``amx``: the AMX layout (uint16 ``Ap16[r, p, kk/32, 0:mr, 0:32]``, bf16 bits), rounded once."""
+    if amx:
+        _combine_a_amx(w, g, prog, mr, dtype, src_dtype, padded)
+        return
     if pair:
         _combine_a_pairs(w, g, prog, mr, dtype, src_dtype, padded)
         return
@@ -185,6 +194,32 @@ def _combine_a_pairs(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtyp
                 _emit_program(w, prog, dtype, mr, "v", load,
                               lambda o: f"Ap32[{o}, " + packed_offset("p", "kp", "v", g.BKP // 2, mr) + "]",
                               pairs=True)
+
+
+def _combine_a_amx(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype: str,
+                   padded: bool) -> None:
+    # a row's 32 consecutive k values are one contiguous load and one contiguous 64-byte
+    # store (one AMX tile row); in memory, bf16 k pairs sit in the order tdpbf16ps pairs them
+    kt = 32
+    w("# Combine A (group-parallel, packs Ãp as bf16 rows of 32 k for AMX, rounded once)")
+    for loop, clamp in _panel_loops(g, mr, padded):
+        w(loop)
+        with w.indent():
+            _decl_locals(w, prog, dtype, kt, bits16=True)
+            w(f"for v in range({mr}):")
+            with w.indent():
+                w(f"for kq in range({g.BKP // kt}):")
+                with w.indent():
+                    def load(s, clamp=clamp):
+                        i, l = divmod(s, g.k)
+                        if padded:
+                            return _load("Apad", f"{i * g.BMP} + p * {mr} + v",
+                                         f"{l * g.BKP} + kq * {kt} + u", dtype, src_dtype)
+                        return _load("A", _a_row(g, i, mr, clamp), f"{l * g.BK} + kq * {kt} + u",
+                                     dtype, src_dtype)
+                    _emit_program(w, prog, dtype, kt, "u", load,
+                                  lambda o: f"Ap16[{o}, ((p * {g.BKP // kt} + kq) * {mr} + v) * {kt} + u]",
+                                  bits16=True)
 
 
 def _combine_b_pairs(w: Writer, g: Geometry, prog, nr: int, dtype: str, src_dtype: str,

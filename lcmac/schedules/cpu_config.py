@@ -14,6 +14,10 @@ Pure Python (no compiler import): build.py, the manifest and the tuner use it.
               (Measured on this Sapphire Rapids: one vdpbf16ps, 32 MACs, costs as much as
               3.5–4.5 fp32 FMAs of 16 MACs each: bf16 GEMM 83 vs 127 GFLOP/s at 2048³.  So
               the default is False and the tuner measures both for bfloat16.)
+    amx       bfloat16 only, where the LLVM target has AMX-BF16 and AMX-TILE: the GEMM stage
+              on Intel AMX tiles (``tdpbf16ps``), Ã/B̃ rounded to bf16 once when packed, fp32
+              accumulation; needs mr = nr = 32 (four 16 × 16 fp32 C tiles) and walks k in
+              steps of 32 (kc is rounded to a multiple of 32).  Opt-in (docs/cpu.md).
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ class CpuConfig:
     ku: int = 4
     fused: bool = True
     bf16_dot: bool = False       # opt-in; measured slower on Sapphire Rapids (above)
+    amx: bool = False            # opt-in; Intel AMX (above)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,8 +77,18 @@ class CpuConfig:
             raise ValueError(f"nr={self.nr} is {nv} vectors of {lanes} lanes; use a power-of-two "
                              f"number of vectors (nr in {ok}): other widths compile to "
                              f"lane-by-lane code, measured 20x slower")
-        if not isinstance(self.fused, bool) or not isinstance(self.bf16_dot, bool):
-            raise ValueError("config knobs fused and bf16_dot must be true or false")
+        if not all(isinstance(getattr(self, nm), bool) for nm in ("fused", "bf16_dot", "amx")):
+            raise ValueError("config knobs fused, bf16_dot and amx must be true or false")
+        if self.amx:
+            if self.bf16_dot:
+                raise ValueError("config knobs amx and bf16_dot select two GEMM kernels; set one")
+            if (self.mr, self.nr) != (32, 32):
+                raise ValueError(f"the AMX kernel computes 32 x 32 tiles (four 16 x 16 AMX C "
+                                 f"tiles): amx needs mr=32 and nr=32 (config mr={self.mr}, "
+                                 f"nr={self.nr})")
+            if self.kc % 32:
+                raise ValueError(f"the AMX kernel walks k in steps of 32: amx needs kc a "
+                                 f"multiple of 32 (config kc={self.kc})")
         if self.mc < self.mr or self.nc < self.nr:
             raise ValueError(f"mc ≥ mr and nc ≥ nr required (mc={self.mc}, mr={self.mr}, "
                              f"nc={self.nc}, nr={self.nr})")
@@ -213,8 +228,12 @@ def resolve_config(target, dtype: str, config, algorithm=None, shape=None) -> Cp
         cfg = config
     elif isinstance(config, dict):
         base = default_config(target, dtype, algorithm, shape=shape).to_dict()
+        if config.get("amx"):
+            base.update(mr=32, nr=32)       # the AMX kernel's tile, unless given
         base.update(config)
         cfg = CpuConfig.from_dict(base)
     else:
         raise TargetError(f"config must be a dict or CpuConfig, got {type(config).__name__}")
+    if cfg.amx and dtype != "bfloat16":
+        raise DTypeError(f"config knob amx (Intel AMX tdpbf16ps) is for bfloat16; this build is {dtype}")
     return cfg.validate(lanes_for(target, dtype))

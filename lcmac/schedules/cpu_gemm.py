@@ -34,6 +34,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from fractions import Fraction
 
+from ..errors import DTypeError, TargetError
 from .cpu_config import CpuConfig, tile_for_count
 
 
@@ -106,7 +107,8 @@ def geometry(grid: tuple[int, int, int], M: int, N: int, K: int, cfg: CpuConfig)
     BM, BK, BN = _ceil(M, m), _ceil(K, k), _ceil(N, n)
     MC, nmc, BMP = _tile(BM, cfg.mc, cfg.mr)
     NC, nnc, BNP = _tile(BN, cfg.nc, cfg.nr)
-    KC, nkc, BKP = _tile(BK, cfg.kc, cfg.ku)
+    # the AMX kernel walks k in 32-wide steps (a tile row holds 32 bf16)
+    KC, nkc, BKP = _tile(BK, cfg.kc, AMX_K if cfg.amx else cfg.ku)
     return Geometry(M, N, K, m, k, n, BM, BK, BN, MC, NC, KC, nmc, nnc, nkc, BMP, BNP, BKP)
 
 
@@ -217,12 +219,97 @@ def emit_microkernel_bf16dot(w: Writer, g: Geometry, cfg: CpuConfig, r,
                       f"T.broadcast({a}, {DOT_LANES}), {b})")
 
 
+#: The Intel AMX micro-kernel (bfloat16): a 32 × 32 fp32 tile of C as 4 AMX C tiles (16 × 16
+#: fp32), per 32-wide k step 2 A tiles (16 rows × 32 bf16) and 2 B tiles (16 k pairs × 16
+#: columns × 2 bf16, the VNNI layout of ``Bp32`` with nr = 32) feeding 4 ``tdpbf16ps``: the 8
+#: tile registers exactly.  Written as LLVM IR with the x86_amx "internal" intrinsics (the X86
+#: backend configures the tiles itself, ldtilecfg) and linked like ``DPBF16_LL``; the k steps
+#: of a kc chunk are unrolled, so the accumulators stay in tiles without phis of x86_amx.
+#: Operands: Ã as ``Ap16[r][BMP/32][BKP/32][32 rows][32 k]`` (bf16 bits; a row's 32 k values,
+#: 64 bytes, are one tile row), B̃ as ``Bp32``; C stored to the fp32 ``acc`` (row stride 128 B),
+#: where the epilogues read it as from the other kernels.
+AMX_MR, AMX_NR, AMX_K = 32, 32, 32
+#: LLVM features the AMX kernel needs (x86.KERNEL_FEATURES maps them to CPU flags)
+AMX_FEATURES = ("amx-tile", "amx-bf16")
+
+
+def amx_kernel(dtype: str, cfg: CpuConfig, features) -> bool:
+    """Whether the GEMM stage runs on AMX: ``cfg.amx``, checked against the dtype and the
+    LLVM target's ``features`` (a clear error rather than a kernel the CPU cannot run)."""
+    if not cfg.amx:
+        return False
+    if dtype != "bfloat16":
+        raise DTypeError(f"config knob amx (Intel AMX tdpbf16ps) is for bfloat16; this kernel is {dtype}")
+    missing = [f for f in AMX_FEATURES if f not in set(features)]
+    if missing:
+        raise TargetError(f"config knob amx needs an LLVM target with {' and '.join(AMX_FEATURES)} "
+                          f"(--target x86_64-avx512 --mcpu sapphirerapids, or --mcpu native on a "
+                          f"CPU with AMX); this target lacks {', '.join(missing)}")
+    return True
+
+
+def amx_fn(kc: int) -> str:
+    return f"lcmac_amx_bf16_32x32_k{kc}"
+
+
+def amx_ll(kc: int) -> str:
+    """The AMX micro-kernel over one kc chunk (kc a multiple of 32) as LLVM IR text."""
+    assert kc % AMX_K == 0
+    L = [f"define void @{amx_fn(kc)}(ptr %c, ptr %a, ptr %b) {{"]
+    for i in range(2):
+        for j in range(2):
+            L.append(f"  %c{i}{j}_0 = call x86_amx @llvm.x86.tilezero.internal(i16 16, i16 64)")
+    for s in range(kc // AMX_K):
+        # Ã step: 32 rows × 64 B = 2048 B, A tile 1 at +1024; B̃ step: 16 k pairs × 128 B,
+        # B tile 1 (columns 16..31) at +64
+        for i in range(2):
+            L.append(f"  %pa{i}_{s} = getelementptr i8, ptr %a, i64 {s * 2048 + i * 1024}")
+            L.append(f"  %a{i}_{s} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, "
+                     f"ptr %pa{i}_{s}, i64 64)")
+        for j in range(2):
+            L.append(f"  %pb{j}_{s} = getelementptr i8, ptr %b, i64 {s * 2048 + j * 64}")
+            L.append(f"  %b{j}_{s} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, "
+                     f"ptr %pb{j}_{s}, i64 128)")
+        for i in range(2):
+            for j in range(2):
+                L.append(f"  %c{i}{j}_{s + 1} = call x86_amx @llvm.x86.tdpbf16ps.internal(i16 16, "
+                         f"i16 64, i16 64, x86_amx %c{i}{j}_{s}, x86_amx %a{i}_{s}, x86_amx %b{j}_{s})")
+    n = kc // AMX_K
+    for i in range(2):
+        for j in range(2):
+            L.append(f"  %pc{i}{j} = getelementptr i8, ptr %c, i64 {i * 2048 + j * 64}")
+            L.append(f"  call void @llvm.x86.tilestored64.internal(i16 16, i16 64, ptr %pc{i}{j}, "
+                     f"i64 128, x86_amx %c{i}{j}_{n})")
+    L += ["  ret void", "}",
+          "declare x86_amx @llvm.x86.tilezero.internal(i16, i16)",
+          "declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)",
+          "declare x86_amx @llvm.x86.tdpbf16ps.internal(i16, i16, i16, x86_amx, x86_amx, x86_amx)",
+          "declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)"]
+    return "\n".join(L) + "\n"
+
+
+def emit_microkernel_amx(w: Writer, g: Geometry, r, a_buf: str = "Ap16", b_buf: str = "Bp32",
+                         prefetch=None) -> None:
+    """acc[32][32] = Ã_r[tile rows] · B̃_r[tile cols] over one kc chunk on AMX (``amx_ll``).
+    A call with side effects (it writes ``acc``), not a pure one."""
+    a = (f"{a_buf}[{r}, ((tm * {g.MC // AMX_MR} + ir) * {g.BKP // AMX_K} + kc * {g.KC // AMX_K})"
+         f" * {AMX_MR * AMX_K}]")
+    b = (f"{b_buf}[{r}, ((tn * {g.NC // AMX_NR} + jr) * {g.BKP // 2} + kc * {g.KC // 2}) * {AMX_NR}]")
+    _prefetch(w, AMX_MR, prefetch)
+    w(f"T.evaluate(T.call_extern(\"void\", \"{amx_fn(g.KC)}\", T.address_of(acc[0, 0]), "
+      f"T.address_of({a}), T.address_of({b})))")
+
+
 def _zero_acc(w: Writer, mr: int, nr: int, acc_dtype: str, prefetch) -> None:
     w(f"for v in T.unroll({mr}):")
     with w.indent():
         w(f"for u in T.vectorized({nr}):")
         with w.indent():
             w(f"acc[v, u] = {literal(0, acc_dtype)}")
+    _prefetch(w, mr, prefetch)
+
+
+def _prefetch(w: Writer, mr: int, prefetch) -> None:
     if prefetch:
         # the tile the epilogue will read-modify-write: fetched while the FMAs run
         # (its rows are a power-of-two stride apart for square sizes: cache-set conflicts)
@@ -274,7 +361,7 @@ def emit_tile_store(w: Writer, cfg: CpuConfig, dst: str, coef, acc_dtype: str,
 
 
 def emit_gemm_stage(w: Writer, g: Geometry, cfg: CpuConfig, R: int, acc_dtype: str,
-                    epilogue, prefetch=None, bf16_dot: bool = False) -> None:
+                    epilogue, prefetch=None, bf16_dot: bool = False, amx: bool = False) -> None:
     """The GEMM stage: one parallel task per (tm, tn) tile position of the blocks (FalconGEMM's
     (x, z)); inside, for each product r (its Combine-H coefficients constants in its own branch),
     the kc / jr / ir loops of the register-tiled micro-kernel, then ``epilogue(w, r)``
@@ -297,7 +384,9 @@ def emit_gemm_stage(w: Writer, g: Geometry, cfg: CpuConfig, R: int, acc_dtype: s
                 with w.indent():
                     w(f"for ir in range({g.MC // mr}):")
                     with w.indent():
-                        if bf16_dot:
+                        if amx:
+                            emit_microkernel_amx(w, g, "r", prefetch=prefetch)
+                        elif bf16_dot:
                             emit_microkernel_bf16dot(w, g, cfg, "r", prefetch=prefetch)
                         else:
                             emit_microkernel(w, g, cfg, "r", acc_dtype, prefetch=prefetch)

@@ -81,7 +81,8 @@ def llvm_features(tdict: dict, names) -> set[str]:
 def x86_lower(request: dict) -> tuple[str, dict]:
     """TVMScript source of the kernel for this request.  Nothing in it is x86-specific beyond
     the config (vector width comes in through mr/nr) and the kernel features of the target
-    (``avx512bf16``: the bf16 GEMM stage on vdpbf16ps), which need LLVM to resolve; the
+    (``avx512bf16``: the bf16 GEMM stage on vdpbf16ps; ``amx-tile``/``amx-bf16``: on AMX),
+    which need LLVM to resolve; the
     fixed-width AArch64 targets use it as is.  A ``"kernel": "bits"`` request gets the bit
     kernel (``lcmac.schedules.cpu_bits``), which selects on no feature."""
     request = _resolved(request)
@@ -99,7 +100,7 @@ def x86_lower(request: dict) -> tuple[str, dict]:
     # and whatever else LLVM may use for the target's mcpu (checked by the loader)
     info["cpu_flags"] = sorted(set(x86.REQUIRED_FLAGS.get(request["target"]["name"], ()))
                                | {x86.KERNEL_FEATURES[f] for f in feats
-                                  if info.get("gemm_kernel") == "vdpbf16ps"}
+                                  if f in x86.KERNEL_USES.get(info.get("gemm_kernel"), ())}
                                | {x86.LLVM_FEATURE_FLAGS[f] for f in enabled if f in x86.LLVM_FEATURE_FLAGS})
     return src, info
 

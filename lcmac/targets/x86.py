@@ -3,6 +3,8 @@ this machine has them.  Imports no compiler (the apache-tvm plug-ins that build 
 targets are in ``tvm_plugins``)."""
 from __future__ import annotations
 
+import ctypes
+import os
 import platform
 
 from ..errors import TargetError
@@ -11,7 +13,11 @@ from ..errors import TargetError
 REQUIRED_FLAGS = {"x86_64-avx512": ("avx512f",), "x86_64-avx2": ("avx2", "fma"), "x86_64": ()}
 
 #: LLVM features that select a kernel variant → the /proc/cpuinfo flag it then needs
-KERNEL_FEATURES = {"avx512bf16": "avx512_bf16"}
+KERNEL_FEATURES = {"avx512bf16": "avx512_bf16", "amx-tile": "amx_tile", "amx-bf16": "amx_bf16"}
+
+#: the kernel an artifact's GEMM stage runs (manifest ``extra.gemm_kernel``) → the LLVM
+#: features of KERNEL_FEATURES it uses
+KERNEL_USES = {"vdpbf16ps": ("avx512bf16",), "amx": ("amx-tile", "amx-bf16")}
 
 #: LLVM features that code for an ``mcpu`` may use → the /proc/cpuinfo flag a CPU needs to run
 #: it.  An artifact built for e.g. ``--mcpu sapphirerapids`` may hold AVX512-FP16 moves
@@ -56,3 +62,33 @@ def check_runnable(target_name: str, flags=()) -> None:
         raise TargetError(f"this machine cannot run code built for {target_name} "
                           f"(needs CPU features {', '.join(need) or 'x86-64'}); "
                           "rebuild with --target host")
+
+
+# Linux hands out AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
+# XFEATURE_XTILEDATA); without it the first AMX instruction is an illegal instruction
+_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
+_amx_granted = False
+
+
+def request_amx() -> None:
+    """Ask Linux for AMX tile state for this process (once; all its threads share it).
+    Raises TargetError naming the reason when the CPU or the kernel does not allow it."""
+    global _amx_granted
+    if _amx_granted:
+        return
+    if platform.system() != "Linux":
+        raise TargetError(f"AMX kernels run on Linux only (this is {platform.system()})")
+    missing = [f for f in ("amx_tile", "amx_bf16") if f not in host_flags()]
+    if missing:
+        raise TargetError(f"this CPU lacks {', '.join(missing)}, which this artifact's AMX kernel "
+                          "needs; rebuild without the amx config knob")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    rc = libc.syscall(ctypes.c_long(_SYS_ARCH_PRCTL), ctypes.c_long(_ARCH_REQ_XCOMP_PERM),
+                      ctypes.c_long(_XFEATURE_XTILEDATA))
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise TargetError(f"Linux refused this process AMX tile state (arch_prctl "
+                          f"ARCH_REQ_XCOMP_PERM: {os.strerror(err)}); AMX needs Linux 5.16 or "
+                          "newer with AMX enabled; rebuild without the amx config knob")
+    _amx_granted = True

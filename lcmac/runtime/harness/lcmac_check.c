@@ -22,6 +22,9 @@
 #include <sys/auxv.h>
 #include <sys/prctl.h>
 #endif
+#if defined(__x86_64__)
+#include <sys/syscall.h>
+#endif
 
 #include "../include/lcmac.h"
 #include "lcmac_json.c"
@@ -421,6 +424,21 @@ static void note_missing(const char* have, const char* flag, char* missing, size
     snprintf(missing + len, cap - len, "%s%s", len ? " " : "", flag);
 }
 
+/* An AMX kernel (extra.gemm_kernel "amx", lcmac/targets/x86.py request_amx): Linux hands out
+ * AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), else
+ * the first tile instruction is an illegal instruction.  The permission is per process. */
+static int request_amx(Mctx* c, int extra) {
+  char kernel[32];
+  int k = extra < 0 ? -1 : mfield(c, extra, "gemm_kernel", "extra.gemm_kernel", LJ_STRING, 1);
+  if (k == -2) return LCMAC_EFORMAT;
+  if (k < 0 || lj_str(c->d, k, kernel, sizeof kernel) || strcmp(kernel, "amx")) return LCMAC_OK;
+  if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */))
+    return mfail(c, LCMAC_ETARGET, "Linux refused this process AMX tile state (arch_prctl "
+                 "ARCH_REQ_XCOMP_PERM: %s), which the artifact's AMX kernel needs (Linux 5.16 or "
+                 "newer); rebuild it without the amx config knob", strerror(errno));
+  return LCMAC_OK;
+}
+
 /* Every CPU flag the kernel needs (extra.cpu_flags, and its target's) is in /proc/cpuinfo;
  * without the check a missing one is an illegal instruction mid-call.  With no
  * /proc/cpuinfo nothing can be told and nothing is refused, as in lcmac.load. */
@@ -445,6 +463,7 @@ static int check_cpu(Mctx* c, int root, const char* tname) {
     rc = mfail(c, LCMAC_ETARGET, "this CPU lacks the feature flag(s) %s that code built for %s "
                "needs; rebuild the artifact on this machine (lcmac build --target host)",
                missing, tname);
+  if (rc == LCMAC_OK) rc = request_amx(c, extra);
   return rc;
 }
 #elif defined(__aarch64__)
