@@ -12,7 +12,8 @@ from ..ir.cse import optimized_programs
 from ..ir.program import LinearProgram, combine_matrices, naive_program
 from .cpu_combine import emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad, needs_pad
 from .cpu_config import CpuConfig
-from .cpu_gemm import DOT_LANES, DPBF16_LL, Writer, emit_gemm_stage, emit_tile_store, geometry, packed_stride
+from .cpu_gemm import (DOT_LANES, DPBF16_LL, Writer, amx_kernel, amx_ll, emit_gemm_stage, emit_tile_store,
+                       geometry, packed_stride)
 
 ENTRY = "lcmac_matmul"
 ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2}
@@ -42,10 +43,11 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
     acc = "float32" if dtype == "bfloat16" else dtype
     src_dtype = dtype
     bf16_dot = dtype == "bfloat16" and "avx512bf16" in set(features) and cfg.bf16_dot
+    amx = amx_kernel(dtype, cfg, features)     # the GEMM stage on Intel AMX tiles
     if bf16_dot and (cfg.ku % 2 or cfg.nr % DOT_LANES):
         raise TargetError(f"the bf16 dot-product kernel needs an even ku and nr a multiple of "
                          f"{DOT_LANES} (config ku={cfg.ku}, nr={cfg.nr})")
-    pack = dtype if bf16_dot else acc        # element type of the packed Ãp / B̃p
+    pack = dtype if bf16_dot or amx else acc        # element type of the packed Ãp / B̃p
     progs = programs or programs_for(alg)
     R = alg.R
     g = geometry(alg.grid, M, N, K, cfg)
@@ -69,7 +71,11 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
         # per r with a padded r-stride (packed_stride)
         sa = packed_stride(g.BMP // cfg.mr, g.BKP, cfg.mr, ITEMSIZE[pack])
         sb = packed_stride(g.BNP // cfg.nr, g.BKP, cfg.nr, ITEMSIZE[pack])
-        if bf16_dot:
+        if amx:
+            # Ã as bf16 bits (uint16), rows of 32 k (cpu_gemm.amx_ll); B̃ as bf16_dot's pairs
+            w(f"Ap16 = T.alloc_buffer(({R}, {sa}), \"uint16\")")
+            w(f"Bp32 = T.alloc_buffer(({R}, {sb // 2}), \"int32\")")
+        elif bf16_dot:
             # int32 elements = k pairs of bf16 (sa, sb are even: BKP is); no bf16-typed
             # buffer, see cpu_combine.bf16_bits
             w(f"Ap32 = T.alloc_buffer(({R}, {sa // 2}), \"int32\")")
@@ -93,8 +99,8 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
         if pad_b:
             w(f"Bpad = T.alloc_buffer(({g.k * g.BKP}, {g.n * g.BNP}), \"{dtype}\")")
             emit_pad(w, "B", "Bpad", g.k, g.n, g.cols_k, g.cols, g.BK, g.BN, g.BKP, g.BNP, zero)
-        emit_combine_a(w, g, progs["A"], cfg.mr, acc, src_dtype, padded=pad_a, pair=bf16_dot)
-        emit_combine_b(w, g, progs["B"], cfg.nr, acc, src_dtype, padded=pad_b, pair=bf16_dot)
+        emit_combine_a(w, g, progs["A"], cfg.mr, acc, src_dtype, padded=pad_a, pair=bf16_dot, amx=amx)
+        emit_combine_b(w, g, progs["B"], cfg.nr, acc, src_dtype, padded=pad_b, pair=bf16_dot or amx)
 
         tile = "{base} + tm * %d + ir * %d + v, {cbase} + tn * %d + jr * %d + u" % (
             g.MC, cfg.mr, g.NC, cfg.nr)
@@ -141,7 +147,12 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             per_line = max(1, 64 // ITEMSIZE[acc])
             prefetch = (cbuf, f"tm * {g.MC} + ir * {cfg.mr} + v", f"tn * {g.NC} + jr * {cfg.nr}",
                         max(1, cfg.nr // per_line), per_line)
-        if bf16_dot:
+        if amx:
+            # links the AMX micro-kernel into the LLVM module (see cpu_gemm.amx_ll)
+            w(f"with T.attr(0, \"pragma_import_llvm\", {amx_ll(g.KC)!r}):")
+            with w.indent():
+                emit_gemm_stage(w, g, cfg, R, acc, epilogue, prefetch=prefetch, amx=True)
+        elif bf16_dot:
             # links the vdpbf16ps wrapper into the LLVM module (see cpu_gemm.DPBF16_LL)
             w(f"with T.attr(0, \"pragma_import_llvm\", {DPBF16_LL!r}):")
             with w.indent():
@@ -155,7 +166,7 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
     info = {"geometry": g.to_dict(), "direct_c": direct, "entry": entry,
             "padded": {"A": needs_pad(g, "A"), "B": needs_pad(g, "B"), "C": not direct},
             "accumulate": acc,
-            "gemm_kernel": "vdpbf16ps" if bf16_dot else "fma",
+            "gemm_kernel": "amx" if amx else "vdpbf16ps" if bf16_dot else "fma",
             "packed_dtype": pack,
             "workspace_bytes": ITEMSIZE[pack] * R * (sa + sb)
             + ITEMSIZE[acc] * ((0 if direct else g.m * g.n * g.BMP * g.BNP)
