@@ -17,9 +17,9 @@ weight shape, ``lcmac.shape_rules``).
 x·Wᵀ through ``lcmac.matmul`` with a contiguous Wᵀ kept per weight
 (``lcmac.ops.transposed_weight``) and made again only when the weight changes (its storage
 or version counter: ``optimizer.step()``, ``load_state_dict``, ``.to()``).  The kept Wᵀ is
-marked static: an artifact that can combine B once (``prepare_b``: CUDA) keeps that prepared
-form per row count.  This happens inside the op at call time, so it holds under
-``torch.compile`` too.  CPU artifacts prepare nothing yet.  The kept copy costs the weight's
+marked static: an artifact that can combine B once (``prepare_b``, CUDA and CPU) keeps that
+prepared form per row count.  This happens inside the op at call time, so it holds under
+``torch.compile`` too.  The kept copy costs the weight's
 memory once more.
 """
 from __future__ import annotations

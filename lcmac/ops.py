@@ -38,8 +38,8 @@ tensor, or by ``register()``; ``import lcmac`` never imports torch.  The op copi
 non-contiguous operands; ``lcmac.matmul`` refuses them instead, so that no copy is hidden.
 
 **A B that does not change** (a layer's weight): ``mark_static(B)`` lets an artifact that
-can combine B once (``prepare_b``: CUDA artifacts) keep the prepared form, per artifact,
-until B's version counter or storage changes.  CPU artifacts prepare nothing yet.
+can combine B once (``prepare_b``: CUDA artifacts and CPU artifacts built by this lcmac) keep
+the prepared form, per artifact, until B's version counter or storage changes.
 """
 import sys
 import threading
@@ -339,9 +339,8 @@ _static: dict[int, _Static] = {}
 
 def mark_static(B) -> None:
     """Declare the torch tensor ``B`` constant while its version counter stays as it is now:
-    artifacts with ``prepare_b`` (CUDA) keep its prepared form, one per artifact (at most
-    ``MAX_PREPARED``), and drop it when B changes or is freed.  CPU artifacts prepare
-    nothing yet: there the mark changes nothing."""
+    artifacts with ``prepare_b`` keep its prepared form, one per artifact (at most
+    ``MAX_PREPARED``), and drop it when B changes or is freed."""
     ptr = B.data_ptr()
 
     def drop(ref, ptr=ptr):
@@ -392,7 +391,7 @@ def transposed_weight(weight):
     """Wᵀ (in × out, contiguous) of an ``nn.Linear`` weight W (out × in), kept while W's
     storage and version counter stay as they are (an optimizer step, ``load_state_dict`` or
     any in-place change makes it again) and marked static, so an artifact that can combine B
-    once (``prepare_b``: CUDA) keeps that form too.  This runs inside ``torch.ops.lcmac.linear``
+    once (``prepare_b``) keeps that form too.  This runs inside ``torch.ops.lcmac.linear``
     at call time, under ``torch.compile`` as in eager mode."""
     import torch
     if weight.is_cuda and torch.cuda.is_current_stream_capturing():

@@ -1,7 +1,7 @@
 """lcmac.nn.Linear and lcmac.optimize on the CPU: a drop-in torch.nn.Linear (state_dict,
 outputs, gradients, torch.compile), the swap report, a model left unchanged, and the
-prepared-weight tracking (with a stand-in kernel that can prepare B: CPU artifacts cannot
-yet).  Compiles at most the strassen float32 66x45x53 kernel tests/test_ops.py compiles too
+prepared-weight tracking (with a stand-in kernel that can prepare B; tests/runtime/
+test_cpu_prepared.py does it with a real CPU kernel).  Compiles at most the strassen float32 66x45x53 kernel tests/test_ops.py compiles too
 (one kernel cache under pytest's temporary directory)."""
 import pytest
 
@@ -123,7 +123,7 @@ class _Prepared:
 
 
 class _PreparingKernel:
-    """Stands in for a CUDA artifact: it can prepare B, and computes with what it kept."""
+    """Stands in for an artifact: it can prepare B, and computes with what it kept."""
 
     def __init__(self):
         self.prepared = 0

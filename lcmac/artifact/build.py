@@ -247,6 +247,20 @@ def _raise_error(backend: str, err: dict):
                          f"{err.get('traceback', '')[-1500:]}")
 
 
+def _prepared_entry_points(resp: dict, args: list) -> list:
+    """Manifest entries of the prepared-B pair where the library has one (CPU LCMA
+    kernels): ``prepare(B, P)`` combines B once into P; ``run(A, P, C)`` does the rest."""
+    pb = (resp.get("info") or {}).get("prepared_b")
+    if not pb or pb.get("prepare") not in resp.get("entry_points", ()):
+        return []
+    A, B, C = args
+    P = {"name": "P", "shape": pb["shape"], "dtype": pb["dtype"], "layout": "packed B (opaque)"}
+    return [{"name": pb["prepare"], "kind": "prepare_b", "signature": "P = combine(B)",
+             "arguments": [B, {**P, "role": "output"}]},
+            {"name": pb["run"], "kind": "matmul_prepared", "signature": "C = A @ B, B given by P",
+             "arguments": [A, {**P, "role": "input"}, C]}]
+
+
 def _finish(job: dict, resp: dict) -> Path:
     t, req, name, out = job["t"], job["request"], job["name"], job["out"]
     tmp_lib, tmp_src = job["tmp_lib"], job["tmp_src"]
@@ -276,7 +290,7 @@ def _finish(job: dict, resp: dict) -> Path:
             # name only some); backends that do not report one resolved it here (CPU)
             dtype=dtype, shape={"M": M, "N": N, "K": K}, config=resp.get("config", req["config"]),
             entry_points=[{"name": entry, "kind": "matmul", "signature": "C = A @ B",
-                           "arguments": args}],
+                           "arguments": args}] + _prepared_entry_points(resp, args),
             library={"file": lib_path.name, "sha256": sha256_file(tmp_lib),
                      "bytes": tmp_lib.stat().st_size},
             lcmac_version=__version__,

@@ -7,7 +7,7 @@ shape the bundle's rules admit, with no compiler installed.
 
 The rules are tried in the index's order, exact ones first.  A kernel is loaded (and its
 library checked against the manifest's sha256) the first time a piece needs it.  A shape
-no rule admits raises ShapeError naming the rules.  ``prepare_b(B)`` (CUDA bundles, the
+no rule admits raises ShapeError naming the rules.  ``prepare_b(B)`` (the
 ``?xNxK`` rule) combines B once per bucket kernel, lazily, for B's that stay the same.
 """
 from __future__ import annotations

@@ -107,15 +107,71 @@ class _Array:
         self.shape = _dims(x)
 
 
+class PreparedB:
+    """B combined once by ``LcmacFunction.prepare_b``: the packed B̃ in a 64-byte aligned
+    numpy buffer, valid for the artifact that made it."""
+
+    def __init__(self, owner: "LcmacFunction", buffer, shape):
+        self.owner, self.buffer, self.shape = owner, buffer, tuple(shape)
+
+    def __repr__(self):
+        return (f"<lcmac prepared B {self.shape[0]}x{self.shape[1]} for "
+                f"{self.owner.manifest.name}, {self.buffer.nbytes} bytes>")
+
+
+def _aligned_empty(shape, dtype: str, align: int = 64):
+    """An uninitialised numpy array whose data starts on an ``align``-byte boundary (the
+    kernel's packed loads assume it; numpy alone guarantees 16)."""
+    import numpy as np
+    n = 1
+    for d in shape:
+        n *= int(d)
+    raw = np.empty(n * np.dtype(dtype).itemsize + align, dtype=np.uint8)
+    off = -raw.ctypes.data % align
+    return raw[off:off + n * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+
+
 class LcmacFunction:
     """``f(A, B)`` → new C; ``f(A, B, out=C)`` writes C.  Shapes, dtype, layout and device
-    are checked against the manifest before the library runs."""
+    are checked against the manifest before the library runs.  ``f.prepare_b(B)`` combines
+    a B used many times (a weight) once; ``f(A, prepared)`` then skips that step."""
 
     def __init__(self, manifest: Manifest, path: Path, func, module):
         self.manifest = manifest
         self.path = path
         self._f = func
         self._module = module   # keeps the library mapped
+        self._prepared_fns = None
+
+    def _prepared_entries(self):
+        """(prepare, run, buffer spec) of the library's prepared-B pair."""
+        if self._prepared_fns is None:
+            spec = self.manifest.extra.get("prepared_b")
+            if self._module is None:
+                raise ArtifactError(f"artifact {self.manifest.name} is not run natively here "
+                                    "(emulated): it has no prepared B")
+            if not spec:
+                raise ArtifactError(f"artifact {self.manifest.name} has no prepared-B entry points "
+                                    "(built by an older lcmac): rebuild it to prepare B once")
+            mod = self._module[0]
+            try:
+                self._prepared_fns = (mod[spec["prepare"]], mod[spec["run"]], spec)
+            except Exception:  # noqa: BLE001 - the manifest names what the library lacks
+                raise ArtifactError(f"{self.path} lacks the entry points {spec['prepare']} / "
+                                    f"{spec['run']} its manifest names") from None
+        return self._prepared_fns
+
+    def prepare_b(self, B) -> PreparedB:
+        """Run Combine B (the packing of B, for the plain GEMM) once, into a buffer kept by the
+        returned object; ``self(A, prepared)`` then runs the rest.  Prepare again after B
+        changes: the prepared form is a copy."""
+        m = self.manifest
+        prepare, _, spec = self._prepared_entries()
+        b = _Array(B, "B")
+        self._check(b, (m.K, m.N), "B")
+        buf = _aligned_empty(spec["shape"], spec["dtype"])
+        prepare(B, buf)
+        return PreparedB(self, buf, (m.K, m.N))
 
     def __repr__(self):
         m = self.manifest
@@ -136,8 +192,19 @@ class LcmacFunction:
                              f"(numpy.ascontiguousarray / tensor.contiguous())")
 
     def __call__(self, A, B, out=None):
+        if isinstance(B, PreparedB):
+            return self._run_prepared(A, B, out)
         out = self._checked(A, B, out)
         self._run(A, B, out)
+        return out
+
+    def _run_prepared(self, A, Bp: PreparedB, out):
+        if Bp.owner is not self:
+            raise ArtifactError(f"this prepared B was made by another artifact ({Bp.owner!r}); "
+                                "prepare it with this one")
+        _, run, _ = self._prepared_entries()
+        out = self._checked(A, None, out)
+        run(A, Bp.buffer, out)
         return out
 
     def _run(self, A, B, out) -> None:
@@ -147,9 +214,11 @@ class LcmacFunction:
     def _checked(self, A, B, out):
         """Check A, B and out (allocated here when None) against the manifest; returns out."""
         m = self.manifest
-        a, b = _Array(A, "A"), _Array(B, "B")
+        a = _Array(A, "A")
         self._check(a, (m.M, m.K), "A")
-        self._check(b, (m.K, m.N), "B")
+        b = None if B is None else _Array(B, "B")     # None: a prepared B, checked when made
+        if b is not None:
+            self._check(b, (m.K, m.N), "B")
         if out is None:
             if a.kind == "torch":
                 import torch
@@ -159,7 +228,7 @@ class LcmacFunction:
         c = _Array(out, "out")
         self._check(c, (m.M, m.N), "out")
         for x in (a, b):
-            if c.ptr < x.ptr + x.nbytes and x.ptr < c.ptr + c.nbytes:
+            if x is not None and c.ptr < x.ptr + x.nbytes and x.ptr < c.ptr + c.nbytes:
                 raise ShapeError(f"out overlaps {x.what} in memory; pass a separate output array")
         return out
 

@@ -1,5 +1,6 @@
 """The CPU LCMA kernel: Combine A, Combine B, GEMM stage with fused Combine H (Algorithm 2)
-or stored H + Combine H pass (Algorithm 1), as one TensorIR prim_func in TVMScript text.
+or stored H + Combine H pass (Algorithm 1), as a TensorIR module in TVMScript text: Combine B
+and the rest are two subroutines, so B can be combined once (a weight) and reused.
 
 ``generate`` is pure Python; the compiler worker parses and compiles its output.  A plain
 GEMM is the 1×1×1 algorithm through the same template (packing + micro-kernel).
@@ -16,6 +17,8 @@ from .cpu_gemm import (DOT_LANES, DPBF16_LL, Writer, amx_kernel, amx_ll, emit_ge
                        geometry, packed_stride)
 
 ENTRY = "lcmac_matmul"
+#: suffixes of the prepared-B entry points (``generate``)
+PREPARE_B, PREPARED = "_prepare_b", "_prepared"
 ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2}
 
 
@@ -30,7 +33,9 @@ def programs_for(alg) -> dict:
 
 def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=None,
              entry: str = ENTRY, features=()) -> tuple[str, dict]:
-    """(TVMScript source of ``entry(A, B, C)``, info dict with the geometry).  ``features``:
+    """(TVMScript source of a module with ``entry(A, B, C)`` and the prepared-B pair
+    ``entry_prepare_b(B, Bp)`` / ``entry_prepared(A, Bp, C)``, info dict with the geometry and
+    the prepared buffer's shape and dtype).  ``features``:
     the LLVM target's CPU features that select a kernel (``avx512bf16``: bf16 GEMM stage on
     ``vdpbf16ps``)."""
     if dtype not in ("float32", "float64", "bfloat16"):
@@ -53,37 +58,43 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
     g = geometry(alg.grid, M, N, K, cfg)
     isz = ITEMSIZE[dtype]
     # TIR indices here are 32-bit: refuse what would overflow rather than miscompute
-    sa0 = packed_stride(g.BMP // cfg.mr, g.BKP, cfg.mr, ITEMSIZE[pack])
-    sb0 = packed_stride(g.BNP // cfg.nr, g.BKP, cfg.nr, ITEMSIZE[pack])
-    biggest = max(M * K, K * N, M * N, R * sa0, R * sb0, g.m * g.BMP * g.n * g.BNP,
+    sa = packed_stride(g.BMP // cfg.mr, g.BKP, cfg.mr, ITEMSIZE[pack])
+    sb = packed_stride(g.BNP // cfg.nr, g.BKP, cfg.nr, ITEMSIZE[pack])
+    biggest = max(M * K, K * N, M * N, R * sa, R * sb, g.m * g.BMP * g.n * g.BNP,
                   0 if cfg.fused else R * g.BMP * g.BNP)
     if biggest >= 2 ** 31:
         raise ShapeError(f"{M}x{N}x{K} with {alg.name} needs a buffer of {biggest} elements; "
                          "the CPU backend's 32-bit indexing is not supported past 2^31 yet")
-    w = Writer()
-    w("@T.prim_func")
-    w(f"def main(A: T.Buffer(({M}, {K}), \"{dtype}\", align={isz}), "
-      f"B: T.Buffer(({K}, {N}), \"{dtype}\", align={isz}), "
-      f"C: T.Buffer(({M}, {N}), \"{dtype}\", align={isz})):")
-    with w.indent():
-        w(f"T.func_attr({{\"global_symbol\": \"{entry}\", \"tirx.noalias\": True}})")
+    # B̃p as the entry points see it: with bf16_dot, int32 elements = k pairs of bf16
+    bp_name, bp_shape, bp_dtype = (("Bp32", (R, sb // 2), "int32") if bf16_dot or amx
+                                   else ("Bp", (R, sb), pack))
+    pad_a, pad_b = needs_pad(g, "A"), needs_pad(g, "B")
+    zero = f"T.{dtype}(0.0)" if dtype != "bfloat16" else "T.Cast(\"bfloat16\", T.float32(0.0))"
+    decl = {"A": f"({M}, {K}), \"{dtype}\"", "B": f"({K}, {N}), \"{dtype}\"",
+            "C": f"({M}, {N}), \"{dtype}\"", bp_name: f"{bp_shape}, \"{bp_dtype}\""}
+    align = {"A": isz, "B": isz, "C": isz, bp_name: 64}
+    direct = g.direct_c and acc == dtype
+
+    def emit_combine_b_side(w):
+        """Combine B (after zero-padding B where needed) into the buffer named bp_name."""
+        if pad_b:
+            w(f"Bpad = T.alloc_buffer(({g.k * g.BKP}, {g.n * g.BNP}), \"{dtype}\")")
+            emit_pad(w, "B", "Bpad", g.k, g.n, g.cols_k, g.cols, g.BK, g.BN, g.BKP, g.BNP, zero)
+        emit_combine_b(w, g, progs["B"], cfg.nr, acc, src_dtype, padded=pad_b, pair=bf16_dot or amx)
+
+    def emit_rest(w):
+        """Combine A, the GEMM stage, Combine H and the crop: everything after Combine B."""
         # packed combined operands: Ãp[r][BMP/mr][BKP][mr], B̃p[r][BNP/nr][BKP][nr], flattened
         # per r with a padded r-stride (packed_stride)
-        sa = packed_stride(g.BMP // cfg.mr, g.BKP, cfg.mr, ITEMSIZE[pack])
-        sb = packed_stride(g.BNP // cfg.nr, g.BKP, cfg.nr, ITEMSIZE[pack])
         if amx:
             # Ã as bf16 bits (uint16), rows of 32 k (cpu_gemm.amx_ll); B̃ as bf16_dot's pairs
             w(f"Ap16 = T.alloc_buffer(({R}, {sa}), \"uint16\")")
-            w(f"Bp32 = T.alloc_buffer(({R}, {sb // 2}), \"int32\")")
         elif bf16_dot:
             # int32 elements = k pairs of bf16 (sa, sb are even: BKP is); no bf16-typed
             # buffer, see cpu_combine.bf16_bits
             w(f"Ap32 = T.alloc_buffer(({R}, {sa // 2}), \"int32\")")
-            w(f"Bp32 = T.alloc_buffer(({R}, {sb // 2}), \"int32\")")
         else:
             w(f"Ap = T.alloc_buffer(({R}, {sa}), \"{pack}\")")
-            w(f"Bp = T.alloc_buffer(({R}, {sb}), \"{pack}\")")
-        direct = g.direct_c and acc == dtype
         if direct:
             cbuf, crow, ccol = "C", g.BM, g.BN
         else:
@@ -91,16 +102,10 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             w(f"Cw = T.alloc_buffer(({g.m * g.BMP}, {g.n * g.BNP}), \"{acc}\")")
         if not cfg.fused:
             w(f"H = T.alloc_buffer(({R}, {g.BMP}, {g.BNP}), \"{acc}\")")
-        pad_a, pad_b = needs_pad(g, "A"), needs_pad(g, "B")
-        zero = f"T.{dtype}(0.0)" if dtype != "bfloat16" else "T.Cast(\"bfloat16\", T.float32(0.0))"
         if pad_a:
             w(f"Apad = T.alloc_buffer(({g.m * g.BMP}, {g.k * g.BKP}), \"{dtype}\")")
             emit_pad(w, "A", "Apad", g.m, g.k, g.rows, g.cols_k, g.BM, g.BK, g.BMP, g.BKP, zero)
-        if pad_b:
-            w(f"Bpad = T.alloc_buffer(({g.k * g.BKP}, {g.n * g.BNP}), \"{dtype}\")")
-            emit_pad(w, "B", "Bpad", g.k, g.n, g.cols_k, g.cols, g.BK, g.BN, g.BKP, g.BNP, zero)
         emit_combine_a(w, g, progs["A"], cfg.mr, acc, src_dtype, padded=pad_a, pair=bf16_dot, amx=amx)
-        emit_combine_b(w, g, progs["B"], cfg.nr, acc, src_dtype, padded=pad_b, pair=bf16_dot or amx)
 
         tile = "{base} + tm * %d + ir * %d + v, {cbase} + tn * %d + jr * %d + u" % (
             g.MC, cfg.mr, g.NC, cfg.nr)
@@ -163,6 +168,28 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             emit_combine_h(w, g, progs["H"], cfg.nr, acc, cbuf, crow, ccol)
         if not direct:
             emit_crop(w, g, None if acc == dtype else dtype)
+
+    w = Writer()
+    # Three entry points: ``entry(A, B, C)``; ``entry_prepare_b(B, Bp)``: Combine B alone
+    # into a caller-owned B̃p (a weight combined once); ``entry_prepared(A, Bp, C)``: the rest.
+    # (The GEMM stage is emitted twice: TVM 0.25 does not lower a subroutine's hoisted local
+    # buffers, so the entry points cannot share one.)
+    w("@I.ir_module")
+    w("class Module:")
+    with w.indent():
+        for name, params in ((entry, ("A", "B", "C")), (entry + PREPARE_B, ("B", bp_name)),
+                             (entry + PREPARED, ("A", bp_name, "C"))):
+            w("@T.prim_func")
+            w(f"def {name}(" + ", ".join(f"{p}: T.Buffer({decl[p]}, align={align[p]})" for p in params)
+              + "):")
+            with w.indent():
+                w(f"T.func_attr({{\"global_symbol\": \"{name}\", \"tirx.noalias\": True}})")
+                if name == entry:
+                    w(f"{bp_name} = T.alloc_buffer({decl[bp_name]})")
+                if "B" in params:
+                    emit_combine_b_side(w)
+                if "A" in params:
+                    emit_rest(w)
     info = {"geometry": g.to_dict(), "direct_c": direct, "entry": entry,
             "padded": {"A": needs_pad(g, "A"), "B": needs_pad(g, "B"), "C": not direct},
             "accumulate": acc,
@@ -173,7 +200,10 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
                                + (0 if cfg.fused else R * g.BMP * g.BNP))
             + ITEMSIZE[dtype] * ((g.m * g.BMP * g.k * g.BKP if pad_a else 0)
                                  + (g.k * g.BKP * g.n * g.BNP if pad_b else 0)),
-            "additions": {s: p.additions for s, p in progs.items()}}
+            "additions": {s: p.additions for s, p in progs.items()},
+            # B combined once: entry + PREPARE_B fills a caller-owned buffer of this shape
+            "prepared_b": {"prepare": entry + PREPARE_B, "run": entry + PREPARED,
+                           "shape": list(bp_shape), "dtype": bp_dtype}}
     return w.text(), info
 
 

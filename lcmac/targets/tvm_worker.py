@@ -25,6 +25,7 @@ import time
 import traceback
 
 import tvm
+from tvm.script import ir as I
 from tvm.script import tirx as T
 
 from lcmac.errors import TargetError
@@ -43,8 +44,11 @@ def handle(request: dict) -> dict:
         with open(request["source"], "w") as f:
             f.write(source)
     t1 = time.perf_counter()
-    func = tvm.script.from_source(source, extra_vars={"T": T})
-    mod = tvm.IRModule({request.get("entry", "lcmac_matmul"): func})
+    parsed = tvm.script.from_source(source, extra_vars={"T": T, "I": I})
+    # a template gives one prim_func, or a module (the CPU LCMA: entry points over subroutines)
+    mod = parsed if isinstance(parsed, tvm.IRModule) else tvm.IRModule({request.get("entry", "lcmac_matmul"): parsed})
+    entries = [request.get("entry", "lcmac_matmul")]
+    entries += [e for e in (info.get("prepared_b") or {}).values() if isinstance(e, str)]
     tdict = tvm_target(request)          # resolves mcpu "native" once
     target = tvm.target.Target(tdict)
     lib = tvm.compile(mod, target=target)
@@ -57,7 +61,7 @@ def handle(request: dict) -> dict:
                 f.write(lib.mod.inspect_source("asm") if hasattr(lib, "mod") else lib.inspect_source("asm"))
         except Exception:  # noqa: BLE001 - assembly listing is a debugging aid only
             pass
-    return {"ok": True, "library": request["library"], "entry_points": [request.get("entry", "lcmac_matmul")],
+    return {"ok": True, "library": request["library"], "entry_points": entries,
             "target_dict": tdict,
             "compiler": {"name": "apache-tvm", "version": getattr(tvm, "__version__", "?")},
             "seconds": {"lower": t1 - t0, "compile": t2 - t1, "link": t3 - t2},
