@@ -20,6 +20,11 @@ bfloat16 with AVX512-BF16 (``bf16_dot``) packs pairs along k instead (the VNNI l
     Ãp[r][BMP/mr][BKP/2][mr][2]   a row's two k values are one 32-bit broadcast
     B̃p[r][BNP/nr][BKP/2][nr][2]   16 columns × 2 k values = one 512-bit operand
 
+bfloat16 on Intel AMX (``amx``, see ``amx_ll``) keeps that B̃ layout (with nr = 32 it is the
+VNNI layout of an AMX B tile) and packs Ã as rows of 32 k, bf16 bits in a uint16 buffer:
+
+    Ãp[r][BMP/32][BKP/32][32][32]  one row's 32 k values = one 64-byte AMX tile row
+
 Shapes the grid or the tiles do not divide are **padded**, never predicated in the inner
 loops (a predicate there costs ~4x): blocks are BM = ceil(M/m) (and BK, BN) rounded up to
 whole cache tiles; the combine passes write zeros into the padding (their loads are masked,
