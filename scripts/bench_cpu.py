@@ -104,6 +104,9 @@ def main(argv=None) -> int:
                     help="the JSON written (default: out/bench-cpu/<host>-<dtype>-<UTC time>.json)")
     ap.add_argument("--target", default="host", help="lcmac target (default: this machine's)")
     ap.add_argument("--dry-run", action="store_true", help="print the target and cases, build nothing")
+    ap.add_argument("--prepared-b", action="store_true",
+                    help="also time each variant with B combined once (f.prepare_b(B), as for a "
+                         "weight): rows '<variant>+prepB'")
     ap.add_argument("--tuned", action="store_true",
                     help="use the tuning log's configs (default: the templates' default configs, "
                          "so the numbers are reproducible)")
@@ -155,20 +158,23 @@ def main(argv=None) -> int:
             fns.append((name, lcmac.load(p)))
         tb = time.perf_counter() - t0
         cfgs = {n: f.manifest.config for n, f in fns}
-        runs, errs = time_against_numpy((M, N, K), "float32", fns, args.rounds, args.pause)
+        runs, errs = time_against_numpy((M, N, K), "float32", fns, args.rounds, args.pause,
+                                        prepared_b=args.prepared_b)
         flops = 2.0 * M * N * K
         base = float(np.median(runs["numpy"]))
         print(f"\n{label}: M={M} N={N} K={K}  (builds {tb:.1f} s)")
-        print(f"  {'variant':22s} {'GFLOP/s':>8s} {'ratio':>7s} {'min..max GFLOP/s':>18s} {'rel.err':>9s}")
+        print(f"  {'variant':22s} {'GFLOP/s':>8s} {'ratio':>7s} {'spread':>7s} {'min..max GFLOP/s':>18s} {'rel.err':>9s}")
         row = {"case": label, "M": M, "N": N, "K": K, "numpy_seconds": runs["numpy"], "variants": {}}
         for name, ts in runs.items():
             med = float(np.median(ts))
             g = flops / med / 1e9
             r = base / med
             lo, hi = flops / max(ts) / 1e9, flops / min(ts) / 1e9
-            print(f"  {name:22s} {g:8.1f} {r:7.3f} {lo:8.1f}..{hi:<8.1f} {errs.get(name, 0.0):9.2e}")
-            row["variants"][name] = {"gflops": g, "ratio_vs_numpy": r, "seconds": ts,
-                                     "config": cfgs.get(name),
+            spread = (max(ts) - min(ts)) / med           # of the rounds, relative to the median
+            print(f"  {name:22s} {g:8.1f} {r:7.3f} {spread * 100:6.1f}% {lo:8.1f}..{hi:<8.1f} "
+                  f"{errs.get(name, 0.0):9.2e}")
+            row["variants"][name] = {"gflops": g, "ratio_vs_numpy": r, "seconds": ts, "spread": spread,
+                                     "config": cfgs.get(name.removesuffix("+prepB")),
                                      "gflops_min": lo, "gflops_max": hi,
                                      "rel_error": errs.get(name)}
         results.append(row)
@@ -181,10 +187,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def time_against_numpy(shape, dtype: str, fns, rounds: int, pause: float):
+def time_against_numpy(shape, dtype: str, fns, rounds: int, pause: float, prepared_b: bool = False):
     """Random normal A, B of ``shape`` = (M, N, K); each (name, f) in ``fns`` and numpy timed in
-    interleaved rounds.  Returns (seconds per round by name, relative error against float64 by
-    name, numpy's included)."""
+    interleaved rounds; with ``prepared_b`` each f also as ``f(A, f.prepare_b(B))`` (B prepared
+    once, untimed), named ``name+prepB``.  Returns (seconds per round by name, relative error
+    against float64 by name, numpy's included)."""
     import numpy as np              # after main() set the thread count OpenBLAS reads at import
     M, N, K = shape
     rng = np.random.default_rng(0)
@@ -194,6 +201,10 @@ def time_against_numpy(shape, dtype: str, fns, rounds: int, pause: float):
     ref = A.astype(np.float64) @ B.astype(np.float64)
     nref = float(np.linalg.norm(ref))
     errs = {"numpy": float(np.linalg.norm(A @ B - ref) / nref)}
+    fns = list(fns)
+    if prepared_b:
+        fns = [x for name, f in fns
+               for x in ((name, f), (name + "+prepB", (lambda a, b, out, f=f, p=f.prepare_b(B): f(a, p, out=out))))]
     for name, f in fns:
         f(A, B, out=C)
         errs[name] = float(np.linalg.norm(C - ref) / nref)
