@@ -6,7 +6,7 @@
  *   make -C examples/c
  *   examples/c/matmul out/strassen-x86_64-avx512-float32-1024x1024x1024.json
  *
- * Usage: matmul ARTIFACT.json [M N K] [--dtype f32|f64|bf16] [--threads T] [--repeat R]
+ * Usage: matmul ARTIFACT.json [M N K] [--dtype f32|f64|bf16] [--threads T] [--repeat R] [--prepared]
  *        matmul LIB.so M N K [--dtype f32|f64|bf16] [--threads T] [--repeat R] [--entry NAME]
  *        matmul BUNDLE_DIR M N K [--dtype f32|f64|bf16] [--threads T] [--repeat R]
  * A directory holding bundle.json is opened as a bundle (lcmac_open_bundle: every kernel
@@ -17,6 +17,8 @@
  * the dtype default to the manifest's; others are refused before the library runs.  A bare
  * LIB.so gets only the ELF check, and M, N, K and the dtype must be given (the library refuses
  * others).  The check uses at most 256 rows of C (all of them for M <= 256).
+ * --prepared (an artifact's manifest) combines B once with lcmac_prepare_b, times
+ * lcmac_matmul_prepared as well and checks it gives the same C bit for bit.
  * Exit status: 0 ok; 1 usage; 2 an lcmac error (its status name and message on stderr);
  * 3 an error above a loose bound for the dtype.
  */
@@ -76,7 +78,8 @@ static void put(void* x, size_t i, int dtype, double v) {
 }
 
 static int usage(const char* prog) {
-  fprintf(stderr, "usage: %s ARTIFACT.json [M N K] [--dtype f32|f64|bf16] [--threads T] [--repeat R]\n"
+  fprintf(stderr, "usage: %s ARTIFACT.json [M N K] [--dtype f32|f64|bf16] [--threads T] [--repeat R] "
+                  "[--prepared]\n"
                   "       %s LIB.so M N K [--dtype f32|f64|bf16] [--threads T] [--repeat R] "
                   "[--entry NAME]\n"
                   "       %s BUNDLE_DIR M N K [--dtype f32|f64|bf16] [--threads T] [--repeat R]\n",
@@ -100,10 +103,11 @@ int main(int argc, char** argv) {
   } else if (!manifest || bundle) {
     return usage(argv[0]);
   }
-  int dtype = -1, threads = 0, repeat = 10;
+  int dtype = -1, threads = 0, repeat = 10, prepared = 0;
   const char* entry = "lcmac_matmul";
-  if ((argc - first) % 2) return usage(argv[0]);
-  for (int i = first; i + 1 < argc; i += 2) {
+  for (int i = first; i < argc; i += 2) {
+    if (!strcmp(argv[i], "--prepared") && manifest && !bundle) { prepared = 1; --i; continue; }
+    if (i + 1 >= argc) return usage(argv[0]);
     if (!strcmp(argv[i], "--dtype")) {
       const char* d = argv[i + 1];
       dtype = !strcmp(d, "f64") || !strcmp(d, "float64") ? LCMAC_FLOAT64
@@ -178,6 +182,39 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (t < best) best = t;
+  }
+  if (prepared) {   /* B combined once: the same C, bit for bit, and its time */
+    int64_t pbytes = lcmac_prepared_b_bytes(h);
+    size_t cb = (size_t)(M * N) * sz;
+    void* P = NULL;
+    void* C2 = malloc(cb);
+    if (!C2 || (pbytes > 0 && posix_memalign(&P, 64, (size_t)pbytes))) {
+      fprintf(stderr, "out of memory\n");
+      return 1;
+    }
+    rc = lcmac_prepare_b(h, B, P, pbytes > 0 ? (size_t)pbytes : 0);
+    if (rc == LCMAC_OK) rc = lcmac_matmul_prepared(h, A, P, C2, M, N, K, dtype);
+    if (rc != LCMAC_OK) {
+      fprintf(stderr, "%s: %s\n", lcmac_status_name(rc), lcmac_last_error(h));
+      return 2;
+    }
+    double pbest = 1e30;
+    for (int r = 0; r < repeat; ++r) {
+      double t0 = now();
+      rc = lcmac_matmul_prepared(h, A, P, C2, M, N, K, dtype);
+      double t = now() - t0;
+      if (rc != LCMAC_OK) { fprintf(stderr, "%s: %s\n", lcmac_status_name(rc), lcmac_last_error(h)); return 2; }
+      if (t < pbest) pbest = t;
+    }
+    printf("prepared B: %lld bytes, C %s", (long long)pbytes,
+           memcmp(C, C2, cb) ? "DIFFERS from lcmac_matmul's\n" : "identical to lcmac_matmul's");
+    if (repeat > 0 && !memcmp(C, C2, cb))
+      printf(", seconds_per_call=%.6g (best of %d)\n", pbest, repeat);
+    else if (!memcmp(C, C2, cb))
+      printf("\n");
+    int same = !memcmp(C, C2, cb);
+    free(P); free(C2);
+    if (!same) return 3;
   }
   if (bd) {
     int ri = lcmac_bundle_rule_for(bd, M, N, K);

@@ -118,6 +118,10 @@ struct lcmac_handle {
   unsigned long long cu_ws;    /* the handle's workspace (device memory) */
   int64_t cu_ws_bytes;
   int64_t cu_prepared_bytes;   /* -1: B cannot be prepared; -2: no entry points for it */
+  /* CPU artifacts: B combined once (<entry>_prepare_b, <entry>_prepared); -1: cannot */
+  TVMFFISafeCallType prep_fn, prep_run_fn;
+  int64_t prep_bytes, prep_shape[2];
+  int prep_code, prep_bits;
 };
 
 /* the handle whose call is running on this thread (NULL on pool workers and elsewhere) */
@@ -410,6 +414,27 @@ static lcmac_handle* open_checked(const char* who, const char* manifest_path, in
     h->dtype = a->dtype;
     snprintf(h->sha256, sizeof h->sha256, "%s", a->sha256);
     h->bytes = a->bytes;
+    h->prep_bytes = -1;
+    if (!cuda && a->prep_bytes > 0) {   /* the manifest names them: the library must have them */
+      char sym[300];
+      snprintf(sym, sizeof sym, "__tvm_ffi_%s_prepare_b", a->entry);
+      h->prep_fn = (TVMFFISafeCallType)dlsym(h->lib, sym);
+      snprintf(sym, sizeof sym, "__tvm_ffi_%s_prepared", a->entry);
+      h->prep_run_fn = (TVMFFISafeCallType)dlsym(h->lib, sym);
+      if (!h->prep_fn || !h->prep_run_fn) {
+        put_err(err, errlen, "%s: %s lacks the prepared-B entry points its manifest %s names",
+                who, a->lib, manifest_path);
+        lcmac_close(h);
+        h = NULL;
+        rc = LCMAC_ECORRUPT;
+      } else {
+        h->prep_bytes = a->prep_bytes;
+        h->prep_shape[0] = a->prep_shape[0];
+        h->prep_shape[1] = a->prep_shape[1];
+        h->prep_code = a->prep_code;
+        h->prep_bits = a->prep_bits;
+      }
+    }
   }
   /* a library that cannot be read: say which manifest named it */
   if (rc == LCMAC_EIO && a && a->lib[0] && err && errlen && errlen > strlen(err) + 1)
@@ -426,24 +451,29 @@ lcmac_handle* lcmac_open_artifact(const char* manifest_path, int num_threads, in
                       errlen);
 }
 
-/* Call the entry point with packed arguments (the harness's way in; lcmac_matmul's too).
- * The caller holds h->call_mu. */
-int lcmac_internal_call(lcmac_handle* h, TVMFFIAny* args, int nargs) {
+/* Call entry point fn (named what) with packed arguments.  The caller holds h->call_mu. */
+static int call_entry(lcmac_handle* h, TVMFFISafeCallType fn, const char* what, TVMFFIAny* args,
+                      int nargs) {
   TVMFFIAny result;
   memset(&result, 0, sizeof result);
   result.type_index = kTVMFFINone;
   lcmac_handle* prev = tls_handle;
   tls_handle = h;
   tls_error[0] = 0;
-  int rc = h->fn(NULL, args, nargs, &result);
+  int rc = fn(NULL, args, nargs, &result);
   tls_handle = prev;
   if (rc != 0) {
-    snprintf(h->err, sizeof h->err, "%s failed: %s", h->entry,
+    snprintf(h->err, sizeof h->err, "%s failed: %s", what,
              tls_error[0] ? tls_error : "the library reported an error without a message");
     return LCMAC_EKERNEL;
   }
   h->err[0] = 0;
   return LCMAC_OK;
+}
+
+/* The main entry point with packed arguments (the harness's way in; lcmac_matmul's too). */
+int lcmac_internal_call(lcmac_handle* h, TVMFFIAny* args, int nargs) {
+  return call_entry(h, h->fn, h->entry, args, nargs);
 }
 
 static int dtype_of(int code, DLDataType* t) {
@@ -462,6 +492,46 @@ static int overlaps(const void* a, size_t na, const void* b, size_t nb) {
   return x < y + nb && y < x + na;
 }
 
+/* tensor argument i: a 2-D DLTensor on the CPU */
+static void tensor_arg(DLTensor* t, TVMFFIAny* arg, const void* data, int64_t* shape, DLDataType dt) {
+  memset(t, 0, sizeof *t);
+  t->data = (void*)data;
+  t->device.device_type = kDLCPU;
+  t->ndim = 2;
+  t->dtype = dt;
+  t->shape = shape;
+  memset(arg, 0, sizeof *arg);
+  arg->type_index = kTVMFFIDLTensorPtr;
+  arg->v.v_ptr = t;
+}
+
+/* The checks of a CPU call (who: the API function) on a handle whose call_mu is held: 0, or
+ * LCMAC_EINVAL with h->err set.  X, Y: the two operands' names for the NULL check. */
+static int check_cpu_call(lcmac_handle* h, const char* who, const void* x, const char* X,
+                          const void* y, const char* Y, const void* C, int64_t M, int64_t N,
+                          int64_t K, int dtype, DLDataType* dt) {
+  if (!x || !y || !C)
+    snprintf(h->err, sizeof h->err, "%s: %s is NULL", who, !x ? X : !y ? Y : "C");
+  else if (M < 1 || N < 1 || K < 1)
+    snprintf(h->err, sizeof h->err, "%s: M, N, K must be positive (got %lld, %lld, %lld)", who,
+             (long long)M, (long long)N, (long long)K);
+  else if (dtype_of(dtype, dt))
+    snprintf(h->err, sizeof h->err, "%s: unknown dtype code %d (see lcmac_dtype)", who, dtype);
+  else if (h->device >= 0)
+    snprintf(h->err, sizeof h->err, "%s: this handle holds a CUDA artifact; call "
+             "lcmac_cuda_matmul with device pointers and a stream", who);
+  else if (h->has_manifest && (M != h->M || N != h->N || K != h->K))
+    snprintf(h->err, sizeof h->err, "%s: shape M=%lld N=%lld K=%lld is not the "
+             "artifact's M=%lld N=%lld K=%lld (its manifest's shape)", who, (long long)M,
+             (long long)N, (long long)K, (long long)h->M, (long long)h->N, (long long)h->K);
+  else if (h->has_manifest && dtype != h->dtype)
+    snprintf(h->err, sizeof h->err, "%s: dtype %s is not the artifact's %s", who,
+             dtype_name(dtype), dtype_name(h->dtype));
+  else
+    return 0;
+  return LCMAC_EINVAL;
+}
+
 int lcmac_matmul(lcmac_handle* h, const void* A, const void* B, void* C, int64_t M, int64_t N,
                  int64_t K, int dtype) {
   if (!h) {
@@ -469,50 +539,116 @@ int lcmac_matmul(lcmac_handle* h, const void* A, const void* B, void* C, int64_t
     return LCMAC_EINVAL;
   }
   pthread_mutex_lock(&h->call_mu);
-  int rc = LCMAC_EINVAL;
   DLDataType dt;
-  if (!A || !B || !C) {
-    snprintf(h->err, sizeof h->err, "lcmac_matmul: %s is NULL", !A ? "A" : !B ? "B" : "C");
-  } else if (M < 1 || N < 1 || K < 1) {
-    snprintf(h->err, sizeof h->err, "lcmac_matmul: M, N, K must be positive (got %lld, %lld, %lld)",
-             (long long)M, (long long)N, (long long)K);
-  } else if (dtype_of(dtype, &dt)) {
-    snprintf(h->err, sizeof h->err, "lcmac_matmul: unknown dtype code %d (see lcmac_dtype)", dtype);
-  } else if (h->device >= 0) {
-    snprintf(h->err, sizeof h->err, "lcmac_matmul: this handle holds a CUDA artifact; call "
-             "lcmac_cuda_matmul with device pointers and a stream");
-  } else if (h->has_manifest && (M != h->M || N != h->N || K != h->K)) {
-    snprintf(h->err, sizeof h->err, "lcmac_matmul: shape M=%lld N=%lld K=%lld is not the "
-             "artifact's M=%lld N=%lld K=%lld (its manifest's shape)", (long long)M, (long long)N,
-             (long long)K, (long long)h->M, (long long)h->N, (long long)h->K);
-  } else if (h->has_manifest && dtype != h->dtype) {
-    snprintf(h->err, sizeof h->err, "lcmac_matmul: dtype %s is not the artifact's %s",
-             dtype_name(dtype), dtype_name(h->dtype));
-  } else {
+  int rc = check_cpu_call(h, "lcmac_matmul", A, "A", B, "B", C, M, N, K, dtype, &dt);
+  if (!rc) {
     size_t sz = dt.bits / 8;
     size_t na = (size_t)M * (size_t)K * sz, nb = (size_t)K * (size_t)N * sz;
     size_t nc = (size_t)M * (size_t)N * sz;
     if (overlaps(C, nc, A, na) || overlaps(C, nc, B, nb)) {
       snprintf(h->err, sizeof h->err, "lcmac_matmul: C overlaps %s in memory",
                overlaps(C, nc, A, na) ? "A" : "B");
+      rc = LCMAC_EINVAL;
     } else {
       int64_t sa[2] = {M, K}, sb[2] = {K, N}, sc[2] = {M, N};
       DLTensor t[3];
-      const void* data[3] = {A, B, C};
-      int64_t* shapes[3] = {sa, sb, sc};
       TVMFFIAny args[3];
-      for (int i = 0; i < 3; ++i) {
-        memset(&t[i], 0, sizeof t[i]);
-        t[i].data = (void*)data[i];
-        t[i].device.device_type = kDLCPU;
-        t[i].ndim = 2;
-        t[i].dtype = dt;
-        t[i].shape = shapes[i];
-        memset(&args[i], 0, sizeof args[i]);
-        args[i].type_index = kTVMFFIDLTensorPtr;
-        args[i].v.v_ptr = &t[i];
-      }
+      tensor_arg(&t[0], &args[0], A, sa, dt);
+      tensor_arg(&t[1], &args[1], B, sb, dt);
+      tensor_arg(&t[2], &args[2], C, sc, dt);
       rc = lcmac_internal_call(h, args, 3);
+    }
+  }
+  pthread_mutex_unlock(&h->call_mu);
+  return rc;
+}
+
+/* ---- a B used many times, combined once (CPU artifacts built with the prepared pair) ---- */
+int64_t lcmac_prepared_b_bytes(const lcmac_handle* h) {
+  return h && h->device < 0 && h->prep_fn ? h->prep_bytes : -1;
+}
+
+/* why h cannot prepare B (into h->err); LCMAC_EINVAL */
+static int cannot_prepare(lcmac_handle* h, const char* who) {
+  if (h->device >= 0)
+    snprintf(h->err, sizeof h->err, "%s: this handle holds a CUDA artifact; call "
+             "lcmac_cuda_prepare_b / lcmac_cuda_matmul_prepared", who);
+  else if (!h->has_manifest)
+    snprintf(h->err, sizeof h->err, "%s: a handle from lcmac_open (a bare library) has no "
+             "prepared B; open the artifact's manifest with lcmac_open_artifact", who);
+  else
+    snprintf(h->err, sizeof h->err, "%s: this artifact has no prepared-B entry points (built "
+             "by an older lcmac): rebuild it", who);
+  return LCMAC_EINVAL;
+}
+
+static int check_p(lcmac_handle* h, const char* who, const void* P) {
+  if (P && ((uintptr_t)P & 63)) {
+    snprintf(h->err, sizeof h->err, "%s: P must be 64-byte aligned (posix_memalign(&P, 64, bytes))", who);
+    return LCMAC_EINVAL;
+  }
+  return 0;
+}
+
+int lcmac_prepare_b(lcmac_handle* h, const void* B, void* P, size_t P_bytes) {
+  static const char who[] = "lcmac_prepare_b";
+  if (!h) {
+    snprintf(tls_null_error, sizeof tls_null_error, "%s: the handle is NULL", who);
+    return LCMAC_EINVAL;
+  }
+  pthread_mutex_lock(&h->call_mu);
+  DLDataType dt;
+  int rc = lcmac_prepared_b_bytes(h) < 0 ? cannot_prepare(h, who)
+         : check_cpu_call(h, who, B, "B", P, "P", P, h->M, h->N, h->K, h->dtype, &dt);
+  if (!rc && (int64_t)P_bytes < h->prep_bytes) {
+    snprintf(h->err, sizeof h->err, "%s: P holds %zu bytes; the prepared B needs %lld "
+             "(lcmac_prepared_b_bytes)", who, P_bytes, (long long)h->prep_bytes);
+    rc = LCMAC_EINVAL;
+  }
+  if (!rc && !(rc = check_p(h, who, P))) {
+    if (overlaps(P, (size_t)h->prep_bytes, B, (size_t)(h->K * h->N) * (dt.bits / 8))) {
+      snprintf(h->err, sizeof h->err, "%s: P overlaps B in memory", who);
+      rc = LCMAC_EINVAL;
+    } else {
+      int64_t sb[2] = {h->K, h->N};
+      DLDataType pt = {(uint8_t)h->prep_code, (uint8_t)h->prep_bits, 1};
+      DLTensor t[2];
+      TVMFFIAny args[2];
+      tensor_arg(&t[0], &args[0], B, sb, dt);
+      tensor_arg(&t[1], &args[1], P, h->prep_shape, pt);
+      rc = call_entry(h, h->prep_fn, who, args, 2);
+    }
+  }
+  pthread_mutex_unlock(&h->call_mu);
+  return rc;
+}
+
+int lcmac_matmul_prepared(lcmac_handle* h, const void* A, const void* P, void* C, int64_t M,
+                          int64_t N, int64_t K, int dtype) {
+  static const char who[] = "lcmac_matmul_prepared";
+  if (!h) {
+    snprintf(tls_null_error, sizeof tls_null_error, "%s: the handle is NULL", who);
+    return LCMAC_EINVAL;
+  }
+  pthread_mutex_lock(&h->call_mu);
+  DLDataType dt;
+  int rc = lcmac_prepared_b_bytes(h) < 0 ? cannot_prepare(h, who)
+         : check_cpu_call(h, who, A, "A", P, "P", C, M, N, K, dtype, &dt);
+  if (!rc && !(rc = check_p(h, who, P))) {
+    size_t sz = dt.bits / 8, nc = (size_t)M * (size_t)N * sz;
+    if (overlaps(C, nc, A, (size_t)M * (size_t)K * sz) || overlaps(C, nc, P, (size_t)h->prep_bytes)) {
+      snprintf(h->err, sizeof h->err, "%s: C overlaps %s in memory", who,
+               overlaps(C, nc, A, (size_t)M * (size_t)K * sz) ? "A" : "P");
+      rc = LCMAC_EINVAL;
+    } else {
+      int64_t sa[2] = {M, K}, sc[2] = {M, N};
+      DLDataType pt = {(uint8_t)h->prep_code, (uint8_t)h->prep_bits, 1};
+      DLTensor t[3];
+      TVMFFIAny args[3];
+      tensor_arg(&t[0], &args[0], A, sa, dt);
+      tensor_arg(&t[1], &args[1], P, h->prep_shape, pt);
+      tensor_arg(&t[2], &args[2], C, sc, dt);
+      rc = call_entry(h, h->prep_run_fn, who, args, 3);
     }
   }
   pthread_mutex_unlock(&h->call_mu);

@@ -301,6 +301,9 @@ typedef struct {
   int dtype;
   char arch[16];            /* CUDA: the compute arch, e.g. "sm_90a" */
   int64_t ws_bytes;         /* CUDA: extra.workspace_bytes, -1 when not recorded */
+  int64_t prep_bytes;       /* CPU: bytes of B prepared once (extra.prepared_b), -1 when none */
+  int64_t prep_shape[2];    /* its shape and element type (DLPack code and bits) */
+  int prep_code, prep_bits;
 } ArtifactInfo;
 
 typedef struct { const lj_doc* d; const char* who; const char* path; char* err; size_t errlen; } Mctx;
@@ -539,6 +542,36 @@ static int check_target(Mctx* c, ArtifactInfo* a) {
   return check_cpu(c, 0, tname);
 }
 
+/* A CPU artifact's prepared-B buffer (extra.prepared_b: shape [R, S], dtype), in bytes:
+ * a->prep_bytes, -1 when the manifest names none (built by an older lcmac). */
+static int prepared_fields(Mctx* c, ArtifactInfo* a) {
+  a->prep_bytes = -1;
+  int extra = mfield(c, 0, "extra", "extra", LJ_OBJECT, 1);
+  if (extra == -2) return LCMAC_EFORMAT;
+  int pb = extra >= 0 ? mfield(c, extra, "prepared_b", "extra.prepared_b", LJ_OBJECT, 1) : -1;
+  if (pb == -2) return LCMAC_EFORMAT;
+  if (pb < 0) return LCMAC_OK;
+  char dt[16];
+  int shape = mfield(c, pb, "shape", "extra.prepared_b.shape", LJ_ARRAY, 0);
+  if (shape < 0 || mstring(c, pb, "dtype", "extra.prepared_b.dtype", dt, sizeof dt))
+    return LCMAC_EFORMAT;
+  int64_t item = !strcmp(dt, "float64") ? 8 : !strcmp(dt, "float32") || !strcmp(dt, "int32") ? 4 : 0;
+  if (!item) return mfail(c, LCMAC_EFORMAT, "extra.prepared_b.dtype %s is none this library knows", dt);
+  a->prep_code = strcmp(dt, "int32") ? 2 : 0;     /* kDLFloat, kDLInt */
+  a->prep_bits = (int)item * 8;
+  int64_t bytes = item;
+  for (int k = 0; k < 2; ++k) {
+    int64_t e;
+    int node = lj_at(c->d, shape, k);
+    if (node < 0 || lj_int(c->d, node, &e) || e < 1 || e > ((int64_t)1 << 40) / bytes)
+      return mfail(c, LCMAC_EFORMAT, "extra.prepared_b.shape is not two positive integers");
+    bytes *= e;
+    a->prep_shape[k] = e;
+  }
+  a->prep_bytes = bytes;
+  return LCMAC_OK;
+}
+
 /* The fields lcmac_open_artifact uses, checked; then the target. */
 static int manifest_fields(Mctx* c, ArtifactInfo* a) {
   const lj_doc* d = c->d;
@@ -585,7 +618,8 @@ static int manifest_fields(Mctx* c, ArtifactInfo* a) {
     if ((size_t)snprintf(a->lib, sizeof a->lib, "%s/%s", real, file) >= sizeof a->lib)
       return mfail(c, LCMAC_EFORMAT, "the library's path is too long");
   }
-  return check_target(c, a);
+  int rc = check_target(c, a);
+  return rc || a->cuda ? rc : prepared_fields(c, a);
 }
 
 static int read_manifest(const char* who, const char* path, ArtifactInfo* a, char* err,

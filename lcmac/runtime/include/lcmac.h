@@ -72,8 +72,8 @@
 extern "C" {
 #endif
 
-#define LCMAC_API_VERSION 5   /* 2: lcmac_open_artifact and the checks; 3: bundles; 4: CUDA;
-                                 5: lcmac_cuda_bmm */
+#define LCMAC_API_VERSION 6   /* 2: lcmac_open_artifact and the checks; 3: bundles; 4: CUDA;
+                                 5: lcmac_cuda_bmm; 6: prepared B on the CPU */
 
 typedef struct lcmac_handle lcmac_handle;
 typedef struct lcmac_bundle lcmac_bundle;
@@ -126,6 +126,18 @@ int lcmac_dtype_of(const lcmac_handle* h);
 /* C = A · B (see the contract above); dtype is an lcmac_dtype. */
 int lcmac_matmul(lcmac_handle* h, const void* A, const void* B, void* C, int64_t M, int64_t N,
                  int64_t K, int dtype);
+
+/* Prepared B (CPU artifacts opened with lcmac_open_artifact): where B stays the same across
+ * calls (a weight), lcmac_prepare_b runs Combine B (the packing of B, for a plain GEMM) once
+ * into a caller-owned, 64-byte aligned buffer P of lcmac_prepared_b_bytes(h) bytes, and
+ * lcmac_matmul_prepared(h, A, P, C, ...) runs the rest, giving the same C bit for bit.  P is
+ * valid only for the handle's artifact; prepare again after B changes.
+ * lcmac_prepared_b_bytes is -1 for a handle that cannot prepare (CUDA: lcmac_cuda_prepare_b;
+ * lcmac_open; an artifact built before prepared B), and the two calls then say why. */
+int64_t lcmac_prepared_b_bytes(const lcmac_handle* h);
+int lcmac_prepare_b(lcmac_handle* h, const void* B, void* P, size_t P_bytes);
+int lcmac_matmul_prepared(lcmac_handle* h, const void* A, const void* P, void* C, int64_t M,
+                          int64_t N, int64_t K, int dtype);
 
 /* The message of the last failed call on h ("" if it succeeded); for h == NULL, the last
  * error of a call that got a NULL handle on this thread.  Valid until the next call on h. */
