@@ -219,3 +219,23 @@ def test_amx_artifacts_match_float64(amx_artifacts):
 def test_request_amx_is_granted():
     x86.request_amx()
     x86.request_amx()          # once per process; a second call is a no-op
+
+
+def test_bf16_builds_for_an_amx_cpu_take_amx_by_default():
+    """A bf16 build for an mcpu with AMX runs on AMX unless its config picks a kernel; other
+    mcpus, dtypes and explicit choices keep theirs."""
+    from lcmac.artifact.build import build_config
+    from lcmac.ir import get
+    t = T512
+    one, two = get("strassen"), get("strassen^2")
+
+    def cfg(mcpu, dtype="bfloat16", config=None, alg=one):
+        return build_config(t, dtype, config, alg, False, (256, 256, 256), notes=[], mcpu=mcpu)
+    c = cfg("sapphirerapids")
+    assert c["amx"] and (c["mr"], c["nr"], c["mc"], c["kc"]) == (32, 32, 256, 1024)
+    assert cfg("graniterapids", alg=two)["mc"] == 128          # stored H: smaller row blocks
+    assert not cfg("skylake-avx512")["amx"] and not cfg(None)["amx"]
+    assert not cfg("sapphirerapids", "float32")["amx"]
+    assert not cfg("sapphirerapids", config={"bf16_dot": True})["amx"]
+    assert cfg("sapphirerapids", config={"kc": 512})["kc"] == 512   # knobs given are kept
+    assert cfg("native")["amx"] == AMX_HOST

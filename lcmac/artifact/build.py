@@ -54,10 +54,10 @@ from ..errors import ArtifactError, DTypeError, ShapeError, TargetError, Toolcha
 from ..ir import get
 from ..ir.algorithm import Algorithm
 from ..ir.transforms import power
-from ..schedules.cpu_config import resolve_config
+from ..schedules.cpu_config import amx_defaults, resolve_config
 from ..schedules.cpu_lcma import programs_for
 from ..shapes import parse_shape
-from ..targets import Target, aarch64, get_target, host_target
+from ..targets import Target, aarch64, get_target, host_target, x86
 from ..version import __version__
 from . import tuning_log as db
 from .manifest import Manifest, sha256_file
@@ -90,10 +90,12 @@ def resolve_target(target):
     return get_target(str(target))
 
 
-def build_config(t, dtype: str, config, alg, plain: bool, shape, notes: list | None = None):
+def build_config(t, dtype: str, config, alg, plain: bool, shape, notes: list | None = None,
+                 mcpu: str | None = None):
     """The config a build of this case uses: ``config`` (a dict or JSON text) completed as the
     backend does, else the tuning log's record.  What the log says about it goes to ``notes``
-    (a list) when one is given, else to stderr."""
+    (a list) when one is given, else to stderr.  bfloat16 for an ``mcpu`` with AMX runs the
+    GEMM stage on AMX unless the config picks a kernel (``amx`` or ``bf16_dot``)."""
     if isinstance(config, str):
         try:
             config = json.loads(config)
@@ -104,6 +106,9 @@ def build_config(t, dtype: str, config, alg, plain: bool, shape, notes: list | N
             # CPU blocks are cut from the shape (tasks balanced over the threads): a config
             # logged at another shape is not better than the shape-aware default
             config = _tuned_config(t, dtype, alg, plain, shape, exact_only=True, notes=notes)
+        if (dtype == "bfloat16" and t.name == "x86_64-avx512" and x86.mcpu_has_amx(mcpu)
+                and not {"amx", "bf16_dot"} & set(config or {})):
+            config = {**amx_defaults(None if plain else alg), **(config or {})}
         try:
             return resolve_config(t, dtype, config, None if plain else alg, shape=shape).to_dict()
         except ValueError as e:
@@ -207,7 +212,7 @@ def _prepare(algo, target=None, dtype="float32", shape=None, levels: int = 1, co
         aarch64.check_toolchain()        # fail here, naming the packages, not in the worker
     M, N, K = parse_shape(shape)
     alg, plain, alg_name = resolve_algorithm(algo, levels)
-    cfg = build_config(t, dtype, config, alg, plain, (M, N, K))
+    cfg = build_config(t, dtype, config, alg, plain, (M, N, K), mcpu=mcpu)
     if plain:
         progs = None
     else:

@@ -163,7 +163,7 @@ def _spec(algo, target, dtype, shape, config, levels: int, mcpu) -> _Spec:
     M, N, K = parse_shape(shape)
     alg, plain, name = _build.resolve_algorithm(algo, levels)
     notes: list[str] = []                      # the tuning log's notes: shown on a compile only
-    cfg = _build.build_config(t, dtype, config, alg, plain, (M, N, K), notes=notes)
+    cfg = _build.build_config(t, dtype, config, alg, plain, (M, N, K), notes=notes, mcpu=mcpu)
     cpu = mcpu
     if mcpu == "native":                       # "this host's CPU": name it, a cache may be shared
         cpu = f"native ({device_name()})"

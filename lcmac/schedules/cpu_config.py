@@ -223,6 +223,14 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
     return out
 
 
+def amx_defaults(algorithm=None) -> dict:
+    """The AMX kernel's knobs where a bf16 build for a CPU with AMX picks none: the blocks that
+    measured best in a coarse sweep on a 16-core Xeon at 4096³ (docs/cpu.md): mc 256, nc 256,
+    kc 1024; mc 128 for an LCMA of more than 4 C blocks (Strassen², whose H is stored)."""
+    many = algorithm is not None and getattr(algorithm, "m", 1) * getattr(algorithm, "n", 1) > 4
+    return {"amx": True, "mr": 32, "nr": 32, "mc": 128 if many else 256, "nc": 256, "kc": 1024}
+
+
 def resolve_config(target, dtype: str, config, algorithm=None, shape=None) -> CpuConfig:
     """A validated CpuConfig: ``config`` (dict: knobs over the defaults, or CpuConfig) or
     the defaults for ``algorithm`` and ``shape``."""

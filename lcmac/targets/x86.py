@@ -64,6 +64,18 @@ def check_runnable(target_name: str, flags=()) -> None:
                           "rebuild with --target host")
 
 
+#: LLVM CPU names whose cores have AMX-BF16 and AMX-TILE (Sapphire Rapids and later Xeons)
+AMX_MCPUS = ("sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d", "diamondrapids")
+
+
+def mcpu_has_amx(mcpu: str | None) -> bool:
+    """Whether code for the LLVM CPU ``mcpu`` may use AMX bf16 tiles: a named CPU that has
+    them, or "native"/"host" on a machine whose /proc/cpuinfo lists them."""
+    if mcpu in ("native", "host"):
+        return {"amx_tile", "amx_bf16"} <= host_flags()
+    return (mcpu or "").lower() in AMX_MCPUS
+
+
 # Linux hands out AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
 # XFEATURE_XTILEDATA); without it the first AMX instruction is an illegal instruction
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
