@@ -15,8 +15,9 @@ products' rows stacked: ``lcmac.matmul(A, W)``).  ``algo``:
   reference executor, one product at a time (the correctness oracle for in-block LCMAs);
   on CUDA refused: in-block LCMA kernels are not built (docs/batched.md says why).
 - ``"vendor"``: ``torch.bmm`` / ``np.matmul``.
-- ``"auto"``: the vendor's batched GEMM.  No decision rule picks lcmac's kernel yet: that
-  waits on measurements across sizes (``scripts/bench_batched.py``, docs/batched.md).
+- ``"auto"``: lcmac's batched kernel where ``costmodel.small.choose_batched`` says it was
+  measured to win (CUDA only: bf16/fp16 tiny products in batches of 100 000 and more,
+  float32 with TF32 allowed and a long K through the 3D partition), else the vendor's.
 
 The torch op has a fake
 implementation (``torch.compile`` keeps it) and autograd: dA = dC·Bᵀ and dB = Aᵀ·dC, batched,
@@ -32,6 +33,7 @@ from .errors import DTypeError, LcmacError, ShapeError, TargetError
 from .ir import get as get_algorithm
 from .ir.executor import run_unfused
 from .call_args import LOADED, check_algo, define_op, operand_kind, target_for
+from .costmodel.small import choose_batched
 
 __all__ = ["bmm", "register", "BMM_SCHEMA"]
 
@@ -98,8 +100,10 @@ def compute(A, B, algo: str = "auto", out=None):
     batch, M, K = A.shape
     N = B.shape[2]
     cuda = _kind(A) == "torch" and A.device.type == "cuda"
+    config = None
     if algo == "auto":
-        algo = "vendor"
+        config = _auto_config(A, M, N, K, batch) if cuda else None
+        algo = "vendor" if config is None else "gemm"
     if algo == "vendor" or 0 in (batch, M, N, K):
         if _kind(A) == "torch":
             import torch
@@ -115,12 +119,20 @@ def compute(A, B, algo: str = "auto", out=None):
         if dt not in _CUDA_DTYPES:
             raise DTypeError(f"lcmac's batched CUDA kernel takes {_CUDA_DTYPES}, not {dt} "
                              f"(algo='vendor' runs torch.bmm)")
-        fn = batched_kernel(target_for(A.device.type), dt, (M, N, K))
+        fn = batched_kernel(target_for(A.device.type), dt, (M, N, K), config)
         return fn(A.contiguous(), B.contiguous(), out=out)
     if out is not None:
         out[...] = C
         return out
     return C
+
+
+def _auto_config(A, M: int, N: int, K: int, batch: int) -> dict | None:
+    """``choose_batched`` for a CUDA tensor A (TF32 counts as allowed where torch allows it)."""
+    import torch
+    dt = _dtype(A)
+    tf32 = dt == "float32" and bool(torch.backends.cuda.matmul.allow_tf32)
+    return choose_batched("cuda", dt, M, N, K, batch, tf32=tf32)
 
 
 def bmm(A, B, *, algo: str = "auto", out=None):

@@ -4,7 +4,15 @@ batched) and torch.matmul, in one run.
     python scripts/bench_batched.py --sizes 16 32 64 128 256 512 --batch 10000 \\
         --dtypes bfloat16 float32 --sustained 2 --out bench/results/h100-batched.json --plot
 
-Per (dtype, size n, batch): A [batch, n, n], B [batch, n, n] random normal, C = A·B by
+The grid behind ``algo="auto"``'s rule (``lcmac.costmodel.small.choose_batched``):
+
+    python scripts/bench_batched.py --sizes 8 16 24 32 48 64 --shapes 16x16x64 16x64x16 \
+        64x16x16 16x16x256 32x32x512 17x19x300 --batch 100 1000 10000 100000 \
+        --dtypes bfloat16 float16 float32 --variants '[{"policy": "splitk"}]' --auto \
+        --out bench/results/h100-batched-auto.json
+
+Per (dtype, shape M×N×K from --sizes n (n³) and --shapes, batch from --batch): A [batch, M, K],
+B [batch, K, N] random normal, C = A·B by
 ``lcmac.bmm(A, B, algo="gemm")`` (its kernel compiled once per (n, dtype) into the kernel
 cache, the batch count a kernel argument), ``torch.bmm`` and ``torch.matmul``, timed with CUDA
 events in interleaved rounds (median over the rounds and the spread: the burst figure) and,
@@ -27,7 +35,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--sizes", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512])
-    ap.add_argument("--batch", type=int, default=10000, help="products per batch")
+    ap.add_argument("--shapes", nargs="+", default=[], metavar="MxNxK", help="further shapes")
+    ap.add_argument("--batch", type=int, nargs="+", default=[10000], help="products per batch")
+    ap.add_argument("--auto", action="store_true", help='also time lcmac.bmm(A, B) (algo="auto")')
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"],
                     choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--rounds", type=int, default=5)
@@ -38,14 +48,16 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=8, help="kernels compiled at once before timing")
     ap.add_argument("--variants", type=json.loads, default=[], metavar="JSON",
                     help='further template options to time beside the default, e.g. '
-                         '\'[{"products_per_cta": 8}]\' (named lcmac[key=value])')
+                         '\'[{"products_per_cta": 8}]\' (named lcmac[key=value]); a variant '
+                         'the template refuses for a shape is left out there')
     args = ap.parse_args(argv)
+    shapes = [(n, n, n) for n in args.sizes] + [_shape(s) for s in args.shapes]
     import torch
 
     import lcmac
     from lcmac.batched import batched_kernel
     from lcmac.call_args import target_for
-    from lcmac.costmodel.small import predict_batched
+    from lcmac.costmodel.small import bmm_floor, choose_batched, predict_batched
     from lcmac.schedules.cuda.config import small_tile_defaults
     from lcmac.tune.measure import gpu_rounds
     if not torch.cuda.is_available():
@@ -54,108 +66,153 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     name = torch.cuda.get_device_name()
     configs = [{}] + list(args.variants)
-    _compile_all([(dtype, n, c) for dtype in args.dtypes for n in args.sizes for c in configs], args.jobs)
+    built = _compile_all([(dtype, shp, c) for dtype in args.dtypes for shp in shapes for c in configs], args.jobs)
     print(f"# {name}, torch {torch.__version__}, batch {args.batch}")
-    print(f"{'dtype':9s} {'n':>4s} {'lcmac us':>9s} {'bmm us':>9s} {'matmul us':>9s} {'vs bmm':>7s} "
+    print(f"{'dtype':9s} {'M x N x K':>11s} {'batch':>6s} {'lcmac us':>9s} {'bmm us':>9s} {'matmul us':>9s} {'vs bmm':>7s} "
           f"{'lcmac TF/s':>10s} {'lcmac GB/s':>10s} {'model us':>9s} {'bound':8s} "
           + (f"{'sust. vs bmm':>12s} " if args.sustained else "") + f"{'err':>9s} {'bmm err':>9s}")
     results = []
-    for dtype in args.dtypes:
-        tdt = getattr(torch, dtype)
-        for n in args.sizes:
-            g = torch.Generator(device="cuda").manual_seed(n)
-            A = torch.randn(args.batch, n, n, device="cuda", generator=g).to(tdt)
-            B = (torch.randn(args.batch, n, n, device="cuda", generator=g) / n ** 0.5).to(tdt)
-            C = torch.empty(args.batch, n, n, device="cuda", dtype=tdt)
+    for dtype, (M, N, K), batch in ((d, s, b) for d in args.dtypes for s in shapes for b in args.batch):
+            tdt = getattr(torch, dtype)
+            n = max(M, N, K)
+            g = torch.Generator(device="cuda").manual_seed(M * 10007 + N * 101 + K)
+            A = torch.randn(batch, M, K, device="cuda", generator=g).to(tdt)
+            B = (torch.randn(batch, K, N, device="cuda", generator=g) / K ** 0.5).to(tdt)
+            C = torch.empty(batch, M, N, device="cuda", dtype=tdt)
             lcmac.bmm(A, B, algo="gemm", out=C)              # compile / load, first launch
             torch.cuda.synchronize()
-            k = min(args.batch, 512)                          # the error on the first products
+            k = min(batch, 512)                          # the error on the first products
             ref = torch.bmm(A[:k].double(), B[:k].double())
             rel = lambda X: ((X[:k].double() - ref).norm() / ref.norm()).item()  # noqa: E731
             err, err_bmm = rel(C), rel(torch.bmm(A, B))
+            variant_err = {}
             variants = [("lcmac", lambda: lcmac.bmm(A, B, algo="gemm", out=C)),
                         ("torch.bmm", lambda: torch.bmm(A, B, out=C)),
                         ("torch.matmul", lambda: torch.matmul(A, B, out=C))]
+            if args.auto:
+                variants.append(("auto", lambda: lcmac.bmm(A, B, out=C)))
+                auto_pick = choose_batched("cuda", dtype, M, N, K, batch)
             for cfg in args.variants:
-                fn = batched_kernel(target_for("cuda"), dtype, (n, n, n), cfg)
+                if (dtype, (M, N, K), json.dumps(cfg, sort_keys=True)) not in built:
+                    continue
+                fn = batched_kernel(target_for("cuda"), dtype, (M, N, K), cfg)
                 label = "lcmac[" + ",".join(f"{k}={v}" for k, v in cfg.items()) + "]"
                 variants.append((label, lambda fn=fn: fn(A, B, out=C)))
                 fn(A, B, out=C)
                 r_err = rel(C)
+                variant_err[label] = r_err
                 if r_err > 4 * err + 1e-6:
-                    print(f"# {label} at n={n}: error {r_err:.2e} (default {err:.2e})", flush=True)
+                    print(f"# {label} at {M}x{N}x{K}: error {r_err:.2e} (default {err:.2e})", flush=True)
             ref = None
             rounds, sustained = gpu_rounds(variants, args.rounds, args.calls, args.sustained)
             med = {k: statistics.median(v) for k, v in rounds.items()}
             spread = {k: [min(v), max(v)] for k, v in rounds.items()}
-            flops = 2.0 * args.batch * n ** 3
-            nbytes = 3.0 * args.batch * n * n * A.element_size()
-            tile = small_tile_defaults(n, n, n, dtype)
-            est = predict_batched(n, n, n, dtype, args.batch, tile)
-            r = {"dtype": dtype, "n": n, "batch": args.batch, "tile": tile, "seconds": med,
+            flops = 2.0 * batch * M * N * K
+            nbytes = float(batch) * (M * K + K * N + M * N) * A.element_size()
+            tile = small_tile_defaults(M, N, K, dtype)
+            est = predict_batched(M, N, K, dtype, batch, tile)
+            r = {"dtype": dtype, "n": n, "shape": [M, N, K], "batch": batch, "tile": tile, "seconds": med,
                  "spread_s": spread, "vs_bmm": med["torch.bmm"] / med["lcmac"],
                  "vs_matmul": med["torch.matmul"] / med["lcmac"],
+                 "variants_vs_bmm": {k: med["torch.bmm"] / t for k, t in med.items() if k.startswith("lcmac[")},
                  "tflops": {k: flops / t / 1e12 for k, t in med.items()},
                  "gbps": {k: nbytes / t / 1e9 for k, t in med.items()},
-                 "model_s": est.t, "model_bound": est.bound, "rel_error": err, "rel_error_bmm": err_bmm}
-            line = (f"{dtype:9s} {n:4d} {med['lcmac'] * 1e6:9.1f} {med['torch.bmm'] * 1e6:9.1f} "
+                 "model_s": est.t, "model_bound": est.bound, "model_bmm_s": bmm_floor(M, N, K, dtype, batch),
+                 "rel_error": err, "rel_error_bmm": err_bmm, "rel_error_variants": variant_err}
+            if args.auto:
+                r["auto_pick"] = auto_pick
+                r["auto_vs_bmm"] = med["torch.bmm"] / med["auto"]
+            line = (f"{dtype:9s} {M:3d}x{N:3d}x{K:3d} {batch:6d} {med['lcmac'] * 1e6:9.1f} {med['torch.bmm'] * 1e6:9.1f} "
                     f"{med['torch.matmul'] * 1e6:9.1f} {r['vs_bmm']:6.3f}x {r['tflops']['lcmac']:10.1f} "
                     f"{r['gbps']['lcmac']:10.0f} {est.t * 1e6:9.1f} {est.bound:8s} ")
             if args.sustained:
                 r["sustained_s"] = sustained
                 r["sustained_vs_bmm"] = sustained["torch.bmm"] / sustained["lcmac"]
                 line += f"{r['sustained_vs_bmm']:11.3f}x "
+            if args.auto:
+                line += f"auto {r['auto_vs_bmm']:.3f}x ({'lcmac' if auto_pick else 'torch.bmm'}) "
             print(line + f"{err:9.2e} {err_bmm:9.2e}", flush=True)
             for label in med:
                 if label.startswith("lcmac["):
                     print(f"{'':14s} {label}: {med[label] * 1e6:9.1f} us, "
                           f"{med['torch.bmm'] / med[label]:.3f}x torch.bmm", flush=True)
             results.append(r)
+            if args.out:                                     # as it goes: a cut-off run keeps its rows
+                _write(args, argv, name, results)
             A = B = C = ref = None                           # free before the next size
             torch.cuda.empty_cache()
     if args.out:
-        from lcmac.tune.measure import run_header
-        doc = {**run_header("batched small products: lcmac.bmm (algo='gemm') vs torch.bmm and torch.matmul",
-                            name, __file__, argv),
-               "torch": torch.__version__,
-               "rounds": args.rounds, "calls": args.calls, "sustained_s": args.sustained,
-               "results": results}
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
+        _write(args, argv, name, results)
         print(f"wrote {args.out}")
         if args.plot:
-            _plot(results, args.out.rsplit(".", 1)[0] + ".png", name, args.batch)
+            _plot([r for r in results if r["shape"][0] == r["shape"][1] == r["shape"][2]],
+                  args.out.rsplit(".", 1)[0] + ".png", name)
     return 0
 
 
-def _compile_all(cases, jobs: int) -> None:
-    """Every (dtype, n) kernel into the kernel cache first, ``jobs`` compiles at a time (each
-    in its own worker process), so that no compile runs between timings."""
+def _write(args, argv, device: str, results: list) -> None:
+    import torch
+
+    from lcmac.tune.measure import run_header
+    doc = {**run_header("batched small products: lcmac.bmm (algo='gemm') vs torch.bmm and torch.matmul",
+                        device, __file__, argv),
+           "torch": torch.__version__,
+           "rounds": args.rounds, "calls": args.calls, "sustained_s": args.sustained,
+           "results": results}
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+def _shape(text: str) -> tuple:
+    try:
+        M, N, K = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--shapes takes MxNxK (three positive integers), not {text!r}")
+    return M, N, K
+
+
+def _compile_all(cases, jobs: int) -> set:
+    """Every (dtype, shape, config) kernel into the kernel cache first, ``jobs`` compiles at a
+    time (each in its own worker process), so that no compile runs between timings.  Returns
+    the cases built; a variant the template refuses for a shape (a ``splitk`` tile for a
+    product wider than 32) is reported and left out."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
     from lcmac.batched import batched_kernel
     from lcmac.call_args import target_for
+    from lcmac.errors import LcmacError
     t0 = time.perf_counter()
+
+    def one(c):
+        try:
+            batched_kernel(target_for("cuda"), c[0], c[1], c[2])
+            return (c[0], c[1], json.dumps(c[2], sort_keys=True))
+        except LcmacError as e:
+            if not c[2]:
+                raise
+            print(f"# left out {c[2]} at {c[1]} {c[0]}: {str(e).splitlines()[0][:160]}", flush=True)
+            return None
+
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        list(pool.map(lambda c: batched_kernel(target_for("cuda"), c[0], (c[1],) * 3, c[2]), cases))
-    print(f"# {len(cases)} kernels ready in {time.perf_counter() - t0:.0f} s", flush=True)
+        built = {b for b in pool.map(one, cases) if b is not None}
+    print(f"# {len(built)} kernels ready in {time.perf_counter() - t0:.0f} s", flush=True)
+    return built
 
 
-def _plot(results, path, device, batch):
+def _plot(results, path, device):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
-    for dtype in sorted({r["dtype"] for r in results}):
-        rs = [r for r in results if r["dtype"] == dtype]
-        ns = [r["n"] for r in rs]
-        for who, style in (("lcmac", "-o"), ("torch.bmm", "--s")):
-            ax.plot(ns, [r["tflops"][who] for r in rs], style, label=f"{who} {dtype}")
+    for dtype, batch in sorted({(r["dtype"], r["batch"]) for r in results}):
+        rs = [r for r in results if r["dtype"] == dtype and r["batch"] == batch]
+        ax.plot([r["n"] for r in rs], [r["vs_bmm"] for r in rs], "-o", label=f"{dtype}, batch {batch}")
+    ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("n (products of n×n by n×n)")
-    ax.set_ylabel("effective TFLOP/s")
-    ax.set_title(f"{batch} products per batch, {device}")
+    ax.set_ylabel("torch.bmm time / lcmac time")
+    ax.set_title(f"lcmac's batched kernel against torch.bmm (n³), {device}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

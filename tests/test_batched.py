@@ -9,9 +9,9 @@ import pytest
 
 import lcmac
 from lcmac.batched import bmm
-from lcmac.costmodel.small import predict_batched
+from lcmac.costmodel.small import BATCHED_WINS, choose_batched, predict_batched
 from lcmac.errors import CatalogueError, DTypeError, LcmacError, ShapeError
-from lcmac.schedules.cuda.config import small_tile_defaults
+from lcmac.schedules.cuda.config import CudaConfig, small_tile_defaults
 from tests.schedules.cuda.test_cuda_codegen import needs_tilelang
 
 torch = pytest.importorskip("torch")
@@ -137,6 +137,86 @@ def test_batched_kernel_generates_for_sm90a(tmp_path):
     assert "mma" in out["16"]["sources"][0]                 # one warp: mma.sync
     assert "wgmma" in out["63"]["sources"][0]                # a warpgroup: wgmma, bounds-checked copies
     assert "without an algorithm" in out["refused"]
+
+
+# ---- algo="auto": the rule ------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_auto_picks_lcmac_for_tiny_2_byte_products_in_large_batches(dtype):
+    for n in (8, 16):
+        assert choose_batched("cuda", dtype, n, n, n, 100_000) == {}
+        assert choose_batched("cuda", dtype, n, n, n, 10_000) is None          # lost there
+    for shape in ((24, 24, 24), (32, 32, 32), (64, 64, 64), (16, 16, 64), (16, 64, 16), (64, 16, 16),
+                  (16, 16, 256), (32, 32, 512), (17, 19, 300)):
+        assert choose_batched("cuda", dtype, *shape, 100_000) is None, shape
+    assert choose_batched("cuda", dtype, 16, 15, 16, 100_000) is None           # rows not 16 bytes
+
+
+def test_auto_float32_only_with_tf32_and_through_the_3d_partition():
+    for shape, least in (((16, 16, 64), 10_000), ((16, 16, 256), 10_000), ((32, 32, 512), 1_000)):
+        assert choose_batched("cuda", "float32", *shape, least, tf32=True) == {"policy": "splitk"}
+        assert choose_batched("cuda", "float32", *shape, least - 1, tf32=True) is None
+        assert choose_batched("cuda", "float32", *shape, 100_000, tf32=False) is None   # keep float32
+    for shape in ((16, 16, 16), (32, 32, 32), (17, 19, 300), (16, 64, 16), (32, 32, 256)):
+        assert choose_batched("cuda", "float32", *shape, 100_000, tf32=True) is None, shape
+
+
+def test_auto_stays_the_vendor_on_the_cpu_and_for_other_dtypes():
+    for device in ("cpu", "mps"):
+        for dtype in ("bfloat16", "float16", "float32", "float64"):
+            assert choose_batched(device, dtype, 16, 16, 16, 10 ** 6, tf32=True) is None
+    assert choose_batched("cuda", "float64", 16, 16, 16, 10 ** 6) is None
+    assert choose_batched("cuda", "bfloat16", 16, 16, 16, 0) is None
+    # every win names its measurement
+    assert all(len(row) == 6 and "×" in row[5] for row in BATCHED_WINS)
+    # the CPU path: auto gives the vendor's bits
+    A = torch.randn(3, 16, 16)
+    B = torch.randn(3, 16, 16)
+    assert torch.equal(bmm(A, B), torch.bmm(A, B))
+
+
+def test_splitk_tile_and_its_checks():
+    t = small_tile_defaults(17, 19, 300, "bfloat16", "splitk")
+    assert t == {"block_m": 32, "block_n": 32, "block_k": 256, "threads": 128, "stages": 2,
+                 "policy": "splitk", "products_per_cta": 4}
+    assert small_tile_defaults(16, 16, 64, "float32", "splitk")["block_k"] == 64
+    assert small_tile_defaults(16, 16, 512, "float32", "splitk")["block_k"] == 128
+    with pytest.raises(ShapeError, match="up to 32"):
+        small_tile_defaults(64, 16, 256, "bfloat16", "splitk")
+    with pytest.raises(LcmacError, match="batched"):
+        CudaConfig(policy="splitk", block_k=64, threads=128).check()
+    with pytest.raises(LcmacError, match="multiple of 64"):
+        CudaConfig(policy="splitk", batched=True, block_k=32, threads=128).check()
+    with pytest.raises(LcmacError, match="two or more"):
+        CudaConfig(policy="splitk", batched=True, block_k=64, threads=32).check()
+
+
+_GEN_SPLITK = """
+import json, sys
+from lcmac.targets import tilelang_worker as w
+out = {}
+for dtype, shape in (("bfloat16", [16, 16, 256]), ("bfloat16", [17, 19, 300]), ("float32", [32, 32, 512])):
+    r = w.build({"algorithm": None, "target": "cuda-sm90a", "dtype": dtype, "shape": shape,
+                 "config": {"batched": True, "policy": "splitk"}, "out_dir": sys.argv[1] + "/%d" % shape[2],
+                 "name": "lcmac", "compile": False})
+    out["%s-%d" % (dtype, shape[2])] = {"kernel": open(r["sources"][0]).read(), "config": r["config"]}
+print(json.dumps(out))
+"""
+
+
+@needs_tilelang
+def test_splitk_kernel_generates_for_sm90a(tmp_path):
+    r = subprocess.run([sys.executable, "-c", _GEN_SPLITK, str(tmp_path)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for key, got in out.items():
+        src, cfg = got["kernel"], got["config"]
+        assert cfg["policy"] == "splitk" and cfg["threads"] == 128, key
+        assert "int batch" in src and "mma" in src and "P_s" in src, key
+        # four warps, each under its own thread range, each with an accumulator of its own
+        assert src.count("threadIdx.x) < 32") + src.count("threadIdx.x) < 160") >= 1, key
+    # the partial tiles are summed in shared memory: four reads of P_s per output element
+    assert out["bfloat16-256"]["kernel"].count("P_s) +") >= 8
 
 
 # ---- structured A: low rank, block-sparse ----------------------------------------------------

@@ -19,14 +19,19 @@ BF16 = [(16, 16, 16), (24, 24, 24), (33, 33, 33), (64, 64, 64), (63, 65, 127), (
         (128, 128, 128), (129, 129, 129), (200, 136, 72), (256, 256, 256), (384, 384, 384),
         (512, 512, 512)]
 FP32 = [(16, 16, 16), (100, 100, 100), (256, 256, 256)]
+# the 3D partition (policy "splitk"): long K, odd sizes
+SPLITK = [(torch.bfloat16, (16, 16, 256)), (torch.bfloat16, (32, 32, 512)), (torch.bfloat16, (17, 19, 300)),
+          (torch.float16, (16, 16, 64)), (torch.float32, (16, 16, 256)), (torch.float32, (32, 32, 512)),
+          (torch.float32, (9, 12, 100))]
 
 
 @pytest.fixture(scope="module")
 def kernels():
     """All kernels of the file compiled at once (each in its own worker process)."""
-    cases = [("bfloat16", s) for s in BF16] + [("float32", s) for s in FP32]
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda c: batched_kernel(target_for("cuda"), c[0], c[1]), cases))
+    cases = [("bfloat16", s, None) for s in BF16] + [("float32", s, None) for s in FP32]
+    cases += [(str(d).replace("torch.", ""), s, {"policy": "splitk"}) for d, s in SPLITK]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda c: batched_kernel(target_for("cuda"), c[0], c[1], c[2]), cases))
 
 
 def _pair(batch, M, N, K, dtype, seed=0):
@@ -156,3 +161,49 @@ def test_c_api_runs_a_batched_artifact(tmp_path):
         assert b"lcmac_cuda_bmm" in lib.lcmac_last_error(h)
     finally:
         lib.lcmac_close(h)
+
+
+# ---- the 3D partition (policy "splitk") and algo="auto" ------------------------------------
+
+
+@pytest.mark.parametrize("dtype, shape", SPLITK)
+def test_splitk_matches_float64(kernels, dtype, shape):
+    M, N, K = shape
+    A, B = _pair(41, M, N, K, dtype, seed=K)               # 41 = 10 groups of 4 and a partial one
+    ref = torch.bmm(A.double(), B.double())
+    fn = batched_kernel(target_for("cuda"), str(dtype).replace("torch.", ""), shape, {"policy": "splitk"})
+    C = torch.full((41, M, N), float("nan"), device="cuda", dtype=dtype)
+    fn(A, B, out=C)
+    if dtype == torch.float32:
+        assert _rel(C, ref) < 2e-3                         # TF32, as the 1D/2D kernel
+    else:
+        assert _rel(C, ref) < 2.0 * _rel(torch.bmm(A, B), ref)
+    C2 = torch.empty_like(C)
+    fn(A, B, out=C2)
+    assert torch.equal(C, C2)                              # the partials are summed in a fixed order
+
+
+@pytest.mark.parametrize("dtype, shape, batch", [(torch.bfloat16, (16, 16, 16), 100_000),
+                                                 (torch.float16, (8, 8, 8), 100_000),
+                                                 (torch.float32, (16, 16, 256), 10_000),
+                                                 (torch.bfloat16, (32, 32, 32), 10_000)])
+def test_auto_picks_run_and_match_torch_bmm(dtype, shape, batch):
+    from lcmac.costmodel.small import choose_batched
+    M, N, K = shape
+    A, B = _pair(batch, M, N, K, dtype, seed=batch)
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        pick = choose_batched("cuda", str(dtype).replace("torch.", ""), M, N, K, batch, tf32=True)
+        C = lcmac.bmm(A, B)
+        ref = torch.bmm(A, B)
+        if pick is None:
+            assert torch.equal(C, ref)                     # the vendor's own bits
+        else:
+            fn = batched_kernel(target_for("cuda"), str(dtype).replace("torch.", ""), shape, pick)
+            assert torch.equal(C, fn(A, B))                # auto ran the kernel the rule named
+            exact = torch.bmm(A[:512].double(), B[:512].double())
+            assert _rel(C[:512], exact) < max(2.0 * _rel(ref[:512], exact), 2e-3)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    assert (pick is None) == (shape == (32, 32, 32))

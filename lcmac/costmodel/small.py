@@ -98,3 +98,61 @@ def predict_batched(M: int, N: int, K: int, dtype: str, batch: int, tile: dict,
     t_mem = batch * (M * K + K * N + M * N) * s / p.mem_bw
     t_cmp = 2.0 * batch * M * N * K / peak if peak else 0.0
     return SmallEstimate(cta, c, waves, t_lat, t_mem, t_cmp, max(t_lat, t_mem, t_cmp))
+
+
+def bmm_floor(M: int, N: int, K: int, dtype: str, batch: int,
+              profile: HardwareProfile | str = "h100") -> float:
+    """Seconds to move each product's A and B in and C out once at the DRAM bandwidth: no
+    batched GEMM, the vendor's included, is faster."""
+    p = get_profile(profile) if isinstance(profile, str) else profile
+    return batch * (M * K + K * N + M * N) * ITEMSIZE[dtype] / p.mem_bw
+
+
+#: Where lcmac's batched kernel beat torch.bmm, measured on an H200 (the 2026-11-27 grid,
+#: bench/results/h200-batched-auto-2026-11-27.json: n³ for n in 8–64, 16×16×64, 16×64×16,
+#: 64×16×16, 16×16×256, 32×32×512, 17×19×300; batches 100–100 000; bf16, fp16, float32).
+#: Each row: dtypes, max(M, N) range, K range, the least batch, the config, the measurement.
+#: Only what was measured to win is here; a shape between two rows is left to the vendor.
+BATCHED_WINS = (
+    (("bfloat16", "float16"), (8, 16), (8, 16), 100_000, {},
+     "8³: 1.84× (bf16) and 1.94× (fp16), 16³: 1.16× and 1.17× at 100 000; 0.38–0.49× at 10 000"),
+    (("float32",), (16, 16), (64, 256), 10_000, {"policy": "splitk"},
+     "16×16×64: 1.14× and 1.11×, 16×16×256: 1.54× and 1.77× at 10 000 and 100 000; 0.49–0.92× at 1 000"),
+    (("float32",), (32, 32), (512, 512), 1_000, {"policy": "splitk"},
+     "32×32×512: 1.27×, 1.15×, 1.15× at 1 000, 10 000, 100 000; 0.47× at 100"),
+)
+
+
+def choose_batched(device: str, dtype: str, M: int, N: int, K: int, batch: int,
+                   tf32: bool = False) -> dict | None:
+    """``lcmac.bmm(algo="auto")``'s rule: None for the vendor's batched GEMM, else the config
+    of lcmac's batched kernel (``{}``: the default tile; ``{"policy": "splitk"}``: the 3D
+    partition).  ``tf32``: the caller lets float32 products run as TF32 (torch's
+    ``allow_tf32``), as lcmac's kernel does.
+
+    - Only CUDA: on the CPU lcmac's batched path is the float64 reference.
+    - float32 only with ``tf32``: lcmac multiplies float32 as TF32 (error 7.7e-4 against
+      float64) where cuBLAS keeps these small products in float32 (1e-7).
+    - Rows of 16 bytes (N and K a multiple of 16 / itemsize): the TMA path.  Unaligned rows
+      take element-wise copies, measured 0.08–0.53× torch.bmm at 17×19×300 up to batch 10 000.
+    - max(M, N) > 32: the model (``predict_batched``) puts these products at the memory bound
+      from batch 10 000, where torch.bmm already runs (H200: 3.2 TB/s at 64³ bf16) and no
+      partition of the same bytes wins; below that both are launch-bound and lcmac.bmm's call
+      costs more than torch.bmm's (measured 0.20–0.79× at 48³ and 64³, 0.25–0.90× at 16×64×16
+      and 64×16×16 in bf16/fp16).
+    - Otherwise only the measured wins (``BATCHED_WINS``).  Below ~100 µs of GPU work
+      lcmac.bmm's host cost (50–100 µs a call against torch.bmm's 12–30 µs) decides, which
+      is why the least batch is a measured threshold and not the model's: the model prices
+      the GPU alone."""
+    if device != "cuda" or dtype not in ("bfloat16", "float16", "float32") or batch <= 0:
+        return None
+    if dtype == "float32" and not tf32:
+        return None
+    vec = 16 // ITEMSIZE[dtype]
+    if N % vec or K % vec or max(M, N) > 32:
+        return None
+    for dtypes, (side_lo, side_hi), (k_lo, k_hi), least, config, _measured in BATCHED_WINS:
+        if (dtype in dtypes and side_lo <= max(M, N) <= side_hi and k_lo <= K <= k_hi
+                and batch >= least):
+            return dict(config)
+    return None

@@ -112,7 +112,7 @@ class Request:
         given = dict(req.get("config") or {})
         if given.get("batched"):
             check_batched_shape(M, N, K)
-            given = {**small_tile_defaults(M, N, K, dtype), **given}
+            given = {**small_tile_defaults(M, N, K, dtype, given.get("policy")), **given}
         else:
             check_shape(M, N, K, dtype)
         cfg = CudaConfig.from_dict(given, dtype=dtype, arch=target.arch, lcma=is_lcma(alg))

@@ -174,9 +174,24 @@ class CudaConfig:
             return self.block_k
         return 32 if dtype == "float32" else 64
 
+    def _check_splitk(self) -> None:
+        """The 3D partition (``schedules.cuda.small.batched_splitk_gemm``): W = threads / 32
+        warps each take block_k / W of every K slab, a whole number of the mma's k (16)."""
+        warps = self.threads // 32
+        if not self.batched:
+            raise LcmacError("policy 'splitk' (warps splitting K) is a batched small product's "
+                             "partition: use it with batched=True")
+        if self.threads % 32 or warps < 2:
+            raise LcmacError(f"policy 'splitk' needs two or more whole warps, not threads={self.threads}")
+        if not self.block_k or self.block_k % (16 * warps):
+            raise LcmacError(f"policy 'splitk' splits block_k among {warps} warps in 16s: block_k "
+                             f"must be a multiple of {16 * warps}, not {self.block_k}")
+
     def check(self) -> None:
-        if self.policy not in ("auto", "square", "fullrow", "fullcol"):
-            raise LcmacError(f"policy must be square, fullrow or fullcol, not {self.policy!r}")
+        if self.policy not in ("auto", "square", "fullrow", "fullcol", "splitk"):
+            raise LcmacError(f"policy must be square, fullrow, fullcol or splitk, not {self.policy!r}")
+        if self.policy == "splitk":
+            self._check_splitk()
         if self.persistent_ctas < 0:
             raise LcmacError(f"persistent_ctas must be >= 0, not {self.persistent_ctas}")
         if self.operands not in OPERAND_MODES:
@@ -522,7 +537,7 @@ def int64_buffers(blk: "Blocking", fused: bool, kmajor_b: bool = False) -> list[
     return [k for k, v in buffer_shapes(blk, fused, kmajor_b).items() if needs_int64(v)]
 
 
-def small_tile_defaults(M: int, N: int, K: int, dtype: str) -> dict:
+def small_tile_defaults(M: int, N: int, K: int, dtype: str, policy: str | None = None) -> dict:
     """The tile of a batched small product (``CudaConfig.batched``), as measured on the H100
     (bf16, 10 000 products, docs/batched.md): up to 64 per side the smallest of 16², 32²
     (one warp, mma) and 64² (a warpgroup, wgmma) covering max(M, N), 16 products per CTA in
@@ -531,6 +546,8 @@ def small_tile_defaults(M: int, N: int, K: int, dtype: str) -> dict:
     torch.bmm at 256³ where 128² tiles ran at 0.60×).  The K slab the whole K up to 64 (32 for
     float32), in 16s; two stages where K has more than one slab or several products share
     the CTA."""
+    if policy == "splitk":
+        return splitk_tile_defaults(M, N, K, dtype)
     side = max(M, N)
     cap = 32 if dtype == "float32" else 64
     block_k = min(cap, -(-K // 16) * 16)
@@ -543,6 +560,27 @@ def small_tile_defaults(M: int, N: int, K: int, dtype: str) -> dict:
             "threads": 32 if tile <= 32 else 128,
             "stages": 2 if K > block_k or per_cta > 1 else 1,
             "policy": "square" if tile <= 32 else "fullrow", "products_per_cta": per_cta}
+
+
+#: warps of the 3D partition (``policy="splitk"``): one per tensor core of the SM
+SPLITK_WARPS = 4
+
+
+def splitk_tile_defaults(M: int, N: int, K: int, dtype: str) -> dict:
+    """The tile of the 3D partition (``policy="splitk"``, ``schedules.cuda.small``): the 16²
+    or 32² tile of a one-warp product (a product of up to 32 per side; beyond, a warpgroup
+    already covers the tile), 4 warps each taking a quarter of every K slab, the slab up to
+    4·64 (4·32 for float32) deep, so a warp's share is what one warp takes alone in the 1D/2D
+    kernel; 4 products per CTA in one pipeline."""
+    side = max(M, N)
+    if side > 32:
+        raise ShapeError(f"policy 'splitk' is for products of up to 32×32 (got {M}×{N}): "
+                         f"a larger tile has a warpgroup splitting M and N already")
+    unit = 16 * SPLITK_WARPS
+    cap = SPLITK_WARPS * (32 if dtype == "float32" else 64)
+    tile = 16 if side <= 16 else 32
+    return {"block_m": tile, "block_n": tile, "block_k": min(cap, -(-K // unit) * unit),
+            "threads": 32 * SPLITK_WARPS, "stages": 2, "policy": "splitk", "products_per_cta": 4}
 
 
 def check_batched_shape(M: int, N: int, K: int) -> None:
