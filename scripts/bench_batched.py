@@ -91,7 +91,8 @@ def main(argv=None) -> int:
                         ("torch.matmul", lambda: torch.matmul(A, B, out=C))]
             if args.auto:
                 variants.append(("auto", lambda: lcmac.bmm(A, B, out=C)))
-                auto_pick = choose_batched("cuda", dtype, M, N, K, batch)
+                auto_pick = choose_batched("cuda", dtype, M, N, K, batch,
+                                           tf32=bool(torch.backends.cuda.matmul.allow_tf32))
             for cfg in args.variants:
                 if (dtype, (M, N, K), json.dumps(cfg, sort_keys=True)) not in built:
                     continue
