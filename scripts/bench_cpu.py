@@ -49,7 +49,13 @@ VARIANTS = [("gemm", "gemm", {}),
             ("strassen^2-fused", "strassen^2", {"fused": True}),
             ("winograd^2", "winograd^2", {}),                    # 15 additions a level (CSE)
             ("hopcroft-kerr", "hopcroft-kerr", {}),
-            ("fgr-3x3x3-r23", "fgr-3x3x3-r23", {})]
+            ("fgr-3x3x3-r23", "fgr-3x3x3-r23", {}),
+            # the products on the vendor BLAS (numpy's OpenBLAS), lcmac's combines around them
+            ("strassen-vendor", "strassen", {"vendor_base": True}),
+            ("winograd-vendor", "winograd", {"vendor_base": True}),
+            ("winograd^2-vendor", "winograd^2", {"vendor_base": True}),
+            # lcmac.matmul's own choice per shape (tuning log, else the model; may be numpy)
+            ("auto", "auto", {})]
 
 
 def cpu_description() -> str:
@@ -145,17 +151,20 @@ def main(argv=None) -> int:
             alg = None if algo == "gemm" else get_algorithm(algo)
             return {**default_config(target, "float32", alg, shape=(M, N, K),
                                      threads=args.threads).to_dict(), **cfg}
+        built_want = [v for v in want if v[1] != "auto"]
         jobs = [dict(algo=algo, target=target, dtype="float32", shape=(M, N, K),
                      config=config_for(algo, cfg),
                      out_dir=art, name=f"{name.replace('^', 'p')}-{M}x{N}x{K}")
-                for name, algo, cfg in want]
+                for name, algo, cfg in built_want]
         built = build_many(jobs)
         fns = []
-        for (name, algo, cfg), p in zip(want, built):
+        for (name, algo, cfg), p in zip(built_want, built):
             if isinstance(p, Exception):
                 print(f"  {name}: build failed: {p}")
                 continue
             fns.append((name, lcmac.load(p)))
+        if any(v[1] == "auto" for v in want):
+            fns.append(("auto", auto_matmul(lcmac, (M, N, K))))
         tb = time.perf_counter() - t0
         cfgs = {n: f.manifest.config for n, f in fns}
         runs, errs = time_against_numpy((M, N, K), "float32", fns, args.rounds, args.pause,
@@ -185,6 +194,18 @@ def main(argv=None) -> int:
                     "templates' defaults for each shape (see each variant's config)"),
         "results": results})
     return 0
+
+
+def auto_matmul(lcmac, shape):
+    """``lcmac.matmul`` with its own choice, warmed (its kernels compiled into the kernel
+    cache) and with what it runs for ``shape`` printed."""
+    import numpy as np
+    M, N, K = shape
+    from lcmac.ops import plan
+    p = plan(M, N, K, "float32")
+    print(f"  auto at {M}x{N}x{K} runs {p.runs}: {p.why}")
+    lcmac.matmul(np.ones((M, K), np.float32), np.ones((K, N), np.float32))   # compiles, if any
+    return lambda A, B, out=None: lcmac.matmul(A, B, out=out)
 
 
 def time_against_numpy(shape, dtype: str, fns, rounds: int, pause: float, prepared_b: bool = False):

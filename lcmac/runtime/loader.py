@@ -32,7 +32,7 @@ from ..artifact.bundle import is_bundle
 from ..artifact.manifest import Manifest, find_manifest, verify_library
 from ..errors import ArtifactError, DTypeError, ShapeError, TargetError
 from ..targets import aarch64, get_target, x86
-from . import cuda_loader, qemu_runner
+from . import cuda_loader, qemu_runner, vendor_blas
 from .bundle import load_bundle
 
 _CONTEXT_SYMBOLS = ("TVMBackendParallelLaunch", "TVMBackendAllocWorkspace", "TVMBackendFreeWorkspace",
@@ -142,6 +142,7 @@ class LcmacFunction:
         self._f = func
         self._module = module   # keeps the library mapped
         self._prepared_fns = None
+        self.vendor_blas = None     # the CBLAS bound to a vendor-base artifact, in words
 
     def _prepared_entries(self):
         """(prepare, run, buffer spec) of the library's prepared-B pair."""
@@ -297,13 +298,18 @@ def _load_tvm(man: Manifest, man_path: Path):
         except ValueError:
             continue    # a library without parallel loops lacks some of them
         slot.value = ctypes.cast(getattr(rt, sym), ctypes.c_void_p).value
+    blas = None
+    if man.extra.get("gemm_kernel") == "vendor-blas":     # products on a CBLAS bound now
+        blas = vendor_blas.bind(so, man.extra.get("vendor_blas") or {})
     import tvm_ffi
     mod = tvm_ffi.load_module(str(lib))
     try:
         fn = mod[man.entry]
     except Exception as e:  # noqa: BLE001
         raise ArtifactError(f"{lib} has no entry point {man.entry!r}: {e}") from None
-    return LcmacFunction(man, lib, fn, (mod, so))
+    f = LcmacFunction(man, lib, fn, (mod, so))
+    f.vendor_blas = blas
+    return f
 
 
 def _load_emulated(man: Manifest, man_path: Path, sve_vq) -> EmulatedFunction:

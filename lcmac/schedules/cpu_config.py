@@ -17,7 +17,12 @@ Pure Python (no compiler import): build.py, the manifest and the tuner use it.
     amx       bfloat16 only, where the LLVM target has AMX-BF16 and AMX-TILE: the GEMM stage
               on Intel AMX tiles (``tdpbf16ps``), Ã/B̃ rounded to bf16 once when packed, fp32
               accumulation; needs mr = nr = 32 (four 16 × 16 fp32 C tiles) and walks k in
-              steps of 32 (kc is rounded to a multiple of 32).  Opt-in (docs/cpu.md).
+              steps of 32 (kc is rounded to a multiple of 32).  The default for bf16 builds
+              whose mcpu has AMX (lcmac.artifact.build.build_config; docs/cpu.md).
+    vendor_base
+              float32/float64 LCMAs: the products run on the vendor BLAS bound at load time
+              (cblas_sgemm/dgemm), lcmac's combines around them (lcmac.schedules.cpu_vendor);
+              the other knobs are then unused.  Shapes must split evenly over the grid.
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ class CpuConfig:
     fused: bool = True
     bf16_dot: bool = False       # opt-in; measured slower on Sapphire Rapids (above)
     amx: bool = False            # opt-in; Intel AMX (above)
+    vendor_base: bool = False    # the vendor BLAS as the base case (above)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -77,8 +83,11 @@ class CpuConfig:
             raise ValueError(f"nr={self.nr} is {nv} vectors of {lanes} lanes; use a power-of-two "
                              f"number of vectors (nr in {ok}): other widths compile to "
                              f"lane-by-lane code, measured 20x slower")
-        if not all(isinstance(getattr(self, nm), bool) for nm in ("fused", "bf16_dot", "amx")):
-            raise ValueError("config knobs fused, bf16_dot and amx must be true or false")
+        if not all(isinstance(getattr(self, nm), bool) for nm in ("fused", "bf16_dot", "amx", "vendor_base")):
+            raise ValueError("config knobs fused, bf16_dot, amx and vendor_base must be true or false")
+        if self.vendor_base and (self.amx or self.bf16_dot):
+            raise ValueError("config knob vendor_base runs the products on the vendor BLAS; "
+                             "amx and bf16_dot select lcmac's own GEMM stage: set one")
         if self.amx:
             if self.bf16_dot:
                 raise ValueError("config knobs amx and bf16_dot select two GEMM kernels; set one")
@@ -210,6 +219,11 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
             tiles.append((mr, nv * lanes))
     if dtype == "bfloat16":        # only targets with AVX512-BF16 compile it differently
         out.append(CpuConfig(**{**base.to_dict(), "bf16_dot": not base.bf16_dot}))
+    if alg is not None and dtype in ("float32", "float64") and shape is not None:
+        M, N, K = shape           # the vendor-BLAS base case, where the shape splits evenly
+        m, k, n = alg.grid
+        if not (M % m or K % k or N % n or (K // k) % lanes or (N // n) % lanes):
+            out.append(CpuConfig(**{**base.to_dict(), "vendor_base": True}))
     fused_opts = (True,) if alg is None else (True, False)
     # kc up to 1024: an LCMA's fused epilogue runs once per kc chunk (default_config's note)
     for (mr, nr), mc, nc, kc, ku, fu in itertools.product(

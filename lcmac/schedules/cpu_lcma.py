@@ -12,6 +12,7 @@ from ..ir.algorithm import Algorithm
 from ..ir.cse import optimized_programs
 from ..ir.program import LinearProgram, combine_matrices, naive_program
 from .cpu_combine import emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad, needs_pad
+from . import cpu_vendor
 from .cpu_config import CpuConfig
 from .cpu_gemm import (DOT_LANES, DPBF16_LL, Writer, amx_kernel, amx_ll, emit_gemm_stage, emit_tile_store,
                        geometry, packed_stride)
@@ -215,5 +216,10 @@ def lower_request(request: dict, features=()) -> tuple[str, dict]:
     progs = {s: LinearProgram.from_dict(p) for s, p in progs.items()} if progs else None
     shp = request["shape"]
     cfg = CpuConfig.from_dict(request["config"])
+    if cfg.vendor_base:
+        dtype = request["dtype"]
+        lanes = max(1, int(request["target"].get("vector_bits") or 128) // (8 * ITEMSIZE.get(dtype, 4)))
+        return cpu_vendor.generate(alg, dtype, shp["M"], shp["N"], shp["K"], progs or programs_for(alg),
+                                   lanes, request.get("entry", ENTRY), PREPARE_B, PREPARED)
     return generate(alg, request["dtype"], shp["M"], shp["N"], shp["K"], cfg, programs=progs,
                     entry=request.get("entry", ENTRY), features=features)

@@ -119,6 +119,7 @@ struct lcmac_handle {
   int64_t cu_ws_bytes;
   int64_t cu_prepared_bytes;   /* -1: B cannot be prepared; -2: no entry points for it */
   /* CPU artifacts: B combined once (<entry>_prepare_b, <entry>_prepared); -1: cannot */
+  void* blas;                  /* a CBLAS dlopened for a vendor-base artifact (LCMAC_BLAS) */
   TVMFFISafeCallType prep_fn, prep_run_fn;
   int64_t prep_bytes, prep_shape[2];
   int prep_code, prep_bits;
@@ -317,6 +318,45 @@ static lcmac_handle* new_handle(const char* who, const char* so_path, char* err,
   return h;
 }
 
+/* An artifact whose products run on the vendor BLAS (config vendor_base) exports pointer
+ * slots __lcmac_cblas_<s|d>gemm_<ilp64|lp64>: fill them with the CBLAS of LCMAC_BLAS (a
+ * library path) or, without it, the one the program is linked with (cblas_sgemm: -lopenblas,
+ * MKL, BLIS).  0, or -1 with a message when the artifact needs one and none is found. */
+static int bind_vendor_blas(lcmac_handle* h, const char* who, char* err, size_t errlen) {
+  static const char* const kinds[][2] = {{"cblas_%cgemm", "lp64"}, {"scipy_cblas_%cgemm64_", "ilp64"},
+                                          {"cblas_%cgemm64_", "ilp64"}};
+  const char* env = getenv("LCMAC_BLAS");
+  for (const char* l = "sd"; *l; ++l) {
+    char slot[64], sym[64];
+    snprintf(slot, sizeof slot, "__lcmac_cblas_%cgemm_lp64", *l);
+    void** lp = (void**)dlsym(h->lib, slot);
+    snprintf(slot, sizeof slot, "__lcmac_cblas_%cgemm_ilp64", *l);
+    void** ilp = (void**)dlsym(h->lib, slot);
+    if (!lp || !ilp) continue;                      /* not a vendor-base artifact of this dtype */
+    if (env && *env && !h->blas && !(h->blas = dlopen(env, RTLD_NOW | RTLD_LOCAL))) {
+      put_err(err, errlen, "%s: LCMAC_BLAS=%s cannot be loaded: %s", who, env, dlerror());
+      return -1;
+    }
+    void* src = h->blas ? h->blas : RTLD_DEFAULT;
+    int bound = 0;
+    for (int k = 0; k < 3 && !bound; ++k) {
+      snprintf(sym, sizeof sym, kinds[k][0], *l);
+      void* fn = dlsym(src, sym);
+      if (fn) {
+        *(strcmp(kinds[k][1], "lp64") ? ilp : lp) = fn;
+        bound = 1;
+      }
+    }
+    if (!bound) {
+      put_err(err, errlen, "%s: this artifact runs its products on a vendor BLAS and %s has no "
+              "cblas_%cgemm: link the program with a CBLAS (e.g. -lopenblas) or set LCMAC_BLAS "
+              "to one", who, h->blas ? env : "the program", *l);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 /* dlopen a checked library, find its entry point, start the pool; NULL with *status and a
  * message on failure */
 static lcmac_handle* open_library(const char* who, const char* so_path, const char* entry,
@@ -345,6 +385,10 @@ static lcmac_handle* open_library(const char* who, const char* so_path, const ch
   set_hook(lib, "__TVMBackendParallelBarrier", (void*)ParallelBarrier);
   set_hook(lib, "__TVMBackendAllocWorkspace", (void*)AllocWorkspace);
   set_hook(lib, "__TVMBackendFreeWorkspace", (void*)FreeWorkspace);
+  if (bind_vendor_blas(h, who, err, errlen)) {
+    lcmac_close(h);
+    return NULL;
+  }
   int n = num_threads > 0 ? num_threads : default_threads();
   if (n > LCMAC_MAX_THREADS) n = LCMAC_MAX_THREADS;
   h->nthreads = n;
@@ -687,6 +731,7 @@ void lcmac_close(lcmac_handle* h) {
   pthread_mutex_destroy(&h->mu);
   pthread_mutex_destroy(&h->call_mu);
   if (h->lib) dlclose(h->lib);
+  if (h->blas) dlclose(h->blas);
   free(h);
 }
 
