@@ -166,7 +166,7 @@ def main(argv=None) -> int:
         if any(v[1] == "auto" for v in want):
             fns.append(("auto", auto_matmul(lcmac, (M, N, K))))
         tb = time.perf_counter() - t0
-        cfgs = {n: f.manifest.config for n, f in fns}
+        cfgs = {n: f.manifest.config for n, f in fns if hasattr(f, "manifest")}
         runs, errs = time_against_numpy((M, N, K), "float32", fns, args.rounds, args.pause,
                                         prepared_b=args.prepared_b)
         flops = 2.0 * M * N * K
@@ -184,6 +184,7 @@ def main(argv=None) -> int:
                   f"{errs.get(name, 0.0):9.2e}")
             row["variants"][name] = {"gflops": g, "ratio_vs_numpy": r, "seconds": ts, "spread": spread,
                                      "config": cfgs.get(name.removesuffix("+prepB")),
+                                     "runs": getattr(dict(fns).get(name), "plan", None),
                                      "gflops_min": lo, "gflops_max": hi,
                                      "rel_error": errs.get(name)}
         results.append(row)
@@ -205,7 +206,10 @@ def auto_matmul(lcmac, shape):
     p = plan(M, N, K, "float32")
     print(f"  auto at {M}x{N}x{K} runs {p.runs}: {p.why}")
     lcmac.matmul(np.ones((M, K), np.float32), np.ones((K, N), np.float32))   # compiles, if any
-    return lambda A, B, out=None: lcmac.matmul(A, B, out=out)
+    def run(A, B, out=None):
+        return lcmac.matmul(A, B, out=out)
+    run.plan = f"{p.runs}: {p.why}"
+    return run
 
 
 def time_against_numpy(shape, dtype: str, fns, rounds: int, pause: float, prepared_b: bool = False):
