@@ -2,6 +2,7 @@
 
     C = lowrank_matmul(U, V, B)          # A = U·Vᵀ never formed: C = U·(Vᵀ·B)
     C = bsr_matmul(blocks, rows, cols, B, shape)   # A block-sparse (BSR), C = A·B
+    c = bsr_spgemm(a, b)                 # A and B block-sparse: C block-sparse (SpGEMM)
 
 **Low rank.**  U [..., M, r], V [..., K, r], B [..., K, N] (a leading batch dimension on all
 three, or none): C = U·(Vᵀ·B) costs 2r(K + M)N flops against 2MKN for A·B, and
@@ -14,10 +15,19 @@ of bs) times a dense B [K, N]: every nonzero block meets its row panel of B,
 products are summed into C's block rows (``index_add``; ``np.add.at`` on numpy).  The
 gathered B panels take nnzb·bs·N elements of memory.
 
-Both take numpy arrays or torch tensors and ``algo`` as ``lcmac.bmm`` does (CUDA:
+**Block-sparse A and B** (SpGEMM): each operand a ``BSR`` (blocks, block rows, block
+columns, shape).  The symbolic phase, on the host, joins A's block columns with B's block
+rows: every pair (A block (i, k), B block (k, j)) is one bs×bs product, all of them one
+batched product; the pairs that meet in C block (i, j) are summed (``index_add``), and C
+comes back as a BSR with its blocks in row-major order (only the blocks some pair reaches;
+a block may hold zeros by cancellation).  The pairs take npairs·bs² elements of memory.
+
+All take numpy arrays or torch tensors and ``algo`` as ``lcmac.bmm`` does (CUDA:
 "gemm" for lcmac's batched kernel); the sums stay in the dtype of the operands.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,7 +35,7 @@ from .batched import bmm
 from .call_args import operand_kind
 from .errors import DTypeError, ShapeError
 
-__all__ = ["lowrank_matmul", "lowrank_order", "bsr_matmul"]
+__all__ = ["lowrank_matmul", "lowrank_order", "bsr_matmul", "BSR", "bsr_spgemm"]
 
 
 def lowrank_order(M: int, K: int, N: int, r: int) -> str:
@@ -99,3 +109,99 @@ def bsr_matmul(blocks, rows, cols, B, shape, *, algo: str = "auto"):
                 algo=algo)
         np.add.at(C, host[0], H)
     return C.reshape(M, N)
+
+
+class BSR(NamedTuple):
+    """A block-sparse matrix: ``blocks`` [nnzb, bs, bs], block row and column of each
+    (``rows``, ``cols``, integer arrays of nnzb), and the matrix's ``shape`` (multiples of bs)."""
+    blocks: object
+    rows: object
+    cols: object
+    shape: tuple
+
+    def to_dense(self):
+        """The dense matrix (for checks)."""
+        M, N = (int(x) for x in self.shape)
+        nb, bs = self.blocks.shape[0], self.blocks.shape[1]
+        r, c = (_host_index(x) for x in (self.rows, self.cols))
+        if _is_torch(self.blocks):
+            import torch
+            D = torch.zeros(M // bs, N // bs, bs, bs, dtype=self.blocks.dtype, device=self.blocks.device)
+            if nb:
+                D[torch.as_tensor(r, device=D.device), torch.as_tensor(c, device=D.device)] = self.blocks
+            return D.permute(0, 2, 1, 3).reshape(M, N)
+        D = np.zeros((M // bs, N // bs, bs, bs), dtype=self.blocks.dtype)
+        if nb:
+            D[r, c] = self.blocks
+        return D.transpose(0, 2, 1, 3).reshape(M, N)
+
+
+def _host_index(x) -> np.ndarray:
+    return np.asarray(x.cpu() if _is_torch(x) else x, dtype=np.int64).reshape(-1)
+
+
+def _checked_bsr(x: BSR, what: str) -> tuple[int, int, int, np.ndarray, np.ndarray]:
+    blocks = x.blocks
+    if blocks.ndim != 3 or blocks.shape[1] != blocks.shape[2]:
+        raise ShapeError(f"{what}.blocks must be [nnzb, bs, bs], got {tuple(blocks.shape)}")
+    nnzb, bs = blocks.shape[0], blocks.shape[1]
+    M, N = (int(d) for d in x.shape)
+    if M % bs or N % bs:
+        raise ShapeError(f"{what}'s shape {M}x{N} must be a multiple of its block size {bs}")
+    r, c = _host_index(x.rows), _host_index(x.cols)
+    if len(r) != nnzb or len(c) != nnzb:
+        raise ShapeError(f"{what}.rows and .cols must give one block row and column per block "
+                         f"({nnzb}); got {len(r)} and {len(c)}")
+    for idx, kind, limit in ((r, "row", M // bs), (c, "column", N // bs)):
+        if nnzb and (idx.min() < 0 or idx.max() >= limit):
+            raise ShapeError(f"a block {kind} index of {what} is outside its {limit} block {kind}s")
+    if nnzb and len(np.unique(r * (N // bs) + c)) != nnzb:
+        raise ShapeError(f"{what} names a block twice (one entry per nonzero block)")
+    return M, N, bs, r, c
+
+
+def spgemm_pairs(a_rows, a_cols, b_rows, b_cols, n_block_cols: int):
+    """The symbolic phase: (A block index, B block index, C block index) of every product,
+    and C's (block row, block column) in row-major order."""
+    order = np.argsort(b_rows, kind="stable")             # B's blocks grouped by block row
+    k_max = int(max(a_cols.max(initial=-1), b_rows.max(initial=-1))) + 1
+    count = np.bincount(b_rows, minlength=k_max)
+    start = np.concatenate(([0], np.cumsum(count)[:-1]))
+    per_a = count[a_cols]                                 # B blocks each A block meets
+    pa = np.repeat(np.arange(len(a_cols)), per_a)
+    within = np.arange(len(pa)) - np.repeat(np.cumsum(per_a) - per_a, per_a)
+    pb = order[start[a_cols[pa]] + within]
+    key = a_rows[pa] * n_block_cols + b_cols[pb]
+    c_keys, pc = np.unique(key, return_inverse=True)      # sorted: row-major C blocks
+    return pa, pb, pc.reshape(-1), c_keys // n_block_cols, c_keys % n_block_cols
+
+
+def bsr_spgemm(a: BSR, b: BSR, *, algo: str = "auto") -> BSR:
+    """C = A·B for block-sparse A and B (module doc), as a BSR."""
+    a, b = BSR(*a), BSR(*b)
+    M, K, bs, ar, ac = _checked_bsr(a, "A")
+    K2, N, bs2, br, bc = _checked_bsr(b, "B")
+    if K != K2 or bs != bs2:
+        raise ShapeError(f"A is {M}x{K} in {bs}-blocks and B {K2}x{N} in {bs2}-blocks: the inner "
+                         "dimensions and the block sizes must agree")
+    if a.blocks.dtype != b.blocks.dtype:
+        raise DTypeError(f"A and B must have one dtype; they are {a.blocks.dtype} and {b.blocks.dtype}")
+    if _is_torch(a.blocks) != _is_torch(b.blocks):
+        raise DTypeError("A and B must both be numpy arrays or both torch tensors")
+    pa, pb, pc, cr, cc = spgemm_pairs(ar, ac, br, bc, N // bs)
+    if _is_torch(a.blocks):
+        import torch
+        dev = a.blocks.device
+        if b.blocks.device != dev:
+            raise DTypeError(f"A's blocks are on {dev}, B's on {b.blocks.device}")
+        C = torch.zeros(len(cr), bs, bs, dtype=a.blocks.dtype, device=dev)
+        if len(pa):
+            t = lambda x: torch.as_tensor(x, device=dev)  # noqa: E731
+            H = bmm(a.blocks[t(pa)].contiguous(), b.blocks[t(pb)].contiguous(), algo=algo)
+            C.index_add_(0, t(pc), H)
+        return BSR(C, torch.as_tensor(cr, device=dev), torch.as_tensor(cc, device=dev), (M, N))
+    C = np.zeros((len(cr), bs, bs), dtype=a.blocks.dtype)
+    if len(pa):
+        H = bmm(np.ascontiguousarray(a.blocks[pa]), np.ascontiguousarray(b.blocks[pb]), algo=algo)
+        np.add.at(C, pc, H)
+    return BSR(C, cr, cc, (M, N))

@@ -11,6 +11,14 @@ M×K times a dense K×N B:
     cusparse bsr      torch.sparse_bsr_tensor(...) @ B (torch.sparse.mm: cuSPARSE bsrmm)
     dense             A formed dense beforehand, torch.matmul (cuBLAS)
 
+Block-sparse A and B (``--kinds spgemm``; both M×K / K×N in bs-blocks at ``--density``):
+
+    lcmac spgemm      lcmac.structured.bsr_spgemm: host symbolic phase (the block pairs), one
+                      batched product (torch.bmm) + index_add into C's blocks (a BSR)
+    lcmac spgemm gemm the same with lcmac's own batched kernel
+    cusparse csr      A_csr @ B_csr (torch sparse CSR × CSR: cuSPARSE SpGEMM), float32 only
+    dense             A and B formed dense beforehand, torch.matmul
+
 Low-rank A = U·Vᵀ (rank r):
 
     lcmac lowrank     lcmac.structured.lowrank_matmul(U, V, B)
@@ -37,6 +45,8 @@ sys.path.insert(0, str(ROOT))
 
 def rel_error(C, ref) -> float:
     import torch
+    if hasattr(C, "to_dense"):            # a BSR (lcmac) or a torch sparse tensor
+        C = C.to_dense()
     return float(torch.linalg.norm(C.double() - ref) / torch.linalg.norm(ref).clamp_min(1e-30))
 
 
@@ -70,6 +80,44 @@ def bsr_case(M, K, N, bs, density, dtype, g):
         v.pop("cusparse bsr")
         print(f"  cusparse bsr: {str(e).splitlines()[0][:120]}")
     return v, ref, {"nnz_blocks": nnzb}
+
+
+def _random_bsr(M, K, bs, density, dtype, g):
+    import torch
+
+    from lcmac.structured import BSR
+    nb_r, nb_c = M // bs, K // bs
+    nnzb = max(1, int(round(density * nb_r * nb_c)))
+    pos = torch.randperm(nb_r * nb_c, device="cuda", generator=g)[:nnzb].sort().values
+    blocks = torch.randn(nnzb, bs, bs, device="cuda", generator=g).to(dtype)
+    return BSR(blocks, pos // nb_c, pos % nb_c, (M, K))
+
+
+def spgemm_case(M, K, N, bs, density, dtype, g):
+    import torch
+
+    from lcmac.structured import bsr_spgemm
+    a, b = _random_bsr(M, K, bs, density, dtype, g), _random_bsr(K, N, bs, density, dtype, g)
+    A, B = a.to_dense(), b.to_dense()
+    ref = A.double() @ B.double()
+    v = {"lcmac spgemm": lambda: bsr_spgemm(a, b),
+         "lcmac spgemm gemm": lambda: bsr_spgemm(a, b, algo="gemm"),
+         "dense": lambda: A @ B}
+    for name, fn in list(v.items()):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - recorded, the others still run
+            v.pop(name)
+            print(f"  {name}: {str(e).splitlines()[0][:160]}")
+    if dtype == torch.float32:
+        try:
+            A_csr, B_csr = A.to_sparse_csr(), B.to_sparse_csr()
+            v["cusparse csr"] = lambda: A_csr @ B_csr
+            v["cusparse csr"]()
+        except (RuntimeError, NotImplementedError) as e:
+            v.pop("cusparse csr", None)
+            print(f"  cusparse csr: {str(e).splitlines()[0][:120]}")
+    return v, ref, {"nnz_blocks": [int(a.blocks.shape[0]), int(b.blocks.shape[0])]}
 
 
 def lowrank_case(M, K, N, r, dtype, g):
@@ -115,6 +163,8 @@ def main(argv=None) -> int:
     ap.add_argument("--density", type=float, nargs="+", default=[0.01, 0.05, 0.2])
     ap.add_argument("--ranks", type=int, nargs="+", default=[64, 512])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--kinds", nargs="+", default=["bsr", "lowrank"],
+                    choices=["bsr", "lowrank", "spgemm"])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--out", help="write the results as JSON here")
@@ -133,11 +183,18 @@ def main(argv=None) -> int:
         dtype = getattr(torch, dt)
         for bs in args.blocks:
             for d in args.density:
+                if "spgemm" in args.kinds:
+                    v, ref, extra = spgemm_case(M, K, N, bs, d, dtype, g)
+                    results.append({"kind": "spgemm", "dtype": dt, "block": bs, "density": d,
+                                    **run_case(f"{dt} spgemm bs={bs} density={d}", v, ref, extra,
+                                               args, 2 * M * K * N)})
+                if "bsr" not in args.kinds:
+                    continue
                 v, ref, extra = bsr_case(M, K, N, bs, d, dtype, g)
                 results.append({"kind": "bsr", "dtype": dt, "block": bs, "density": d,
                                 **run_case(f"{dt} bsr bs={bs} density={d}", v, ref, extra, args,
                                            2 * M * K * N)})
-        for r in args.ranks:
+        for r in (args.ranks if "lowrank" in args.kinds else ()):
             v, ref, extra = lowrank_case(M, K, N, r, dtype, g)
             results.append({"kind": "lowrank", "dtype": dt,
                             **run_case(f"{dt} lowrank r={r}", v, ref, extra, args, 2 * M * K * N)})

@@ -220,7 +220,7 @@ def test_splitk_kernel_generates_for_sm90a(tmp_path):
 
 
 # ---- structured A: low rank, block-sparse ----------------------------------------------------
-from lcmac.structured import bsr_matmul, lowrank_matmul, lowrank_order  # noqa: E402
+from lcmac.structured import BSR, bsr_matmul, bsr_spgemm, lowrank_matmul, lowrank_order  # noqa: E402
 
 
 @pytest.mark.parametrize("algo", ["gemm", "strassen"])
@@ -255,3 +255,46 @@ def test_bsr_matches_the_dense_product(kind):
         bsr_matmul(blocks, [0, 0, 3, 1, 2], cols, B, (M, K))
     with pytest.raises(ShapeError, match="multiple of the block size"):
         bsr_matmul(blocks, rows, cols, B, (13, K))
+
+
+def _random_bsr(rng, M, N, bs, density):
+    r, c = np.nonzero(rng.random((M // bs, N // bs)) < density)
+    return BSR(rng.standard_normal((len(r), bs, bs)), r, c, (M, N))
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("density", [0.0, 0.3, 1.0])
+def test_spgemm_matches_the_dense_product(kind, density):
+    rng = np.random.default_rng(int(density * 10))
+    a, b = _random_bsr(rng, 24, 40, 8, density), _random_bsr(rng, 40, 16, 8, density)
+    ref = a.to_dense() @ b.to_dense()
+    if kind == "torch":
+        a, b = (BSR(*(torch.as_tensor(x) for x in m[:3]), m.shape) for m in (a, b))
+    c = bsr_spgemm(a, b, algo="gemm")
+    got = c.to_dense().numpy() if kind == "torch" else c.to_dense()
+    assert got.shape == (24, 16) and np.allclose(got, ref, rtol=1e-12, atol=1e-12)
+    keys = np.asarray(c.rows) * 2 + np.asarray(c.cols)
+    assert np.all(np.diff(keys) > 0)                       # C's blocks: row-major, each once
+
+
+def test_spgemm_sums_every_pair_meeting_in_a_block():
+    """A 2x2 block grid times itself, every block nonzero: C (0, 0) sums two products."""
+    rng = np.random.default_rng(5)
+    a = _random_bsr(rng, 8, 8, 4, 1.0)
+    c = bsr_spgemm(a, a, algo="strassen")
+    assert len(c.rows) == 4 and np.allclose(c.to_dense(), a.to_dense() @ a.to_dense())
+
+
+def test_spgemm_misuse_is_refused():
+    rng = np.random.default_rng(6)
+    a, b = _random_bsr(rng, 16, 16, 4, 0.5), _random_bsr(rng, 16, 8, 4, 0.5)
+    with pytest.raises(ShapeError, match="inner dimensions"):
+        bsr_spgemm(a, _random_bsr(rng, 12, 8, 4, 0.5))
+    with pytest.raises(ShapeError, match="block sizes"):
+        bsr_spgemm(a, _random_bsr(rng, 16, 8, 8, 0.5))
+    with pytest.raises(ShapeError, match="names a block twice"):
+        bsr_spgemm(BSR(np.ones((2, 4, 4)), [0, 0], [1, 1], (16, 16)), b)
+    with pytest.raises(ShapeError, match="outside"):
+        bsr_spgemm(BSR(np.ones((1, 4, 4)), [4], [0], (16, 16)), b)
+    with pytest.raises(DTypeError, match="one dtype"):
+        bsr_spgemm(a, BSR(b.blocks.astype(np.float32), b.rows, b.cols, b.shape))

@@ -111,6 +111,19 @@ def test_structured_products_on_cuda():
     assert _rel(lowrank_matmul(U, V, X, algo="gemm"), ref) < 1e-2
 
 
+def test_spgemm_on_cuda():
+    from lcmac.structured import BSR, bsr_spgemm
+    g = torch.Generator(device="cuda").manual_seed(11)
+    mk = lambda r, c, n: BSR(torch.randn(len(r), 64, 64, device="cuda", generator=g).bfloat16(),  # noqa: E731
+                             torch.tensor(r, device="cuda"), torch.tensor(c, device="cuda"), n)
+    a = mk([0, 0, 1, 3], [1, 2, 2, 0], (256, 192))
+    b = mk([0, 1, 2, 2], [1, 0, 0, 1], (192, 128))
+    ref = a.to_dense().double() @ b.to_dense().double()
+    for algo in ("gemm", "auto"):
+        c = bsr_spgemm(a, b, algo=algo)
+        assert c.blocks.device.type == "cuda" and _rel(c.to_dense(), ref) < 1e-2
+
+
 def test_c_api_runs_a_batched_artifact(tmp_path):
     """lcmac_cuda_bmm from C (the harness as a shared library, called on torch's stream):
     the same C as lcmac.bmm, any batch count; each call refuses the other's artifact."""
