@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
   printf("max_abs_error=%.6g max_rel_error=%.6g (vs a naive triple loop in double, %lld of "
          "%lld rows)\n", max_err, rel, (long long)rows, (long long)M);
   if (repeat > 0)
-    printf("seconds_per_call=%.6g GFLOP/s=%.2f (best of %d)\n", best,
+    printf("seconds_per_call=%.6g GFLOP/s=%.4g (best of %d)\n", best,
            2.0 * (double)M * (double)N * (double)K / best * 1e-9, repeat);
   lcmac_close(h);
   lcmac_bundle_close(bd);
