@@ -127,12 +127,24 @@ def compute(A, B, algo: str = "auto", out=None):
     return C
 
 
+_auto_choices: dict[tuple, dict | None] = {}
+
+
 def _auto_config(A, M: int, N: int, K: int, batch: int) -> dict | None:
-    """``choose_batched`` for a CUDA tensor A (TF32 counts as allowed where torch allows it)."""
-    import torch
+    """``choose_batched`` for a CUDA tensor A (TF32 counts as allowed where torch allows it),
+    kept per case: "auto" runs on every call, where a small batch takes only microseconds."""
     dt = _dtype(A)
-    tf32 = dt == "float32" and bool(torch.backends.cuda.matmul.allow_tf32)
-    return choose_batched("cuda", dt, M, N, K, batch, tf32=tf32)
+    tf32 = False
+    if dt == "float32":             # the flag is read only where it matters (a few µs a read)
+        import torch
+        tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+    key = (dt, M, N, K, batch, tf32)
+    hit = _auto_choices.get(key, key)
+    if hit is key:
+        hit = _auto_choices[key] = choose_batched("cuda", dt, M, N, K, batch, tf32=tf32)
+        if len(_auto_choices) > 4096:       # bounded: batch counts may vary call to call
+            _auto_choices.pop(next(iter(_auto_choices)), None)
+    return hit
 
 
 def bmm(A, B, *, algo: str = "auto", out=None):
