@@ -26,6 +26,7 @@ through the op.
 from __future__ import annotations
 
 import threading
+import warnings
 
 import numpy as np
 
@@ -101,9 +102,10 @@ def compute(A, B, algo: str = "auto", out=None):
     N = B.shape[2]
     cuda = _kind(A) == "torch" and A.device.type == "cuda"
     config = None
+    picked = False
     if algo == "auto":
         config = _auto_config(A, M, N, K, batch) if cuda else None
-        algo = "vendor" if config is None else "gemm"
+        algo, picked = ("vendor", False) if config is None else ("gemm", True)
     if algo == "vendor" or 0 in (batch, M, N, K):
         if _kind(A) == "torch":
             import torch
@@ -119,7 +121,16 @@ def compute(A, B, algo: str = "auto", out=None):
         if dt not in _CUDA_DTYPES:
             raise DTypeError(f"lcmac's batched CUDA kernel takes {_CUDA_DTYPES}, not {dt} "
                              f"(algo='vendor' runs torch.bmm)")
-        fn = batched_kernel(target_for(A.device.type), dt, (M, N, K), config)
+        try:
+            fn = batched_kernel(target_for(A.device.type), dt, (M, N, K), config)
+        except LcmacError as e:
+            if not picked:
+                raise
+            # "auto" chose lcmac's kernel and it cannot be had here: torch.bmm, said once
+            _warn_once(f"lcmac.bmm: the batched kernel for {M}x{N}x{K} {dt} could not be built "
+                       f"({str(e).splitlines()[0][:200]}); algo='auto' runs torch.bmm instead")
+            import torch
+            return torch.bmm(A, B, out=out) if out is not None else torch.bmm(A, B)
         return fn(A.contiguous(), B.contiguous(), out=out)
     if out is not None:
         out[...] = C
@@ -128,11 +139,20 @@ def compute(A, B, algo: str = "auto", out=None):
 
 
 _auto_choices: dict[tuple, dict | None] = {}
+_warned: set = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(msg, stacklevel=3)
 
 
 def _auto_config(A, M: int, N: int, K: int, batch: int) -> dict | None:
     """``choose_batched`` for a CUDA tensor A (TF32 counts as allowed where torch allows it),
     kept per case: "auto" runs on every call, where a small batch takes only microseconds."""
+    if target_for("cuda") != "cuda-sm90a":
+        return None         # the rule's wins were measured on Hopper (TMA); elsewhere torch.bmm
     dt = _dtype(A)
     tf32 = False
     if dt == "float32":             # the flag is read only where it matters (a few µs a read)

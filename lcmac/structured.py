@@ -137,7 +137,10 @@ class BSR(NamedTuple):
 
 
 def _host_index(x) -> np.ndarray:
-    return np.asarray(x.cpu() if _is_torch(x) else x, dtype=np.int64).reshape(-1)
+    a = np.asarray(x.cpu() if _is_torch(x) else x)
+    if a.size and a.dtype.kind not in "iu":
+        raise DTypeError(f"block indices must be integers, not {a.dtype}")
+    return a.astype(np.int64).reshape(-1)
 
 
 def _checked_bsr(x: BSR, what: str) -> tuple[int, int, int, np.ndarray, np.ndarray]:
@@ -184,10 +187,10 @@ def bsr_spgemm(a: BSR, b: BSR, *, algo: str = "auto") -> BSR:
     if K != K2 or bs != bs2:
         raise ShapeError(f"A is {M}x{K} in {bs}-blocks and B {K2}x{N} in {bs2}-blocks: the inner "
                          "dimensions and the block sizes must agree")
-    if a.blocks.dtype != b.blocks.dtype:
-        raise DTypeError(f"A and B must have one dtype; they are {a.blocks.dtype} and {b.blocks.dtype}")
     if _is_torch(a.blocks) != _is_torch(b.blocks):
         raise DTypeError("A and B must both be numpy arrays or both torch tensors")
+    if a.blocks.dtype != b.blocks.dtype:
+        raise DTypeError(f"A and B must have one dtype; they are {a.blocks.dtype} and {b.blocks.dtype}")
     pa, pb, pc, cr, cc = spgemm_pairs(ar, ac, br, bc, N // bs)
     if _is_torch(a.blocks):
         import torch

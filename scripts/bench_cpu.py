@@ -229,7 +229,8 @@ def time_against_numpy(shape, dtype: str, fns, rounds: int, pause: float, prepar
     fns = list(fns)
     if prepared_b:
         fns = [x for name, f in fns
-               for x in ((name, f), (name + "+prepB", (lambda a, b, out, f=f, p=f.prepare_b(B): f(a, p, out=out))))]
+               for x in ((name, f),) + (((name + "+prepB", (lambda a, b, out, f=f, p=f.prepare_b(B): f(a, p, out=out))),)
+                                        if hasattr(f, "prepare_b") else ())]
     for name, f in fns:
         f(A, B, out=C)
         errs[name] = float(np.linalg.norm(C - ref) / nref)

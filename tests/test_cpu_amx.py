@@ -238,4 +238,20 @@ def test_bf16_builds_for_an_amx_cpu_take_amx_by_default():
     assert not cfg("sapphirerapids", "float32")["amx"]
     assert not cfg("sapphirerapids", config={"bf16_dot": True})["amx"]
     assert cfg("sapphirerapids", config={"kc": 512})["kc"] == 512   # knobs given are kept
+    assert not cfg("sapphirerapids", config={"mr": 8, "nr": 32})["amx"]   # a tile AMX cannot run
     assert cfg("native")["amx"] == AMX_HOST
+
+
+def test_a_logged_fma_record_does_not_turn_amx_off(monkeypatch):
+    """The tuner does not search amx: a bf16 record it logged (amx false) is for the FMA
+    kernel, and a build for an AMX mcpu takes the AMX defaults instead."""
+    from lcmac.artifact import build as build_mod
+    from lcmac.ir import get
+    logged = {**CpuConfig().to_dict(), "mr": 6, "nr": 32, "mc": 1008, "nc": 2048}
+    monkeypatch.setattr(build_mod, "_tuned_config", lambda *a, **k: dict(logged))
+    c = build_mod.build_config(T512, "bfloat16", None, get("strassen"), False, (256, 256, 256),
+                               notes=[], mcpu="sapphirerapids")
+    assert c["amx"] and (c["mr"], c["nr"]) == (32, 32)
+    c = build_mod.build_config(T512, "bfloat16", None, get("strassen"), False, (256, 256, 256),
+                               notes=[], mcpu="skylake-avx512")
+    assert not c["amx"] and c["mc"] == 1008                   # elsewhere the record is used

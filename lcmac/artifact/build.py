@@ -102,12 +102,16 @@ def build_config(t, dtype: str, config, alg, plain: bool, shape, notes: list | N
         except ValueError as e:
             raise TargetError(f"--config must be JSON: {e}") from None
     if t.family in ("x86", "aarch64"):
+        amx = (dtype == "bfloat16" and t.name == "x86_64-avx512" and x86.mcpu_has_amx(mcpu)
+               and not {"amx", "bf16_dot", "mr", "nr"} & set(config or {}))
         if config is None:
             # CPU blocks are cut from the shape (tasks balanced over the threads): a config
             # logged at another shape is not better than the shape-aware default
             config = _tuned_config(t, dtype, alg, plain, shape, exact_only=True, notes=notes)
-        if (dtype == "bfloat16" and t.name == "x86_64-avx512" and x86.mcpu_has_amx(mcpu)
-                and not {"amx", "bf16_dot"} & set(config or {})):
+            if amx and config is not None and not config.get("amx"):
+                config = None       # a logged FMA-kernel record: AMX measured 4.7x faster
+        if amx and not (config or {}).get("amx"):
+            # the AMX kernel unless the config picks a kernel or a micro-tile it cannot run
             config = {**amx_defaults(None if plain else alg), **(config or {})}
         try:
             return resolve_config(t, dtype, config, None if plain else alg, shape=shape).to_dict()

@@ -144,7 +144,8 @@ def choose_batched(device: str, dtype: str, M: int, N: int, K: int, batch: int,
       partition of the same bytes wins; below that both are launch-bound and lcmac.bmm's call
       costs more than torch.bmm's (measured 0.20–0.79× at 48³ and 64³, 0.25–0.90× at 16×64×16
       and 64×16×16 in bf16/fp16).
-    - Otherwise only the measured wins (``BATCHED_WINS``).  Below ~100 µs of GPU work
+    - Otherwise the ranges of the measured wins (``BATCHED_WINS``; a shape inside a range but
+      between its measured points is interpolated, not measured).  Below ~100 µs of GPU work
       lcmac.bmm's host cost (50–100 µs a call against torch.bmm's 12–30 µs) decides, which
       is why the least batch is a measured threshold and not the model's: the model prices
       the GPU alone."""

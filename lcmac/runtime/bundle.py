@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 
 from ..artifact.bundle import Bundle, RuleSpec, read_bundle
-from ..errors import ShapeError
+from ..errors import LcmacError, ShapeError
 from . import tiled
 
 
@@ -80,7 +80,10 @@ class BundleFunction:
             if prep is None:
                 return B
             if fn not in prepared.forms:
-                prepared.forms[fn] = prep(B)
+                try:
+                    prepared.forms[fn] = prep(B)
+                except LcmacError:      # a kernel that cannot prepare (built before it): B itself
+                    prepared.forms[fn] = B
             return prepared.forms[fn]
         return b_for
 

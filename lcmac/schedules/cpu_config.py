@@ -194,10 +194,9 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
         return CpuConfig(mr=8, nr=2 * lanes, mc=256, nc=512, kc=1024 if lcma else 512, ku=4,
                          fused=fused)
     # 16 registers: 6 × 2 vectors = 12 accumulators + 2 B + 1 broadcast (the classic AVX2 kernel).
-    # Blocks measured on a 2-core AMD EPYC (AVX2) VM at 4096³ against numpy, 3 interleaved
-    # rounds of six configs: mc=192, nc=1024, kc=256 ran GEMM 1.04x and Winograd² 1.17x, where
-    # the former mc=192, nc=512, kc=512 ran 0.93x and 1.15x (kc=512 for an LCMA, 256 for a
-    # GEMM, before)
+    # Blocks from a short, unrecorded sweep of six configs at 4096³ on a 2-core AMD EPYC (AVX2)
+    # VM, where kc=512 did not help LCMAs (unlike AVX-512); with them Strassen² ran 1.20x,
+    # Winograd² 1.17x and the GEMM 0.91x numpy (bench/results/cpu-epyc-avx2-float32-4096-*.json)
     return CpuConfig(mr=6, nr=2 * lanes, mc=192, nc=1024, kc=256, ku=4, fused=fused)
 
 
@@ -219,7 +218,8 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
             tiles.append((mr, nv * lanes))
     if dtype == "bfloat16":        # only targets with AVX512-BF16 compile it differently
         out.append(CpuConfig(**{**base.to_dict(), "bf16_dot": not base.bf16_dot}))
-    if alg is not None and dtype in ("float32", "float64") and shape is not None:
+    if (alg is not None and dtype in ("float32", "float64") and shape is not None
+            and getattr(target, "family", "x86") == "x86"):
         M, N, K = shape           # the vendor-BLAS base case, where the shape splits evenly
         m, k, n = alg.grid
         if not (M % m or K % k or N % n or (K // k) % lanes or (N // n) % lanes):

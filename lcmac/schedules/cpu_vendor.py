@@ -100,6 +100,10 @@ def check_shape(alg, dtype: str, M: int, N: int, K: int, lanes: int) -> tuple[in
         raise ShapeError(f"the vendor-BLAS base case needs M, N, K divisible by {alg.name}'s grid "
                          f"({m}x{k}x{n} for M×K×N); {M}x{N}x{K} is not (use lcmac's own GEMM stage)")
     BM, BK, BN = M // m, K // k, N // n
+    biggest = max(M * K, K * N, M * N, alg.R * BM * BN, alg.R * BK * BN, alg.R * BM * BK)
+    if biggest >= 2 ** 31:      # TIR indices here are 32-bit: refuse rather than miscompute
+        raise ShapeError(f"{M}x{N}x{K} with {alg.name} needs a buffer of {biggest} elements; the "
+                         "CPU backend's 32-bit indexing is not supported past 2^31 yet")
     if BK % lanes or BN % lanes:
         raise ShapeError(f"the vendor-BLAS base case needs K/{k} and N/{n} multiples of {lanes} "
                          f"(whole vectors); {M}x{N}x{K} gives {BK} and {BN}")

@@ -48,7 +48,8 @@ def handle(request: dict) -> dict:
     # a template gives one prim_func, or a module (the CPU LCMA: entry points over subroutines)
     mod = parsed if isinstance(parsed, tvm.IRModule) else tvm.IRModule({request.get("entry", "lcmac_matmul"): parsed})
     entries = [request.get("entry", "lcmac_matmul")]
-    entries += [e for e in (info.get("prepared_b") or {}).values() if isinstance(e, str)]
+    pb = info.get("prepared_b") or {}
+    entries += [pb[k] for k in ("prepare", "run") if k in pb]
     tdict = tvm_target(request)          # resolves mcpu "native" once
     target = tvm.target.Target(tdict)
     lib = tvm.compile(mod, target=target)

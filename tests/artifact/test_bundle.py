@@ -59,6 +59,20 @@ def test_rows_bundle_any_m(tmp_path):
         f(*_operands(5, 40, 48))
     with pytest.raises(ShapeError, match="inner dimensions"):
         f(np.zeros((5, 40), np.float32), np.zeros((41, 48), np.float32))
+    # B prepared once per bucket kernel gives the same bits; a kernel that cannot prepare
+    # (built before prepared B) runs on B itself
+    A, B = _operands(300, 48, 40, seed=7)
+    C = f(A, B)
+    assert np.array_equal(f(A, f.prepare_b(B)), C)
+    from lcmac.runtime import loader
+
+    def cannot(self, B):
+        raise ArtifactError("built by an older lcmac")
+    loader.LcmacFunction.prepare_b, real = cannot, loader.LcmacFunction.prepare_b
+    try:
+        assert np.array_equal(f(A, f.prepare_b(B)), C)
+    finally:
+        loader.LcmacFunction.prepare_b = real
 
 
 def test_bf16_any_rule_accumulates_k_tiles_in_float32(tmp_path):

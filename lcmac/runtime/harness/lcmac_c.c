@@ -422,6 +422,14 @@ lcmac_handle* lcmac_open(const char* so_path, const char* entry, int num_threads
   }
   int status;
   if (check_library_file("lcmac_open", so_path, -1, NULL, err, errlen)) return NULL;
+#if defined(__x86_64__)
+  /* A bare library may hold an AMX kernel and has no manifest to say so: where the CPU has
+   * AMX, ask Linux for tile state first (per process and harmless; lcmac_open_artifact asks
+   * only for AMX artifacts), so that its first tile instruction is not an illegal one. */
+  char* flags = cpuinfo_flags();
+  if (flags && has_word(flags, "amx_tile")) syscall(SYS_arch_prctl, 0x1023, 18);
+  free(flags);
+#endif
   return open_library("lcmac_open", so_path, entry, num_threads, &status, err, errlen);
 }
 
