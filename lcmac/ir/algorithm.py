@@ -12,6 +12,7 @@ read-only numpy object arrays so an ``Algorithm`` is a true value (hashable, com
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -186,7 +187,8 @@ class Algorithm(SchemeShape):
              "grid": [self.m, self.k, self.n], "rank": self.R,
              "U": enc(self.U), "V": enc(self.V), "W": enc(self.W)}
         if self.programs:
-            d["programs"] = self.programs
+            # a copy: the caller may edit the dict, and the algorithm is a value
+            d["programs"] = copy.deepcopy(self.programs)
         return d
 
     @classmethod

@@ -221,3 +221,11 @@ def test_corrupt_catalogue_entry_is_reported(monkeypatch):
             catalogue.get.__wrapped__("at-broken")
     finally:
         catalogue._base.cache_clear()
+
+
+def test_to_dict_does_not_share_the_programs():
+    """Editing an algorithm's dict form leaves the algorithm (a value) unchanged."""
+    alg = catalogue.get("fgr-2x2x2-r7")
+    d = alg.to_dict()
+    d["programs"]["A"] = {"n_inputs": 4}
+    assert "temps" in catalogue.get("fgr-2x2x2-r7").programs["A"]
