@@ -249,6 +249,19 @@ def _build() -> dict[str, HardwareProfile]:
             "(AVX512-BF16 / AVX512-FP16 dot products; AMX not modelled). lscpu: 48 KiB L1d, "
             "2 MiB L2 per core; the L3 share of a 2-core VM is a guess (8 MiB).",
         gemm_efficiency={"default": 0.85, "float32": 0.85}, bandwidth_efficiency=1.0)
+    # A 2-core AMD EPYC VM with AVX2 only (16 vector registers): the x86_64-avx2 target's host.
+    P["epyc-2core"] = dataclasses.replace(_cpu(
+        "epyc-2core", "a 2-core AMD EPYC VM, AVX2 and FMA (no AVX-512)",
+        cores=2, ghz=3.0e9, fma_ports=2, vector_bits=256, mem_bw=21 * G, l1=32 * KiB,
+        l2=512 * KiB, l3=32 * MiB,
+        src="lscpu of a 2-core AMD EPYC VM (AVX2, FMA; 32 KiB L1d and 512 KiB L2 a core, 32 MiB "
+            "L3); peak assumes 2 FMA ports × 8 fp32 lanes at ~3 GHz (192 GFLOP/s); numpy's "
+            "OpenBLAS measured 159 GFLOP/s at 4096³ and a numpy add ~21 GB/s (docs/cpu.md). "
+            "Efficiencies fitted by lcmac.tune.calibrate to tuning_logs/x86_64-avx2-float32.jsonl "
+            "(16 measurements, 2026-11-27): log-RMS error 0.18, mean |error| 10 %; the generic "
+            "32-core profile this target used before was off by 3.1 (log-RMS: ~20x too fast).",
+        gemm_efficiency={"default": 0.81, "float32": 0.81}, bandwidth_efficiency=0.23),
+        regs_per_unit=16 * 32)
     # Neoverse V1 (Graviton3): 64 cores, 2.6 GHz, 2×256-bit SVE FMA pipes.
     P["neoverse-v1"] = _cpu(
         "neoverse-v1", "AWS Graviton3 (Neoverse V1), 64 cores, SVE 256-bit",
@@ -287,7 +300,7 @@ _PROFILE_ALIASES = {"h100-sxm": "h100", "h200-sxm": "h200", "a100-sxm": "a100",
 
 #: lcmac target name → default profile (used when lcmac.targets cannot say)
 TARGET_PROFILES = {"cuda-sm90a": "h100", "cuda-sm90": "h100", "cuda-sm80": "a100",
-                   "x86_64-avx512": "spr-2core", "x86_64-avx2": "generic-avx512",
+                   "x86_64-avx512": "spr-2core", "x86_64-avx2": "epyc-2core",
                    "x86_64": "generic-avx512", "aarch64-neon": "neoverse-v1",
                    "aarch64-sve": "neoverse-v1"}
 

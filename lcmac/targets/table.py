@@ -29,7 +29,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
            ("float32", "float64", "bfloat16"), "spr-2core", 512,
            llvm={"kind": "llvm", "mcpu": "skylake-avx512"}),
     Target("x86_64-avx2", "x86", "tvm", "x86-64 with AVX2 and FMA (Haswell and later)",
-           ("float32", "float64"), "generic-avx512", 256,
+           ("float32", "float64"), "epyc-2core", 256,
            llvm={"kind": "llvm", "mcpu": "haswell"}),
     Target("x86_64", "x86", "tvm", "portable x86-64 (SSE2 only)", ("float32", "float64"),
            "generic-avx512", 128, llvm={"kind": "llvm", "mcpu": "x86-64"}),
