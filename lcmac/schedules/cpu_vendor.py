@@ -138,38 +138,41 @@ class _Plan:
         return [r for r in range(self.R) if r not in self.unit_b]
 
 
+def _row_pass(w: Writer, p: _Plan, prog, what: str, rows: int, cols: int, load, store) -> None:
+    """One combine pass over row-major blocks of ``rows`` × ``cols``: rows in parallel, each
+    row in whole vectors; ``load(s, row, col)`` / ``store(o, row, col)`` name the program's
+    input s and output o at (row, col) of their blocks (col a vector expression)."""
+    w(f"# {what}")
+    w(f"for i in T.parallel({rows}):")
+    with w.indent():
+        _decl_locals(w, prog, p.dtype, p.lanes)
+        w(f"for jo in range({cols // p.lanes}):")
+        with w.indent():
+            col = f"jo * {p.lanes} + u"
+            _emit_program(w, prog, p.dtype, p.lanes, "u", lambda s: load(s, "i", col),
+                          lambda o: store(o, "i", col))
+
+
 def _combine_a(w: Writer, p: _Plan) -> None:
     if not p.made_a:
         return
-    prog = _subset(p.progs["A"], p.made_a)
-    w("# Combine A: the Ã_r that are not one block of A, row-major")
-    w(f"for i in T.parallel({p.BM}):")
-    with w.indent():
-        _decl_locals(w, prog, p.dtype, p.lanes)
-        w(f"for ko in range({p.BK // p.lanes}):")
-        with w.indent():
-            def load(s):
-                bi, bl = divmod(s, p.k)
-                return f"A[{bi * p.BM} + i, {bl * p.BK} + ko * {p.lanes} + v]"
-            _emit_program(w, prog, p.dtype, p.lanes, "v", load,
-                          lambda o: f"At[{o}, i, ko * {p.lanes} + v]")
+
+    def load(s, row, col):
+        bi, bl = divmod(s, p.k)
+        return f"A[{bi * p.BM} + {row}, {bl * p.BK} + {col}]"
+    _row_pass(w, p, _subset(p.progs["A"], p.made_a), "Combine A: the Ã_r that are not one block "
+              "of A, row-major", p.BM, p.BK, load, lambda o, row, col: f"At[{o}, {row}, {col}]")
 
 
 def _combine_b(w: Writer, p: _Plan, made: list[int]) -> None:
     if not made:
         return
-    prog = _subset(p.progs["B"], made)
-    w("# Combine B: B̃_r row-major")
-    w(f"for q in T.parallel({p.BK}):")
-    with w.indent():
-        _decl_locals(w, prog, p.dtype, p.lanes)
-        w(f"for jo in range({p.BN // p.lanes}):")
-        with w.indent():
-            def load(s):
-                bl, bj = divmod(s, p.n)
-                return f"B[{bl * p.BK} + q, {bj * p.BN} + jo * {p.lanes} + u]"
-            _emit_program(w, prog, p.dtype, p.lanes, "u", load,
-                          lambda o: f"Bt[{o}, q, jo * {p.lanes} + u]")
+
+    def load(s, row, col):
+        bl, bj = divmod(s, p.n)
+        return f"B[{bl * p.BK} + {row}, {bj * p.BN} + {col}]"
+    _row_pass(w, p, _subset(p.progs["B"], made), "Combine B: B̃_r row-major", p.BK, p.BN, load,
+              lambda o, row, col: f"Bt[{o}, {row}, {col}]")
 
 
 def _products(w: Writer, p: _Plan, b_slot: dict[int, int]) -> None:
@@ -194,18 +197,11 @@ def _products(w: Writer, p: _Plan, b_slot: dict[int, int]) -> None:
 
 
 def _combine_h(w: Writer, p: _Plan) -> None:
-    w("# Combine H: C blocks from the products, one pass")
-    prog = p.progs["H"]
-    w(f"for i in T.parallel({p.BM}):")
-    with w.indent():
-        _decl_locals(w, prog, p.dtype, p.lanes)
-        w(f"for jo in range({p.BN // p.lanes}):")
-        with w.indent():
-            def store(o):
-                bi, bj = divmod(o, p.n)
-                return f"C[{bi * p.BM} + i, {bj * p.BN} + jo * {p.lanes} + u]"
-            _emit_program(w, prog, p.dtype, p.lanes, "u",
-                          lambda s: f"H[{s}, i, jo * {p.lanes} + u]", store)
+    def store(o, row, col):
+        bi, bj = divmod(o, p.n)
+        return f"C[{bi * p.BM} + {row}, {bj * p.BN} + {col}]"
+    _row_pass(w, p, p.progs["H"], "Combine H: C blocks from the products, one pass", p.BM, p.BN,
+              lambda s, row, col: f"H[{s}, {row}, {col}]", store)
 
 
 def generate(alg, dtype: str, M: int, N: int, K: int, progs: dict, lanes: int,
