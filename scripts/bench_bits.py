@@ -53,6 +53,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))                 # this checkout's lcmac, not another install
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_cpu import cpu_description  # noqa: E402 - one CPU description for the CPU benches
 
 from lcmac.bits import PackedBits, gf2_matmul, native              # noqa: E402
 from lcmac.bits.lcma import lcma_product                            # noqa: E402
@@ -208,18 +210,6 @@ def m4ri_openmp() -> int | None:
     return None
 
 
-def cpu_description() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.lower().startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} CPUs, {platform.machine()}, {platform.system()} {platform.release()}"
-
-
 def print_table(n: int, rows: dict) -> None:
     print(f"\nn = {n}: {'variant':<16} {'median':>9} {'min':>9} {'max':>9} {'cpu med':>9} "
           f"{'Gbit-op/s':>10} {'time/m4ri':>9} {'cpu/m4ri':>8}")
@@ -258,7 +248,6 @@ def main(argv=None) -> int:
                          "product; M4RI is a CPU library)")
     args = ap.parse_args(argv)
     if args.device == "cuda":
-        sys.path.insert(0, str(ROOT / "scripts"))
         import bench_bits_cuda
         fwd = (["--sizes", *args.sizes.split(",")] + ["--levels", *args.levels.split(",")]
                + ["--rounds", str(args.rounds)] + (["--out", args.out] if args.out else []))

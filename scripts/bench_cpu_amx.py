@@ -21,47 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cpu_description() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.lower().startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} CPUs, {platform.machine()}, {platform.system()} {platform.release()}"
-
-
-def _manifest(p: Path) -> Path | None:
-    cand = p.with_suffix(".json") if p.suffix == ".so" else p
-    try:
-        d = json.loads(cand.read_text())
-    except (OSError, ValueError):
-        return None
-    return cand if isinstance(d, dict) and str(d.get("format", "")).startswith("lcmac-artifact/") else None
-
-
-def interleaved(calls, rounds: int, pause: float) -> dict[str, list[float]]:
-    runs: dict[str, list[float]] = {name: [] for name, _ in calls}
-    for _ in range(rounds):
-        for name, call in calls:
-            time.sleep(pause)
-            call()                                  # warm (caches, workspace pool)
-            t = time.perf_counter()
-            call()
-            runs[name].append(time.perf_counter() - t)
-    return runs
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the CPU bench's helpers (it imports neither numpy nor apache-tvm at module level)
+from bench_cpu import _manifest_path, cpu_description, interleaved  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -86,7 +54,7 @@ def main(argv=None) -> int:
 
     groups: dict[tuple, list] = {}
     for name in args.artifacts:
-        m = _manifest(Path(name))
+        m = _manifest_path(Path(name))
         if m is None:
             print(f"# skipped {name}: not an lcmac artifact manifest")
             continue
