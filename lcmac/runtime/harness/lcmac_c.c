@@ -544,6 +544,18 @@ static int overlaps(const void* a, size_t na, const void* b, size_t nb) {
   return x < y + nb && y < x + na;
 }
 
+/* a call on a NULL handle: LCMAC_EINVAL, its message where lcmac_last_error(NULL) finds it */
+static int null_handle(const char* who) {
+  snprintf(tls_null_error, sizeof tls_null_error, "%s: the handle is NULL", who);
+  return LCMAC_EINVAL;
+}
+
+/* the element type of a handle's prepared B */
+static DLDataType prepared_dtype(const lcmac_handle* h) {
+  DLDataType t = {(uint8_t)h->prep_code, (uint8_t)h->prep_bits, 1};
+  return t;
+}
+
 /* tensor argument i: a 2-D DLTensor on the CPU */
 static void tensor_arg(DLTensor* t, TVMFFIAny* arg, const void* data, int64_t* shape, DLDataType dt) {
   memset(t, 0, sizeof *t);
@@ -586,10 +598,7 @@ static int check_cpu_call(lcmac_handle* h, const char* who, const void* x, const
 
 int lcmac_matmul(lcmac_handle* h, const void* A, const void* B, void* C, int64_t M, int64_t N,
                  int64_t K, int dtype) {
-  if (!h) {
-    snprintf(tls_null_error, sizeof tls_null_error, "lcmac_matmul: the handle is NULL");
-    return LCMAC_EINVAL;
-  }
+  if (!h) return null_handle("lcmac_matmul");
   pthread_mutex_lock(&h->call_mu);
   DLDataType dt;
   int rc = check_cpu_call(h, "lcmac_matmul", A, "A", B, "B", C, M, N, K, dtype, &dt);
@@ -644,10 +653,7 @@ static int check_p(lcmac_handle* h, const char* who, const void* P) {
 
 int lcmac_prepare_b(lcmac_handle* h, const void* B, void* P, size_t P_bytes) {
   static const char who[] = "lcmac_prepare_b";
-  if (!h) {
-    snprintf(tls_null_error, sizeof tls_null_error, "%s: the handle is NULL", who);
-    return LCMAC_EINVAL;
-  }
+  if (!h) return null_handle(who);
   pthread_mutex_lock(&h->call_mu);
   DLDataType dt;
   int rc = lcmac_prepared_b_bytes(h) < 0 ? cannot_prepare(h, who)
@@ -663,7 +669,7 @@ int lcmac_prepare_b(lcmac_handle* h, const void* B, void* P, size_t P_bytes) {
       rc = LCMAC_EINVAL;
     } else {
       int64_t sb[2] = {h->K, h->N};
-      DLDataType pt = {(uint8_t)h->prep_code, (uint8_t)h->prep_bits, 1};
+      DLDataType pt = prepared_dtype(h);
       DLTensor t[2];
       TVMFFIAny args[2];
       tensor_arg(&t[0], &args[0], B, sb, dt);
@@ -678,10 +684,7 @@ int lcmac_prepare_b(lcmac_handle* h, const void* B, void* P, size_t P_bytes) {
 int lcmac_matmul_prepared(lcmac_handle* h, const void* A, const void* P, void* C, int64_t M,
                           int64_t N, int64_t K, int dtype) {
   static const char who[] = "lcmac_matmul_prepared";
-  if (!h) {
-    snprintf(tls_null_error, sizeof tls_null_error, "%s: the handle is NULL", who);
-    return LCMAC_EINVAL;
-  }
+  if (!h) return null_handle(who);
   pthread_mutex_lock(&h->call_mu);
   DLDataType dt;
   int rc = lcmac_prepared_b_bytes(h) < 0 ? cannot_prepare(h, who)
@@ -694,7 +697,7 @@ int lcmac_matmul_prepared(lcmac_handle* h, const void* A, const void* P, void* C
       rc = LCMAC_EINVAL;
     } else {
       int64_t sa[2] = {M, K}, sc[2] = {M, N};
-      DLDataType pt = {(uint8_t)h->prep_code, (uint8_t)h->prep_bits, 1};
+      DLDataType pt = prepared_dtype(h);
       DLTensor t[3];
       TVMFFIAny args[3];
       tensor_arg(&t[0], &args[0], A, sa, dt);

@@ -374,10 +374,7 @@ static int cuda_failed(lcmac_handle* h, const char* who, int rc) {
 static int cuda_matmul(lcmac_handle* h, const char* who, int prepared, const void* A,
                        const void* B, void* C, int64_t M, int64_t N, int64_t K, int dtype,
                        void* workspace, size_t workspace_bytes, CUstream_t stream) {
-  if (!h) {
-    snprintf(tls_null_error, sizeof tls_null_error, "%s: the handle is NULL", who);
-    return LCMAC_EINVAL;
-  }
+  if (!h) return null_handle(who);
   pthread_mutex_lock(&h->call_mu);
   size_t sz = dtype_bytes(dtype);
   const char* bname = prepared ? "the prepared B" : "B";
@@ -429,10 +426,7 @@ int lcmac_cuda_matmul_prepared(lcmac_handle* h, const void* A, const void* P, vo
 int lcmac_cuda_bmm(lcmac_handle* h, const void* A, const void* B, void* C, int64_t batch,
                    int64_t M, int64_t N, int64_t K, int dtype, struct CUstream_st* stream) {
   static const char who[] = "lcmac_cuda_bmm";
-  if (!h) {
-    snprintf(tls_null_error, sizeof tls_null_error, "%s: the handle is NULL", who);
-    return LCMAC_EINVAL;
-  }
+  if (!h) return null_handle(who);
   pthread_mutex_lock(&h->call_mu);
   size_t sz = dtype_bytes(dtype);
   int rc = LCMAC_EINVAL;
@@ -468,10 +462,7 @@ int64_t lcmac_cuda_prepared_b_bytes(const lcmac_handle* h) {
 int lcmac_cuda_prepare_b(lcmac_handle* h, const void* B, void* P, size_t P_bytes,
                          struct CUstream_st* stream) {
   static const char who[] = "lcmac_cuda_prepare_b";
-  if (!h) {
-    snprintf(tls_null_error, sizeof tls_null_error, "%s: the handle is NULL", who);
-    return LCMAC_EINVAL;
-  }
+  if (!h) return null_handle(who);
   pthread_mutex_lock(&h->call_mu);
   int rc = LCMAC_EINVAL;
   if (!B || !P) {
