@@ -702,8 +702,11 @@ def _add_tune(sub) -> None:
                         "at the power cap (the default warm-up is 0.15 s: burst timings)")
     s.add_argument("--repeats", type=int, default=None,
                    help="timed repeats per config (default 5 on CPUs, 15 on GPUs)")
-    s.add_argument("--compare-default", action="store_true",
-                   help="also measure the backend's default config (tuned-vs-default column)")
+    s.add_argument("--no-default", dest="compare_default", action="store_false", default=None,
+                   help="do not measure the backend's default config (measured by default: the "
+                        "baseline a tuned config must beat, and the tuned-vs-default column)")
+    s.add_argument("--compare-default", dest="compare_default", action="store_true",
+                   help=argparse.SUPPRESS)   # the default now; kept so older commands still run
     s.add_argument("--no-vendor", dest="vendor", action="store_false",
                    help="do not time the vendor GEMM (cuBLAS via torch.matmul / numpy.matmul) "
                         "as the same-run baseline")

@@ -73,9 +73,18 @@ class SearchOptions:
     operands: str = "native"            # the CUDA operand mode searched (one per search)
     profile: Any = None                 # a hardware profile to rank with (default: target's)
     configs: Any = None                 # configs to rank instead of the backend's space
-    measure_default: bool = False       # also measure the backend's default config
+    # also measure the backend's default config; None: unless ``configs`` replaces the space.
+    # The default is what an untuned build runs: a tune that measured only the model's
+    # favourites logged configs slower than it (2-core AVX2 VM, 4096³: Strassen² at kc=1024
+    # 0.94-1.0 s, its default 0.69 s), and builds and the decision take the log's best
+    measure_default: bool | None = None
     vendor: bool = False                # also time the vendor GEMM as the baseline
     reuse_log: bool = True              # configs logged for this case count, not re-run
+
+    @property
+    def with_default(self) -> bool:
+        """Whether the backend's default config is measured (``measure_default``)."""
+        return self.configs is None if self.measure_default is None else bool(self.measure_default)
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,7 @@ class Trial:
     error: str = ""
     from_log: bool = False
     record: dict | None = None
+    default: bool = False         # the backend's default config (a candidate like the others)
 
     @property
     def ok(self) -> bool:
@@ -312,7 +322,7 @@ def plan_search(algo, target: str, dtype: str, shape, search: SearchOptions) -> 
 def plan_points(algo, target: str, dtype: str, shape, budget: int = 8, **keywords) -> list:
     """The points ``tune`` with the same arguments would build, in its order: per algorithm
     the first ``budget`` configs of the ranked space that are not logged yet for this case
-    (all of them with ``exhaustive``), after the default config when ``measure_default``.
+    (all of them with ``exhaustive``), after the default config when it is measured (``SearchOptions.with_default``).
     Early stopping can only measure fewer of them."""
     opts = TuneOptions.from_keywords(budget=budget, **keywords)
     return _planned_points(algo, target, normalize_model_dtype(dtype),
@@ -328,7 +338,7 @@ def _planned_points(algo, target, dtype, shape, search: SearchOptions, store) ->
             continue
         done = store.measured_configs(target, dtype, sp.ranked[0].algorithm_hash, shape) \
             if search.reuse_log else set()
-        if search.measure_default:
+        if search.with_default:
             dpt = _default_point(a, sp, target, dtype, shape, search.profile, search.operands)
             if dpt.config is not None and dpt.key not in done:
                 out.append(dpt)
@@ -351,7 +361,8 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, **options) -> Tu
       multiple of the plain GEMM's error, costmodel.accuracy), ``operands`` (the CUDA operand
       mode searched, CudaConfig.operands; one precision per search), ``profile``,
       ``configs``, ``measure_default`` (also measure the backend's default config, logged
-      with ``default: true``, for the tuned-vs-default speed-up), ``vendor`` (also time the
+      with ``default: true``, for the tuned-vs-default speed-up; default: unless ``configs``
+      is given), ``vendor`` (also time the
       vendor GEMM, cuBLAS / numpy, on the same operands, logged as algorithm ``"vendor"``),
       ``reuse_log``;
     - build: ``jobs`` (parallel compile processes), ``work_dir``, ``build_fn(point,
@@ -431,7 +442,7 @@ class _TuningRun:
         for a, sp in plan.spaces.items():
             self.result.space_sizes[a] = (len(sp.ranked), len(sp.pruned))
         total = (sum(min(plan.budget, len(sp.ranked)) for sp in plan.spaces.values())
-                 + (len(plan.algorithms) if s.measure_default else 0) + (1 if s.vendor else 0))
+                 + (len(plan.algorithms) if s.with_default else 0) + (1 if s.vendor else 0))
         progress = opts.log.progress
         self.bar = progress if isinstance(progress, Progress) else Progress(total, enabled=bool(progress))
         self.device = _db.device_name(target)
@@ -520,15 +531,23 @@ class _TuningRun:
                                             shape=self.shape)
                 if _db.config_key(r["config"]) == dpt.key] if s.reuse_log else []
         if prev:  # measured before: not re-run
-            self.result.default_times[a] = min(r["time_s"] for r in prev)
-            self.bar.update(f"{a} default config (from log)")
+            r = min(prev, key=lambda r: r["time_s"])
+            self.result.default_times[a] = r["time_s"]
+            self.result.trials.append(Trial(dpt, r["time_s"], r.get("spread"), from_log=True,
+                                            record=r, default=True))
+            self.bar.update(f"{a} default config (from log) {r['time_s'] * 1e3:.3f} ms")
             return
         m = self.measure([dpt])[0]
-        self.bar.update(f"{a} default config")
-        if m.get("status", "ok") == "ok":
-            self.result.default_times[a] = m["time_s"]
-            if dpt.config is not None:
-                self.log(dpt, m, default=True)
+        if m.get("status", "ok") != "ok":
+            self.bar.update(f"{a} default config failed: {m.get('error', '')[:60]}")
+            return
+        t = float(m["time_s"])
+        self.result.default_times[a] = t
+        rec = self.log(dpt, m, default=True) if dpt.config is not None else None
+        # a candidate like the ranked configs: the summary's best and the build (which takes
+        # the log's best) may be the default
+        self.result.trials.append(Trial(dpt, t, m.get("spread"), record=rec, default=True))
+        self.bar.update(f"{a} default config {t * 1e3:.3f} ms")
 
     # ---- the search -------------------------------------------------------------------------
     def tune_algorithm(self, a: str) -> None:
@@ -538,7 +557,7 @@ class _TuningRun:
         if not sp.ranked:
             self.result.stopped[a] = "no config fits on chip"
             return
-        if self.opts.search.measure_default:
+        if self.opts.search.with_default:
             self.measure_default(a, sp)
         done, logged = self._logged(sp.ranked[0].algorithm_hash)
         budget, patience = self.plan.budget, self.plan.patience

@@ -723,3 +723,29 @@ def test_run_header_names_the_command_as_run():
     assert list(h) == ["benchmark", "device", "date", "command"]
     assert h["command"] == "python scripts/bench_batched.py --sizes 64 --out o.json"
     assert h["benchmark"] == "what" and h["device"] == "dev" and len(h["date"]) == 10
+
+
+def test_tuner_measures_the_default_config_unless_given_configs(tmp_path):
+    """The default config is what an untuned build runs: a tune measures it beside the
+    model's favourites, so the log's best (which builds take) is never a config slower than
+    it; a caller's own ``configs`` are measured alone."""
+    from lcmac.schedules.cpu_config import default_config
+    from lcmac.targets import get_target
+    dflt = default_config(get_target(CPU), "float32", None, shape=(512, 512, 512)).to_dict()
+    seen = []
+
+    def fake(pt):          # the default config is the fastest: the model ranked it elsewhere
+        seen.append(pt.config_dict())
+        return 0.5 if pt.config_dict() == dflt else 1.0
+    res = tuner.tune("gemm", CPU, "float32", (512, 512, 512), budget=2, patience=9,
+                     db=tmp_path, measure_fn=fake)
+    assert dflt in seen and len(seen) == 3
+    assert res.default_times["gemm"] == 0.5
+    assert res.best.default and res.best.time_s == 0.5          # the summary's best too
+    assert res.summary_rows()[0]["best_ms"] == 500.0
+    best = tdb.TuningDB(tmp_path).best(CPU, "float32", "gemm", (512, 512, 512))
+    assert best is not None and best.exact and best.config == dflt
+    seen.clear()
+    tuner.tune("gemm", CPU, "float32", (256, 256, 256), budget=2, patience=9, db=tmp_path,
+               measure_fn=fake, configs=_configs(3))
+    assert dflt not in seen and len(seen) == 2
