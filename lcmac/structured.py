@@ -22,6 +22,12 @@ batched product; the pairs that meet in C block (i, j) are summed (``index_add``
 comes back as a BSR with its blocks in row-major order (only the blocks some pair reaches;
 a block may hold zeros by cancellation).  The pairs take npairs·bs² elements of memory.
 
+**Block-sparse A, fused** (``bsr_matmul(..., algo="fused")``, CUDA on Hopper): one kernel
+(``schedules.cuda.bsr``) with a CTA per (block row, column tile of C) that walks the row's
+blocks (a CSR of the blocks, ``bsr_csr``), sums their products in fp32 registers and writes
+its C tile once: no gathered panels, no products in memory.  bf16 and fp16; float32 as TF32.
+"auto" takes it where ``fused_wins`` says it was measured to win.
+
 All take numpy arrays or torch tensors and ``algo`` as ``lcmac.bmm`` does (CUDA:
 "gemm" for lcmac's batched kernel); the sums stay in the dtype of the operands.
 """
@@ -32,10 +38,16 @@ from typing import NamedTuple
 import numpy as np
 
 from .batched import bmm
-from .call_args import operand_kind
-from .errors import DTypeError, ShapeError
+from .call_args import LOADED, operand_kind, target_for
+from .dtypes import ITEMSIZE
+from .errors import DTypeError, ShapeError, TargetError
+from .schedules.cuda.config import BSR_BLOCKS, SUPPORTED_DTYPES
 
-__all__ = ["lowrank_matmul", "lowrank_order", "bsr_matmul", "BSR", "bsr_spgemm"]
+__all__ = ["lowrank_matmul", "lowrank_order", "bsr_matmul", "BSR", "bsr_spgemm", "bsr_csr",
+           "bsr_kernel", "fused_wins"]
+
+#: ``bsr_matmul``'s algo for the fused CUDA kernel
+FUSED = "fused"
 
 
 def lowrank_order(M: int, K: int, N: int, r: int) -> str:
@@ -76,7 +88,8 @@ def lowrank_matmul(U, V, B, *, algo: str = "auto"):
 
 
 def bsr_matmul(blocks, rows, cols, B, shape, *, algo: str = "auto"):
-    """C = A·B for a block-sparse A given by its nonzero blocks (module doc)."""
+    """C = A·B for a block-sparse A given by its nonzero blocks (module doc); ``algo``
+    "fused": the fused CUDA kernel, else as ``lcmac.bmm`` takes it for the batched path."""
     M, K = (int(x) for x in shape)
     if blocks.ndim != 3 or blocks.shape[1] != blocks.shape[2]:
         raise ShapeError(f"blocks must be [nnzb, bs, bs], got {tuple(blocks.shape)}")
@@ -91,10 +104,12 @@ def bsr_matmul(blocks, rows, cols, B, shape, *, algo: str = "auto"):
     if blocks.dtype != B.dtype:
         raise DTypeError(f"blocks and B must have one dtype; they are {blocks.dtype} and {B.dtype}")
     N = B.shape[1]
-    host = [np.asarray(x.cpu() if _is_torch(x) else x, dtype=np.int64) for x in (rows, cols)]
+    host = _host_indices(rows, cols)
     for idx, what, limit in ((host[0], "row", M // bs), (host[1], "column", K // bs)):
         if nnzb and (idx.min() < 0 or idx.max() >= limit):
             raise ShapeError(f"a block {what} index is outside A's {limit} block {what}s")
+    if _takes_fused(blocks, B, M, N, bs, algo):
+        return _fused_bsr(blocks, host, B, M, bs)
     if _is_torch(B):
         import torch
         r, c = (torch.as_tensor(x, device=B.device) for x in host)
@@ -109,6 +124,111 @@ def bsr_matmul(blocks, rows, cols, B, shape, *, algo: str = "auto"):
                 algo=algo)
         np.add.at(C, host[0], H)
     return C.reshape(M, N)
+
+
+def _host_indices(rows, cols) -> list:
+    """``rows`` and ``cols`` as int64 numpy arrays, in one copy (one wait for the GPU) where both
+    are tensors on one device."""
+    if _is_torch(rows) and _is_torch(cols) and rows.device == cols.device and rows.shape == cols.shape:
+        import torch
+        return list(torch.stack((rows.long(), cols.long())).cpu().numpy())
+    return [np.asarray(x.cpu() if _is_torch(x) else x, dtype=np.int64) for x in (rows, cols)]
+
+
+def bsr_csr(rows, cols, block_rows: int):
+    """The CSR of a BSR's blocks: (order, row_ptr, col_idx), ``order`` the blocks' stable
+    order by block row (None where they are in it already), ``row_ptr`` [block_rows + 1]
+    (block row i's blocks are positions row_ptr[i]:row_ptr[i+1] of that order) and
+    ``col_idx`` their block columns, both int32; ``rows``, ``cols`` integer arrays."""
+    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    order = None if np.all(rows[1:] >= rows[:-1]) else np.argsort(rows, kind="stable")
+    if order is not None:
+        rows, cols = rows[order], cols[order]
+    row_ptr = np.zeros(block_rows + 1, dtype=np.int32)
+    row_ptr[1:] = np.cumsum(np.bincount(rows, minlength=block_rows))
+    return order, row_ptr, cols.astype(np.int32)
+
+
+def fused_wins(dtype: str, tf32: bool = False) -> bool:
+    """``bsr_matmul(algo="auto")``'s rule on a Hopper GPU, for a product the fused kernel
+    takes: bf16 and fp16 always, float32 where the caller lets it run as TF32 (torch's
+    ``allow_tf32``; the batched path keeps float32 products in float32 otherwise).  Measured
+    on the H100 (docs/batched.md: A 8192×8192 at 1–20 % in 64- and 128-blocks, B 8192×4096),
+    the whole call against the batched path: bf16 1.6–14×, float32 (TF32 both) 1.8–6.7×;
+    fp16 takes bf16's rule untimed (the same kernel on the same tensor cores)."""
+    return dtype in ("bfloat16", "float16") or (dtype == "float32" and tf32)
+
+
+def _fused_why(B, M: int, N: int, bs: int) -> str | None:
+    """Why the fused kernel cannot run this product (None: it can)."""
+    if not _is_torch(B) or B.device.type != "cuda":
+        return "it runs on CUDA tensors (the CPU path is the reference)"
+    if target_for("cuda") != "cuda-sm90a":
+        return f"it is built for Hopper (sm_90a), not {target_for('cuda')}"
+    dt = str(B.dtype).replace("torch.", "")
+    if dt not in SUPPORTED_DTYPES:
+        return f"it takes {SUPPORTED_DTYPES}, not {dt}"
+    if bs not in BSR_BLOCKS:
+        return f"it takes blocks of {BSR_BLOCKS}, not {bs}"
+    vec = 16 // ITEMSIZE[dt]
+    if N % vec:
+        return f"N must be a multiple of {vec} for {dt} (B's rows in 16 bytes), not {N}"
+    if M * N >= 2**31:
+        return f"C's {M}x{N} elements must be fewer than 2^31 (32-bit indices)"
+    return None
+
+
+def _no_grad_why(blocks, B) -> str | None:
+    """The fused kernel records no gradient: why it may not run (None: nothing asks for one)."""
+    import torch
+    if torch.is_grad_enabled() and (getattr(blocks, "requires_grad", False) or B.requires_grad):
+        return "it records no gradient and the blocks or B require grad (the batched path does)"
+    return None
+
+
+def _takes_fused(blocks, B, M: int, N: int, bs: int, algo: str) -> bool:
+    """Whether ``bsr_matmul`` runs the fused kernel: ``algo`` "fused" (refused, with the
+    reason, where it cannot run) or "auto" where ``fused_wins``."""
+    if algo not in ("auto", FUSED):
+        return False
+    why = _fused_why(B, M, N, bs) or _no_grad_why(blocks, B)
+    if why is not None:
+        if algo == FUSED:
+            raise TargetError(f"bsr_matmul(algo='fused'): {why}; algo='auto' or 'gemm' runs the "
+                              "batched path")
+        return False
+    if algo == FUSED:
+        return True
+    import torch
+    tf32 = B.dtype == torch.float32 and bool(torch.backends.cuda.matmul.allow_tf32)
+    return fused_wins(str(B.dtype).replace("torch.", ""), tf32)
+
+
+def bsr_kernel(target: str, dtype: str, bs: int, config: dict | None = None):
+    """lcmac's fused block-sparse kernel for bs×bs blocks (any M, K, N, block count), from the
+    kernel cache; ``config``: template options over the defaults (``bsr_tile_defaults``).
+    The artifact's shape names its block (bs³)."""
+    cfg = {"bsr": int(bs), **(config or {})}
+    return LOADED.get(("bsr", target, dtype, int(bs), tuple(sorted(cfg.items()))),
+                      ("gemm", target, dtype, (bs, bs, bs)), {"config": cfg})
+
+
+def _fused_bsr(blocks, host, B, M: int, bs: int):
+    """C = A·B by the fused kernel: the blocks put in block-row order where they are not,
+    the CSR arrays sent to the GPU in one copy."""
+    import torch
+    order, row_ptr, col_idx = bsr_csr(host[0], host[1], M // bs)
+    dev = B.device
+    if blocks.device != dev:
+        raise TargetError(f"the blocks are on {blocks.device}, B on {dev}")
+    idx = np.concatenate([row_ptr, col_idx] + ([order.astype(np.int32)] if order is not None else []))
+    idx = torch.from_numpy(idx).to(dev)
+    nr, nb = len(row_ptr), len(col_idx)
+    if order is not None:
+        blocks = blocks[idx[nr + nb:]]
+    dt = str(B.dtype).replace("torch.", "")
+    fn = bsr_kernel(target_for("cuda"), dt, bs)
+    return fn(blocks.contiguous(), B.contiguous(), idx[:nr], idx[nr:nr + nb], M)
 
 
 class BSR(NamedTuple):

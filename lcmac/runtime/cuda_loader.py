@@ -250,9 +250,73 @@ class CudaBatchedMatmul(CudaMatmul):
         return out
 
 
+class CudaBsrMatmul(CudaMatmul):
+    """Callable for a block-sparse artifact (``config.bsr`` = bs): ``C = f(blocks, B, row_ptr,
+    col_idx, M, out=None)`` with blocks [nnzb, bs, bs] sorted by block row, row_ptr [M/bs + 1]
+    and col_idx [nnzb] int32 (the CSR of the blocks), B [K, N]; any M, K (multiples of bs), N
+    (rows of 16 bytes) and nnzb.  The CSR arrays' values are the caller's to get right (the
+    kernel reads what they say): ``lcmac.structured.bsr_matmul`` builds them from checked
+    block indices."""
+
+    def __init__(self, meta: dict, lib_path: str):
+        super().__init__(meta, lib_path)
+        self.bs = int(meta["config"]["bsr"])
+
+    def __repr__(self):
+        return f"<lcmac CUDA block-sparse artifact {self.arch} {self.dtype} {self.bs}-blocks>"
+
+    def _open(self, device):
+        if self._lib is not None:
+            return self._lib
+        lib = super()._open(device)
+        lib.lcmac_run_bsr.restype = ctypes.c_int
+        lib.lcmac_run_bsr.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_longlong] * 4 + [ctypes.c_void_p] * 2
+        return lib
+
+    def check(self, blocks, B, row_ptr, col_idx, M: int, out=None):
+        import torch
+        bs = self.bs
+        self._check_operands({"blocks": blocks, "B": B, "out": out},
+                             {"blocks": (blocks.shape[0], bs, bs), "B": tuple(B.shape),
+                              "out": (M, B.shape[-1])}, f"C [M, N] from {bs}x{bs} blocks and B [K, N]")
+        K, N = B.shape if B.ndim == 2 else (0, 0)
+        vec = 16 // blocks.element_size()
+        if B.ndim != 2 or blocks.ndim != 3 or M <= 0 or M % bs or K % bs or N % vec or M * N >= 2**31:
+            raise ShapeError(f"blocks {tuple(blocks.shape)} and B {tuple(B.shape)} for M={M}: this "
+                             f"artifact takes blocks [nnzb, {bs}, {bs}], B [K, N], M and K positive "
+                             f"multiples of {bs}, N a multiple of {vec} and M·N below 2^31")
+        for name, t, n in (("row_ptr", row_ptr, M // bs + 1), ("col_idx", col_idx, blocks.shape[0])):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != (n,) \
+                    or t.device != B.device or not t.is_contiguous():
+                raise ShapeError(f"{name} must be a contiguous int32 tensor of {n} on {B.device}, not "
+                                 f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+
+    def prepare_b(self, B):
+        raise LcmacError("a block-sparse artifact has no prepared B")
+
+    def __call__(self, blocks, B, row_ptr, col_idx, M: int, out=None):
+        import torch
+        self.check(blocks, B, row_ptr, col_idx, M, out)
+        K, N = B.shape
+        if out is None:
+            out = torch.empty((M, N), dtype=B.dtype, device=B.device)
+        if blocks.shape[0] == 0:            # no blocks (the kernel's TMA map needs one)
+            return out.zero_()
+        lib = self._open(B.device)
+        stream = torch.cuda.current_stream(B.device).cuda_stream
+        with torch.cuda.device(B.device):
+            rc = lib.lcmac_run_bsr(blocks.data_ptr(), B.data_ptr(), out.data_ptr(), row_ptr.data_ptr(),
+                                   col_idx.data_ptr(), blocks.shape[0], K, N, M, None, stream)
+        if rc != 0:
+            raise CudaRunError(f"lcmac_run_bsr failed ({rc}): {lib.lcmac_last_error().decode()}")
+        return out
+
+
 def _callable(meta: dict, lib: str) -> CudaMatmul:
-    batched = bool((meta.get("config") or {}).get("batched"))
-    return (CudaBatchedMatmul if batched else CudaMatmul)(meta, lib)
+    config = meta.get("config") or {}
+    if config.get("bsr"):
+        return CudaBsrMatmul(meta, lib)
+    return (CudaBatchedMatmul if config.get("batched") else CudaMatmul)(meta, lib)
 
 
 def load_cuda(meta_or_path, lib_path: str | None = None) -> CudaMatmul:

@@ -306,7 +306,7 @@ def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
     prepared = prepared or {"unsupported": "not generated"}
     lines = ['#include <cuda_runtime.h>', '#include <cstdio>', '#include <cstring>', '']
     for k in kernels:
-        params = ", ".join("int" if a == "batch" else "void*" for a in k["args"])
+        params = ", ".join("int" if a in SCALAR_ARGS else "void*" for a in k["args"])
         lines.append(f'extern "C" int {k["name"]}_init();')
         lines.append(f'extern "C" int {k["name"]}_call({params}, cudaStream_t);')
         lines.append(f'extern "C" const char* {k["name"]}_get_last_error();')
@@ -330,6 +330,8 @@ def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
                'cudaGetErrorString(cudaGetLastError())); return -2; }' for name in zero]
     if any("batch" in k["args"] for k in kernels):
         return "\n".join(lines + _batched_entry(kernels))
+    if any("nnzb" in k["args"] for k in kernels):
+        return "\n".join(lines + _bsr_entry(kernels))
     lines += ['extern "C" int lcmac_run(const void* A, const void* B, void* C, void* ws, void* stream) {',
               '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
               '  char* w = (char*)ws; (void)w;',
@@ -368,6 +370,43 @@ def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
     return "\n".join(lines)
 
 
+#: kernel arguments passed as int (TileLang's dynamic dimensions), not as pointers
+SCALAR_ARGS = ("batch", "nnzb", "K", "N", "M")
+
+
+def _refusals(refuse: str) -> list[str]:
+    """``lcmac_run`` and the prepared-B entries of an artifact that has its own entry point,
+    each refusing with ``refuse`` (a C statement setting the error and returning)."""
+    return ['extern "C" int lcmac_run(const void* A, const void* B, void* C, void* ws, void* stream) {',
+            '  (void)A; (void)B; (void)C; (void)ws; (void)stream;', refuse, '}',
+            'extern "C" long long lcmac_prepared_b_bytes() { return -1LL; }',
+            'extern "C" int lcmac_prepare_b(const void* B, void* P, void* stream) {',
+            '  (void)B; (void)P; (void)stream;', refuse, '}',
+            'extern "C" int lcmac_run_prepared(const void* A, const void* P, void* C, void* ws, void* stream) {',
+            '  (void)A; (void)P; (void)C; (void)ws; (void)stream;', refuse, '}', '']
+
+
+def _bsr_entry(kernels: list[dict]) -> list[str]:
+    """``lcmac_run_bsr(A, B, C, row_ptr, col_idx, nnzb, K, N, M, ws, stream)`` for a
+    block-sparse artifact (``CudaConfig.bsr``: A the nnzb blocks sorted by block row, the CSR
+    arrays int32); the sizes are checked for the kernel's int arguments, the shapes against
+    one another by the caller (``runtime.cuda_loader``)."""
+    refuse = ('  snprintf(lcmac_err, sizeof lcmac_err, "this artifact multiplies a block-sparse A: '
+              'call lcmac_run_bsr"); return -3;')
+    return (['extern "C" int lcmac_run_bsr(const void* A, const void* B, void* C, const void* row_ptr, '
+             'const void* col_idx, long long nnzb, long long K, long long N, long long M, void* ws, '
+             'void* stream) {',
+             '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0; (void)ws;',
+             '  if (nnzb < 1 || K < 1 || N < 1 || M < 1 || nnzb > 2147483647LL || K > 2147483647LL || '
+             'M * N > 2147483647LL) { snprintf(lcmac_err, sizeof lcmac_err, "nnzb, K, N and M must be '
+             'positive and M*N, K and nnzb below 2^31 (got %lld, %lld, %lld, %lld)", nnzb, K, N, M); '
+             'return -4; }',
+             '  int bufs_nnzb = (int)nnzb; int bufs_K = (int)K; int bufs_N = (int)N; int bufs_M = (int)M;',
+             '  void* bufs_A = (void*)A; void* bufs_B = (void*)B; void* bufs_C = C;',
+             '  void* bufs_row_ptr = (void*)row_ptr; void* bufs_col_idx = (void*)col_idx;']
+            + _launches(kernels) + ['  return 0;', '}', ''] + _refusals(refuse))
+
+
 def _batched_entry(kernels: list[dict]) -> list[str]:
     """``lcmac_run_batched(A, B, C, batch, ws, stream)`` for a batched artifact (kernels taking
     the batch count), and ``lcmac_run`` / prepared-B entries that refuse with the reason."""
@@ -381,14 +420,7 @@ def _batched_entry(kernels: list[dict]) -> list[str]:
             '  if (batch == 0) return 0;',
             '  int bufs_batch = (int)batch;',
             '  void* bufs_A = (void*)A; void* bufs_B = (void*)B; void* bufs_C = C;']
-            + _launches(kernels) + ['  return 0;', '}', '',
-            'extern "C" int lcmac_run(const void* A, const void* B, void* C, void* ws, void* stream) {',
-            '  (void)A; (void)B; (void)C; (void)ws; (void)stream;', refuse, '}',
-            'extern "C" long long lcmac_prepared_b_bytes() { return -1LL; }',
-            'extern "C" int lcmac_prepare_b(const void* B, void* P, void* stream) {',
-            '  (void)B; (void)P; (void)stream;', refuse, '}',
-            'extern "C" int lcmac_run_prepared(const void* A, const void* P, void* C, void* ws, void* stream) {',
-            '  (void)A; (void)P; (void)C; (void)ws; (void)stream;', refuse, '}', ''])
+            + _launches(kernels) + ['  return 0;', '}', ''] + _refusals(refuse))
 
 
 def compile_so(sources: list[str], out_so: str, arch: str, includes: list[str],

@@ -52,8 +52,8 @@ from ..ir.program import (LinearProgram, combine_matrices, direct_outputs, keep_
                           naive_program, scale_inputs)
 from ..schedules.cuda.config import (FP8_MAX_COMBINE, SMEM_PER_CTA, SUPPORTED_DTYPES, Blocking,
                                      CudaConfig, NotSupportedYet, PersistentPlan, arch_why,
-                                     bound_exponent, check_batched_shape, check_operands,
-                                     check_shape, check_smem, small_tile_defaults,
+                                     bound_exponent, bsr_tile_defaults, check_batched_shape,
+                                     check_operands, check_shape, check_smem, small_tile_defaults,
                                      cluster_kernels, direct_views_why, fp8_combine_size,
                                      int64_buffers, is_lcma, needs_int64, operand_sources,
                                      persistent_gemm, persistent_plan, side_read_in_place,
@@ -113,6 +113,10 @@ class Request:
         if given.get("batched"):
             check_batched_shape(M, N, K)
             given = {**small_tile_defaults(M, N, K, dtype, given.get("policy")), **given}
+        elif given.get("bsr"):
+            # the shape only names the artifact: M, K, N are the kernel's arguments
+            check_batched_shape(M, N, K)
+            given = {**bsr_tile_defaults(int(given["bsr"]), dtype), **given}
         else:
             check_shape(M, N, K, dtype)
         cfg = CudaConfig.from_dict(given, dtype=dtype, arch=target.arch, lcma=is_lcma(alg))
@@ -196,6 +200,13 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None) -> Pl
         from ..schedules.cuda import small     # TileLang: this process only
         return Plan([Kernel("bmm", small.batched_small_gemm(*shape, dtype, cfg), ["A", "B", "C", "batch"])],
                     [("__end__", 0)], {"batched": True})
+    if cfg.bsr:
+        if alg is not None or cfg.operands != "native":
+            raise NotSupportedYet("the block-sparse product (config bsr) is a plain GEMM with "
+                                  "native operands: build it without an algorithm or operands")
+        from ..schedules.cuda import bsr     # TileLang: this process only
+        return Plan([Kernel("bsr", bsr.bsr_spmm(dtype, cfg, arch), bsr.BSR_ARGS)],
+                    [("__end__", 0)], {"bsr": cfg.bsr})
     if cfg.ladder:
         if alg is not None or cfg.operands != "native":
             raise NotSupportedYet("a ladder step (config ladder > 0) is a plain GEMM with native "
