@@ -5,9 +5,14 @@ run.
 Block-sparse A (BSR, bs×bs blocks at random positions, ``--density`` of the blocks nonzero),
 M×K times a dense K×N B:
 
-    lcmac bsr         lcmac.structured.bsr_matmul: one batched product (lcmac.bmm, algo="auto":
-                      torch.bmm on CUDA) + index_add
+    lcmac bsr         lcmac.structured.bsr_matmul(algo="vendor"): one batched product
+                      (torch.bmm) + index_add
     lcmac bsr gemm    the same with lcmac's own batched kernel (algo="gemm")
+    lcmac bsr fused   bsr_matmul(..., algo="fused"): lcmac's fused kernel (schedules.cuda.bsr,
+                      float32 as TF32), the whole call (checks, CSR of the blocks, one copy
+                      of it to the GPU); the bsr rows' ratios are against it
+    fused kernel <c>  (``--fused-variants``) that kernel alone with tile config <c> on CSR
+                      arrays made beforehand ({} the default tile)
     cusparse bsr      torch.sparse_bsr_tensor(...) @ B (torch.sparse.mm: cuSPARSE bsrmm)
     dense             A formed dense beforehand, torch.matmul (cuBLAS)
 
@@ -26,8 +31,10 @@ Low-rank A = U·Vᵀ (rank r):
     dense             A = U·Vᵀ formed beforehand, torch.matmul
 
 Each result's relative error against a float64 product of the same operands is recorded
-(float32 runs with TF32 off: FP32 against FP32).  Timing: ``--rounds`` interleaved rounds of
-CUDA-event timed calls, median and spread; ratios are baseline time / lcmac time.
+(float32 runs with TF32 off: FP32 against FP32, but for lcmac's own kernels, which multiply
+float32 as TF32).  Timing: ``--rounds`` interleaved rounds of CUDA-event timed calls, median and
+spread; ratios are baseline time / lcmac time (the row's ``ratios_against``).  lcmac's kernels
+are compiled (in parallel, into the kernel cache) before the first case.
 
     python scripts/bench_structured.py --out bench/results/x.json
 """
@@ -50,7 +57,25 @@ def rel_error(C, ref) -> float:
     return float(torch.linalg.norm(C.double() - ref) / torch.linalg.norm(ref).clamp_min(1e-30))
 
 
-def bsr_case(M, K, N, bs, density, dtype, g):
+def fused_variants(blocks, rows, cols, B, M, bs, configs):
+    """{name: call} of the fused kernel alone with each tile config, on CSR arrays made here
+    (the blocks come sorted by block row)."""
+    import torch
+
+    from lcmac.call_args import target_for
+    from lcmac.structured import bsr_csr, bsr_kernel
+    order, row_ptr, col_idx = bsr_csr(rows.cpu().numpy(), cols.cpu().numpy(), M // bs)
+    assert order is None
+    rp, ci = (torch.from_numpy(x).cuda() for x in (row_ptr, col_idx))
+    dt = str(B.dtype).replace("torch.", "")
+    out = {}
+    for cfg in configs:
+        fn = bsr_kernel(target_for("cuda"), dt, bs, cfg)
+        out[f"fused kernel {json.dumps(cfg, sort_keys=True)}"] = (lambda f: lambda: f(blocks, B, rp, ci, M))(fn)
+    return out
+
+
+def bsr_case(M, K, N, bs, density, dtype, g, configs=()):
     import torch
 
     from lcmac.structured import bsr_matmul
@@ -65,14 +90,20 @@ def bsr_case(M, K, N, bs, density, dtype, g):
     A_bsr = torch.sparse_bsr_tensor(crow, cols, blocks, (M, K))
     A = A_bsr.to_dense()
     ref = A.double() @ B.double()
-    v = {"lcmac bsr": lambda: bsr_matmul(blocks, rows, cols, B, (M, K)),
+    v = {"lcmac bsr": lambda: bsr_matmul(blocks, rows, cols, B, (M, K), algo="vendor"),
          "lcmac bsr gemm": lambda: bsr_matmul(blocks, rows, cols, B, (M, K), algo="gemm"),
+         "lcmac bsr fused": lambda: bsr_matmul(blocks, rows, cols, B, (M, K), algo="fused"),
          "dense": lambda: A @ B}
     try:
-        v["lcmac bsr gemm"]()                # lcmac's own batched kernel (compiled here)
+        v.update(fused_variants(blocks, rows, cols, B, M, bs, configs))
     except Exception as e:  # noqa: BLE001 - recorded, the others still run
-        v.pop("lcmac bsr gemm")
-        print(f"  lcmac bsr gemm: {str(e).splitlines()[0][:160]}")
+        print(f"  fused variants: {str(e).splitlines()[0][:160]}")
+    for name in [k for k in v if k.startswith(("lcmac bsr ", "fused kernel"))]:
+        try:
+            v[name]()                        # lcmac's own kernels (compiled here if not before)
+        except Exception as e:  # noqa: BLE001 - recorded, the others still run
+            v.pop(name)
+            print(f"  {name}: {str(e).splitlines()[0][:160]}")
     try:
         v["cusparse bsr"] = lambda: A_bsr @ B
         v["cusparse bsr"]()
@@ -141,8 +172,9 @@ def run_case(name, variants, ref, extra, args, flops):
     errors = {k: rel_error(fn(), ref) for k, fn in variants.items()}
     torch.cuda.synchronize()
     times, _ = gpu_rounds(list(variants.items()), args.rounds, args.calls)
-    lcmac_key = next(k for k in variants if k.startswith("lcmac"))
-    row = {"case": name, **extra, "variants": {}}
+    lcmac_key = next((k for k in variants if k == "lcmac bsr fused"),
+                     next(k for k in variants if k.startswith("lcmac")))
+    row = {"case": name, **extra, "ratios_against": lcmac_key, "variants": {}}
     for k, ts in times.items():
         med = statistics.median(ts)
         row["variants"][k] = {"median_s": med, "rounds_s": ts, "spread": (max(ts) - min(ts)) / med,
@@ -150,9 +182,31 @@ def run_case(name, variants, ref, extra, args, flops):
     t_l = row["variants"][lcmac_key]["median_s"]
     for k, v in row["variants"].items():
         v["baseline_over_lcmac"] = v["median_s"] / t_l
-        print(f"  {name:44s} {k:14s} {v['median_s'] * 1e3:9.3f} ms  spread {v['spread'] * 100:4.1f}%  "
+        print(f"  {name:36s} {k:22s} {v['median_s'] * 1e3:9.3f} ms  spread {v['spread'] * 100:4.1f}%  "
               f"x{v['baseline_over_lcmac']:5.2f} of lcmac  err {v['rel_error']:.1e}", flush=True)
     return row
+
+
+def prebuild(args, N: int, configs) -> None:
+    """lcmac's kernels of the run compiled in parallel, into the kernel cache: the fused
+    kernel (and its ``configs``) and the batched kernel of the bs×bs by bs×N products."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lcmac.batched import batched_kernel
+    from lcmac.call_args import target_for
+    from lcmac.structured import bsr_kernel
+    t = target_for("cuda")
+    jobs = [(lambda dt=dt, bs=bs, c=c: bsr_kernel(t, dt, bs, c)) for dt in args.dtypes
+            for bs in args.blocks for c in [None, *configs]]
+    jobs += [(lambda dt=dt, bs=bs: batched_kernel(t, dt, (bs, N, bs))) for dt in args.dtypes for bs in args.blocks]
+
+    def run(job):
+        try:
+            job()
+        except Exception as e:  # noqa: BLE001 - the case that needs it says so again
+            print(f"  prebuild: {str(e).splitlines()[0][:160]}")
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(run, jobs))
 
 
 def main(argv=None) -> int:
@@ -167,6 +221,8 @@ def main(argv=None) -> int:
                     choices=["bsr", "lowrank", "spgemm"])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--fused-variants", default="[]",
+                    help="JSON list of tile configs of the fused kernel, each timed alone ({}: default)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
     import torch
@@ -177,6 +233,9 @@ def main(argv=None) -> int:
     M, K, N = (int(x) for x in args.shape.split("x"))
     name = torch.cuda.get_device_name(0)
     print(f"# {name}, torch {torch.__version__}; A {M}x{K}, B {K}x{N}")
+    configs = json.loads(args.fused_variants)
+    if "bsr" in args.kinds:
+        prebuild(args, N, configs)
     g = torch.Generator(device="cuda").manual_seed(0)
     results = []
     for dt in args.dtypes:
@@ -190,7 +249,7 @@ def main(argv=None) -> int:
                                                args, 2 * M * K * N)})
                 if "bsr" not in args.kinds:
                     continue
-                v, ref, extra = bsr_case(M, K, N, bs, d, dtype, g)
+                v, ref, extra = bsr_case(M, K, N, bs, d, dtype, g, configs)
                 results.append({"kind": "bsr", "dtype": dt, "block": bs, "density": d,
                                 **run_case(f"{dt} bsr bs={bs} density={d}", v, ref, extra, args,
                                            2 * M * K * N)})
@@ -202,7 +261,9 @@ def main(argv=None) -> int:
         from lcmac.tune.measure import run_header
         doc = {**run_header("structured products: lcmac.structured vs cuSPARSE and dense cuBLAS",
                             name, __file__, argv), "torch": torch.__version__,
-               "shape": {"M": M, "K": K, "N": N}, "tf32": False, "results": results}
+               "shape": {"M": M, "K": K, "N": N}, "tf32": False,
+               "tf32_note": "lcmac's own kernels (bsr gemm, bsr fused, fused kernel) multiply float32 as TF32",
+               "results": results}
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0
