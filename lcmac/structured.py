@@ -2,11 +2,13 @@
 
     C = lowrank_matmul(U, V, B)          # A = U·Vᵀ never formed: C = U·(Vᵀ·B)
     C = bsr_matmul(blocks, rows, cols, B, shape)   # A block-sparse (BSR), C = A·B
+    C = bsr_matmul(prepare_bsr(blocks, rows, cols, shape), B)   # the same, indices done once
     c = bsr_spgemm(a, b)                 # A and B block-sparse: C block-sparse (SpGEMM)
 
 **Low rank.**  U [..., M, r], V [..., K, r], B [..., K, N] (a leading batch dimension on all
 three, or none): C = U·(Vᵀ·B) costs 2r(K + M)N flops against 2MKN for A·B, and
-(U·Vᵀ)·B 2MKr + 2MKN; the cheaper order is taken (``lowrank_order``).
+(U·Vᵀ)·B 2MKr + 2MKN; the cheaper order is taken (``lowrank_order``).  Without a batch,
+"auto" and "vendor" call the vendor's matmul directly (what ``lcmac.bmm`` would pick).
 
 **Block-sparse A** (BSR: the nonzero bs×bs blocks ``blocks`` [nnzb, bs, bs], block row
 ``rows[i]`` and block column ``cols[i]`` of each, A of ``shape`` = (M, K), both multiples
@@ -28,6 +30,12 @@ blocks (a CSR of the blocks, ``bsr_csr``), sums their products in fp32 registers
 its C tile once: no gathered panels, no products in memory.  bf16 and fp16; float32 as TF32.
 "auto" takes it where ``fused_wins`` says it was measured to win.
 
+**Prepared block-sparse A** (``a = prepare_bsr(blocks, rows, cols, shape)``, then
+``bsr_matmul(a, B)``): the block indices checked, the CSR of the blocks built and put on the
+blocks' device once; each call then does no index work and no host synchronisation (a CUDA
+graph can capture it), on either path.  ``a`` keeps a reference to ``blocks``, not a copy:
+values updated in place are seen by the next call (``PreparedBSR`` says how).
+
 All take numpy arrays or torch tensors and ``algo`` as ``lcmac.bmm`` does (CUDA:
 "gemm" for lcmac's batched kernel); the sums stay in the dtype of the operands.
 """
@@ -38,16 +46,20 @@ from typing import NamedTuple
 import numpy as np
 
 from .batched import bmm
-from .call_args import LOADED, operand_kind, target_for
+from .call_args import AUTO, LOADED, VENDOR, operand_kind, target_for
+from .costmodel.small import BATCHED_WINS
 from .dtypes import ITEMSIZE
 from .errors import DTypeError, ShapeError, TargetError
 from .schedules.cuda.config import BSR_BLOCKS, SUPPORTED_DTYPES
 
-__all__ = ["lowrank_matmul", "lowrank_order", "bsr_matmul", "BSR", "bsr_spgemm", "bsr_csr",
-           "bsr_kernel", "fused_wins"]
+__all__ = ["lowrank_matmul", "lowrank_order", "bsr_matmul", "prepare_bsr", "PreparedBSR", "BSR",
+           "bsr_spgemm", "bsr_csr", "bsr_kernel", "fused_wins"]
 
 #: ``bsr_matmul``'s algo for the fused CUDA kernel
 FUSED = "fused"
+#: the least batch for which ``lcmac.bmm(algo="auto")``'s rule takes lcmac's kernel: one
+#: product (no batch) below it always goes to the vendor's
+_AUTO_LEAST_BATCH = min(w[3] for w in BATCHED_WINS)
 
 
 def lowrank_order(M: int, K: int, N: int, r: int) -> str:
@@ -77,9 +89,14 @@ def lowrank_matmul(U, V, B, *, algo: str = "auto"):
         raise ShapeError(f"U [.., M, r], V [.., K, r] and B [.., K, N] do not fit: {tuple(U.shape)}, "
                          f"{tuple(V.shape)}, {tuple(B.shape)}")
     batched = U.ndim == 3
+    M, r = U.shape[-2:]
+    K, N = B.shape[-2:]
+    if not batched and (algo == VENDOR or (algo == AUTO and _AUTO_LEAST_BATCH > 1)):
+        # one product each: "auto" would take the vendor's anyway, so its matmul directly
+        # (two lcmac.bmm calls held the host 48-83 µs against torch's 33-52 at rank 64 in
+        # bf16 on an H200, where the GPU work is ~53 µs: docs/batched.md)
+        return U @ (_t(V) @ B) if lowrank_order(M, K, N, r) == "U(VtB)" else (U @ _t(V)) @ B
     u, v, b = (x if batched else x[None] for x in (U, V, B))
-    M, r = u.shape[-2:]
-    K, N = b.shape[-2:]
     if lowrank_order(M, K, N, r) == "U(VtB)":
         C = bmm(u, bmm(_t(v), b, algo=algo), algo=algo)
     else:
@@ -87,52 +104,146 @@ def lowrank_matmul(U, V, B, *, algo: str = "auto"):
     return C if batched else C[0]
 
 
-def bsr_matmul(blocks, rows, cols, B, shape, *, algo: str = "auto"):
-    """C = A·B for a block-sparse A given by its nonzero blocks (module doc); ``algo``
-    "fused": the fused CUDA kernel, else as ``lcmac.bmm`` takes it for the batched path."""
-    M, K = (int(x) for x in shape)
-    if blocks.ndim != 3 or blocks.shape[1] != blocks.shape[2]:
-        raise ShapeError(f"blocks must be [nnzb, bs, bs], got {tuple(blocks.shape)}")
-    nnzb, bs = blocks.shape[0], blocks.shape[1]
-    if M % bs or K % bs:
-        raise ShapeError(f"A's shape {M}x{K} must be a multiple of the block size {bs}")
+def bsr_matmul(blocks, rows, cols=None, B=None, shape=None, *, algo: str = "auto"):
+    """C = A·B for a block-sparse A (module doc): ``bsr_matmul(blocks, rows, cols, B, shape)``
+    or, A prepared once, ``bsr_matmul(prepared, B)``; ``algo`` "fused": the fused CUDA
+    kernel, else as ``lcmac.bmm`` takes it for the batched path."""
+    if isinstance(blocks, PreparedBSR):
+        if cols is not None or B is not None or shape is not None:
+            raise TypeError("bsr_matmul(prepared, B) takes the prepared A and B alone: the "
+                            "indices and the shape are the prepared object's")
+        return _prepared_matmul(blocks, rows, algo)
+    if B is None or shape is None:
+        raise TypeError("bsr_matmul takes (blocks, rows, cols, B, shape) or (prepare_bsr(...), B)")
+    return _prepared_matmul(prepare_bsr(blocks, rows, cols, shape), B, algo)
+
+
+class PreparedBSR:
+    """A block-sparse A ready for ``bsr_matmul(a, B)`` (``prepare_bsr``): its indices checked
+    and turned, once, into arrays on the blocks' device (numpy arrays for numpy blocks).
+
+    ``blocks``   the blocks given, kept by reference (not copied)
+    ``shape``    (M, K); ``bs`` the block size
+    ``row_ptr``, ``col_idx``  the CSR of the blocks in block-row order (int32, ``bsr_csr``)
+    ``order``    int64 positions that put ``blocks`` in that order (None: they are in it)
+    ``rows``, ``cols``  each block's block row and column (int64, the blocks' own order)
+
+    Values: in-place updates of ``blocks`` (an optimiser step, ``copy_``) are seen by the next
+    call, on every path.  Blocks not in block-row order (``order`` not None) are gathered
+    into it on the device at each fused call (nnzb·bs² elements read and written, no host
+    work): give them sorted by block row to save that.  Indices and shape are fixed here:
+    new ``rows``/``cols``, a new blocks tensor or other shapes need ``prepare_bsr`` again."""
+
+    __slots__ = ("blocks", "shape", "bs", "row_ptr", "col_idx", "order", "rows", "cols")
+
+    def __init__(self, blocks, shape, row_ptr, col_idx, order, rows, cols):
+        self.blocks, self.shape, self.bs = blocks, shape, int(blocks.shape[1])
+        self.row_ptr, self.col_idx, self.order = row_ptr, col_idx, order
+        self.rows, self.cols = rows, cols
+
+    def sorted_blocks(self):
+        """The blocks in block-row order: ``blocks`` itself where they are in it."""
+        if self.order is None:
+            return self.blocks
+        return self.blocks.index_select(0, self.order) if _is_torch(self.blocks) else self.blocks[self.order]
+
+    def __repr__(self):
+        M, K = self.shape
+        where = getattr(self.blocks, "device", "numpy")
+        return (f"<lcmac PreparedBSR {M}x{K}, {len(self.rows)} blocks of {self.bs}x{self.bs}, "
+                f"{self.blocks.dtype} on {where}{'' if self.order is None else ', unsorted'}>")
+
+
+def prepare_bsr(blocks, rows, cols, shape) -> PreparedBSR:
+    """A block-sparse A (``blocks`` [nnzb, bs, bs], block row and column of each, ``shape``
+    (M, K)) checked and made ready once for ``bsr_matmul(a, B)`` (``PreparedBSR``): one copy
+    of the indices to the host (a wait for the GPU), one copy of the CSR arrays back."""
+    # the checks and the CSR on the host, as every unprepared call does them (a build on the
+    # GPU, without the round trip, is not written: once per A it has not mattered yet)
+    M, K, bs, r, c = _checked_operand(blocks, rows, cols, shape, "A")
+    order, row_ptr, col_idx = bsr_csr(r, c, M // bs)
+    if not _is_torch(blocks):
+        return PreparedBSR(blocks, (M, K), row_ptr, col_idx, order, r, c)
+    import torch
+    # one copy to the device: row_ptr, col_idx, rows, cols and the order, one after another
+    parts = [row_ptr, col_idx, r, c] + ([order] if order is not None else [])
+    idx = torch.from_numpy(np.concatenate([x.astype(np.int64) for x in parts])).to(blocks.device)
+    ends = np.cumsum([len(x) for x in parts])
+    rp, ci, rr, cc, *o = torch.tensor_split(idx, ends[:-1].tolist())
+    return PreparedBSR(blocks, (M, K), rp.int(), ci.int(), o[0] if o else None, rr, cc)
+
+
+def _check_b(a: PreparedBSR, B) -> None:
+    """B against a prepared A: host checks only (no copy, no wait)."""
+    K = a.shape[1]
+    if _is_torch(B) != _is_torch(a.blocks):
+        raise DTypeError("the blocks and B must be both numpy arrays or both torch tensors")
     if B.ndim != 2 or B.shape[0] != K:
         raise ShapeError(f"B must be [K={K}, N], got {tuple(B.shape)}")
-    if len(rows) != nnzb or len(cols) != nnzb:
-        raise ShapeError(f"rows and cols must give one block row and column per block ({nnzb}); "
-                         f"got {len(rows)} and {len(cols)}")
-    if blocks.dtype != B.dtype:
-        raise DTypeError(f"blocks and B must have one dtype; they are {blocks.dtype} and {B.dtype}")
-    N = B.shape[1]
-    host = _host_indices(rows, cols)
-    for idx, what, limit in ((host[0], "row", M // bs), (host[1], "column", K // bs)):
-        if nnzb and (idx.min() < 0 or idx.max() >= limit):
-            raise ShapeError(f"a block {what} index is outside A's {limit} block {what}s")
-    if _takes_fused(blocks, B, M, N, bs, algo):
-        return _fused_bsr(blocks, host, B, M, bs)
+    if a.blocks.dtype != B.dtype:
+        raise DTypeError(f"blocks and B must have one dtype; they are {a.blocks.dtype} and {B.dtype}")
+    if _is_torch(B) and a.blocks.device != B.device:
+        raise TargetError(f"the blocks are on {a.blocks.device}, B on {B.device}")
+
+
+def _prepared_matmul(a: PreparedBSR, B, algo: str):
+    """C = A·B for a prepared A: the fused kernel or the batched path, no index work."""
+    _check_b(a, B)
+    (M, K), bs, N = a.shape, a.bs, B.shape[1]
+    if _takes_fused(a.blocks, B, M, N, bs, algo):
+        fn = bsr_kernel(target_for("cuda"), str(B.dtype).replace("torch.", ""), bs)
+        return fn(a.sorted_blocks().contiguous(), B.contiguous(), a.row_ptr, a.col_idx, M)
+    nnzb = len(a.rows)
     if _is_torch(B):
         import torch
-        r, c = (torch.as_tensor(x, device=B.device) for x in host)
         C = torch.zeros(M // bs, bs, N, dtype=B.dtype, device=B.device)
         if nnzb:
-            H = bmm(blocks.contiguous(), B.reshape(K // bs, bs, N)[c].contiguous(), algo=algo)
-            C.index_add_(0, r, H)
+            H = bmm(a.blocks.contiguous(), B.reshape(K // bs, bs, N)[a.cols].contiguous(), algo=algo)
+            C.index_add_(0, a.rows, H)
         return C.reshape(M, N)
     C = np.zeros((M // bs, bs, N), dtype=B.dtype)
     if nnzb:
-        H = bmm(np.ascontiguousarray(blocks), np.ascontiguousarray(B.reshape(K // bs, bs, N)[host[1]]),
+        H = bmm(np.ascontiguousarray(a.blocks), np.ascontiguousarray(B.reshape(K // bs, bs, N)[a.cols]),
                 algo=algo)
-        np.add.at(C, host[0], H)
+        np.add.at(C, a.rows, H)
     return C.reshape(M, N)
 
 
-def _host_indices(rows, cols) -> list:
-    """``rows`` and ``cols`` as int64 numpy arrays, in one copy (one wait for the GPU) where both
-    are tensors on one device."""
-    if _is_torch(rows) and _is_torch(cols) and rows.device == cols.device and rows.shape == cols.shape:
+def _host_indices(rows, cols) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` and ``cols`` as flat int64 numpy arrays, in one copy (one wait for the GPU)
+    where both are integer tensors on one device; anything but integers is refused."""
+    if _is_torch(rows) and _is_torch(cols) and rows.device == cols.device and rows.shape == cols.shape \
+            and not any(x.is_floating_point() or x.is_complex() or str(x.dtype) == "torch.bool"
+                        for x in (rows, cols)):
         import torch
-        return list(torch.stack((rows.long(), cols.long())).cpu().numpy())
-    return [np.asarray(x.cpu() if _is_torch(x) else x, dtype=np.int64) for x in (rows, cols)]
+        both = torch.stack((rows.long(), cols.long())).cpu().numpy()
+        return both[0].reshape(-1), both[1].reshape(-1)
+    out = []
+    for x in (rows, cols):
+        h = np.asarray(x.cpu() if _is_torch(x) else x)
+        if h.size and h.dtype.kind not in "iu":
+            raise DTypeError(f"block indices must be integers, not {h.dtype}")
+        out.append(h.astype(np.int64).reshape(-1))
+    return out[0], out[1]
+
+
+def _checked_operand(blocks, rows, cols, shape, what: str):
+    """The checks of a BSR operand (every call that takes one): (M, N, bs, rows, cols), the
+    indices as host int64 arrays.  A block named twice is allowed (its products are summed)."""
+    if blocks.ndim != 3 or blocks.shape[1] != blocks.shape[2]:
+        raise ShapeError(f"{what}'s blocks must be [nnzb, bs, bs], got {tuple(blocks.shape)}")
+    nnzb, bs = blocks.shape[0], blocks.shape[1]
+    M, N = (int(d) for d in shape)
+    if M % bs or N % bs:
+        raise ShapeError(f"{what}'s shape {M}x{N} must be a multiple of the block size {bs}")
+    r, c = _host_indices(rows, cols)
+    if len(r) != nnzb or len(c) != nnzb:
+        raise ShapeError(f"{what}'s rows and cols must give one block row and column per block "
+                         f"({nnzb}); got {len(r)} and {len(c)}")
+    for idx, kind, limit in ((r, "row", M // bs), (c, "column", N // bs)):
+        if nnzb and (idx.min() < 0 or idx.max() >= limit):
+            raise ShapeError(f"a block {kind} index of {what} is outside its {limit} block {kind}s")
+    return M, N, bs, r, c
 
 
 def bsr_csr(rows, cols, block_rows: int):
@@ -213,24 +324,6 @@ def bsr_kernel(target: str, dtype: str, bs: int, config: dict | None = None):
                       ("gemm", target, dtype, (bs, bs, bs)), {"config": cfg})
 
 
-def _fused_bsr(blocks, host, B, M: int, bs: int):
-    """C = A·B by the fused kernel: the blocks put in block-row order where they are not,
-    the CSR arrays sent to the GPU in one copy."""
-    import torch
-    order, row_ptr, col_idx = bsr_csr(host[0], host[1], M // bs)
-    dev = B.device
-    if blocks.device != dev:
-        raise TargetError(f"the blocks are on {blocks.device}, B on {dev}")
-    idx = np.concatenate([row_ptr, col_idx] + ([order.astype(np.int32)] if order is not None else []))
-    idx = torch.from_numpy(idx).to(dev)
-    nr, nb = len(row_ptr), len(col_idx)
-    if order is not None:
-        blocks = blocks[idx[nr + nb:]]
-    dt = str(B.dtype).replace("torch.", "")
-    fn = bsr_kernel(target_for("cuda"), dt, bs)
-    return fn(blocks.contiguous(), B.contiguous(), idx[:nr], idx[nr:nr + nb], M)
-
-
 class BSR(NamedTuple):
     """A block-sparse matrix: ``blocks`` [nnzb, bs, bs], block row and column of each
     (``rows``, ``cols``, integer arrays of nnzb), and the matrix's ``shape`` (multiples of bs)."""
@@ -239,11 +332,15 @@ class BSR(NamedTuple):
     cols: object
     shape: tuple
 
+    def prepare(self) -> PreparedBSR:
+        """``prepare_bsr`` of this matrix, for ``bsr_matmul(prepared, B)``."""
+        return prepare_bsr(*self)
+
     def to_dense(self):
         """The dense matrix (for checks)."""
         M, N = (int(x) for x in self.shape)
         nb, bs = self.blocks.shape[0], self.blocks.shape[1]
-        r, c = (_host_index(x) for x in (self.rows, self.cols))
+        r, c = _host_indices(self.rows, self.cols)
         if _is_torch(self.blocks):
             import torch
             D = torch.zeros(M // bs, N // bs, bs, bs, dtype=self.blocks.dtype, device=self.blocks.device)
@@ -256,29 +353,10 @@ class BSR(NamedTuple):
         return D.transpose(0, 2, 1, 3).reshape(M, N)
 
 
-def _host_index(x) -> np.ndarray:
-    a = np.asarray(x.cpu() if _is_torch(x) else x)
-    if a.size and a.dtype.kind not in "iu":
-        raise DTypeError(f"block indices must be integers, not {a.dtype}")
-    return a.astype(np.int64).reshape(-1)
-
-
 def _checked_bsr(x: BSR, what: str) -> tuple[int, int, int, np.ndarray, np.ndarray]:
-    blocks = x.blocks
-    if blocks.ndim != 3 or blocks.shape[1] != blocks.shape[2]:
-        raise ShapeError(f"{what}.blocks must be [nnzb, bs, bs], got {tuple(blocks.shape)}")
-    nnzb, bs = blocks.shape[0], blocks.shape[1]
-    M, N = (int(d) for d in x.shape)
-    if M % bs or N % bs:
-        raise ShapeError(f"{what}'s shape {M}x{N} must be a multiple of its block size {bs}")
-    r, c = _host_index(x.rows), _host_index(x.cols)
-    if len(r) != nnzb or len(c) != nnzb:
-        raise ShapeError(f"{what}.rows and .cols must give one block row and column per block "
-                         f"({nnzb}); got {len(r)} and {len(c)}")
-    for idx, kind, limit in ((r, "row", M // bs), (c, "column", N // bs)):
-        if nnzb and (idx.min() < 0 or idx.max() >= limit):
-            raise ShapeError(f"a block {kind} index of {what} is outside its {limit} block {kind}s")
-    if nnzb and len(np.unique(r * (N // bs) + c)) != nnzb:
+    """A SpGEMM operand: the checks of every BSR operand, and each block named once."""
+    M, N, bs, r, c = _checked_operand(x.blocks, x.rows, x.cols, x.shape, what)
+    if len(r) and len(np.unique(r * (N // bs) + c)) != len(r):
         raise ShapeError(f"{what} names a block twice (one entry per nonzero block)")
     return M, N, bs, r, c
 

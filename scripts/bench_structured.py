@@ -11,6 +11,8 @@ M×K times a dense K×N B:
     lcmac bsr fused   bsr_matmul(..., algo="fused"): lcmac's fused kernel (schedules.cuda.bsr,
                       float32 as TF32), the whole call (checks, CSR of the blocks, one copy
                       of it to the GPU); the bsr rows' ratios are against it
+    lcmac bsr fused prepared  bsr_matmul(prepare_bsr(...), B, algo="fused"): the same kernel,
+                      A prepared once before the timing (no index work, no wait per call)
     fused kernel <c>  (``--fused-variants``) that kernel alone with tile config <c> on CSR
                       arrays made beforehand ({} the default tile)
     cusparse bsr      torch.sparse_bsr_tensor(...) @ B (torch.sparse.mm: cuSPARSE bsrmm)
@@ -28,13 +30,18 @@ Low-rank A = U·Vᵀ (rank r):
 
     lcmac lowrank     lcmac.structured.lowrank_matmul(U, V, B)
     torch U(VtB)      U @ (V.T @ B): the same order in plain torch
+    lcmac.bmm x2 auto / vendor   the two products as lcmac.bmm calls on batch-1 views (what
+                      lowrank_matmul ran for 2-D operands before it called the matmul itself)
+    torch.bmm x2      the same two products as torch.bmm calls on batch-1 views
     dense             A = U·Vᵀ formed beforehand, torch.matmul
 
 Each result's relative error against a float64 product of the same operands is recorded
 (float32 runs with TF32 off: FP32 against FP32, but for lcmac's own kernels, which multiply
 float32 as TF32).  Timing: ``--rounds`` interleaved rounds of CUDA-event timed calls, median and
-spread; ratios are baseline time / lcmac time (the row's ``ratios_against``).  lcmac's kernels
-are compiled (in parallel, into the kernel cache) before the first case.
+spread; ratios are baseline time / lcmac time (the row's ``ratios_against``).  Each variant's
+``host_s``: the host seconds per call of ``--calls`` back-to-back calls, timed without waiting
+for the GPU (launch, checks and Python; a call that waits for the GPU counts the wait).
+lcmac's kernels are compiled (in parallel, into the kernel cache) before the first case.
 
     python scripts/bench_structured.py --out bench/results/x.json
 """
@@ -78,7 +85,7 @@ def fused_variants(blocks, rows, cols, B, M, bs, configs):
 def bsr_case(M, K, N, bs, density, dtype, g, configs=()):
     import torch
 
-    from lcmac.structured import bsr_matmul
+    from lcmac.structured import bsr_matmul, prepare_bsr
     nb_r, nb_c = M // bs, K // bs
     nnzb = max(1, int(round(density * nb_r * nb_c)))
     pos = torch.randperm(nb_r * nb_c, device="cuda", generator=g)[:nnzb].sort().values
@@ -93,7 +100,9 @@ def bsr_case(M, K, N, bs, density, dtype, g, configs=()):
     v = {"lcmac bsr": lambda: bsr_matmul(blocks, rows, cols, B, (M, K), algo="vendor"),
          "lcmac bsr gemm": lambda: bsr_matmul(blocks, rows, cols, B, (M, K), algo="gemm"),
          "lcmac bsr fused": lambda: bsr_matmul(blocks, rows, cols, B, (M, K), algo="fused"),
+         "lcmac bsr fused prepared": lambda: bsr_matmul(prepared, B, algo="fused"),
          "dense": lambda: A @ B}
+    prepared = prepare_bsr(blocks, rows, cols, (M, K))
     try:
         v.update(fused_variants(blocks, rows, cols, B, M, bs, configs))
     except Exception as e:  # noqa: BLE001 - recorded, the others still run
@@ -154,15 +163,35 @@ def spgemm_case(M, K, N, bs, density, dtype, g):
 def lowrank_case(M, K, N, r, dtype, g):
     import torch
 
+    from lcmac.batched import bmm
     from lcmac.structured import lowrank_matmul
     U = torch.randn(M, r, device="cuda", generator=g).to(dtype)
     V = torch.randn(K, r, device="cuda", generator=g).to(dtype)
     B = torch.randn(K, N, device="cuda", generator=g).to(dtype)
     A = U @ V.T
     ref = U.double() @ (V.double().T @ B.double())
+    u, vt, b = U[None], V.T[None], B[None]
     return ({"lcmac lowrank": lambda: lowrank_matmul(U, V, B),
              "torch U(VtB)": lambda: U @ (V.T @ B),
+             "lcmac.bmm x2 auto": lambda: bmm(u, bmm(vt, b))[0],
+             "lcmac.bmm x2 vendor": lambda: bmm(u, bmm(vt, b, algo="vendor"), algo="vendor")[0],
+             "torch.bmm x2": lambda: torch.bmm(u, torch.bmm(vt, b))[0],
              "dense": lambda: A @ B}, ref, {"rank": r})
+
+
+def host_seconds(fn, calls: int) -> float:
+    """Host seconds per call of ``calls`` back-to-back calls, the GPU not waited for (it is
+    after the timing, so the next variant starts on an idle GPU)."""
+    import time
+
+    import torch
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return t / calls
 
 
 def run_case(name, variants, ref, extra, args, flops):
@@ -172,18 +201,21 @@ def run_case(name, variants, ref, extra, args, flops):
     errors = {k: rel_error(fn(), ref) for k, fn in variants.items()}
     torch.cuda.synchronize()
     times, _ = gpu_rounds(list(variants.items()), args.rounds, args.calls)
+    host = {k: host_seconds(fn, args.calls) for k, fn in variants.items()}
     lcmac_key = next((k for k in variants if k == "lcmac bsr fused"),
                      next(k for k in variants if k.startswith("lcmac")))
     row = {"case": name, **extra, "ratios_against": lcmac_key, "variants": {}}
     for k, ts in times.items():
         med = statistics.median(ts)
         row["variants"][k] = {"median_s": med, "rounds_s": ts, "spread": (max(ts) - min(ts)) / med,
-                              "rel_error": errors[k], "dense_equivalent_tflops": flops / med / 1e12}
+                              "rel_error": errors[k], "dense_equivalent_tflops": flops / med / 1e12,
+                              "host_s": host[k]}
     t_l = row["variants"][lcmac_key]["median_s"]
     for k, v in row["variants"].items():
         v["baseline_over_lcmac"] = v["median_s"] / t_l
-        print(f"  {name:36s} {k:22s} {v['median_s'] * 1e3:9.3f} ms  spread {v['spread'] * 100:4.1f}%  "
-              f"x{v['baseline_over_lcmac']:5.2f} of lcmac  err {v['rel_error']:.1e}", flush=True)
+        print(f"  {name:32s} {k:26s} {v['median_s'] * 1e3:9.3f} ms  spread {v['spread'] * 100:4.1f}%  "
+              f"x{v['baseline_over_lcmac']:5.2f} of lcmac  host {v['host_s'] * 1e6:6.1f} us  "
+              f"err {v['rel_error']:.1e}", flush=True)
     return row
 
 
@@ -262,7 +294,8 @@ def main(argv=None) -> int:
         doc = {**run_header("structured products: lcmac.structured vs cuSPARSE and dense cuBLAS",
                             name, __file__, argv), "torch": torch.__version__,
                "shape": {"M": M, "K": K, "N": N}, "tf32": False,
-               "tf32_note": "lcmac's own kernels (bsr gemm, bsr fused, fused kernel) multiply float32 as TF32",
+               "tf32_note": "lcmac's own kernels (bsr gemm, bsr fused, bsr fused prepared, fused kernel) "
+                             "multiply float32 as TF32",
                "results": results}
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.out}")

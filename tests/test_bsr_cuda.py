@@ -1,7 +1,8 @@
 """The fused block-sparse kernel (``bsr_matmul(..., algo="fused")``, schedules.cuda.bsr; needs a
 Hopper GPU, TileLang and nvcc; skipped elsewhere): every block size in bf16, fp16 and float32
 against float64, with an empty block row, a single block, no block, a non-square A, unsorted
-and repeated blocks and N that the column tile does not divide; "auto"'s pick; misuse."""
+and repeated blocks and N that the column tile does not divide; "auto"'s pick; misuse; a
+prepared A (``prepare_bsr``): no host synchronisation, captured in a CUDA graph."""
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -10,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from lcmac.call_args import target_for  # noqa: E402
 from lcmac.errors import ShapeError, TargetError  # noqa: E402
-from lcmac.structured import bsr_kernel, bsr_matmul  # noqa: E402
+from lcmac.structured import bsr_kernel, bsr_matmul, prepare_bsr  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -133,3 +134,52 @@ def test_misuse_of_the_kernel_is_named(kernels):
         fn(blocks.float(), B.float(), row_ptr, col_idx, 128)
     with pytest.raises(ShapeError, match="outside"):
         bsr_matmul(blocks, torch.tensor([0, 2]), torch.tensor([0, 1]), B, (128, 128), algo="fused")
+
+
+def _sorted(blocks, rows, cols):
+    order = torch.argsort(rows, stable=True)
+    return blocks[order].contiguous(), rows[order], cols[order]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("sort", [True, False])
+def test_prepared_call_syncs_nothing_and_is_captured(kernels, dtype, sort):
+    """bsr_matmul(prepared, B) gives the unprepared call's C; neither path waits for the GPU
+    (torch's sync debug mode set to raise; the unprepared call does raise); a CUDA graph
+    captures both, and its replays see B and the blocks updated in place."""
+    bs, shape = 64, (5 * 64, 3 * 64)
+    blocks, rows, cols, B, _ = _problem(bs, 5, 3, 264, dtype, seed=21, empty_row=2)
+    if sort:
+        blocks, rows, cols = _sorted(blocks, rows, cols)
+    a = prepare_bsr(blocks, rows, cols, shape)
+    assert (a.order is None) == sort and a.row_ptr.is_cuda and a.blocks is blocks
+    assert torch.equal(bsr_matmul(a, B, algo="fused"), bsr_matmul(blocks, rows, cols, B, shape, algo="fused"))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        bsr_matmul(a, B, algo="fused")
+        bsr_matmul(a, B, algo="vendor")
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            bsr_matmul(blocks, rows, cols, B, shape, algo="fused")      # indices to the host
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                                        # warm-up before capture
+        for _ in range(2):
+            bsr_matmul(a, B, algo="fused"), bsr_matmul(a, B, algo="vendor")
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused, batched = bsr_matmul(a, B, algo="fused"), bsr_matmul(a, B, algo="vendor")
+    B.copy_(torch.randn_like(B, dtype=torch.float32).to(dtype))
+    blocks.mul_(-2)                                                      # in place, after capture
+    graph.replay()
+    torch.cuda.synchronize()
+    A = torch.zeros(*shape, dtype=torch.float64, device="cuda")
+    for blk, r, c in zip(blocks, rows.tolist(), cols.tolist()):
+        A[r * bs:(r + 1) * bs, c * bs:(c + 1) * bs] += blk.double()
+    ref = A @ B.double()
+    assert torch.equal(fused, bsr_matmul(blocks, rows, cols, B, shape, algo="fused"))
+    assert _rel(fused, ref) < _bound(dtype, A, B, ref)
+    assert _rel(batched, ref) < (1e-5 if dtype == torch.float32 else 2e-2)   # sums in bf16

@@ -1,14 +1,17 @@
 """The fused block-sparse product without a GPU: the CSR of the blocks, the "auto" rule, the
-tile defaults and their checks, the refusals, and the CUDA code the kernel generates for
-sm_90a (TileLang, no GPU needed).  tests/test_bsr_cuda.py runs it."""
+tile defaults and their checks, the refusals, the CUDA code the kernel generates for sm_90a
+(TileLang, no GPU needed), the prepared A (``prepare_bsr``) on the CPU paths, and the
+low-rank product's direct path.  tests/test_bsr_cuda.py runs the kernel."""
 import re
 
 import numpy as np
 import pytest
 
-from lcmac.errors import LcmacError, ShapeError, TargetError
+import lcmac.structured as structured
+from lcmac.costmodel.small import choose_batched
+from lcmac.errors import DTypeError, LcmacError, ShapeError, TargetError
 from lcmac.schedules.cuda.config import BSR_BLOCKS, SMEM_PER_CTA, CudaConfig, bsr_tile_defaults
-from lcmac.structured import bsr_csr, bsr_matmul, fused_wins
+from lcmac.structured import BSR, PreparedBSR, bsr_csr, bsr_matmul, fused_wins, lowrank_matmul, prepare_bsr
 from lcmac.targets.cuda import entry_source
 from tests.schedules.cuda.test_cuda_codegen import kernel_body, needs_tilelang, worker
 
@@ -132,3 +135,132 @@ def test_kernel_refuses_an_algorithm(tmp_path):
     r = worker({"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bfloat16", "shape": [64, 64, 64],
                 "config": {"bsr": 64}, "out_dir": str(tmp_path), "name": "lcmac", "compile": False})
     assert not r["ok"] and "plain GEMM with native operands" in r["error"]
+
+
+# ---- a prepared A (prepare_bsr) on the CPU paths ----------------------------------------------
+def _operands(sort: bool, seed=3):
+    """4x3 blocks of 4 (block row 2 empty), one block named twice, in block-row order or not."""
+    rng = np.random.default_rng(seed)
+    rows, cols = np.array([3, 0, 1, 0, 3, 1]), np.array([2, 1, 0, 1, 0, 2])   # (0, 1) twice
+    if sort:
+        rows, cols = rows[np.argsort(rows, kind="stable")], cols[np.argsort(rows, kind="stable")]
+    return rng.standard_normal((6, 4, 4)), rows, cols, rng.standard_normal((12, 5)), (16, 12)
+
+
+def _dense(blocks, rows, cols, shape):
+    A = np.zeros(shape)
+    for blk, r, c in zip(blocks, rows, cols):
+        A[r * 4:(r + 1) * 4, c * 4:(c + 1) * 4] += blk
+    return A
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("sort", [True, False])
+def test_prepared_equals_the_unprepared_call(kind, sort):
+    blocks, rows, cols, B, shape = _operands(sort)
+    ref = _dense(blocks, rows, cols, shape) @ B
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        blocks, rows, cols, B = (torch.from_numpy(x) for x in (blocks, rows, cols, B))
+    a = prepare_bsr(blocks, rows, cols, shape)
+    assert isinstance(a, PreparedBSR) and a.shape == shape and a.bs == 4
+    assert (a.order is None) == sort and a.blocks is blocks            # a reference, no copy
+    assert np.asarray(a.row_ptr).tolist() == [0, 2, 4, 4, 6]           # block row 2 empty
+    for algo in ["auto", "vendor", "gemm"] + (["strassen"] if kind == "numpy" else []):
+        C = bsr_matmul(a, B, algo=algo)
+        assert np.allclose(np.asarray(C), ref, rtol=1e-12, atol=1e-12)
+        assert np.array_equal(np.asarray(C), np.asarray(bsr_matmul(blocks, rows, cols, B, shape, algo=algo)))
+    # the blocks in block-row order, whichever order they came in
+    srt = np.asarray(a.sorted_blocks())
+    assert np.array_equal(srt, np.asarray(blocks)[np.argsort(np.asarray(rows), kind="stable")])
+    assert np.array_equal(np.asarray(BSR(blocks, rows, cols, shape).prepare().col_idx), np.asarray(a.col_idx))
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_prepared_call_does_no_index_work(kind, monkeypatch):
+    blocks, rows, cols, B, shape = _operands(sort=False)
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        blocks, rows, cols, B = (torch.from_numpy(x) for x in (blocks, rows, cols, B))
+    a = prepare_bsr(blocks, rows, cols, shape)
+    want = np.asarray(bsr_matmul(a, B))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("index work in a prepared call")
+    monkeypatch.setattr(structured, "_host_indices", refuse)
+    monkeypatch.setattr(structured, "bsr_csr", refuse)
+    assert np.array_equal(np.asarray(bsr_matmul(a, B)), want)
+    with pytest.raises(AssertionError, match="index work"):
+        bsr_matmul(blocks, rows, cols, B, shape)                        # the unprepared call does it
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("sort", [True, False])
+def test_values_updated_in_place_are_seen(kind, sort):
+    blocks, rows, cols, B, shape = _operands(sort)
+    if kind == "torch":
+        torch = pytest.importorskip("torch")
+        blocks, rows, cols, B = (torch.from_numpy(x) for x in (blocks, rows, cols, B))
+    a = prepare_bsr(blocks, rows, cols, shape)
+    bsr_matmul(a, B)
+    blocks[1] *= 3.0                                                    # in place, after preparing
+    ref = _dense(np.asarray(blocks), np.asarray(rows), np.asarray(cols), shape) @ np.asarray(B)
+    assert np.allclose(np.asarray(bsr_matmul(a, B)), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_prepared_misuse_is_named():
+    torch = pytest.importorskip("torch")
+    blocks, rows, cols, B, shape = _operands(sort=True)
+    # the operand's checks, once, at prepare time
+    with pytest.raises(ShapeError, match="outside"):
+        prepare_bsr(blocks, rows + 3, cols, shape)
+    with pytest.raises(ShapeError, match="multiple of the block size"):
+        prepare_bsr(blocks, rows, cols, (14, 12))
+    with pytest.raises(ShapeError, match="one block row and column per block"):
+        prepare_bsr(blocks, rows[:-1], cols, shape)
+    with pytest.raises(ShapeError, match=r"\[nnzb, bs, bs\]"):
+        prepare_bsr(blocks[:, :, :3], rows, cols, shape)
+    with pytest.raises(DTypeError, match="integers"):
+        prepare_bsr(blocks, rows.astype(float), cols, shape)
+    with pytest.raises(DTypeError, match="integers"):
+        prepare_bsr(torch.from_numpy(blocks), torch.from_numpy(rows).double(), torch.from_numpy(cols), shape)
+    # B at each call, without a copy
+    a = prepare_bsr(blocks, rows, cols, shape)
+    with pytest.raises(ShapeError, match=r"B must be \[K=12, N\]"):
+        bsr_matmul(a, B[:-1])
+    with pytest.raises(DTypeError, match="one dtype"):
+        bsr_matmul(a, B.astype(np.float32))
+    with pytest.raises(DTypeError, match="be both numpy arrays or both torch tensors"):
+        bsr_matmul(a, torch.from_numpy(B))
+    with pytest.raises(TypeError, match="prepared A and B alone"):
+        bsr_matmul(a, B, cols, B, shape)
+    with pytest.raises(TypeError, match="prepare_bsr"):
+        bsr_matmul(blocks, rows, cols)
+    with pytest.raises(TargetError, match="CUDA tensors"):
+        bsr_matmul(a, B, algo="fused")
+    t = prepare_bsr(*(torch.from_numpy(x) for x in (blocks, rows, cols)), shape)
+    with pytest.raises(TargetError, match="the blocks are on cpu, B on meta"):
+        bsr_matmul(t, torch.empty(12, 5, dtype=torch.float64, device="meta"))
+    assert "PreparedBSR 16x12, 6 blocks of 4x4" in repr(t)
+
+
+# ---- the low-rank product: one product goes to the vendor's matmul directly ------------------
+def test_lowrank_without_a_batch_calls_the_vendor_matmul(monkeypatch):
+    rng = np.random.default_rng(8)
+    U, V, B = rng.standard_normal((20, 4)), rng.standard_normal((30, 4)), rng.standard_normal((30, 7))
+    ref = (U @ V.T) @ B
+    via_bmm = lowrank_matmul(U, V, B, algo="gemm")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("lcmac.bmm called")
+    monkeypatch.setattr(structured, "bmm", refuse)
+    for algo in ("auto", "vendor"):
+        assert np.allclose(lowrank_matmul(U, V, B, algo=algo), ref, rtol=1e-12, atol=1e-12)
+    assert np.allclose(via_bmm, ref, rtol=1e-12, atol=1e-12)
+    with pytest.raises(AssertionError, match="lcmac.bmm"):
+        lowrank_matmul(U[None], V[None], B[None])                    # a batch: lcmac.bmm's rule
+    # the shortcut stands on "auto"'s rule taking lcmac's kernel only for large batches
+    assert structured._AUTO_LEAST_BATCH > 1
+    for dt in ("bfloat16", "float16", "float32"):
+        for M, N, K in ((8, 8, 8), (16, 16, 256), (32, 32, 512)):
+            assert choose_batched("cuda", dt, M, N, K, 1, tf32=True) is None

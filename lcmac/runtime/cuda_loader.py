@@ -255,8 +255,10 @@ class CudaBsrMatmul(CudaMatmul):
     col_idx, M, out=None)`` with blocks [nnzb, bs, bs] sorted by block row, row_ptr [M/bs + 1]
     and col_idx [nnzb] int32 (the CSR of the blocks), B [K, N]; any M, K (multiples of bs), N
     (rows of 16 bytes) and nnzb.  The CSR arrays' values are the caller's to get right (the
-    kernel reads what they say): ``lcmac.structured.bsr_matmul`` builds them from checked
-    block indices."""
+    kernel reads what they say): ``lcmac.structured.prepare_bsr`` builds them from checked
+    block indices (once per A; ``bsr_matmul`` on unprepared blocks, at each call).  A call
+    checks attributes and launches on the current stream, nothing else: a CUDA graph can
+    capture it once the kernel is loaded."""
 
     def __init__(self, meta: dict, lib_path: str):
         super().__init__(meta, lib_path)
