@@ -7,17 +7,21 @@
 ``lcmac.matmul`` sends a 3-D B here (a B [K, N] shared by the batch is one product with the
 products' rows stacked: ``lcmac.matmul(A, W)``).  ``algo``:
 
-- ``"gemm"``: on CUDA, lcmac's batched small kernel (``schedules.cuda.small``: one CTA per
-  output tile of one product, the batch count a kernel argument, so one kernel per (M, N, K)
-  and dtype serves every batch size; compiled once into the kernel cache).  On the CPU the
-  numpy reference (``np.matmul`` per product in float64 or the dtype's accumulator).
+- ``"gemm"``: on CUDA, lcmac's batched kernel, the batch count a kernel argument, so one
+  kernel per (M, N, K) and dtype serves every batch size (compiled once into the kernel
+  cache): up to 128 per side ``schedules.cuda.small`` (a CTA per output tile of a group of
+  products), wider the production GEMM template (``schedules.cuda.gemm.batched_products``:
+  warp-specialised TMA pipeline, C stored by TMA, tiles rasterised within each product; bf16
+  and fp16 on its persistent grid).  On the CPU the numpy reference (``np.matmul`` per
+  product in float64 or the dtype's accumulator).
 - a catalogue name (``"strassen"``): that LCMA applied to each product.  On the CPU the
   reference executor, one product at a time (the correctness oracle for in-block LCMAs);
   on CUDA refused: in-block LCMA kernels are not built (docs/batched.md says why).
 - ``"vendor"``: ``torch.bmm`` / ``np.matmul``.
 - ``"auto"``: lcmac's batched kernel where ``costmodel.small.choose_batched`` says it was
   measured to win (CUDA only: bf16/fp16 tiny products in batches of 100 000 and more,
-  float32 with TF32 allowed and a long K through the 3D partition), else the vendor's.
+  float32 with TF32 allowed and a long K through the 3D partition, and at 256³ from 20 000
+  products on the GEMM template), else the vendor's.
 
 The torch op has a fake
 implementation (``torch.compile`` keeps it) and autograd: dA = dC·Bᵀ and dB = Aᵀ·dC, batched,
@@ -35,6 +39,7 @@ from .ir import get as get_algorithm
 from .ir.executor import run_unfused
 from .call_args import LOADED, check_algo, define_op, operand_kind, target_for
 from .costmodel.small import choose_batched
+from .schedules.cuda.batched_tiles import batched_template
 
 __all__ = ["bmm", "register", "BMM_SCHEMA"]
 
@@ -71,9 +76,13 @@ def _dtype(x) -> str:
 
 def batched_kernel(target: str, dtype: str, shape, config: dict | None = None) -> object:
     """lcmac's batched kernel for products of (M, N, K) = ``shape``, from the kernel cache;
-    ``config``: template options over the defaults (``schedules.cuda.config``)."""
+    ``config``: template options over the defaults (``schedules.cuda.config``).  The GEMM
+    template is named in the config where it runs, so that the cache key (the requested
+    knobs) tells its kernels from the small template's that ran those shapes before."""
     cfg = {"batched": True, **(config or {})}
     shape = tuple(int(d) for d in shape)
+    if batched_template(cfg.get("batched_template"), shape[0], shape[1]) == "gemm":
+        cfg["batched_template"] = "gemm"
     return LOADED.get(("gemm", target, dtype, shape, tuple(sorted(cfg.items()))),
                       ("gemm", target, dtype, shape), {"config": cfg})
 

@@ -11,7 +11,15 @@ The grid behind ``algo="auto"``'s rule (``lcmac.costmodel.small.choose_batched``
         --dtypes bfloat16 float16 float32 --variants '[{"policy": "splitk"}]' --auto \
         --out bench/results/h100-batched-auto.json
 
-Per (dtype, shape M×N×K from --sizes n (n³) and --shapes, batch from --batch): A [batch, M, K],
+Products wider than 128 (the production GEMM template) against the small template's 128×256
+kernel and the persistent grid, each size with a batch of its own (``MxNxK@batch``):
+
+    python scripts/bench_batched.py --sizes --shapes 256x256x256@20000 512x512x512@4000 \
+        1024x1024x1024@1000 --variants '[{"batched_template": "small"}, {"persistent": true}]' \
+        --sustained 2 --out bench/results/h100-batched-large.json
+
+Per (dtype, shape M×N×K from --sizes n (n³) and --shapes, batch from --batch or the shape's
+``@batch``): A [batch, M, K],
 B [batch, K, N] random normal, C = A·B by
 ``lcmac.bmm(A, B, algo="gemm")`` (its kernel compiled once per (n, dtype) into the kernel
 cache, the batch count a kernel argument), ``torch.bmm`` and ``torch.matmul``, timed with CUDA
@@ -34,8 +42,9 @@ import sys
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512])
-    ap.add_argument("--shapes", nargs="+", default=[], metavar="MxNxK", help="further shapes")
+    ap.add_argument("--sizes", type=int, nargs="*", default=[16, 32, 64, 128, 256, 512])
+    ap.add_argument("--shapes", nargs="+", default=[], metavar="MxNxK[@batch]",
+                    help="further shapes, each with --batch's counts or its own (@batch)")
     ap.add_argument("--batch", type=int, nargs="+", default=[10000], help="products per batch")
     ap.add_argument("--auto", action="store_true", help='also time lcmac.bmm(A, B) (algo="auto")')
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"],
@@ -51,14 +60,15 @@ def main(argv=None) -> int:
                          '\'[{"products_per_cta": 8}]\' (named lcmac[key=value]); a variant '
                          'the template refuses for a shape is left out there')
     args = ap.parse_args(argv)
-    shapes = [(n, n, n) for n in args.sizes] + [_shape(s) for s in args.shapes]
+    own = dict(_shape(s) for s in args.shapes)           # shape → its own batch count, or None
+    shapes = [(n, n, n) for n in args.sizes] + list(own)
     import torch
 
     import lcmac
     from lcmac.batched import batched_kernel
     from lcmac.call_args import target_for
     from lcmac.costmodel.small import bmm_floor, choose_batched, predict_batched
-    from lcmac.schedules.cuda.config import small_tile_defaults
+    from lcmac.schedules.cuda.batched_tiles import small_tile_defaults
     from lcmac.tune.measure import gpu_rounds
     if not torch.cuda.is_available():
         print("bench_batched: needs a CUDA GPU", file=sys.stderr)
@@ -72,7 +82,8 @@ def main(argv=None) -> int:
           f"{'lcmac TF/s':>10s} {'lcmac GB/s':>10s} {'model us':>9s} {'bound':8s} "
           + (f"{'sust. vs bmm':>12s} " if args.sustained else "") + f"{'err':>9s} {'bmm err':>9s}")
     results = []
-    for dtype, (M, N, K), batch in ((d, s, b) for d in args.dtypes for s in shapes for b in args.batch):
+    runs = [(d, s, b) for d in args.dtypes for s in shapes for b in ([own[s]] if own.get(s) else args.batch)]
+    for dtype, (M, N, K), batch in runs:
             tdt = getattr(torch, dtype)
             n = max(M, N, K)
             g = torch.Generator(device="cuda").manual_seed(M * 10007 + N * 101 + K)
@@ -131,7 +142,7 @@ def main(argv=None) -> int:
                 r["sustained_vs_bmm"] = sustained["torch.bmm"] / sustained["lcmac"]
                 line += f"{r['sustained_vs_bmm']:11.3f}x "
             if args.auto:
-                line += f"auto {r['auto_vs_bmm']:.3f}x ({'lcmac' if auto_pick else 'torch.bmm'}) "
+                line += f"auto {r['auto_vs_bmm']:.3f}x ({'torch.bmm' if auto_pick is None else 'lcmac'}) "
             print(line + f"{err:9.2e} {err_bmm:9.2e}", flush=True)
             for label in med:
                 if label.startswith("lcmac["):
@@ -165,11 +176,13 @@ def _write(args, argv, device: str, results: list) -> None:
 
 
 def _shape(text: str) -> tuple:
+    """``MxNxK`` or ``MxNxK@batch`` → ((M, N, K), batch or None)."""
+    dims, _, batch = text.lower().partition("@")
     try:
-        M, N, K = (int(x) for x in text.lower().split("x"))
+        M, N, K = (int(x) for x in dims.split("x"))
+        return (M, N, K), int(batch) if batch else None
     except ValueError:
-        raise SystemExit(f"--shapes takes MxNxK (three positive integers), not {text!r}")
-    return M, N, K
+        raise SystemExit(f"--shapes takes MxNxK or MxNxK@batch (positive integers), not {text!r}")
 
 
 def _compile_all(cases, jobs: int) -> set:

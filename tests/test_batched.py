@@ -11,7 +11,8 @@ import lcmac
 from lcmac.batched import bmm
 from lcmac.costmodel.small import BATCHED_WINS, choose_batched, predict_batched
 from lcmac.errors import CatalogueError, DTypeError, LcmacError, ShapeError
-from lcmac.schedules.cuda.config import CudaConfig, small_tile_defaults
+from lcmac.schedules.cuda.batched_tiles import small_tile_defaults
+from lcmac.schedules.cuda.config import CudaConfig
 from tests.schedules.cuda.test_cuda_codegen import needs_tilelang
 
 torch = pytest.importorskip("torch")

@@ -19,6 +19,16 @@ BF16 = [(16, 16, 16), (24, 24, 24), (33, 33, 33), (64, 64, 64), (63, 65, 127), (
         (128, 128, 128), (129, 129, 129), (200, 136, 72), (256, 256, 256), (384, 384, 384),
         (512, 512, 512)]
 FP32 = [(16, 16, 16), (100, 100, 100), (256, 256, 256)]
+# wider than 128: the production GEMM template (batched_template "auto" → "gemm"); 300×264×520
+# has partial tiles on TMA rows, 300×257×513 rows that are not 16-byte multiples
+LARGE = [(torch.bfloat16, (256, 256, 256)), (torch.bfloat16, (512, 512, 512)), (torch.bfloat16, (300, 257, 513)),
+         (torch.bfloat16, (300, 264, 520)), (torch.float32, (256, 256, 256)), (torch.float32, (512, 512, 512)),
+         (torch.float32, (300, 257, 513))]
+# bf16's grid kernel (its default is the persistent grid) and the small template's 128×256
+# kernel, by name
+LARGE_VARIANTS = [(torch.bfloat16, (512, 512, 512), {"persistent": False}),
+                  (torch.bfloat16, (300, 264, 520), {"persistent": False}),
+                  (torch.bfloat16, (512, 512, 512), {"batched_template": "small"})]
 # the 3D partition (policy "splitk"): long K, odd sizes
 SPLITK = [(torch.bfloat16, (16, 16, 256)), (torch.bfloat16, (32, 32, 512)), (torch.bfloat16, (17, 19, 300)),
           (torch.float16, (16, 16, 64)), (torch.float32, (16, 16, 256)), (torch.float32, (32, 32, 512)),
@@ -30,6 +40,9 @@ def kernels():
     """All kernels of the file compiled at once (each in its own worker process)."""
     cases = [("bfloat16", s, None) for s in BF16] + [("float32", s, None) for s in FP32]
     cases += [(str(d).replace("torch.", ""), s, {"policy": "splitk"}) for d, s in SPLITK]
+    cases += [(str(d).replace("torch.", ""), s, None) for d, s in LARGE]
+    cases += [(str(d).replace("torch.", ""), s, c) for d, s, c in LARGE_VARIANTS]
+    cases += [("bfloat16", (136, 136, 16), None)]
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda c: batched_kernel(target_for("cuda"), c[0], c[1], c[2]), cases))
 
@@ -199,7 +212,9 @@ def test_splitk_matches_float64(kernels, dtype, shape):
 @pytest.mark.parametrize("dtype, shape, batch", [(torch.bfloat16, (16, 16, 16), 100_000),
                                                  (torch.float16, (8, 8, 8), 100_000),
                                                  (torch.float32, (16, 16, 256), 10_000),
-                                                 (torch.bfloat16, (32, 32, 32), 10_000)])
+                                                 (torch.bfloat16, (32, 32, 32), 10_000),
+                                                 (torch.float32, (256, 256, 256), 20_000),
+                                                 (torch.bfloat16, (256, 256, 256), 20_000)])
 def test_auto_picks_run_and_match_torch_bmm(dtype, shape, batch):
     from lcmac.costmodel.small import choose_batched
     M, N, K = shape
@@ -219,4 +234,51 @@ def test_auto_picks_run_and_match_torch_bmm(dtype, shape, batch):
             assert _rel(C[:512], exact) < max(2.0 * _rel(ref[:512], exact), 2e-3)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
-    assert (pick is None) == (shape == (32, 32, 32))
+    assert (pick is None) == (shape == (32, 32, 32) or shape == (256, 256, 256) and dtype == torch.bfloat16)
+
+
+# ---- wider than 128: the production GEMM template ---------------------------------------------
+
+
+def _check_large(C, A, B, dtype):
+    ref = torch.bmm(A.double(), B.double())
+    if dtype == torch.float32:
+        assert _rel(C, ref) < 2e-3                         # TF32, as the small template
+    else:
+        assert _rel(C, ref) < 2.0 * _rel(torch.bmm(A, B), ref)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("dtype, shape", LARGE)
+def test_gemm_template_matches_float64(kernels, dtype, shape, batch):
+    M, N, K = shape
+    A, B = _pair(batch, M, N, K, dtype, seed=batch + K)
+    # a product more in C than in the call: no tile may write past the batch
+    Cx = torch.full((batch + 1, M, N), float("nan"), device="cuda", dtype=dtype)
+    C = lcmac.bmm(A, B, algo="gemm", out=Cx[:batch])
+    assert C.data_ptr() == Cx.data_ptr() and torch.isnan(Cx[batch]).all()
+    _check_large(C, A, B, dtype)
+    # the last product alone (copied: a slice of unaligned rows is not 16-byte aligned): the
+    # same bits (no tile reads another product's rows; with batch 1 most persistent CTAs idle)
+    assert torch.equal(C[-1], lcmac.bmm(A[-1:].clone(), B[-1:].clone(), algo="gemm")[0])
+
+
+@pytest.mark.parametrize("dtype, shape, config", LARGE_VARIANTS)
+def test_gemm_template_variants_match_float64(kernels, dtype, shape, config):
+    M, N, K = shape
+    A, B = _pair(5, M, N, K, dtype, seed=7)
+    fn = batched_kernel(target_for("cuda"), str(dtype).replace("torch.", ""), shape, config)
+    C = torch.full((5, M, N), float("nan"), device="cuda", dtype=dtype)
+    fn(A, B, out=C)
+    _check_large(C, A, B, dtype)
+    if "persistent" in config:                             # the same tiles, walked otherwise
+        assert torch.equal(C, lcmac.bmm(A, B, algo="gemm"))
+
+
+def test_gemm_template_grid_beyond_65535_ctas(kernels):
+    """40 000 products of 2 tiles each: 80 000 CTAs on the grid's x."""
+    batch = 40_000
+    A, B = _pair(batch, 136, 136, 16, torch.bfloat16, seed=5)
+    C = lcmac.bmm(A, B, algo="gemm")
+    for part in (slice(0, 256), slice(batch - 256, batch)):
+        _check_large(C[part], A[part], B[part], torch.bfloat16)

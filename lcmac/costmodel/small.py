@@ -69,8 +69,8 @@ class SmallEstimate:
 def predict_batched(M: int, N: int, K: int, dtype: str, batch: int, tile: dict,
                     profile: HardwareProfile | str = "h100") -> SmallEstimate:
     """The model above for ``batch`` products of (M, N, K) with ``tile`` (block_m, block_n,
-    block_k, threads, stages, products_per_cta: ``schedules.cuda.config.small_tile_defaults``'s
-    keys)."""
+    block_k, threads, stages, products_per_cta: the keys of
+    ``schedules.cuda.batched_tiles.small_tile_defaults``)."""
     p = get_profile(profile) if isinstance(profile, str) else profile
     s = ITEMSIZE[dtype]
     bm, bn, bk = tile["block_m"], tile["block_n"], tile["block_k"]
@@ -124,6 +124,11 @@ BATCHED_WINS = (
      "16×16×64: auto 1.11× at 100 000; 0.89× at 10 000"),
     (("float32",), (32, 32), (512, 512), 10_000, {"policy": "splitk"},
      "32×32×512: auto 1.13× at 10 000 and 100 000; 0.74× at 1 000"),
+    # wider than 128: the production GEMM template (schedules.cuda.gemm.batched_products),
+    # TF32 on both sides, measured at one batch per size on an H200
+    # (bench/results/h200-batched-large-2026-11-27.json): 256³ won, 384³–1024³ lost (0.63–0.72×)
+    (("float32",), (256, 256), (256, 256), 20_000, {},
+     "256³: 1.11× sustained at 20 000 (auto 1.11×; burst 1.06–1.15×, auto 1.02×)"),
 )
 
 
@@ -139,11 +144,15 @@ def choose_batched(device: str, dtype: str, M: int, N: int, K: int, batch: int,
       float64) where cuBLAS keeps these small products in float32 (1e-7).
     - Rows of 16 bytes (N and K a multiple of 16 / itemsize): the TMA path.  Unaligned rows
       take element-wise copies, measured 0.08–0.53× torch.bmm at 17×19×300 up to batch 10 000.
-    - max(M, N) > 32: the model (``predict_batched``) puts these products at the memory bound
-      from batch 10 000, where torch.bmm already runs (H200: 3.2 TB/s at 64³ bf16) and no
-      partition of the same bytes wins; below that both are launch-bound and lcmac.bmm's call
-      costs more than torch.bmm's (measured 0.20–0.79× at 48³ and 64³, 0.25–0.90× at 16×64×16
-      and 64×16×16 in bf16/fp16).
+    - max(M, N) from 33 to 128 (no row): the model (``predict_batched``) puts these products
+      at the memory bound from batch 10 000, where torch.bmm already runs (H200: 3.2 TB/s at
+      64³ bf16) and no partition of the same bytes wins; below that both are launch-bound and
+      lcmac.bmm's call costs more than torch.bmm's (measured 0.20–0.79× at 48³ and 64³,
+      0.25–0.90× at 16×64×16 and 64×16×16 in bf16/fp16).
+    - Wider than 128, the production GEMM template: only the measured sizes it won at (the
+      rows' figures).  bf16 ran at 0.90–0.98× torch.bmm (sustained) from 256³ to 1024³,
+      float32 (TF32) at 0.63–0.72× from 384³ up, where lcmac's TF32 runs on mma.sync and
+      cuBLAS's on wgmma.
     - Otherwise the ranges of the measured wins (``BATCHED_WINS``; a shape inside a range but
       between its measured points is interpolated, not measured).  Below ~100 µs of GPU work
       lcmac.bmm's host cost (50–100 µs a call against torch.bmm's 12–30 µs) decides, which
@@ -154,7 +163,7 @@ def choose_batched(device: str, dtype: str, M: int, N: int, K: int, batch: int,
     if dtype == "float32" and not tf32:
         return None
     vec = 16 // ITEMSIZE[dtype]
-    if N % vec or K % vec or max(M, N) > 32:
+    if N % vec or K % vec:
         return None
     for dtypes, (side_lo, side_hi), (k_lo, k_hi), least, config, _measured in BATCHED_WINS:
         if (dtype in dtypes and side_lo <= max(M, N) <= side_hi and k_lo <= K <= k_hi

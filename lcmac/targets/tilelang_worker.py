@@ -50,10 +50,11 @@ from ..ir.algorithm import Algorithm
 from ..ir.cse import optimized_programs
 from ..ir.program import (LinearProgram, combine_matrices, direct_outputs, keep_outputs,
                           naive_program, scale_inputs)
+from ..schedules.cuda.batched_tiles import batched_template, persistent_why, small_tile_defaults
 from ..schedules.cuda.config import (FP8_MAX_COMBINE, SMEM_PER_CTA, SUPPORTED_DTYPES, Blocking,
                                      CudaConfig, NotSupportedYet, PersistentPlan, arch_why,
                                      bound_exponent, bsr_tile_defaults, check_batched_shape,
-                                     check_operands, check_shape, check_smem, small_tile_defaults,
+                                     check_operands, check_shape, check_smem,
                                      cluster_kernels, direct_views_why, fp8_combine_size,
                                      int64_buffers, is_lcma, needs_int64, operand_sources,
                                      persistent_gemm, persistent_plan, side_read_in_place,
@@ -112,7 +113,11 @@ class Request:
         given = dict(req.get("config") or {})
         if given.get("batched"):
             check_batched_shape(M, N, K)
-            given = {**small_tile_defaults(M, N, K, dtype, given.get("policy")), **given}
+            tile = small_tile_defaults(M, N, K, dtype, given.get("policy"), given.get("batched_template"),
+                                       given.get("persistent"), target.arch)
+            if tile.get("batched_template") == "gemm":
+                del tile["stages"]      # from_dict fits them to the tile asked for (as the defaults')
+            given = {**tile, **given}
         elif given.get("bsr"):
             # the shape only names the artifact: M, K, N are the kernel's arguments
             check_batched_shape(M, N, K)
@@ -197,6 +202,15 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None) -> Pl
             raise NotSupportedYet("a batched small product (config batched) is a plain GEMM with "
                                   "native operands: build it without an algorithm, operands or "
                                   "ladder step")
+        if batched_template(cfg.batched_template, shape[0], shape[1]) == "gemm":
+            if ctas and (why := persistent_why(shape[1], shape[2], dtype)):
+                raise NotSupportedYet(f"persistent=True for a batched product: {why} (use persistent=False)")
+            from ..schedules.cuda import gemm      # TileLang: this process only
+            return Plan([Kernel("bmm", gemm.batched_products(*shape, dtype, cfg, arch, ctas),
+                                ["A", "B", "C", "batch"])], [("__end__", 0)], {"batched": True})
+        if cfg.persistent:
+            raise NotSupportedYet("persistent=True: the small batched template has no persistent "
+                                  "grid (batched_template='gemm' has)")
         from ..schedules.cuda import small     # TileLang: this process only
         return Plan([Kernel("bmm", small.batched_small_gemm(*shape, dtype, cfg), ["A", "B", "C", "batch"])],
                     [("__end__", 0)], {"batched": True})

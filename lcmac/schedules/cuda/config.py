@@ -98,10 +98,15 @@ class CudaConfig:
                  with coefficient ±1 read that block of A / B in place, and the combine
                  writes only the other operands; "auto": "ab" where the shape allows it.
     batched      the artifact computes a batch of independent products C[b] = A[b]·B[b] of one
-                 (M, N, K), the batch count given at each call (``schedules.cuda.small``);
-                 its tile defaults come from ``small_tile_defaults``.  The plain GEMM only.
+                 (M, N, K), the batch count given at each call (``batched_template``);
+                 its tile defaults come from ``batched_tiles``.  The plain GEMM only.
     products_per_cta  batched: the products one CTA runs in one pipeline (tiny products
                  amortise a CTA's start and overlap one product's loads with another's work).
+    batched_template  batched: "small" (``schedules.cuda.small``), "gemm" (the production
+                 GEMM template, ``schedules.cuda.gemm.batched_products``: warp-specialised
+                 TMA pipeline, C stored through shared memory, the tiles rasterised within
+                 each product, the batch the slowest grid index) or "auto"
+                 (``batched_tiles.batched_template``: "small" up to 128 per side, "gemm" beyond).
     bsr          0: a dense A.  16, 32, 64 or 128: the artifact computes C = A·B for a block-sparse
                  A of bsr×bsr blocks in BSR form (the blocks sorted by block row, row
                  pointers and block columns given at each call, with M, K and N:
@@ -135,6 +140,7 @@ class CudaConfig:
     direct_views: str = "auto"
     batched: bool = False
     products_per_cta: int = 1
+    batched_template: str = "auto"
     bsr: int = 0
     ladder: int = 0
 
@@ -209,6 +215,12 @@ class CudaConfig:
             raise LcmacError(f"direct_views must be one of {DIRECT_VIEWS}, not {self.direct_views!r}")
         if self.products_per_cta < 1:
             raise LcmacError(f"products_per_cta must be >= 1, not {self.products_per_cta}")
+        if self.batched_template not in BATCHED_TEMPLATES:
+            raise LcmacError(f"batched_template must be one of {BATCHED_TEMPLATES}, not {self.batched_template!r}")
+        if self.batched_template == "gemm" and (self.policy == "splitk" or self.products_per_cta != 1):
+            raise LcmacError("batched_template 'gemm' runs one product per CTA under a warpgroup "
+                             "policy: products_per_cta 1, policy not 'splitk' (those are the small "
+                             "template's)")
         if self.bsr and (self.bsr not in BSR_BLOCKS or self.batched or self.ladder):
             raise LcmacError(f"bsr must be 0 (a dense A) or a block size in {BSR_BLOCKS}, and "
                              f"apart from batched and ladder; got bsr={self.bsr}")
@@ -545,51 +557,8 @@ def int64_buffers(blk: "Blocking", fused: bool, kmajor_b: bool = False) -> list[
     return [k for k, v in buffer_shapes(blk, fused, kmajor_b).items() if needs_int64(v)]
 
 
-def small_tile_defaults(M: int, N: int, K: int, dtype: str, policy: str | None = None) -> dict:
-    """The tile of a batched small product (``CudaConfig.batched``), as measured on the H100
-    (bf16, 10 000 products, docs/batched.md): up to 64 per side the smallest of 16², 32²
-    (one warp, mma) and 64² (a warpgroup, wgmma) covering max(M, N), 16 products per CTA in
-    one pipeline (1.57× torch.bmm at 16³, where one product per CTA ran at 0.59×); 128² one
-    product per CTA; beyond, 128×256 tiles with two consumer warpgroups and 3 stages (0.76×
-    torch.bmm at 256³ where 128² tiles ran at 0.60×).  The K slab the whole K up to 64 (32 for
-    float32), in 16s; two stages where K has more than one slab or several products share
-    the CTA."""
-    if policy == "splitk":
-        return splitk_tile_defaults(M, N, K, dtype)
-    side = max(M, N)
-    cap = 32 if dtype == "float32" else 64
-    block_k = min(cap, -(-K // 16) * 16)
-    if side > 128:
-        return {"block_m": 128, "block_n": 256 if N > 128 else 128, "block_k": block_k,
-                "threads": 256, "stages": 3, "policy": "fullrow", "products_per_cta": 1}
-    tile = next(t for t in (16, 32, 64, 128) if side <= t)
-    per_cta = 16 if tile <= 64 else 1
-    return {"block_m": tile, "block_n": tile, "block_k": block_k,
-            "threads": 32 if tile <= 32 else 128,
-            "stages": 2 if K > block_k or per_cta > 1 else 1,
-            "policy": "square" if tile <= 32 else "fullrow", "products_per_cta": per_cta}
-
-
-#: warps of the 3D partition (``policy="splitk"``): one per tensor core of the SM
-SPLITK_WARPS = 4
-
-
-def splitk_tile_defaults(M: int, N: int, K: int, dtype: str) -> dict:
-    """The tile of the 3D partition (``policy="splitk"``, ``schedules.cuda.small``): the 16²
-    or 32² tile of a one-warp product (a product of up to 32 per side; beyond, a warpgroup
-    already covers the tile), 4 warps each taking a quarter of every K slab, the slab up to
-    4·64 (4·32 for float32) deep, so a warp's share is what one warp takes alone in the 1D/2D
-    kernel; 4 products per CTA in one pipeline."""
-    side = max(M, N)
-    if side > 32:
-        raise ShapeError(f"policy 'splitk' is for products of up to 32×32 (got {M}×{N}): "
-                         f"a larger tile has a warpgroup splitting M and N already")
-    unit = 16 * SPLITK_WARPS
-    cap = SPLITK_WARPS * (32 if dtype == "float32" else 64)
-    tile = 16 if side <= 16 else 32
-    return {"block_m": tile, "block_n": tile, "block_k": min(cap, -(-K // unit) * unit),
-            "threads": 32 * SPLITK_WARPS, "stages": 2, "policy": "splitk", "products_per_cta": 4}
-
+#: CudaConfig.batched_template values
+BATCHED_TEMPLATES = ("auto", "small", "gemm")
 
 #: block sizes of the fused block-sparse product (``CudaConfig.bsr``)
 BSR_BLOCKS = (16, 32, 64, 128)

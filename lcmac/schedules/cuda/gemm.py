@@ -5,6 +5,8 @@ persistent kernel (P CTAs walking the tiles in one software pipeline).
     plain_gemm      C = A·B (tensor cores via T.gemm: wgmma on sm_90a, mma on sm_80)
     batched_gemm    H_r = Ã_r·B̃_r for every product r, optionally reading the single-block
                     operands from A / B in place (``CudaConfig.direct_views``)
+    batched_products  C[b] = A[b]·B[b] for a batch whose count is a kernel argument
+                    (``lcmac.bmm``'s products wider than 128, ``CudaConfig.batched_template``)
 
 The macros below (``k_loop``, ``store_tile``) are the K loop and the tile store the scaled
 and fp8 GEMM stages (``low_precision``) share.
@@ -114,10 +116,16 @@ def _persistent_walk(pid, ctas: int, R: int, gx: int, gy: int, panel: int, rfast
         if rfast:
             g = t // R
             return t % R, g // gx, g % gx
-        by, bx = raster(t % (gx * gy), gx, gy, panel)
-        return t // (gx * gy), by, bx
+        return _product_tile(t, gx, gy, panel)
 
     return T.ceildiv(tiles - pid, ctas), tile_of
+
+
+def _product_tile(t, gx: int, gy: int, panel: int):
+    """(r, by, bx) of linear tile index t >= 0 with r slowest: the product t // (gx·gy), the
+    tile within it in TileLang's rasterised order (``raster``)."""
+    by, bx = raster(t % (gx * gy), gx, gy, panel)
+    return t // (gx * gy), by, bx
 
 
 def _check_cluster_grid(gy: int, panel: int) -> None:
@@ -277,3 +285,65 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
 
     # A and B stay parameters only for the sides read in place (their second descriptor)
     return keep_params(lcmac_bgemm, [0, 1, 2] + [3] * view_a + [4] * view_b)
+
+
+# ----------------------------------------------------------------------------------------------
+def batched_products(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = "sm_90a",
+                     ctas: int = 0):
+    """C[b] = A[b]·B[b] for b < batch on this template (``lcmac.bmm``; ``small`` keeps the
+    products of up to 128 per side): A [batch, M, K], B [batch, K, N], C [batch, M, N],
+    row-major and contiguous, ``batch`` a dynamic dimension (the launcher's last argument),
+    so one kernel per (M, N, K) and dtype serves every batch size.
+
+    The grid is 1-D, x = b·tiles + t (up to 2³¹ − 1 CTAs, where y and z stop at 65 535): the
+    product b is the slowest index, so the CTAs resident together work on a few products and
+    share their A and B panels in L2; the tile t is rasterised within its product
+    (``_product_tile``, panel ``cfg.swizzle``).  Each CTA is ``_gemm_tile``: the previous
+    kernel awaited (PDL), the warp-specialised TMA pipeline over K, wgmma (TF32 mma.sync for
+    float32), the C tile through shared memory and out by TMA.  ``ctas`` > 0: a persistent
+    grid of that many CTAs walking the same order in one pipeline (``_persistent_tiles``).
+    Partial tiles stay exact: TMA checks bounds per dimension (loads past M, N or K are
+    zero-filled, stores clipped; no tile reaches into the next product), and where rows are
+    not 16-byte multiples TileLang copies element-wise with bounds checks (cp.async; the
+    persistent walk is refused there, ``batched_tiles.persistent_why``).
+
+    Not done: float32 multiplies on TF32 mma.sync (cuBLAS's TF32 wgmma needs B K-major, a
+    transpose this kernel does not make), which runs at 0.63–0.72× torch.bmm from 384³ on the
+    H200; the persistent grid is sized for the target profile's SMs (132), not the device's;
+    a 2-CTA cluster (multicast) is not tried.  batch·tiles must stay below 2³¹ (the memory
+    of such a batch does not exist on today's GPUs)."""
+    tile = GemmTile.of(cfg, dtype)
+    block_m, block_n, block_k = tile.block_m, tile.block_n, tile.block_k
+    gx, gy = -(-N // block_n), -(-M // block_m)
+    num_k = -(-K // block_k)
+    batch = T.dynamic("batch")
+    pdl = uses_pdl(arch)
+
+    def a_slab(A, b, by, ko):
+        return A[b, by * block_m:(by + 1) * block_m, ko * block_k:(ko + 1) * block_k]
+
+    def b_slab(B, b, bx, ko):
+        return B[b, ko * block_k:(ko + 1) * block_k, bx * block_n:(bx + 1) * block_n]
+
+    def c_out(C, b, by, bx):
+        return C[b, by * block_m:(by + 1) * block_m, bx * block_n:(bx + 1) * block_n]
+
+    if ctas:
+        @T.prim_func
+        def lcmac_bmm_p(A: T.Tensor((batch, M, K), dtype), B: T.Tensor((batch, K, N), dtype),
+                        C: T.Tensor((batch, M, N), dtype)):
+            with T.Kernel(ctas, threads=cfg.threads) as pid:
+                steps, tile_of = _persistent_walk(pid, ctas, batch, gx, gy, cfg.swizzle, False)
+                _persistent_tiles(lambda b, by, ko: a_slab(A, b, by, ko), lambda b, bx, ko: b_slab(B, b, bx, ko),
+                                  lambda b, by, bx: c_out(C, b, by, bx), tile_of, steps, dtype, dtype,
+                                  (block_k, block_n), tile, num_k, pdl)
+        return lcmac_bmm_p
+
+    @T.prim_func
+    def lcmac_bmm(A: T.Tensor((batch, M, K), dtype), B: T.Tensor((batch, K, N), dtype),
+                  C: T.Tensor((batch, M, N), dtype)):
+        with T.Kernel(batch * (gx * gy), threads=cfg.threads) as pid:
+            b, by, bx = _product_tile(pid, gx, gy, cfg.swizzle)
+            _gemm_tile(lambda ko: a_slab(A, b, by, ko), lambda ko: b_slab(B, b, bx, ko), c_out(C, b, by, bx),
+                       dtype, dtype, (block_k, block_n), tile, num_k, False, pdl, False)
+    return lcmac_bmm

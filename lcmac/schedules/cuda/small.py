@@ -12,7 +12,9 @@ The grid's x index is the group of products (up to 2³¹ − 1 of them; y and z 
 config's ``policy`` (``fullrow``: warps split the tile's rows, 1D; ``square``: rows and
 columns, 2D; ``splitk``: KAMI's 3D partition, ``batched_splitk_gemm``).  Partial tiles (M, N or K not a multiple of the tile) are copied with bounds
 checks and zero fill, so any size is exact.  Sizes per product and the tile a size gets:
-``config.small_tile``.
+``batched_tiles.small_tile_defaults``.  Products wider than 128 run on the production GEMM
+template instead (``gemm.batched_products``; this one's 128×256 kernel by
+``batched_template="small"``).
 """
 # (no `from __future__ import annotations`: TileLang evaluates the Tensor annotations)
 
