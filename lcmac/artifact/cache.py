@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -147,6 +148,24 @@ def _ensure_root(root: Path) -> None:
 
 
 # ---- the key ---------------------------------------------------------------------------------
+#: the packages whose source decides what code a build emits (templates, their configs, the
+#: compiler workers); their digest is part of the key
+TEMPLATE_PACKAGES = ("schedules", "targets")
+
+
+@functools.lru_cache(maxsize=1)
+def templates_digest() -> str:
+    """sha256 of the template and worker sources (``TEMPLATE_PACKAGES``): a template fix (a
+    kernel that now waits on the previous one, say) makes new kernels even where
+    ``schedule_version`` was not bumped, as Triton keys its cache by its own source."""
+    pkg = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for sub in TEMPLATE_PACKAGES:
+        for f in sorted((pkg / sub).rglob("*.py")):
+            h.update(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def _compiler_version(backend: str) -> str | None:
     pkg = COMPILER_PACKAGES.get(backend)
     try:
@@ -178,6 +197,7 @@ def _spec(algo, target, dtype, shape, config, levels: int, mcpu) -> _Spec:
         "lcmac_version": _version.__version__,
         "schedule_version": FAMILIES[schedule_family(t)].schedule_version,
         "compiler": _compiler_version(t.backend),
+        "templates": templates_digest(),
     }
     blob = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
     key = hashlib.sha256(blob.encode()).hexdigest()

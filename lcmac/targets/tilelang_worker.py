@@ -212,7 +212,7 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None) -> Pl
             raise NotSupportedYet("persistent=True: the small batched template has no persistent "
                                   "grid (batched_template='gemm' has)")
         from ..schedules.cuda import small     # TileLang: this process only
-        return Plan([Kernel("bmm", small.batched_small_gemm(*shape, dtype, cfg), ["A", "B", "C", "batch"])],
+        return Plan([Kernel("bmm", small.batched_small_gemm(*shape, dtype, cfg, arch), ["A", "B", "C", "batch"])],
                     [("__end__", 0)], {"batched": True})
     if cfg.bsr:
         if alg is not None or cfg.operands != "native":

@@ -133,6 +133,30 @@ def test_key_changes_with_what_the_kernel_depends_on(monkeypatch):
     # the same request twice: the same key (canonical JSON, no dict-order or time in it)
     monkeypatch.undo()
     assert key("strassen", CPU, "fp32", "32x24x40") == base
+    # a template source that changes makes another key (schedule_version unchanged)
+    assert fields["templates"] == cache.templates_digest() and len(fields["templates"]) == 64
+    monkeypatch.setattr(cache, "templates_digest", lambda: "0" * 64)
+    assert key("strassen", CPU, "float32", SHAPE) != base
+
+
+def test_templates_digest_reads_the_template_sources(tmp_path, monkeypatch):
+    """The digest covers every template and worker source: another byte in one of them,
+    another digest."""
+    import shutil
+    pkg = tmp_path / "lcmac"
+    for sub in cache.TEMPLATE_PACKAGES:
+        shutil.copytree(Path(cache.__file__).resolve().parents[1] / sub, pkg / sub)
+    (pkg / "artifact").mkdir()
+    monkeypatch.setattr(cache, "__file__", str(pkg / "artifact" / "cache.py"))
+    cache.templates_digest.cache_clear()
+    try:
+        same = cache.templates_digest()
+        f = pkg / "schedules" / "cuda" / "small.py"
+        f.write_text(f.read_text() + "# changed\n")
+        cache.templates_digest.cache_clear()
+        assert cache.templates_digest() != same
+    finally:
+        cache.templates_digest.cache_clear()
 
 
 def test_key_follows_the_tuning_log(tmp_path, monkeypatch):

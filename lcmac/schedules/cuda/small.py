@@ -19,16 +19,18 @@ template instead (``gemm.batched_products``; this one's 128×256 kernel by
 # (no `from __future__ import annotations`: TileLang evaluates the Tensor annotations)
 
 import tilelang.language as T
+from tilelang.cuda.language import pdl_sync
 
-from .common import ACCUM, emit_names, warp_policy
+from .common import ACCUM, emit_names, uses_pdl, warp_policy
 from .config import CudaConfig
 
 
-def batched_small_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig):
+def batched_small_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
     """C[b] = A[b]·B[b] for b < batch, A [batch, M, K], B [batch, K, N], C [batch, M, N],
     all row-major and contiguous; ``batch`` is the kernel's last argument."""
     if cfg.policy == "splitk":
-        return batched_splitk_gemm(M, N, K, dtype, cfg)
+        return batched_splitk_gemm(M, N, K, dtype, cfg, arch)
+    pdl = uses_pdl(arch)
     block_m, block_n, block_k = cfg.block_m, cfg.block_n, cfg.bk(dtype)
     tiles_n = T.ceildiv(N, block_n)
     tiles = T.ceildiv(M, block_m) * tiles_n
@@ -42,6 +44,8 @@ def batched_small_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig):
     def lcmac_bmm(A: T.Tensor((batch, M, K), dtype), B: T.Tensor((batch, K, N), dtype),
                   C: T.Tensor((batch, M, N), dtype)):
         with T.Kernel(T.ceildiv(batch, per_cta), tiles, threads=cfg.threads) as (group, tile):
+            if pdl:
+                pdl_sync()      # A and B may come from the kernel just before (common.uses_pdl)
             by, bx = tile // tiles_n, tile % tiles_n
             A_shared = T.alloc_shared((block_m, block_k), dtype)
             B_shared = T.alloc_shared((block_k, block_n), dtype)
@@ -63,7 +67,7 @@ def batched_small_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig):
     return lcmac_bmm
 
 
-def batched_splitk_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig):
+def batched_splitk_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
     """The 3D warp partition: the CTA's ``threads // 32`` warps split each K slab, warp w
     multiplying columns [w·bk/W, (w+1)·bk/W) of the A slab by those rows of the B slab into
     an accumulator of its own (the whole bm×bn tile, in its registers); at the product's end
@@ -78,11 +82,14 @@ def batched_splitk_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig):
     per_cta = cfg.products_per_cta
     num_k = -(-K // block_k)
     ws = list(range(warps))            # a Python list: the per-warp code is unrolled at trace time
+    pdl = uses_pdl(arch)
 
     @T.prim_func
     def lcmac_bmm(A: T.Tensor((batch, M, K), dtype), B: T.Tensor((batch, K, N), dtype),
                   C: T.Tensor((batch, M, N), dtype)):
         with T.Kernel(T.ceildiv(batch, per_cta), tiles, threads=cfg.threads) as (group, tile):
+            if pdl:
+                pdl_sync()      # A and B may come from the kernel just before (common.uses_pdl)
             by, bx = tile // tiles_n, tile % tiles_n
             A_shared = T.alloc_shared((block_m, block_k), dtype)
             B_shared = T.alloc_shared((block_k, block_n), dtype)
