@@ -226,11 +226,15 @@ def gpu_rounds(variants, rounds: int, calls: int, sustained_s: float = 0.0):
     """Interleaved timing of ``variants`` ((name, fn) pairs) on the GPU: per name, the seconds
     per call of each of ``rounds`` rounds of ``calls`` back-to-back calls (``gpu_timer``; the
     variants take turns within a round), and, with ``sustained_s``, the ``gpu_sustained``
-    figure (empty otherwise)."""
+    figure (empty otherwise).  Round r starts at variant r (mod n): the variant timed first
+    after whatever ran before measured slow (1-16 % on an H200, duplicates of one kernel in
+    one run), so no variant keeps that place."""
+    variants = list(variants)
     timer = gpu_timer()
     times = {name: [] for name, _ in variants}
-    for _ in range(rounds):
-        for name, fn in variants:
+    for r in range(rounds):
+        k = r % max(len(variants), 1)
+        for name, fn in variants[k:] + variants[:k]:
             times[name].append(timer(fn, calls) / calls)
     sustained = {name: gpu_sustained(fn, sustained_s) for name, fn in variants} if sustained_s else {}
     return times, sustained

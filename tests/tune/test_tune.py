@@ -752,3 +752,22 @@ def test_tuner_measures_the_default_config_unless_given_configs(tmp_path):
     tuner.tune("gemm", CPU, "float32", (256, 256, 256), budget=2, patience=9, db=tmp_path,
                measure_fn=fake, configs=_configs(3))
     assert dflt not in seen and len(seen) == 2
+
+
+def test_gpu_rounds_rotate_which_variant_goes_first(monkeypatch):
+    """The variant timed first in a round measured slow on the GPU: each round starts at the
+    next one, so over n rounds every variant takes that place once."""
+    from lcmac.tune import measure
+    order = []
+
+    def fake_timer():
+        def timer(fn, n):
+            order.append(fn())
+            return 1.0 * n
+        return timer
+    monkeypatch.setattr(measure, "gpu_timer", fake_timer)
+    variants = [(name, (lambda name=name: name)) for name in "abc"]
+    times, sustained = measure.gpu_rounds(variants, 3, 2)
+    assert [order[3 * r] for r in range(3)] == ["a", "b", "c"]
+    assert all(sorted(order[3 * r:3 * r + 3]) == ["a", "b", "c"] for r in range(3))
+    assert times == {"a": [1.0] * 3, "b": [1.0] * 3, "c": [1.0] * 3} and sustained == {}
