@@ -130,14 +130,9 @@ def compute(A, B, algo: str = "auto", out=None):
         if dt not in _CUDA_DTYPES:
             raise DTypeError(f"lcmac's batched CUDA kernel takes {_CUDA_DTYPES}, not {dt} "
                              f"(algo='vendor' runs torch.bmm)")
-        try:
-            fn = batched_kernel(target_for(A.device.type), dt, (M, N, K), config)
-        except LcmacError as e:
-            if not picked:
-                raise
-            # "auto" chose lcmac's kernel and it cannot be had here: torch.bmm, said once
-            _warn_once(f"lcmac.bmm: the batched kernel for {M}x{N}x{K} {dt} could not be built "
-                       f"({str(e).splitlines()[0][:200]}); algo='auto' runs torch.bmm instead")
+        key = (target_for(A.device.type), dt, (M, N, K), config)
+        fn = _auto_kernel(*key) if picked else batched_kernel(*key)
+        if fn is None:          # "auto" chose lcmac's kernel and it cannot be had here
             import torch
             return torch.bmm(A, B, out=out) if out is not None else torch.bmm(A, B)
         return fn(A.contiguous(), B.contiguous(), out=out)
@@ -148,13 +143,26 @@ def compute(A, B, algo: str = "auto", out=None):
 
 
 _auto_choices: dict[tuple, dict | None] = {}
-_warned: set = set()
+#: kernels "auto" picked that could not be built here: not tried again (a failed build costs a
+#: compiler process per call), torch.bmm runs them (as ``lcmac.ops`` does for lcmac.matmul)
+_unbuildable: dict[tuple, str] = {}
 
 
-def _warn_once(msg: str) -> None:
-    if msg not in _warned:
-        _warned.add(msg)
-        warnings.warn(msg, stacklevel=3)
+def _auto_kernel(target: str, dtype: str, shape, config: dict | None):
+    """``batched_kernel`` for a kernel "auto" picked, or None where it cannot be built (warned
+    the first time, remembered for the process)."""
+    key = (target, dtype, shape, tuple(sorted((config or {}).items())))
+    if key in _unbuildable:
+        return None
+    try:
+        return batched_kernel(target, dtype, shape, config)
+    except LcmacError as e:
+        _unbuildable[key] = str(e)
+        M, N, K = shape
+        warnings.warn(f"lcmac.bmm: the batched kernel for {M}x{N}x{K} {dtype} could not be built "
+                      f"({str(e).splitlines()[0][:200]}); algo='auto' runs torch.bmm instead",
+                      stacklevel=3)
+        return None
 
 
 def _auto_config(A, M: int, N: int, K: int, batch: int) -> dict | None:

@@ -3,6 +3,7 @@ the batched kernel, its tiles, and its CUDA code (generated for sm_90a, no GPU n
 import json
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -299,3 +300,26 @@ def test_spgemm_misuse_is_refused():
         bsr_spgemm(BSR(np.ones((1, 4, 4)), [4], [0], (16, 16)), b)
     with pytest.raises(DTypeError, match="one dtype"):
         bsr_spgemm(a, BSR(b.blocks.astype(np.float32), b.rows, b.cols, b.shape))
+
+
+def test_auto_kernel_that_cannot_be_built_is_warned_once_and_not_retried(monkeypatch):
+    """"auto" picked lcmac's kernel and its build fails (no TileLang, say): one warning, None
+    (torch.bmm runs), and no second build attempt for the same kernel."""
+    from lcmac import batched
+    tries = []
+
+    def failing(*a, **kw):
+        tries.append(a)
+        raise LcmacError("no TileLang here\nsecond line")
+    monkeypatch.setattr(batched, "batched_kernel", failing)
+    monkeypatch.setattr(batched, "_unbuildable", {})
+    with pytest.warns(UserWarning, match="16x16x16 bfloat16 could not be built .no TileLang here.; "
+                                         "algo='auto' runs torch.bmm"):
+        assert batched._auto_kernel("cuda-sm90a", "bfloat16", (16, 16, 16), {"policy": "splitk"}) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert batched._auto_kernel("cuda-sm90a", "bfloat16", (16, 16, 16), {"policy": "splitk"}) is None
+    assert len(tries) == 1
+    with pytest.warns(UserWarning):          # another kernel is tried on its own
+        assert batched._auto_kernel("cuda-sm90a", "bfloat16", (32, 32, 32), None) is None
+    assert len(tries) == 2
