@@ -162,9 +162,13 @@ class TuneResult:
     trials: list[Trial] = field(default_factory=list)
     space_sizes: dict = field(default_factory=dict)   # algorithm → (ranked, pruned)
     stopped: dict = field(default_factory=dict)       # algorithm → why tuning stopped
-    default_times: dict = field(default_factory=dict)  # algorithm → time of the default config
     vendor_time: float | None = None                   # the vendor GEMM, same run
     vendor_config: dict = field(default_factory=dict)
+
+    @property
+    def default_times(self) -> dict:
+        """algorithm → time of its default config (its ``default`` trial), where measured."""
+        return {t.point.algorithm: t.time_s for t in self.ok_trials() if t.default}
 
     def ok_trials(self, algorithm: str | None = None) -> list[Trial]:
         return [t for t in self.trials if t.ok and (algorithm is None or t.point.algorithm == algorithm)]
@@ -187,7 +191,7 @@ class TuneResult:
         return spearman([t.point.predicted_s for t in ok], [t.time_s for t in ok])
 
     def summary_rows(self) -> list[dict]:
-        rows = []
+        rows, default_times = [], self.default_times
         M, N, K = self.shape
         for a, t in sorted(self.best_per_algorithm().items(), key=lambda kv: kv[1].time_s):
             n = len([x for x in self.trials if x.point.algorithm == a])
@@ -195,7 +199,7 @@ class TuneResult:
                          "gflops": 2 * M * N * K / t.time_s / 1e9,
                          "predicted_ms": t.point.predicted_s * 1e3,
                          "spearman": self.spearman(a), "config": t.point.config_dict(),
-                         "default_ms": (self.default_times.get(a) or math.nan) * 1e3,
+                         "default_ms": (default_times.get(a) or math.nan) * 1e3,
                          "vs_vendor": (self.vendor_time / t.time_s) if self.vendor_time else math.nan,
                          "stopped": self.stopped.get(a, "")})
         return rows
@@ -322,7 +326,8 @@ def plan_search(algo, target: str, dtype: str, shape, search: SearchOptions) -> 
 def plan_points(algo, target: str, dtype: str, shape, budget: int = 8, **keywords) -> list:
     """The points ``tune`` with the same arguments would build, in its order: per algorithm
     the first ``budget`` configs of the ranked space that are not logged yet for this case
-    (all of them with ``exhaustive``), after the default config when it is measured (``SearchOptions.with_default``).
+    (all of them with ``exhaustive``), after the default config when it is measured
+    (``SearchOptions.with_default``).
     Early stopping can only measure fewer of them."""
     opts = TuneOptions.from_keywords(budget=budget, **keywords)
     return _planned_points(algo, target, normalize_model_dtype(dtype),
@@ -532,7 +537,6 @@ class _TuningRun:
                 if _db.config_key(r["config"]) == dpt.key] if s.reuse_log else []
         if prev:  # measured before: not re-run
             r = min(prev, key=lambda r: r["time_s"])
-            self.result.default_times[a] = r["time_s"]
             self.result.trials.append(Trial(dpt, r["time_s"], r.get("spread"), from_log=True,
                                             record=r, default=True))
             self.bar.update(f"{a} default config (from log) {r['time_s'] * 1e3:.3f} ms")
@@ -542,7 +546,6 @@ class _TuningRun:
             self.bar.update(f"{a} default config failed: {m.get('error', '')[:60]}")
             return
         t = float(m["time_s"])
-        self.result.default_times[a] = t
         rec = self.log(dpt, m, default=True) if dpt.config is not None else None
         # a candidate like the ranked configs: the summary's best and the build (which takes
         # the log's best) may be the default
