@@ -12,7 +12,8 @@ products' rows stacked: ``lcmac.matmul(A, W)``).  ``algo``:
   cache): up to 128 per side ``schedules.cuda.small`` (a CTA per output tile of a group of
   products), wider the production GEMM template (``schedules.cuda.gemm.batched_products``:
   warp-specialised TMA pipeline, C stored by TMA, tiles rasterised within each product; bf16
-  and fp16 on its persistent grid).  On the CPU the numpy reference (``np.matmul`` per
+  and fp16 on its persistent grid).  float64 on the small template at every size (fp64 tensor
+  cores, float64 accumulators).  On the CPU the numpy reference (``np.matmul`` per
   product in float64 or the dtype's accumulator).
 - a catalogue name (``"strassen"``): that LCMA applied to each product.  On the CPU the
   reference executor, one product at a time (the correctness oracle for in-block LCMAs);
@@ -44,7 +45,7 @@ from .schedules.cuda.batched_tiles import batched_template
 __all__ = ["bmm", "register", "BMM_SCHEMA"]
 
 BMM_SCHEMA = '(Tensor A, Tensor B, str algo="auto") -> Tensor'
-_CUDA_DTYPES = ("bfloat16", "float16", "float32")
+_CUDA_DTYPES = ("bfloat16", "float16", "float32", "float64")
 _lock = threading.Lock()
 
 
@@ -78,10 +79,13 @@ def batched_kernel(target: str, dtype: str, shape, config: dict | None = None) -
     """lcmac's batched kernel for products of (M, N, K) = ``shape``, from the kernel cache;
     ``config``: template options over the defaults (``schedules.cuda.config``).  The GEMM
     template is named in the config where it runs, so that the cache key (the requested
-    knobs) tells its kernels from the small template's that ran those shapes before."""
+    knobs) tells its kernels from the small template's that ran those shapes before.  float64
+    runs on the small template at every size (its tensor cores are mma.sync's; the GEMM
+    template's wgmma has no fp64): a config asking for the GEMM template with float64 is a
+    DTypeError."""
     cfg = {"batched": True, **(config or {})}
     shape = tuple(int(d) for d in shape)
-    if batched_template(cfg.get("batched_template"), shape[0], shape[1]) == "gemm":
+    if batched_template(cfg.get("batched_template"), shape[0], shape[1], dtype) == "gemm":
         cfg["batched_template"] = "gemm"
     return LOADED.get(("gemm", target, dtype, shape, tuple(sorted(cfg.items()))),
                       ("gemm", target, dtype, shape), {"config": cfg})

@@ -56,6 +56,7 @@ from ..ir.algorithm import Algorithm
 from ..ir.transforms import power
 from ..schedules.cpu_config import amx_defaults, resolve_config
 from ..schedules.cpu_lcma import programs_for
+from ..schedules.cuda.config import BATCHED_ONLY_DTYPES, batched_only_why
 from ..shapes import parse_shape
 from ..targets import Target, aarch64, get_target, host_target, x86
 from ..version import __version__
@@ -169,7 +170,19 @@ def _slug(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in s.replace("^", "p").replace("*", "x"))
 
 
-def check_dtype(t, dtype: str) -> None:
+def check_dtype(t, dtype: str, config: dict | None = None) -> None:
+    """``dtype`` is one ``t`` builds (with ``config``: a CUDA batched product also takes the
+    dtypes only the batched small template builds, ``BATCHED_ONLY_DTYPES``: float64)."""
+    if t.family == "cuda" and dtype in BATCHED_ONLY_DTYPES:
+        if isinstance(config, str):
+            try:
+                config = json.loads(config)
+            except ValueError:
+                config = None       # build_config names the bad JSON
+        why = batched_only_why(dtype, config if isinstance(config, dict) else None)
+        if why:
+            raise DTypeError(f"target {t.name}: {why}")
+        return
     if dtype not in t.dtypes:
         raise DTypeError(f"target {t.name} does not support {dtype}; choose one of {', '.join(t.dtypes)}")
     if t.backend == "tvm" and dtype not in ("float32", "float64", "bfloat16"):
@@ -211,7 +224,7 @@ def _prepare(algo, target=None, dtype="float32", shape=None, levels: int = 1, co
     t0 = time.perf_counter()
     t = resolve_target(target)
     dtype = normalize_dtype(dtype)
-    check_dtype(t, dtype)
+    check_dtype(t, dtype, config)
     if t.family == "aarch64":
         aarch64.check_toolchain()        # fail here, naming the packages, not in the worker
     M, N, K = parse_shape(shape)

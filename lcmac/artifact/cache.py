@@ -178,7 +178,7 @@ def _spec(algo, target, dtype, shape, config, levels: int, mcpu) -> _Spec:
     """Resolve the request as ``build`` would (no compiling) and derive the key."""
     t = _build.resolve_target(target)
     dtype = normalize_dtype(dtype)
-    _build.check_dtype(t, dtype)
+    _build.check_dtype(t, dtype, config)
     M, N, K = parse_shape(shape)
     alg, plain, name = _build.resolve_algorithm(algo, levels)
     notes: list[str] = []                      # the tuning log's notes: shown on a compile only

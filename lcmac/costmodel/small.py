@@ -88,8 +88,9 @@ def predict_batched(M: int, N: int, K: int, dtype: str, batch: int, tile: dict,
     step = max(load, mma) / min(stages, 2)
     cta = load + (per_cta * num_k - 1) * step + mma + per_cta * store - (per_cta - 1) * LATENCY_CYCLES
     smem = stages * (bm * bk + bk * bn) * s
-    # TileLang's TMA-fed kernels on sm_90a add a producer warpgroup (128 threads)
-    resident = threads + 128
+    # TileLang's TMA-fed kernels on sm_90a add a producer warpgroup (128 threads); float64's
+    # copies are cp.async (schedules.cuda.small), issued by the consumers themselves
+    resident = threads + (0 if dtype == "float64" else 128)
     c = max(1, min(MAX_CTAS_PER_SM, MAX_THREADS_PER_SM // resident,
                    p.onchip_per_unit // max(smem, 1)))
     tiles = ceil(batch / per_cta) * ceil(M / bm) * ceil(N / bn)

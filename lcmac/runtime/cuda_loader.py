@@ -28,7 +28,8 @@ from ..artifact.manifest import verify_library
 from ..errors import ArtifactError, DTypeError, LcmacError, ShapeError, TargetError
 from ..targets import TARGETS
 
-_TORCH_DT = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+_TORCH_DT = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32",
+             "float64": "float64"}
 
 
 class CudaRunError(LcmacError, RuntimeError):

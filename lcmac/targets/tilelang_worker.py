@@ -10,7 +10,8 @@ Request (JSON object):
                 null / "gemm" for the plain TileLang GEMM
     target      "cuda-sm90a" | "cuda-sm80"
     dtype       "bfloat16" | "float16" | "float32"  (float32: the GEMM stage runs TF32 on
-                the tensor cores, fp32 accumulation; combines are fp32)
+                the tensor cores, fp32 accumulation; combines are fp32); "float64" for
+                batched products only (fp64 tensor cores, float64 accumulation)
     shape       [M, N, K]
     config      CudaConfig fields (optional)
     out_dir     directory for the library and the generated sources
@@ -51,9 +52,10 @@ from ..ir.cse import optimized_programs
 from ..ir.program import (LinearProgram, combine_matrices, direct_outputs, keep_outputs,
                           naive_program, scale_inputs)
 from ..schedules.cuda.batched_tiles import batched_template, persistent_why, small_tile_defaults
-from ..schedules.cuda.config import (FP8_MAX_COMBINE, SMEM_PER_CTA, SUPPORTED_DTYPES, Blocking,
-                                     CudaConfig, NotSupportedYet, PersistentPlan, arch_why,
-                                     bound_exponent, bsr_tile_defaults, check_batched_shape,
+from ..schedules.cuda.config import (BATCHED_DTYPES, FP8_MAX_COMBINE, SMEM_PER_CTA,
+                                     SUPPORTED_DTYPES, Blocking, CudaConfig, NotSupportedYet,
+                                     PersistentPlan, arch_why, batched_only_why, bound_exponent,
+                                     bsr_tile_defaults, check_batched_shape,
                                      check_operands, check_shape, check_smem,
                                      cluster_kernels, direct_views_why, fp8_combine_size,
                                      int64_buffers, is_lcma, needs_int64, operand_sources,
@@ -104,13 +106,15 @@ class Request:
         if target.family != "cuda":
             raise ValueError(f"the TileLang worker builds CUDA targets, not {target.name}")
         dtype = normalize_dtype(req.get("dtype", "bfloat16"))
-        if dtype not in SUPPORTED_DTYPES:
+        given = dict(req.get("config") or {})
+        if why := batched_only_why(dtype, given):
+            raise DTypeError(why)
+        if dtype not in BATCHED_DTYPES:
             if dtype == "float8_e4m3":
                 raise NotSupportedYet("float8_e4m3 is not supported yet by the CUDA backend")
             raise DTypeError(f"the CUDA backend supports {SUPPORTED_DTYPES}, not {dtype}")
         M, N, K = (int(x) for x in req["shape"])
         alg = _resolve_algorithm(req.get("algorithm"))
-        given = dict(req.get("config") or {})
         if given.get("batched"):
             check_batched_shape(M, N, K)
             tile = small_tile_defaults(M, N, K, dtype, given.get("policy"), given.get("batched_template"),
@@ -202,7 +206,7 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None) -> Pl
             raise NotSupportedYet("a batched small product (config batched) is a plain GEMM with "
                                   "native operands: build it without an algorithm, operands or "
                                   "ladder step")
-        if batched_template(cfg.batched_template, shape[0], shape[1]) == "gemm":
+        if batched_template(cfg.batched_template, shape[0], shape[1], dtype) == "gemm":
             if ctas and (why := persistent_why(shape[1], shape[2], dtype)):
                 raise NotSupportedYet(f"persistent=True for a batched product: {why} (use persistent=False)")
             from ..schedules.cuda import gemm      # TileLang: this process only

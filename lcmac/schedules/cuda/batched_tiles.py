@@ -8,16 +8,22 @@ benchmark and the cost model read them.
 from __future__ import annotations
 
 from ...dtypes import ITEMSIZE
-from ...errors import ShapeError
-from .config import SMEM_PER_CTA
+from ...errors import DTypeError, ShapeError
+from .config import BATCHED_ONLY_DTYPES, SMEM_PER_CTA, batched_only_why
 
 #: largest max(M, N) a batched product runs on the small template under "auto"
 SMALL_TEMPLATE_MAX = 128
 
 
-def batched_template(template: str | None, M: int, N: int) -> str:
+def batched_template(template: str | None, M: int, N: int, dtype: str | None = None) -> str:
     """The template a batched M×N product runs on (``CudaConfig.batched_template``): "auto"
-    (or None) is "small" up to ``SMALL_TEMPLATE_MAX`` per side and "gemm" beyond."""
+    (or None) is "small" up to ``SMALL_TEMPLATE_MAX`` per side and "gemm" beyond; float64
+    (``BATCHED_ONLY_DTYPES``) is always "small" (the GEMM template's wgmma has no fp64: asking
+    for it with float64 is a DTypeError)."""
+    if dtype in BATCHED_ONLY_DTYPES:
+        if template == "gemm":
+            raise DTypeError(batched_only_why(dtype, {"batched": True, "batched_template": "gemm"}))
+        return "small"
     if template in (None, "auto"):
         return "gemm" if max(M, N) > SMALL_TEMPLATE_MAX else "small"
     return template
@@ -38,8 +44,10 @@ def small_tile_defaults(M: int, N: int, K: int, dtype: str, policy: str | None =
     products share the CTA."""
     if policy == "splitk":
         return splitk_tile_defaults(M, N, K, dtype)
-    if batched_template(template, M, N) == "gemm":
+    if batched_template(template, M, N, dtype) == "gemm":
         return gemm_batch_tile_defaults(M, N, K, dtype, persistent, arch)
+    if dtype == "float64":
+        return float64_tile_defaults(M, N, K)
     side = max(M, N)
     cap = 32 if dtype == "float32" else 64
     block_k = min(cap, -(-K // 16) * 16)
@@ -52,6 +60,27 @@ def small_tile_defaults(M: int, N: int, K: int, dtype: str, policy: str | None =
             "threads": 32 if tile <= 32 else 128,
             "stages": 2 if K > block_k or per_cta > 1 else 1,
             "policy": "square" if tile <= 32 else "fullrow", "products_per_cta": per_cta}
+
+
+def float64_tile_defaults(M: int, N: int, K: int) -> dict:
+    """The tile of a float64 batched product (the small template at every size: the fp64
+    tensor cores are mma.sync's m8n8k4, one warp each, float64 accumulators).  The tiles
+    of the other dtypes up to 64 per side (16² and 32² one warp, 64² four), 16 products per
+    CTA; beyond, 128² tiles of 8 warps (four warps would hold 128 float64 accumulators, 256
+    registers, each) one product per CTA.  The warps split rows and columns ("square": a warp
+    of the 64² tile owns 32×32 of C, so each fragment it loads from shared memory serves four
+    mma, where a 16-row strip's serve two).  The K slab 16 deep (128 bytes of a row, as the
+    other dtypes': a 128² tile's stage is 32 KiB); two stages where K has more than one slab
+    or several products share the CTA, three on 128² tiles with three or more slabs."""
+    side = max(M, N)
+    block_k = 16
+    num_k = -(-K // block_k)
+    tile = next((t for t in (16, 32, 64) if side <= t), 128)
+    per_cta = 16 if tile <= 64 else 1
+    stages = 3 if tile == 128 and num_k >= 3 else 2 if num_k > 1 or per_cta > 1 else 1
+    return {"block_m": tile, "block_n": tile, "block_k": block_k,
+            "threads": 32 if tile <= 32 else 128 if tile == 64 else 256,
+            "stages": stages, "policy": "square", "products_per_cta": per_cta}
 
 
 def gemm_batch_tile_defaults(M: int, N: int, K: int, dtype: str, persistent: bool | None = None,
@@ -106,7 +135,7 @@ def splitk_tile_defaults(M: int, N: int, K: int, dtype: str) -> dict:
         raise ShapeError(f"policy 'splitk' is for products of up to 32×32 (got {M}×{N}): "
                          f"a larger tile has a warpgroup splitting M and N already")
     unit = 16 * SPLITK_WARPS
-    cap = SPLITK_WARPS * (32 if dtype == "float32" else 64)
+    cap = SPLITK_WARPS * {"float32": 32, "float64": 16}.get(dtype, 64)
     tile = 16 if side <= 16 else 32
     return {"block_m": tile, "block_n": tile, "block_k": min(cap, -(-K // unit) * unit),
             "threads": 32 * SPLITK_WARPS, "stages": 2, "policy": "splitk", "products_per_cta": 4}

@@ -48,7 +48,8 @@ class CudaConfig:
     fused        True: group-parallel combines + fused GEMM/Combine-H kernel (FalconGEMM);
                  False: Algorithm 1 (combines, batched GEMM writing H, Combine-H kernel).
     block_*      GEMM tile (a CTA owns a block_m × block_n tile position of every C_ij);
-                 block_k 0: 64 for 2-byte dtypes, 32 for float32 (shared-memory fit).
+                 block_k 0: 64 for 2-byte dtypes, 32 for float32, 16 for float64
+                 (128 bytes of a row; shared-memory fit).
     stages       software-pipeline depth of the K loop (TMA + mbarriers on sm_90a).
     threads      consumer threads per CTA (TileLang adds a producer warpgroup on sm_90a).
     swizzle      threadblock rasterisation panel (0 = off) for L2 reuse.
@@ -181,9 +182,11 @@ class CudaConfig:
         return cfg
 
     def bk(self, dtype: str) -> int:
+        """The K slab: ``block_k``, or 128 bytes of a row (64 for 2-byte dtypes, 32 for
+        float32, 16 for float64) where it is 0."""
         if self.block_k:
             return self.block_k
-        return 32 if dtype == "float32" else 64
+        return {"float32": 32, "float64": 16}.get(dtype, 64)
 
     def _check_splitk(self) -> None:
         """The 3D partition (``schedules.cuda.small.batched_splitk_gemm``): W = threads / 32
@@ -268,6 +271,37 @@ class Blocking:
 
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
+#: dtypes only the batched small template builds (``schedules.cuda.small``; a config with
+#: ``batched``): float64 on the fp64 tensor cores (mma.sync m8n8k4, float64 accumulators;
+#: wgmma has no fp64, so the production GEMM template and the LCMA kernels have none)
+BATCHED_ONLY_DTYPES = ("float64",)
+#: what a batched product (``CudaConfig.batched``) takes
+BATCHED_DTYPES = SUPPORTED_DTYPES + BATCHED_ONLY_DTYPES
+
+
+def accum_dtype(dtype: str) -> str:
+    """The accumulators of a GEMM stage on ``dtype`` operands: float64 for float64 (the fp64
+    tensor cores accumulate in float64), float32 for every other dtype."""
+    return "float64" if dtype == "float64" else "float32"
+
+
+def batched_only_why(dtype: str, config: dict | None) -> str | None:
+    """Why a build of ``dtype`` with ``config`` (a dict of CudaConfig fields) is refused
+    because the dtype is one only the batched small template builds (None: it is not)."""
+    if dtype not in BATCHED_ONLY_DTYPES:
+        return None
+    cfg = config or {}
+    if not cfg.get("batched"):
+        return (f"{dtype} is built for batched products only (lcmac.bmm(A, B, algo='gemm'), a "
+                f"config with batched=True); the CUDA backend's other kernels take "
+                f"{', '.join(SUPPORTED_DTYPES)}")
+    if cfg.get("batched_template") == "gemm":
+        return (f"the production GEMM template (batched_template='gemm') has no {dtype}: its "
+                f"tensor-core path is wgmma, which has no fp64; {dtype} runs on the small "
+                f"template (batched_template 'small' or 'auto')")
+    return None
+
+
 #: the GEMM optimisation ladder's steps (``CudaConfig.ladder``)
 LADDER_STEPS = 7
 #: Generation of the CUDA templates tuned configs were measured on (see cpu_config's).

@@ -15,14 +15,26 @@ checks and zero fill, so any size is exact.  Sizes per product and the tile a si
 ``batched_tiles.small_tile_defaults``.  Products wider than 128 run on the production GEMM
 template instead (``gemm.batched_products``; this one's 128×256 kernel by
 ``batched_template="small"``).
+
+float64 runs here at every size (``batched_tiles.float64_tile_defaults``): the fp64 tensor
+cores (mma.sync m8n8k4; wgmma has no fp64), float64 accumulators (``config.accum_dtype``),
+the operands copied by cp.async rather than TMA (``_tma_ok``).
 """
 # (no `from __future__ import annotations`: TileLang evaluates the Tensor annotations)
 
 import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
-from .common import ACCUM, emit_names, uses_pdl, warp_policy
-from .config import CudaConfig
+from .common import emit_names, uses_pdl, warp_policy
+from .config import CudaConfig, accum_dtype
+
+
+def _tma_ok(dtype: str) -> bool:
+    """Whether the operand copies may go by TMA.  Not for float64: TileLang 0.1.15 lays the
+    fp64 mma's shared operands out in a swizzle a TensorMap cannot encode ("byte-address
+    swizzle Sw<2,3,4> is not representable by a TensorMap descriptor"), so they are cp.async
+    copies (bounds-checked and zero-filled all the same)."""
+    return dtype != "float64"
 
 
 def batched_small_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
@@ -39,6 +51,7 @@ def batched_small_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch
 
     per_cta = cfg.products_per_cta
     num_k = -(-K // block_k)
+    accum, tma = accum_dtype(dtype), _tma_ok(dtype)     # float64: float64 accumulators, cp.async
 
     @T.prim_func
     def lcmac_bmm(A: T.Tensor((batch, M, K), dtype), B: T.Tensor((batch, K, N), dtype),
@@ -49,7 +62,7 @@ def batched_small_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch
             by, bx = tile // tiles_n, tile % tiles_n
             A_shared = T.alloc_shared((block_m, block_k), dtype)
             B_shared = T.alloc_shared((block_k, block_n), dtype)
-            C_local = T.alloc_fragment((block_m, block_n), ACCUM)
+            C_local = T.alloc_fragment((block_m, block_n), accum)
             emit_names(A_s=A_shared, B_s=B_shared, C_l=C_local)
             # one pipeline over every (product, k) step of the CTA's products: the next
             # product's slabs load while this one multiplies and stores.  The last group's
@@ -58,8 +71,8 @@ def batched_small_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch
             for step in T.Pipelined(per_cta * num_k, num_stages=cfg.stages):
                 b = T.min(group * per_cta + step // num_k, batch - 1)
                 ko = step % num_k
-                T.copy(A[b, by * block_m, ko * block_k], A_shared)
-                T.copy(B[b, ko * block_k, bx * block_n], B_shared)
+                T.copy(A[b, by * block_m, ko * block_k], A_shared, disable_tma=not tma)
+                T.copy(B[b, ko * block_k, bx * block_n], B_shared, disable_tma=not tma)
                 T.gemm(A_shared, B_shared, C_local, policy=policy, clear_accum=ko == 0)
                 if ko == num_k - 1:
                     T.copy(C_local, C[b, by * block_m, bx * block_n])
@@ -83,6 +96,7 @@ def batched_splitk_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arc
     num_k = -(-K // block_k)
     ws = list(range(warps))            # a Python list: the per-warp code is unrolled at trace time
     pdl = uses_pdl(arch)
+    accum, tma = accum_dtype(dtype), _tma_ok(dtype)
 
     @T.prim_func
     def lcmac_bmm(A: T.Tensor((batch, M, K), dtype), B: T.Tensor((batch, K, N), dtype),
@@ -93,18 +107,18 @@ def batched_splitk_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arc
             by, bx = tile // tiles_n, tile % tiles_n
             A_shared = T.alloc_shared((block_m, block_k), dtype)
             B_shared = T.alloc_shared((block_k, block_n), dtype)
-            P_shared = T.alloc_shared((warps, block_m, block_n), ACCUM)
+            P_shared = T.alloc_shared((warps, block_m, block_n), accum)
             # one accumulator per warp: a gemm under ``warp == w`` lays its fragment over
             # that warp's 32 threads only (TileLang bounds the threads from the condition)
-            parts = [T.alloc_fragment((block_m, block_n), ACCUM) for _ in ws]
+            parts = [T.alloc_fragment((block_m, block_n), accum) for _ in ws]
             emit_names(A_s=A_shared, B_s=B_shared, P_s=P_shared)
             tx = T.get_thread_binding()
             # one pipeline over every (product, k) step, as in batched_small_gemm
             for step in T.Pipelined(per_cta * num_k, num_stages=cfg.stages):
                 b = T.min(group * per_cta + step // num_k, batch - 1)
                 ko = step % num_k
-                T.copy(A[b, by * block_m, ko * block_k], A_shared)
-                T.copy(B[b, ko * block_k, bx * block_n], B_shared)
+                T.copy(A[b, by * block_m, ko * block_k], A_shared, disable_tma=not tma)
+                T.copy(B[b, ko * block_k, bx * block_n], B_shared, disable_tma=not tma)
                 for w in ws:
                     if tx >= w * 32 and tx < (w + 1) * 32:
                         T.gemm(A_shared[0:block_m, w * part_k:(w + 1) * part_k],
