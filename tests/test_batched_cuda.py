@@ -33,6 +33,11 @@ LARGE_VARIANTS = [(torch.bfloat16, (512, 512, 512), {"persistent": False}),
 SPLITK = [(torch.bfloat16, (16, 16, 256)), (torch.bfloat16, (32, 32, 512)), (torch.bfloat16, (17, 19, 300)),
           (torch.float16, (16, 16, 64)), (torch.float32, (16, 16, 256)), (torch.float32, (32, 32, 512)),
           (torch.float32, (9, 12, 100))]
+# float64: the small template at every size (fp64 mma.sync, float64 accumulators), tiles the
+# sizes do and do not divide; and its 3D partition
+FP64 = [(16, 16, 16), (33, 33, 33), (64, 64, 64), (100, 100, 100), (128, 128, 128), (129, 129, 129),
+        (200, 136, 72), (256, 256, 256), (512, 512, 512)]
+FP64_SPLITK = [(16, 16, 256), (17, 19, 300)]
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +48,16 @@ def kernels():
     cases += [(str(d).replace("torch.", ""), s, None) for d, s in LARGE]
     cases += [(str(d).replace("torch.", ""), s, c) for d, s, c in LARGE_VARIANTS]
     cases += [("bfloat16", (136, 136, 16), None)]
+    cases += [("float64", s, None) for s in FP64] + [("float64", s, {"policy": "splitk"}) for s in FP64_SPLITK]
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda c: batched_kernel(target_for("cuda"), c[0], c[1], c[2]), cases))
 
 
 def _pair(batch, M, N, K, dtype, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
-    A = torch.randn(batch, M, K, device="cuda", generator=g).to(dtype)
-    B = torch.randn(batch, K, N, device="cuda", generator=g).to(dtype)
+    gdt = torch.float64 if dtype == torch.float64 else torch.float32     # float64: all 53 bits
+    A = torch.randn(batch, M, K, device="cuda", generator=g, dtype=gdt).to(dtype)
+    B = torch.randn(batch, K, N, device="cuda", generator=g, dtype=gdt).to(dtype)
     return A, B
 
 
@@ -137,7 +144,8 @@ def test_spgemm_on_cuda():
         assert c.blocks.device.type == "cuda" and _rel(c.to_dense(), ref) < 1e-2
 
 
-def test_c_api_runs_a_batched_artifact(tmp_path):
+@pytest.mark.parametrize("dtype, code", [(torch.bfloat16, 2), (torch.float64, 1)])   # lcmac_dtype
+def test_c_api_runs_a_batched_artifact(tmp_path, dtype, code):
     """lcmac_cuda_bmm from C (the harness as a shared library, called on torch's stream):
     the same C as lcmac.bmm, any batch count; each call refuses the other's artifact."""
     import ctypes
@@ -162,7 +170,8 @@ def test_c_api_runs_a_batched_artifact(tmp_path):
     lib.lcmac_last_error.restype = ctypes.c_char_p
     lib.lcmac_last_error.argtypes = [vp]
     lib.lcmac_close.argtypes = [vp]
-    man = cached_build("gemm", target_for("cuda"), "bfloat16", (16, 16, 16), config={"batched": True}).manifest
+    dname = str(dtype).replace("torch.", "")
+    man = cached_build("gemm", target_for("cuda"), dname, (16, 16, 16), config={"batched": True}).manifest
     status, err = ctypes.c_int(), ctypes.create_string_buffer(1024)
     h = lib.lcmac_open_cuda_artifact(str(man).encode(), torch.cuda.current_device(), ctypes.byref(status),
                                      err, len(err))
@@ -170,19 +179,23 @@ def test_c_api_runs_a_batched_artifact(tmp_path):
     try:
         stream = torch.cuda.current_stream().cuda_stream
         for batch in (1, 37):
-            A, B = _pair(batch, 16, 16, 16, torch.bfloat16, seed=batch)
-            C = torch.full((batch, 16, 16), float("nan"), device="cuda", dtype=torch.bfloat16)
-            rc = lib.lcmac_cuda_bmm(h, A.data_ptr(), B.data_ptr(), C.data_ptr(), batch, 16, 16, 16, 2, stream)
+            A, B = _pair(batch, 16, 16, 16, dtype, seed=batch)
+            C = torch.full((batch, 16, 16), float("nan"), device="cuda", dtype=dtype)
+            rc = lib.lcmac_cuda_bmm(h, A.data_ptr(), B.data_ptr(), C.data_ptr(), batch, 16, 16, 16, code, stream)
             torch.cuda.synchronize()
             assert rc == 0, lib.lcmac_last_error(h)
             assert torch.equal(C, lcmac.bmm(A, B, algo="gemm"))
-        assert lib.lcmac_cuda_bmm(h, A.data_ptr(), B.data_ptr(), C.data_ptr(), 37, 16, 16, 32, 2, stream) == 1
+        assert lib.lcmac_cuda_bmm(h, A.data_ptr(), B.data_ptr(), C.data_ptr(), 37, 16, 16, 32, code, stream) == 1
         assert b"not the artifact's" in lib.lcmac_last_error(h)
         # (short buffers are refused against their cudaMalloc allocation, tests/runtime/cuda_misuse.c;
         # torch's caching allocator hands out slices of larger ones, so they are not tried here)
-        assert lib.lcmac_cuda_bmm(h, A.data_ptr(), B.data_ptr(), C.data_ptr(), -1, 16, 16, 16, 2, stream) == 1
+        assert lib.lcmac_cuda_bmm(h, A.data_ptr(), B.data_ptr(), C.data_ptr(), -1, 16, 16, 16, code, stream) == 1
         assert b"batch must be" in lib.lcmac_last_error(h)
-        assert lib.lcmac_cuda_matmul(h, A.data_ptr(), B.data_ptr(), C.data_ptr(), 16, 16, 16, 2, None, 0,
+        other = 0 if code == 1 else 1                      # float32 for float64, float64 for bf16
+        assert lib.lcmac_cuda_bmm(h, A.data_ptr(), B.data_ptr(), C.data_ptr(), 37, 16, 16, 16, other, stream) == 1
+        assert (b"dtype %s is not the artifact's %s" % ((b"float32", b"float64") if code == 1 else
+                                                         (b"float64", b"bfloat16"))) in lib.lcmac_last_error(h)
+        assert lib.lcmac_cuda_matmul(h, A.data_ptr(), B.data_ptr(), C.data_ptr(), 16, 16, 16, code, None, 0,
                                      stream) == 1
         assert b"lcmac_cuda_bmm" in lib.lcmac_last_error(h)
     finally:
@@ -282,3 +295,71 @@ def test_gemm_template_grid_beyond_65535_ctas(kernels):
     C = lcmac.bmm(A, B, algo="gemm")
     for part in (slice(0, 256), slice(batch - 256, batch)):
         _check_large(C[part], A[part], B[part], torch.bfloat16)
+
+
+# ---- float64 ------------------------------------------------------------------------------------
+
+
+def _check_float64(C, A, B):
+    """C against the CPU's float64 product (another implementation than cuBLAS's): within 1e-12
+    and within 8× torch.bmm's own distance from it (float64 products measure 1e-16 to 1e-15;
+    an fp32 accumulator or a TF32 step would give 1e-7 and more)."""
+    ref = torch.bmm(A.cpu(), B.cpu())
+    err = _rel(C.cpu(), ref)
+    err_bmm = _rel(torch.bmm(A, B).cpu(), ref)
+    assert err < 1e-12 and err <= max(8 * err_bmm, 1e-15), (err, err_bmm)
+    return err, err_bmm
+
+
+@pytest.mark.parametrize("shape", FP64)
+def test_float64_every_size_matches_the_cpu(kernels, shape):
+    M, N, K = shape
+    A, B = _pair(37, M, N, K, torch.float64, seed=M + K)
+    Cx = torch.full((38, M, N), float("nan"), device="cuda", dtype=torch.float64)
+    C = lcmac.bmm(A, B, algo="gemm", out=Cx[:37])       # no tile writes past the batch
+    assert C.dtype == torch.float64 and torch.isnan(Cx[37]).all()
+    err, err_bmm = _check_float64(C, A, B)
+    print(f"float64 {M}x{N}x{K}: error {err:.2e}, torch.bmm {err_bmm:.2e}")
+
+
+@pytest.mark.parametrize("shape", [(16, 16, 16), (100, 100, 100)])
+def test_float64_one_kernel_serves_any_batch_count(kernels, shape):
+    M, N, K = shape
+    for batch in (1, 7, 4099):                 # 16³: 16 products a CTA, 7 and 4099 end a group part-way
+        A, B = _pair(batch, M, N, K, torch.float64, seed=batch)
+        C = torch.full((batch, M, N), float("nan"), device="cuda", dtype=torch.float64)
+        lcmac.bmm(A, B, algo="gemm", out=C)
+        assert torch.equal(C[-1], lcmac.bmm(A[-1:], B[-1:], algo="gemm")[0])
+        _check_float64(C[:512], A[:512], B[:512])
+    assert lcmac.bmm(A[:0], B[:0], algo="gemm").shape == (0, M, N)
+
+
+@pytest.mark.parametrize("shape", FP64_SPLITK)
+def test_float64_splitk_matches_the_cpu(kernels, shape):
+    M, N, K = shape
+    A, B = _pair(41, M, N, K, torch.float64, seed=K)
+    fn = batched_kernel(target_for("cuda"), "float64", shape, {"policy": "splitk"})
+    C = torch.full((41, M, N), float("nan"), device="cuda", dtype=torch.float64)
+    fn(A, B, out=C)
+    _check_float64(C, A, B)
+    C2 = torch.empty_like(C)
+    fn(A, B, out=C2)
+    assert torch.equal(C, C2)                              # the partials are summed in a fixed order
+
+
+@pytest.mark.parametrize("shape, batch", [((16, 16, 16), 100_000), ((64, 64, 64), 10_000),
+                                          ((256, 256, 256), 2_000)])
+def test_float64_auto_is_torch_bmm(shape, batch):
+    A, B = _pair(batch, *shape[:2], shape[2], torch.float64, seed=7)
+    assert torch.equal(lcmac.bmm(A, B), torch.bmm(A, B))   # no measured win: the vendor's bits
+
+
+def test_float64_misuse_is_named(kernels):
+    fn = batched_kernel(target_for("cuda"), "float64", (16, 16, 16))
+    A, B = _pair(2, 16, 16, 16, torch.float64)
+    with pytest.raises(DTypeError, match="float64"):
+        fn(A.float(), B.float())
+    with pytest.raises(DTypeError, match="no float64"):
+        batched_kernel(target_for("cuda"), "float64", (256, 256, 256), {"batched_template": "gemm"})
+    with pytest.raises(DTypeError, match="float64"):      # one product: lcmac.matmul has no float64 kernel
+        lcmac.matmul(A[0], B[0], algo="gemm")
