@@ -11,6 +11,11 @@ The grid behind ``algo="auto"``'s rule (``lcmac.costmodel.small.choose_batched``
         --dtypes bfloat16 float16 float32 --variants '[{"policy": "splitk"}]' --auto \
         --out bench/results/h100-batched-auto.json
 
+float64 (the small template at every size):
+
+    python scripts/bench_batched.py --sizes 16 32 64 128 256 --batch 10000 --dtypes float64 \
+        --rounds 5 --calls 10 --sustained 2 --out bench/results/h100-batched-float64.json --plot
+
 Products wider than 128 (the production GEMM template) against the small template's 128×256
 kernel and the persistent grid, each size with a batch of its own (``MxNxK@batch``):
 
@@ -25,7 +30,9 @@ B [batch, K, N] random normal, C = A·B by
 cache, the batch count a kernel argument), ``torch.bmm`` and ``torch.matmul``, timed with CUDA
 events in interleaved rounds (median over the rounds and the spread: the burst figure) and,
 with ``--sustained S``, S seconds back to back each (the sustained figure).  float32 is TF32
-on both sides (lcmac's kernels multiply float32 as TF32; ``allow_tf32`` is set for torch).
+on both sides (lcmac's kernels multiply float32 as TF32; ``allow_tf32`` is set for torch when
+float32 is among ``--dtypes``); float64 is float64 on both sides (fp64 tensor cores, float64
+accumulators; its reference is the CPU's float64 product).
 Effective TFLOP/s = 2·batch·n³ / time; the bandwidth column counts each product's A, B and C
 once.  Each result is checked against a float64 product (relative Frobenius error, beside
 torch.bmm's own, on the first 512 products).  ``model µs``: the clock-cycle model's prediction
@@ -48,7 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=[10000], help="products per batch")
     ap.add_argument("--auto", action="store_true", help='also time lcmac.bmm(A, B) (algo="auto")')
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"],
-                    choices=["bfloat16", "float16", "float32"])
+                    choices=["bfloat16", "float16", "float32", "float64"])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=20, help="back-to-back calls per timed round")
     ap.add_argument("--sustained", type=float, default=0.0, metavar="S")
@@ -73,7 +80,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_batched: needs a CUDA GPU", file=sys.stderr)
         return 2
-    torch.backends.cuda.matmul.allow_tf32 = True
+    # float32 is TF32 on both sides; the flag touches float32 alone (float64 stays float64)
+    torch.backends.cuda.matmul.allow_tf32 = "float32" in args.dtypes
     name = torch.cuda.get_device_name()
     configs = [{}] + list(args.variants)
     built = _compile_all([(dtype, shp, c) for dtype in args.dtypes for shp in shapes for c in configs], args.jobs)
@@ -87,13 +95,16 @@ def main(argv=None) -> int:
             tdt = getattr(torch, dtype)
             n = max(M, N, K)
             g = torch.Generator(device="cuda").manual_seed(M * 10007 + N * 101 + K)
-            A = torch.randn(batch, M, K, device="cuda", generator=g).to(tdt)
-            B = (torch.randn(batch, K, N, device="cuda", generator=g) / K ** 0.5).to(tdt)
+            gdt = torch.float64 if dtype == "float64" else torch.float32     # float64: all 53 bits
+            A = torch.randn(batch, M, K, device="cuda", generator=g, dtype=gdt).to(tdt)
+            B = (torch.randn(batch, K, N, device="cuda", generator=g, dtype=gdt) / K ** 0.5).to(tdt)
             C = torch.empty(batch, M, N, device="cuda", dtype=tdt)
             lcmac.bmm(A, B, algo="gemm", out=C)              # compile / load, first launch
             torch.cuda.synchronize()
             k = min(batch, 512)                          # the error on the first products
-            ref = torch.bmm(A[:k].double(), B[:k].double())
+            # against float64 (float64 itself: on the CPU, another implementation than cuBLAS's)
+            ref = (torch.bmm(A[:k].cpu(), B[:k].cpu()).cuda() if dtype == "float64"
+                   else torch.bmm(A[:k].double(), B[:k].double()))
             rel = lambda X: ((X[:k].double() - ref).norm() / ref.norm()).item()  # noqa: E731
             err, err_bmm = rel(C), rel(torch.bmm(A, B))
             variant_err = {}
@@ -168,7 +179,7 @@ def _write(args, argv, device: str, results: list) -> None:
     from lcmac.tune.measure import run_header
     doc = {**run_header("batched small products: lcmac.bmm (algo='gemm') vs torch.bmm and torch.matmul",
                         device, __file__, argv),
-           "torch": torch.__version__,
+           "torch": torch.__version__, "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
            "rounds": args.rounds, "calls": args.calls, "sustained_s": args.sustained,
            "results": results}
     with open(args.out, "w") as f:
