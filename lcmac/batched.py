@@ -83,12 +83,20 @@ def batched_kernel(target: str, dtype: str, shape, config: dict | None = None) -
     runs on the small template at every size (its tensor cores are mma.sync's; the GEMM
     template's wgmma has no fp64): a config asking for the GEMM template with float64 is a
     DTypeError."""
-    cfg = {"batched": True, **(config or {})}
     shape = tuple(int(d) for d in shape)
-    if batched_template(cfg.get("batched_template"), shape[0], shape[1], dtype) == "gemm":
-        cfg["batched_template"] = "gemm"
-    return LOADED.get(("gemm", target, dtype, shape, tuple(sorted(cfg.items()))),
-                      ("gemm", target, dtype, shape), {"config": cfg})
+    asked = (target, dtype, shape, tuple(sorted(config.items())) if config else ())
+    how = _kernel_keys.get(asked)
+    if how is None:         # the template and the cache key, worked out once per request
+        cfg = {"batched": True, **(config or {})}
+        if batched_template(cfg.get("batched_template"), shape[0], shape[1], dtype) == "gemm":
+            cfg["batched_template"] = "gemm"
+        how = _kernel_keys[asked] = (("gemm", target, dtype, shape, tuple(sorted(cfg.items()))),
+                                     ("gemm", target, dtype, shape), {"config": cfg})
+    return LOADED.get(*how)
+
+
+#: batched_kernel's requests → (LOADED key, build arguments): a call costs a dict lookup
+_kernel_keys: dict[tuple, tuple] = {}
 
 
 def _reference(A, B, algo: str):

@@ -39,10 +39,15 @@ def check_algo(algo) -> str:
     if not isinstance(algo, str):
         raise CatalogueError(f"algo must be a string (\"auto\", \"vendor\", \"gemm\" or an "
                              f"algorithm name), got {type(algo).__name__}")
-    if algo in (AUTO, VENDOR):
+    if algo in (AUTO, VENDOR, GEMM) or algo in _resolved:
         return algo
     resolve_algorithm(algo)           # unknown names: CatalogueError naming them
+    _resolved.add(algo)               # resolving builds the scheme: tens of µs a call
     return algo
+
+
+#: algorithm names that resolved once (a name the catalogue knows stays known)
+_resolved: set[str] = set()
 
 
 def define_op(name: str, impl, schema: str, fake, backward, setup_context):

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 import lcmac  # noqa: E402
 from lcmac.batched import batched_kernel  # noqa: E402
 from lcmac.call_args import target_for  # noqa: E402
-from lcmac.errors import DTypeError, ShapeError  # noqa: E402
+from lcmac.errors import DTypeError, ShapeError, TargetError  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -113,6 +113,18 @@ def test_misuse_is_named():
         fn(A.transpose(1, 2), B)
     with pytest.raises(Exception, match="in-block LCMA"):
         lcmac.bmm(A, B, algo="strassen")
+    # what the call's quick test must hand to the full check, each named there
+    flat = torch.empty(2 * 16 * 16 + 1, dtype=torch.bfloat16, device="cuda")
+    misaligned = flat[1:].view(2, 16, 16).copy_(A)
+    with pytest.raises(ShapeError, match="aligned"):
+        fn(misaligned, B)
+    with pytest.raises(TargetError, match="cpu"):
+        fn(A, B.cpu())
+    with pytest.raises(ShapeError, match="out"):
+        fn(A, B, out=torch.empty(2, 16, 8, dtype=torch.bfloat16, device="cuda"))
+    with pytest.raises(DTypeError, match="out"):
+        fn(A, B, out=torch.empty(2, 16, 16, dtype=torch.float16, device="cuda"))
+    assert _rel(fn(A, B), torch.bmm(A.double(), B.double())) < 1e-2
 
 
 def test_structured_products_on_cuda():
