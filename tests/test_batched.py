@@ -144,10 +144,11 @@ def test_batched_kernel_generates_for_sm90a(tmp_path):
 # ---- algo="auto": the rule ------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_auto_picks_lcmac_for_tiny_2_byte_products_in_large_batches(dtype):
-    for n in (8, 16):
+    for n in (8, 16, 24):
         assert choose_batched("cuda", dtype, n, n, n, 100_000) == {}
-        assert choose_batched("cuda", dtype, n, n, n, 10_000) is None          # lost there
-    for shape in ((24, 24, 24), (32, 32, 32), (64, 64, 64), (16, 16, 64), (16, 64, 16), (64, 16, 16),
+        assert choose_batched("cuda", dtype, n, n, n, 10_000) == {}
+        assert choose_batched("cuda", dtype, n, n, n, 1_000) is None           # lost there
+    for shape in ((32, 32, 32), (64, 64, 64), (16, 16, 64), (16, 64, 16), (64, 16, 16),
                   (16, 16, 256), (32, 32, 512), (17, 19, 300)):
         assert choose_batched("cuda", dtype, *shape, 100_000) is None, shape
     assert choose_batched("cuda", dtype, 16, 15, 16, 100_000) is None           # rows not 16 bytes

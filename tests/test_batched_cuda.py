@@ -236,6 +236,7 @@ def test_splitk_matches_float64(kernels, dtype, shape):
 
 @pytest.mark.parametrize("dtype, shape, batch", [(torch.bfloat16, (16, 16, 16), 100_000),
                                                  (torch.float16, (8, 8, 8), 100_000),
+                                                 (torch.bfloat16, (24, 24, 24), 10_000),
                                                  (torch.float32, (16, 16, 256), 10_000),
                                                  (torch.bfloat16, (32, 32, 32), 10_000),
                                                  (torch.float32, (256, 256, 256), 20_000),

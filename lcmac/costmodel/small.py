@@ -117,8 +117,12 @@ def bmm_floor(M: int, N: int, K: int, dtype: str, batch: int,
 #: Each row: dtypes, max(M, N) range, K range, the least batch, the config, the measurement.
 #: Only what was measured to win is here; a shape between two rows is left to the vendor.
 BATCHED_WINS = (
-    (("bfloat16", "float16"), (8, 16), (8, 16), 100_000, {},
-     "8³: auto 2.04× (bf16 and fp16), 16³: 1.25× at 100 000; 0.95–0.97× at 10 000"),
+    # measured again on an H100 once lcmac.bmm's call took 34 µs instead of ~100
+    # (bench/results/h100-batched-auto-grid-2026-11-27.json): the 10 000-product cases won too
+    (("bfloat16", "float16"), (8, 24), (8, 24), 10_000, {},
+     "H200: 8³ auto 2.04×, 16³ 1.25× at 100 000; H100, lighter call: lcmac.bmm 'gemm' 8³ "
+     "1.08–1.10×, 16³ 1.04–1.08×, 24³ 1.13–1.14× at 10 000, 1.07–2.03× at 100 000; 0.54–0.69× "
+     "at 1 000"),
     (("float32",), (16, 16), (256, 256), 10_000, {"policy": "splitk"},
      "16×16×256: auto 1.48× at 10 000, 1.76× at 100 000; 0.76× at 1 000"),
     (("float32",), (16, 16), (64, 256), 100_000, {"policy": "splitk"},
@@ -156,9 +160,11 @@ def choose_batched(device: str, dtype: str, M: int, N: int, K: int, batch: int,
       cuBLAS's on wgmma.
     - Otherwise the ranges of the measured wins (``BATCHED_WINS``; a shape inside a range but
       between its measured points is interpolated, not measured).  Below ~100 µs of GPU work
-      lcmac.bmm's host cost (50–100 µs a call against torch.bmm's 12–30 µs) decides, which
+      lcmac.bmm's host cost (34 µs a call on the H100's host, 50–100 µs before it was made lighter,
+      against torch.bmm's 12–30 µs) decides, which
       is why the least batch is a measured threshold and not the model's: the model prices
-      the GPU alone."""
+      the GPU alone.  The call's cost is the host's: the thresholds hold for hosts like the
+      ones measured (a slower CPU moves them up)."""
     if device != "cuda" or dtype not in ("bfloat16", "float16", "float32") or batch <= 0:
         return None
     if dtype == "float32" and not tf32:
