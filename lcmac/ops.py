@@ -57,6 +57,7 @@ from .costmodel.decision import check_error_budget, with_errors
 from .dispatch import AutoMatmul
 from .dtypes import normalize_dtype
 from .errors import DTypeError, LcmacError, ShapeError, TargetError
+from .runtime.cuda_memory import kept_empty
 from .runtime.tiled import empty, run_rows
 from .shape_rules import JIT_ROWS, row_pieces
 from .targets import get_target
@@ -410,7 +411,9 @@ def transposed_weight(weight):
             return e.wt
     # outside inference mode: the kept copy may meet autograd later (a frozen weight)
     with torch.inference_mode(False), torch.no_grad():
-        wt = weight.detach().t().contiguous()
+        # kept across calls: not from a CUDA graph's pool (runtime.cuda_memory)
+        wt = kept_empty((weight.shape[1], weight.shape[0]), weight.dtype, weight.device)
+        wt.copy_(weight.detach().t())
     mark_static(wt)
     with _lock:
         _transposed[key] = _Transposed(weight.detach(), version, wt)

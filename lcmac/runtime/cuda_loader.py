@@ -28,6 +28,7 @@ import os
 from ..artifact.manifest import verify_library
 from ..errors import ArtifactError, DTypeError, LcmacError, ShapeError, TargetError
 from ..targets import TARGETS
+from .cuda_memory import kept_empty
 
 _TORCH_DT = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32",
              "float64": "float64"}
@@ -130,7 +131,7 @@ class CudaMatmul:
         key = str(device)
         if key not in self._ws:
             n = int(self.meta.get("workspace_bytes", 0))
-            self._ws[key] = torch.empty(max(n, 256), dtype=torch.uint8, device=device)
+            self._ws[key] = kept_empty(max(n, 256), torch.uint8, device)
         return self._ws[key]
 
     # -- checking ------------------------------------------------------------------------
@@ -211,7 +212,7 @@ class CudaMatmul:
         if n < 0:                       # the library says why (e.g. "nothing to prepare")
             lib.lcmac_prepare_b(None, None, None)
             raise LcmacError(lib.lcmac_last_error().decode())
-        buf = torch.empty(max(n, 256), dtype=torch.uint8, device=B.device)
+        buf = kept_empty(max(n, 256), torch.uint8, B.device)
         stream = _current_stream(B.get_device())
         with _on_device(B.get_device()):
             rc = lib.lcmac_prepare_b(B.data_ptr(), buf.data_ptr(), stream)
