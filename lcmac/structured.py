@@ -48,9 +48,8 @@ import numpy as np
 from .batched import bmm
 from .call_args import AUTO, LOADED, VENDOR, operand_kind, target_for
 from .costmodel.small import BATCHED_WINS
-from .dtypes import ITEMSIZE
 from .errors import DTypeError, ShapeError, TargetError
-from .schedules.cuda.config import BSR_BLOCKS, SUPPORTED_DTYPES
+from .schedules.cuda.config import BSR_BLOCKS, SUPPORTED_DTYPES, bsr_shape_why
 
 __all__ = ["lowrank_matmul", "lowrank_order", "bsr_matmul", "prepare_bsr", "PreparedBSR", "BSR",
            "bsr_spgemm", "bsr_csr", "bsr_kernel", "fused_wins"]
@@ -281,12 +280,7 @@ def _fused_why(B, M: int, N: int, bs: int) -> str | None:
         return f"it takes {SUPPORTED_DTYPES}, not {dt}"
     if bs not in BSR_BLOCKS:
         return f"it takes blocks of {BSR_BLOCKS}, not {bs}"
-    vec = 16 // ITEMSIZE[dt]
-    if N % vec:
-        return f"N must be a multiple of {vec} for {dt} (B's rows in 16 bytes), not {N}"
-    if M * N >= 2**31:
-        return f"C's {M}x{N} elements must be fewer than 2^31 (32-bit indices)"
-    return None
+    return bsr_shape_why(M, B.shape[0], N, bs, dt)
 
 
 def _no_grad_why(blocks, B) -> str | None:

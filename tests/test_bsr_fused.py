@@ -10,7 +10,7 @@ import pytest
 import lcmac.structured as structured
 from lcmac.costmodel.small import choose_batched
 from lcmac.errors import DTypeError, LcmacError, ShapeError, TargetError
-from lcmac.schedules.cuda.config import BSR_BLOCKS, SMEM_PER_CTA, CudaConfig, bsr_tile_defaults
+from lcmac.schedules.cuda.config import BSR_BLOCKS, SMEM_PER_CTA, CudaConfig, bsr_shape_why, bsr_tile_defaults
 from lcmac.structured import BSR, PreparedBSR, bsr_csr, bsr_matmul, fused_wins, lowrank_matmul, prepare_bsr
 from lcmac.targets.cuda import entry_source
 from tests.schedules.cuda.test_cuda_codegen import kernel_body, needs_tilelang, worker
@@ -68,6 +68,15 @@ def test_tile_defaults_fit_and_bad_blocks_are_refused():
         CudaConfig(bsr=48).check()
     with pytest.raises(LcmacError, match="apart from batched"):
         CudaConfig(bsr=64, batched=True).check()
+
+
+def test_the_kernels_size_limits_say_which_is_broken():
+    assert bsr_shape_why(128, 256, 64, 64, "bfloat16") is None
+    assert "multiples of the block size 64" in bsr_shape_why(100, 256, 64, 64, "bfloat16")
+    assert "K=200" in bsr_shape_why(128, 200, 64, 64, "bfloat16")
+    assert "multiple of 8 for bfloat16" in bsr_shape_why(128, 256, 12, 64, "bfloat16")
+    assert bsr_shape_why(128, 256, 12, 64, "float32") is None          # 4 floats: 16 bytes
+    assert "2^31" in bsr_shape_why(2**16, 64, 2**15, 64, "bfloat16")
 
 
 def test_fused_is_refused_off_cuda_with_the_reason():

@@ -27,6 +27,7 @@ import os
 
 from ..artifact.manifest import verify_library
 from ..errors import ArtifactError, DTypeError, LcmacError, ShapeError, TargetError
+from ..schedules.cuda.config import bsr_shape_why
 from ..targets import TARGETS
 from .cuda_memory import kept_empty
 
@@ -324,12 +325,12 @@ class CudaBsrMatmul(CudaMatmul):
         self._check_operands({"blocks": blocks, "B": B, "out": out},
                              {"blocks": (blocks.shape[0], bs, bs), "B": tuple(B.shape),
                               "out": (M, B.shape[-1])}, f"C [M, N] from {bs}x{bs} blocks and B [K, N]")
-        K, N = B.shape if B.ndim == 2 else (0, 0)
-        vec = 16 // blocks.element_size()
-        if B.ndim != 2 or blocks.ndim != 3 or M <= 0 or M % bs or K % bs or N % vec or M * N >= 2**31:
-            raise ShapeError(f"blocks {tuple(blocks.shape)} and B {tuple(B.shape)} for M={M}: this "
-                             f"artifact takes blocks [nnzb, {bs}, {bs}], B [K, N], M and K positive "
-                             f"multiples of {bs}, N a multiple of {vec} and M·N below 2^31")
+        if B.ndim != 2 or blocks.ndim != 3:
+            raise ShapeError(f"blocks {tuple(blocks.shape)} and B {tuple(B.shape)}: this artifact "
+                             f"takes blocks [nnzb, {bs}, {bs}] and B [K, N]")
+        why = bsr_shape_why(M, B.shape[0], B.shape[1], bs, self.dtype)
+        if why is not None:
+            raise ShapeError(f"blocks {tuple(blocks.shape)} and B {tuple(B.shape)} for M={M}: {why}")
         for name, t, n in (("row_ptr", row_ptr, M // bs + 1), ("col_idx", col_idx, blocks.shape[0])):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != (n,) \
                     or t.device != B.device or not t.is_contiguous():
