@@ -13,6 +13,15 @@ two shared cores are not shared with a compiler while timing.  After the correct
 (which calls BLAS) it pauses briefly: OpenBLAS's spinning threads slow TVM's for ~0.1 s
 (docs/design.md).
 
+**Paired with the vendor on the CPU** (``paired=True``, which the tuner asks for when it times
+the vendor GEMM as the baseline): the artifact and ``numpy.matmul`` on the same operands are
+timed in alternating rounds (``time_paired``; the order flips every round, a pause before
+each run), and the vendor's median of those same rounds is returned as ``vendor_paired_s``.
+A shared VM's speed moves by ±10 % and more between minutes, so a kernel timed alone, minutes
+after the vendor, can look ahead or behind by more than the margins the decision uses; the
+ratio of two times taken in the same rounds cannot (the decision puts such a kernel's time
+on the vendor's logged scale, ``measured_decision.gather``).
+
 On a GPU the operands are drawn on the device (random normal, never zeros), rotated among
 several input sets when they would fit in L2 (a kernel must not be timed on cache-resident
 operands), the output is poisoned with NaN before the correctness run (every element must be
@@ -111,6 +120,42 @@ def check_result(A, B, C, dtype: str, *, gpu: bool = False) -> str | None:
     return None
 
 
+def _inner_calls(run, sync, min_run_s: float, max_inner: int) -> int:
+    """Back-to-back calls per timed run, so that a run lasts at least ``min_run_s``."""
+    t0 = time.perf_counter()
+    run()
+    sync()
+    one = max(time.perf_counter() - t0, 1e-9)
+    return max(1, min(max_inner, int(min_run_s / one + 0.999)))
+
+
+def time_paired(run, vendor, *, warmup: int = 2, repeats: int = 5, min_run_s: float = 0.02,
+                max_inner: int = 1000, pause: float = 0.15) -> dict:
+    """``time_callable``'s result for ``run()``, timed in rounds alternating with
+    ``vendor()`` (the order flips every round; ``pause`` seconds of quiet before each run:
+    OpenBLAS's threads spin for ~0.1 s after a call), plus ``vendor_paired_s``, the vendor's
+    median over the same rounds, and ``paired_ratio``, the median of vendor / run per round."""
+    def nothing():
+        return None
+    for _ in range(warmup):
+        run()
+        vendor()
+    sides = [[run, _inner_calls(run, nothing, min_run_s, max_inner), []],
+             [vendor, _inner_calls(vendor, nothing, min_run_s, max_inner), []]]
+    for i in range(repeats):
+        for fn, inner, times in (sides if i % 2 == 0 else sides[::-1]):
+            time.sleep(pause)
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            times.append((time.perf_counter() - t0) / inner)
+    tr, tv = sides[0][2], sides[1][2]
+    med = statistics.median(tr)
+    return {"time_s": med, "spread": (max(tr) - min(tr)) / med, "repeats": repeats,
+            "inner": sides[0][1], "times": tr, "vendor_paired_s": statistics.median(tv),
+            "paired_ratio": statistics.median(v / r for v, r in zip(tv, tr))}
+
+
 def time_callable(run, *, sync=None, warmup: int = 2, repeats: int = 5,
                   min_run_s: float = 0.02, max_inner: int = 1000, timer=None) -> dict:
     """Median time per call of ``run()`` (see the module doc)."""
@@ -118,11 +163,7 @@ def time_callable(run, *, sync=None, warmup: int = 2, repeats: int = 5,
     for _ in range(warmup):
         run()
     sync()
-    t0 = time.perf_counter()
-    run()
-    sync()
-    one = max(time.perf_counter() - t0, 1e-9)
-    inner = max(1, min(max_inner, int(min_run_s / one + 0.999)))
+    inner = _inner_calls(run, sync, min_run_s, max_inner)
     times = []
     for _ in range(repeats):
         if timer is not None:
@@ -335,10 +376,12 @@ def measure_vendor(target: str, dtype: str, shape, *, warmup: int = 2, repeats: 
 
 def measure_artifact(path: str, target: str, dtype: str, shape, *, warmup: int = 2,
                      repeats: int = 5, min_run_s: float = 0.02, check: bool = True,
-                     warm_s: float = GPU_WARM_S) -> dict:
+                     warm_s: float = GPU_WARM_S, paired: bool = False) -> dict:
     """Load, check and time one artifact (runs in the measuring process).  ``warm_s``: on a
     GPU, seconds of back-to-back calls before timing (seconds put the GPU at its power cap,
-    the sustained state)."""
+    the sustained state).  ``paired``: on the CPU, timed in rounds alternating with
+    numpy.matmul on the same operands (module doc); ignored on a GPU and for operands
+    numpy cannot multiply (bfloat16)."""
     f = load(path)
     if str(target).startswith("cuda"):
         return _measure_gpu(lambda A, B, C: f(A, B, out=C), dtype, shape, warmup=warmup,
@@ -357,10 +400,24 @@ def measure_artifact(path: str, target: str, dtype: str, shape, *, warmup: int =
             return {"status": "error", "error": why}
         if not gpu:
             time.sleep(0.2)  # let BLAS's spinning threads go quiet
-    out = time_callable(run, sync=sync, warmup=warmup, repeats=repeats, min_run_s=min_run_s,
-                        timer=timer)
+    vendor = _numpy_vendor(A, B) if paired and not gpu else None
+    if vendor is not None:
+        out = time_paired(run, vendor, warmup=warmup, repeats=repeats, min_run_s=min_run_s)
+    else:
+        out = time_callable(run, sync=sync, warmup=warmup, repeats=repeats, min_run_s=min_run_s,
+                            timer=timer)
     out["status"] = "ok"
     return out
+
+
+def _numpy_vendor(A, B):
+    """numpy.matmul on the operands an artifact gets (the CPU's vendor GEMM), or None where
+    numpy has no such dtype."""
+    import numpy as np
+    if not (isinstance(A, np.ndarray) and A.dtype in (np.float32, np.float64)):
+        return None
+    C = np.empty((A.shape[0], B.shape[1]), dtype=A.dtype)
+    return lambda: np.matmul(A, B, out=C)
 
 
 def _safe_measure(*args, vendor: bool = False, **kw) -> dict:

@@ -462,6 +462,10 @@ class _TuningRun:
         self.timing = {"warmup": m.warmup, "repeats": m.repeats, "min_run_s": m.min_run_s}
         if m.sustained_s is not None:
             self.timing["warm_s"] = float(m.sustained_s)
+        # on a CPU beside the vendor baseline, each kernel is timed in rounds alternating with
+        # it (measure.time_paired): a shared VM's speed moves more than the decision's margins
+        cpu = _space.family(target) != "cuda"
+        self._paired = {"paired": True} if (s.vendor and cpu) else {}
 
     # ---- build ------------------------------------------------------------------------------
     def build(self, points) -> list[tuple[str | None, str]]:
@@ -507,7 +511,8 @@ class _TuningRun:
                 out.append({"status": "error", "error": err})
                 continue
             out.append(self._measuring_process().measure(path, self.target, self.dtype,
-                                                         self.shape, **self.timing))
+                                                         self.shape, **self.timing,
+                                                         **self._paired))
         return out
 
     def measure_vendor(self) -> None:
@@ -626,7 +631,7 @@ class _TuningRun:
             r = self.plan.ranks[pt.algorithm].get(pt.key)
             if r is not None:
                 extra.setdefault("rank", r)
-        for k in ("inner", "input_sets", "warm_s"):
+        for k in ("inner", "input_sets", "warm_s", "vendor_paired_s"):
             if m.get(k) is not None:
                 extra.setdefault(k, m[k])
         pred = pt.predicted_s if (pt.predicted_s is not None and math.isfinite(pt.predicted_s)) else None

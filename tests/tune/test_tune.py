@@ -754,3 +754,4 @@ def test_tuner_measures_the_default_config_unless_given_configs(tmp_path):
                measure_fn=fake, configs=_configs(3))
     assert dflt not in seen and len(seen) == 2
 
+
