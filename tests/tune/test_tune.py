@@ -753,5 +753,3 @@ def test_tuner_measures_the_default_config_unless_given_configs(tmp_path):
     tuner.tune("gemm", CPU, "float32", (256, 256, 256), budget=2, patience=9, db=tmp_path,
                measure_fn=fake, configs=_configs(3))
     assert dflt not in seen and len(seen) == 2
-
-
