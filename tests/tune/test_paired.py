@@ -58,14 +58,30 @@ def test_a_paired_kernel_is_judged_by_its_ratio_to_the_vendor(tmp_path):
     store = tdb.TuningDB(tmp_path)
     shape = (2048, 2048, 2048)
     vcfg = {"library": "openblas", "api": "numpy.matmul"}
-    store.append([rec(shape=shape, t=0.110), rec(shape=shape, algo="vendor", t=0.100, cfg=vcfg),
+    store.append([rec(shape=shape, t=0.110, vendor_paired_s=0.100),
+                  rec(shape=shape, algo="vendor", t=0.100, cfg=vcfg),
                   rec(shape=shape, algo="strassen", t=0.090, vendor_paired_s=0.080)])
     d = decide_by_measurement(*shape, "float32", CPU, db=tmp_path)
     assert d.is_vendor
     assert d.measurements["strassen"] == pytest.approx(0.1125)
     # the same kernel ahead of its paired vendor by 10 %: chosen
     shape2 = (1024, 1024, 1024)
-    store.append([rec(shape=shape2, t=0.020), rec(shape=shape2, algo="vendor", t=0.010, cfg=vcfg),
+    store.append([rec(shape=shape2, t=0.020, vendor_paired_s=0.010),
+                  rec(shape=shape2, algo="vendor", t=0.010, cfg=vcfg),
                   rec(shape=shape2, algo="strassen", t=0.0135, vendor_paired_s=0.0150)])
     d2 = decide_by_measurement(*shape2, "float32", CPU, db=tmp_path)
     assert d2.algorithm == "strassen" and d2.measurements["strassen"] == pytest.approx(0.009)
+
+
+def test_paired_records_supersede_a_shapes_kernels_timed_alone(tmp_path):
+    # an old Strassen record timed alone in a fast minute (70 ms) would beat numpy's 100 ms;
+    # the re-tune, paired, says 1.05x slower than numpy: the paired records decide
+    store = tdb.TuningDB(tmp_path)
+    shape = (2048, 2048, 2048)
+    vcfg = {"library": "openblas", "api": "numpy.matmul"}
+    store.append([rec(shape=shape, algo="vendor", t=0.100, cfg=vcfg),
+                  rec(shape=shape, algo="strassen", t=0.070),
+                  rec(shape=shape, t=0.108, vendor_paired_s=0.100),
+                  rec(shape=shape, algo="strassen", t=0.084, vendor_paired_s=0.080)])
+    d = decide_by_measurement(*shape, "float32", CPU, db=tmp_path)
+    assert d.is_vendor and d.measurements["strassen"] == pytest.approx(0.105)
