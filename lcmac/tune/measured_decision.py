@@ -108,18 +108,6 @@ class Decision:
         return s
 
 
-def on_vendor_scale(record: dict, vendor_s: float | None) -> float:
-    """A record's time as it compares with the vendor's logged time ``vendor_s``: a kernel
-    timed in rounds alternating with the vendor (``vendor_paired_s``, CPU tuning) keeps its
-    ratio to the vendor of those rounds, not its time, which the machine's speed of that
-    minute moved (measure.time_paired); any other record its own time.  Where a shape has
-    paired records, ``gather`` leaves out its kernels' unpaired ones (older logs)."""
-    paired = record.get("vendor_paired_s")
-    if vendor_s is None or not paired or record["algorithm"] == _db.VENDOR:
-        return record["time_s"]
-    return record["time_s"] * vendor_s / float(paired)
-
-
 def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
            profile=None, regime: str = "burst") -> tuple[dict, str, tuple | None, dict, dict]:
     """(measurements for select, source, logged shape, Combine-H variant of each measured
@@ -133,26 +121,14 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
     d = normalize_model_dtype(dtype)
     by_regime: dict[str, dict[tuple, dict[str, float]]] = {g: {} for g in REGIMES}
     cfgs: dict[tuple, dict[str, dict]] = {}
-    # another precision (CUDA scaled operands) is not what is decided here
-    records = [r for r in store.records(str(target), d) if _db.operands_of(r["config"]) == "native"]
-    vendor_best: dict[tuple, float] = {}
-    paired_at: set[tuple] = set()       # where kernels were timed beside the vendor
-    for r in records:
-        k = (regime_of(r), tuple(r["shape"]))
-        if r["algorithm"] == _db.VENDOR:
-            vendor_best[k] = min(vendor_best.get(k, math.inf), r["time_s"])
-        elif r.get("vendor_paired_s"):
-            paired_at.add(k)
-    for r in records:
+    for r in store.records(str(target), d):
+        if _db.operands_of(r["config"]) != "native":
+            continue        # another precision (CUDA scaled operands): not what is decided here
         g = regime_of(r)    # burst and sustained times never compete directly
-        if ((g, tuple(r["shape"])) in paired_at and r["algorithm"] != _db.VENDOR
-                and not r.get("vendor_paired_s")):
-            continue        # a kernel timed alone: the paired records of the shape supersede it
         per = by_regime[g].setdefault(tuple(r["shape"]), {})
         a = r["algorithm"]
-        t = on_vendor_scale(r, vendor_best.get((g, tuple(r["shape"]))))
-        if a not in per or t < per[a]:
-            per[a] = t
+        if a not in per or r["time_s"] < per[a]:
+            per[a] = r["time_s"]
             if g == regime:
                 cfgs.setdefault(tuple(r["shape"]), {})[a] = r["config"] or {}
     best, other = by_regime[regime], by_regime[REGIMES[1 - REGIMES.index(regime)]]

@@ -190,6 +190,14 @@ class TuneResult:
         ok = self.ok_trials(algorithm)
         return spearman([t.point.predicted_s for t in ok], [t.time_s for t in ok])
 
+    def vs_vendor(self, t: Trial) -> float:
+        """The vendor's time / the trial's: of the same rounds where the kernel was timed
+        beside it (CPU, ``vendor_paired_s``), else of the vendor's own measurement."""
+        paired = (t.record or {}).get("vendor_paired_s")
+        if paired:
+            return float(paired) / t.time_s
+        return (self.vendor_time / t.time_s) if self.vendor_time else math.nan
+
     def summary_rows(self) -> list[dict]:
         rows, default_times = [], self.default_times
         M, N, K = self.shape
@@ -200,7 +208,7 @@ class TuneResult:
                          "predicted_ms": t.point.predicted_s * 1e3,
                          "spearman": self.spearman(a), "config": t.point.config_dict(),
                          "default_ms": (default_times.get(a) or math.nan) * 1e3,
-                         "vs_vendor": (self.vendor_time / t.time_s) if self.vendor_time else math.nan,
+                         "vs_vendor": self.vs_vendor(t),
                          "stopped": self.stopped.get(a, "")})
         return rows
 
@@ -616,7 +624,9 @@ class _TuningRun:
             return None
         t = float(m["time_s"])
         self.result.trials.append(Trial(pt, t, m.get("spread"), record=rec))
-        self.bar.update(f"{a} {t * 1e3:.3f} ms (model {pt.predicted_s * 1e3:.3f})")
+        paired = m.get("vendor_paired_s")
+        beside = f", {paired / t:.3f}x the vendor in the same rounds" if paired else ""
+        self.bar.update(f"{a} {t * 1e3:.3f} ms (model {pt.predicted_s * 1e3:.3f}{beside})")
         return t
 
     # ---- log --------------------------------------------------------------------------------
