@@ -20,7 +20,7 @@ products' rows stacked: ``lcmac.matmul(A, W)``).  ``algo``:
   on CUDA refused: in-block LCMA kernels are not built (docs/batched.md says why).
 - ``"vendor"``: ``torch.bmm`` / ``np.matmul``.
 - ``"auto"``: lcmac's batched kernel where ``costmodel.small.choose_batched`` says it was
-  measured to win (CUDA only: bf16/fp16 tiny products in batches of 100 000 and more,
+  measured to win (CUDA only: bf16/fp16 products of 8 to 24 per side from 10 000 products,
   float32 with TF32 allowed and a long K through the 3D partition, and at 256³ from 20 000
   products on the GEMM template), else the vendor's.
 
