@@ -226,6 +226,9 @@ def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_6
     meas, source, logged, tuned_variants, carried = gather(
         M, N, K, dtype, target, db=db, max_distance=max_distance, profile=profile, regime=regime)
     v_time = meas.pop(_db.VENDOR, None)
+    confirmed = confirmed_ratio(M, N, K, dtype, target, db=db, regime=regime) if source == "exact" else None
+    if confirmed is not None and confirmed[0] in meas and v_time is not None:
+        v_time = meas[confirmed[0]] * confirmed[1]      # the vendor on the kernels' scale
     failed = failed_at(M, N, K, dtype, target, db=db) if source == "exact" else set()
     kw = dict(select_kw)
     if profile is not None:
@@ -250,6 +253,23 @@ def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_6
             "measured; ", f"measured in {other} runs × {carried[c.algorithm]:.4f} (this regime's / "
             f"the {other} times of the kernels measured both ways here); ", 1)) for c in cands]
     return Decision(cands[0], cands, meas, source, logged, worth, regime)
+
+
+def confirmed_ratio(M, N, K, dtype, target, *, db=None, regime: str = "burst") -> tuple | None:
+    """(algorithm, vendor time / its time) of the newest confirmation at this shape: the best
+    kernel of a CPU tune timed again beside the vendor, over more rounds (``confirm``
+    records, ``tuner.confirm_best``), else None.  The decision then puts the vendor's time at
+    that ratio to the kernel's logged best instead of comparing two times taken in different
+    minutes of a machine whose speed moves by more than the margins."""
+    store = db if hasattr(db, "records") else _db.TuningDB(db)
+    shape = [int(M), int(N), int(K)]
+    recs = [r for r in store.records(str(target), normalize_model_dtype(dtype))
+            if r.get("confirm") and r["shape"] == shape and r.get("vendor_paired_s")
+            and regime_of(r) == regime and _db.operands_of(r["config"]) == "native"]
+    if not recs:
+        return None
+    r = max(recs, key=lambda r: r.get("date", ""))
+    return r["algorithm"], float(r["vendor_paired_s"]) / r["time_s"]
 
 
 def _with_measured_algorithms(meas: dict, levels) -> dict:

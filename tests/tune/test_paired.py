@@ -4,6 +4,7 @@ import pytest
 
 from lcmac.artifact import tuning_log as tdb
 from lcmac.tune import tuner
+from lcmac.tune.measured_decision import decide_by_measurement
 from tests.tune.test_tune import CPU, _configs, rec
 
 
@@ -50,3 +51,53 @@ def test_tuner_times_cpu_kernels_paired_with_the_vendor_and_logs_it(tmp_path):
     tuner.tune("gemm", CPU, "float32", (256, 256, 256), budget=1, db=tmp_path, worker=Worker(),
                build_fn=lambda pt, out_dir: str(tmp_path / "a.json"), configs=_configs(1))
     assert seen and not any("paired" in kw for kw in seen)
+
+
+def test_the_best_paired_kernel_is_confirmed_over_more_rounds(tmp_path):
+    seen = []
+    ratio = {1: 1.02, 2: 1.10}          # by config: the second looks best in its rounds
+
+    class Worker:
+        def measure(self, path, target, dtype, shape, **kw):
+            seen.append((path, kw))
+            r = ratio[int(path[-6])]
+            return {"status": "ok", "time_s": 1e-3, "spread": 0.01, "vendor_paired_s": r * 1e-3}
+
+        def measure_vendor(self, target, dtype, shape, **kw):
+            return {"status": "ok", "time_s": 1e-3, "spread": 0.01, "config": {"library": "numpy"}}
+
+        def close(self, kill=False):
+            pass
+    paths = iter([str(tmp_path / f"a{i}.json") for i in (1, 2)] * 3)
+    tuner.tune("gemm", CPU, "float32", (512, 512, 512), budget=2, patience=9, db=tmp_path,
+               worker=Worker(), build_fn=lambda pt, out_dir: next(paths), vendor=True,
+               configs=_configs(2), repeats=4)
+    last_path, last_kw = seen[-1]
+    assert last_path.endswith("a2.json") and last_kw["repeats"] == 12 and last_kw["paired"] is True
+    recs = [r for r in tdb.TuningDB(tmp_path).records(CPU, "float32") if r.get("confirm")]
+    assert len(recs) == 1 and recs[0]["vendor_paired_s"] == pytest.approx(1.1e-3)
+
+
+def test_the_decision_compares_the_vendor_by_the_confirmed_ratio(tmp_path):
+    store = tdb.TuningDB(tmp_path)
+    vcfg = {"library": "openblas", "api": "numpy.matmul"}
+    # Strassen's best record (95 ms) is below the lone vendor time (100 ms), but confirmed
+    # beside the vendor it ran at 0.98x: a loss, so the vendor
+    shape = (2048, 2048, 2048)
+    store.append([rec(shape=shape, algo="vendor", t=0.100, cfg=vcfg), rec(shape=shape, t=0.105),
+                  rec(shape=shape, algo="strassen", t=0.095),
+                  rec(shape=shape, algo="strassen", t=0.110, vendor_paired_s=0.1078, confirm=True)])
+    d = decide_by_measurement(*shape, "float32", CPU, db=tmp_path)
+    assert d.is_vendor and d.measurements["vendor"] == pytest.approx(0.095 * 0.98)
+    # the vendor timed alone in a fast minute (90 ms), the kernel confirmed 1.10x ahead of it
+    shape2 = (4096, 4096, 4096)
+    store.append([rec(shape=shape2, algo="vendor", t=0.090, cfg=vcfg), rec(shape=shape2, t=0.120),
+                  rec(shape=shape2, algo="strassen^2", t=0.095),
+                  rec(shape=shape2, algo="strassen^2", t=0.100, vendor_paired_s=0.110, confirm=True)])
+    d2 = decide_by_measurement(*shape2, "float32", CPU, db=tmp_path)
+    assert d2.algorithm == "strassen^2" and not d2.is_vendor
+    # without a confirmation the lone times decide, as before
+    shape3 = (1024, 1024, 1024)
+    store.append([rec(shape=shape3, algo="vendor", t=0.010, cfg=vcfg), rec(shape=shape3, t=0.012),
+                  rec(shape=shape3, algo="strassen", t=0.0095)])
+    assert decide_by_measurement(*shape3, "float32", CPU, db=tmp_path).algorithm == "strassen"
