@@ -227,8 +227,10 @@ def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_6
         M, N, K, dtype, target, db=db, max_distance=max_distance, profile=profile, regime=regime)
     v_time = meas.pop(_db.VENDOR, None)
     confirmed = confirmed_ratio(M, N, K, dtype, target, db=db, regime=regime) if source == "exact" else None
-    if confirmed is not None and confirmed[0] in meas and v_time is not None:
-        v_time = meas[confirmed[0]] * confirmed[1]      # the vendor on the kernels' scale
+    if confirmed is not None and meas and v_time is not None:
+        # the vendor on the kernels' scale: as far behind (ahead of) the best logged kernel
+        # as the confirmed one was in the same rounds
+        v_time = min(meas.values()) * confirmed[1]
     failed = failed_at(M, N, K, dtype, target, db=db) if source == "exact" else set()
     kw = dict(select_kw)
     if profile is not None:
@@ -259,8 +261,9 @@ def confirmed_ratio(M, N, K, dtype, target, *, db=None, regime: str = "burst") -
     """(algorithm, vendor time / its time) of the newest confirmation at this shape: the best
     kernel of a CPU tune timed again beside the vendor, over more rounds (``confirm``
     records, ``tuner.confirm_best``), else None.  The decision then puts the vendor's time at
-    that ratio to the kernel's logged best instead of comparing two times taken in different
-    minutes of a machine whose speed moves by more than the margins."""
+    that ratio to the best logged kernel instead of comparing two times taken in different
+    minutes of a machine whose speed moves by more than the margins: the kernels' own times,
+    also from different minutes, then only rank lcmac's kernels among themselves."""
     store = db if hasattr(db, "records") else _db.TuningDB(db)
     shape = [int(M), int(N), int(K)]
     recs = [r for r in store.records(str(target), normalize_model_dtype(dtype))
