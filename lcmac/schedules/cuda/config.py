@@ -623,7 +623,7 @@ def bsr_shape_why(M: int, K: int, N: int, bs: int, dtype: str) -> str | None:
     """Why the fused block-sparse kernel cannot take these sizes (None: it can)."""
     vec = 16 // ITEMSIZE[dtype]         # B's rows in 16-byte units: its TMA loads
     if M <= 0 or K <= 0 or M % bs or K % bs:
-        return f"M and K must be positive multiples of the block size {bs}, not M={M}, K={K}"
+        return f"M and K must be positive multiples of {bs} (the block size), not M={M}, K={K}"
     if N % vec:
         return f"N must be a multiple of {vec} for {dtype} (B's rows in 16 bytes), not {N}"
     return f"C's {M}x{N} elements must be fewer than 2^31 (32-bit indices)" if M * N >= 2**31 else None
