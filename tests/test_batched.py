@@ -126,12 +126,18 @@ print(json.dumps(out))
 """
 
 
-@needs_tilelang
-def test_batched_kernel_generates_for_sm90a(tmp_path):
-    r = subprocess.run([sys.executable, "-c", _GEN, str(tmp_path)], capture_output=True, text=True,
+def generated(script: str, tmp_path) -> dict:
+    """The JSON a generation script (run in its own process: TileLang is imported there, not
+    here) prints last, the script having written its sources under ``tmp_path``."""
+    r = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@needs_tilelang
+def test_batched_kernel_generates_for_sm90a(tmp_path):
+    out = generated(_GEN, tmp_path)
     for size in ("16", "63"):
         kernel, entry = out[size]["sources"]
         assert "int batch" in kernel and "batch" in str(out[size]["grid"][0])   # one kernel, any batch
@@ -208,10 +214,7 @@ print(json.dumps(out))
 
 @needs_tilelang
 def test_splitk_kernel_generates_for_sm90a(tmp_path):
-    r = subprocess.run([sys.executable, "-c", _GEN_SPLITK, str(tmp_path)], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = generated(_GEN_SPLITK, tmp_path)
     for key, got in out.items():
         src, cfg = got["kernel"], got["config"]
         assert cfg["policy"] == "splitk" and cfg["threads"] == 128, key

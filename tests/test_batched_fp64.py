@@ -2,9 +2,6 @@
 refused (by name, before any compiler runs), "auto" leaving float64 to torch.bmm, and the
 kernel's CUDA generated for sm_90a (fp64 mma.sync, float64 accumulators, the batch an
 argument)."""
-import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,6 +14,7 @@ from lcmac.schedules.cuda.batched_tiles import batched_template, small_tile_defa
 from lcmac.schedules.cuda.config import CudaConfig, accum_dtype, batched_only_why
 from lcmac.targets import get_target
 from tests.schedules.cuda.test_cuda_codegen import needs_tilelang
+from tests.test_batched import generated
 
 
 def test_float64_tiles_stay_on_the_small_template():
@@ -109,10 +107,7 @@ print(json.dumps(out))
 
 @needs_tilelang
 def test_float64_kernel_generates_for_sm90a(tmp_path):
-    r = subprocess.run([sys.executable, "-c", _GEN, str(tmp_path)], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = generated(_GEN, tmp_path)
     mma = "mma_sync<tl::DataType::kFloat64, tl::DataType::kFloat64, tl::DataType::kFloat64, 8, 8, 4"
     for key in ("16", "100", "200", "splitk"):
         src = out[key]["kernel"]
