@@ -19,6 +19,9 @@ Pure Python (no compiler import): build.py, the manifest and the tuner use it.
               accumulation; needs mr = nr = 32 (four 16 × 16 fp32 C tiles) and walks k in
               steps of 32 (kc is rounded to a multiple of 32).  The default for bf16 builds
               whose mcpu has AMX (lcmac.artifact.build.build_config; docs/cpu.md).
+    bands     the plain GEMM only: 0 packs A and B whole before the GEMM stage (the combine
+              passes); b > 0 packs them cache block by cache block inside the parallel tasks,
+              which are b row bands × the nc-wide column blocks (lcmac.schedules.cpu_gemm_blocked)
     vendor_base
               float32/float64 LCMAs: the products run on the vendor BLAS bound at load time
               (cblas_sgemm/dgemm), lcmac's combines around them (lcmac.schedules.cpu_vendor);
@@ -55,6 +58,7 @@ class CpuConfig:
     bf16_dot: bool = False       # opt-in; measured slower on Sapphire Rapids (above)
     amx: bool = False            # opt-in; Intel AMX (above)
     vendor_base: bool = False    # the vendor BLAS as the base case (above)
+    bands: int = 0               # plain GEMM: 0 packs ahead; b > 0 packs per block in b row bands
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,6 +87,9 @@ class CpuConfig:
             raise ValueError(f"nr={self.nr} is {nv} vectors of {lanes} lanes; use a power-of-two "
                              f"number of vectors (nr in {ok}): other widths compile to "
                              f"lane-by-lane code, measured 20x slower")
+        if not isinstance(self.bands, int) or isinstance(self.bands, bool) or self.bands < 0:
+            raise ValueError(f"config knob bands={self.bands!r} must be a whole number ≥ 0 "
+                             f"(0: operands packed ahead; b: b row bands packing per block)")
         if not all(isinstance(getattr(self, nm), bool) for nm in ("fused", "bf16_dot", "amx", "vendor_base")):
             raise ValueError("config knobs fused, bf16_dot, amx and vendor_base must be true or false")
         if self.vendor_base and (self.amx or self.bf16_dot):

@@ -11,6 +11,7 @@ from ..errors import DTypeError, ShapeError, TargetError
 from ..ir.algorithm import Algorithm
 from ..ir.cse import optimized_programs
 from ..ir.program import LinearProgram, combine_matrices, naive_program
+from .cpu_gemm_blocked import applies as blocked_applies, emit_blocked_gemm
 from .cpu_combine import emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad, needs_pad
 from . import cpu_vendor
 from .cpu_config import CpuConfig
@@ -75,6 +76,12 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             "C": f"({M}, {N}), \"{dtype}\"", bp_name: f"{bp_shape}, \"{bp_dtype}\""}
     align = {"A": isz, "B": isz, "C": isz, bp_name: 64}
     direct = g.direct_c and acc == dtype
+    if cfg.bands and R > 1:
+        raise TargetError(f"config knob bands (A and B packed per cache block in the tasks) is for "
+                          f"the plain GEMM; {alg.name} packs through its combine passes: drop bands")
+    # the plain GEMM packing A and B block by block in its tasks (cpu_gemm_blocked), where
+    # the shape needs no zero padding; else the packing passes below
+    blocked = bool(cfg.bands) and blocked_applies(g, R, acc, dtype, bf16_dot or amx)
 
     def emit_combine_b_side(w):
         """Combine B (after zero-padding B where needed) into the buffer named bp_name."""
@@ -83,8 +90,11 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             emit_pad(w, "B", "Bpad", g.k, g.n, g.cols_k, g.cols, g.BK, g.BN, g.BKP, g.BNP, zero)
         emit_combine_b(w, g, progs["B"], cfg.nr, acc, src_dtype, padded=pad_b, pair=bf16_dot or amx)
 
-    def emit_rest(w):
+    def emit_rest(w, prepared=False):
         """Combine A, the GEMM stage, Combine H and the crop: everything after Combine B."""
+        if blocked:
+            emit_blocked_gemm(w, g, cfg, dtype, prepared)
+            return
         # packed combined operands: Ãp[r][BMP/mr][BKP][mr], B̃p[r][BNP/nr][BKP][nr], flattened
         # per r with a padded r-stride (packed_stride)
         if amx:
@@ -185,16 +195,17 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
               + "):")
             with w.indent():
                 w(f"T.func_attr({{\"global_symbol\": \"{name}\", \"tirx.noalias\": True}})")
-                if name == entry:
+                if name == entry and not blocked:
                     w(f"{bp_name} = T.alloc_buffer({decl[bp_name]})")
-                if "B" in params:
+                if "B" in params and not (blocked and "A" in params):
                     emit_combine_b_side(w)
                 if "A" in params:
-                    emit_rest(w)
+                    emit_rest(w, prepared=bp_name in params)
     info = {"geometry": g.to_dict(), "direct_c": direct, "entry": entry,
             "padded": {"A": needs_pad(g, "A"), "B": needs_pad(g, "B"), "C": not direct},
             "accumulate": acc,
             "gemm_kernel": "amx" if amx else "vdpbf16ps" if bf16_dot else "fma",
+            "packing": "blocked" if blocked else "ahead",
             "packed_dtype": pack,
             "workspace_bytes": ITEMSIZE[pack] * R * (sa + sb)
             + ITEMSIZE[acc] * ((0 if direct else g.m * g.n * g.BMP * g.BNP)

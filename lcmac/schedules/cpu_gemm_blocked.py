@@ -1,0 +1,122 @@
+"""The plain GEMM with its operands packed block by block inside the parallel tasks (the
+GotoBLAS / BLIS loop order), for ``CpuConfig.bands`` > 0.
+
+The default CPU path packs all of A and all of B in two passes before the GEMM stage (the
+combine passes, which an LCMA needs anyway).  For a plain GEMM that order leaves the packed
+panels in DRAM by the time the micro-kernel reads them.  Here each task packs a kc × nc
+chunk of B (a few MB: L3) and, for every mc rows, an mc × kc chunk of A (L2) just before the
+micro-kernel walks them, so both are read hot; the packed layouts are those of
+``cpu_gemm`` (A: mr rows interleaved per k; B: nr columns contiguous per k).
+
+Tasks: ``bands`` row bands × the column blocks (nc wide); a band owns ``nic`` blocks of mc
+rows.  B's chunk is packed once per band and kc chunk, so B is packed ``bands`` times and A
+once per column block (N / nc times), against once each ahead: the price of reading both hot.
+
+    for t in parallel(bands · nnc):  (tm, tn)
+      for kc:   pack B[kc chunk, tn block] → Bc        (skipped with B prepared: read B̃p)
+        for ic: pack A[band tm, block ic, kc chunk] → Ac
+          for jr: for ir: acc = Ac[ir] · Bc[jr]; C tile (=|+=) acc   (row-tested row tail)
+
+Only the shapes the fast path handles take it (``applies``): whole tiles of columns and of
+k (no zero padding of A or B); a row tail is allowed (A's rows are clamped when packed, C's
+stores row-tested).  Others keep the packing passes.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+from .cpu_config import CpuConfig
+from .cpu_gemm import Geometry, Writer, emit_tile_store, literal
+
+
+def band_blocks(g: Geometry, bands: int) -> int:
+    """mc blocks per row band (the last band may own fewer; its extra blocks are skipped)."""
+    return -(-g.nmc // max(1, min(bands, g.nmc)))
+
+
+def applies(g: Geometry, R: int, acc: str, dtype: str, special_kernel: bool) -> bool:
+    """Whether the blocked plain GEMM handles this build: one product on a 1×1×1 grid, fp32
+    FMAs on the operands' own type, C written directly, no zero padding of A's or B's k or
+    B's columns (cpu_combine.needs_pad's cases other than a row tail)."""
+    return (R == 1 and (g.m, g.k, g.n) == (1, 1, 1) and acc == dtype and not special_kernel
+            and g.direct_c and g.BKP == g.BK == g.K and g.BNP == g.BN == g.N)
+
+
+def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepared: bool) -> None:
+    """The GEMM stage of ``lcmac_matmul`` (``prepared`` False: B packed chunk by chunk here)
+    or of ``lcmac_matmul_prepared`` (True: B̃ read from the caller's ``Bp``, packed whole by
+    Combine B)."""
+    mr, nr = cfg.mr, cfg.nr
+    bands = max(1, min(cfg.bands, g.nmc))
+    nic = band_blocks(g, bands)
+    jrs, irs = g.NC // nr, g.MC // mr
+    w(f"# GEMM stage, A and B packed per cache block in each task ({bands} row bands)")
+    w(f"for t in T.parallel({bands * g.nnc}):")
+    with w.indent():
+        w(f"acc = T.decl_buffer(({mr}, {nr}), \"{dtype}\", scope=\"local\")")
+        w(f"Ac = T.decl_buffer(({g.MC * g.KC},), \"{dtype}\", align=64)")
+        if not prepared:
+            w(f"Bc = T.decl_buffer(({g.NC * g.KC},), \"{dtype}\", align=64)")
+        w(f"tm = t % {bands}")
+        w(f"tn = t // {bands}")
+        with w.block(f"for kc in range({g.nkc}):"):
+            if not prepared:
+                # B's rows are contiguous: one vector load and store per nr columns
+                with w.block(f"for jr in range({jrs}):"), w.block(f"for k in range({g.KC}):"), \
+                        w.block(f"for u in T.vectorized({nr}):"):
+                    w(f"Bc[(jr * {g.KC} + k) * {nr} + u] = B[kc * {g.KC} + k, tn * {g.NC} + jr * {nr} + u]")
+            with w.block(f"for ic in range({nic}):"):
+                row0 = f"(tm * {nic} + ic) * {g.MC}"
+                guard = nic * bands > g.nmc
+                with (w.block(f"if tm * {nic} + ic < {g.nmc}:") if guard else nullcontext()):
+                    _emit_pack_a(w, g, cfg, row0)
+                    with w.block(f"for jr in range({jrs}):"), w.block(f"for ir in range({irs}):"):
+                        _emit_tile(w, g, cfg, dtype, row0, prepared)
+
+
+def _emit_pack_a(w: Writer, g: Geometry, cfg: CpuConfig, row0: str) -> None:
+    """Ac[ir][k][v] = A[row0 + ir·mr + v, kc·KC + k]; rows past M are clamped (their
+    products are computed and never stored: the row tail)."""
+    mr = cfg.mr
+    row = f"{row0} + ir * {mr} + v"
+    if g.BMP > g.M:
+        row = f"T.min({row}, {g.M - 1})"
+    with w.block(f"for ir in range({g.MC // mr}):"), w.block(f"for k in range({g.KC}):"), \
+            w.block(f"for v in T.vectorized({mr}):"):
+        w(f"Ac[(ir * {g.KC} + k) * {mr} + v] = A[{row}, kc * {g.KC} + k]")
+
+
+def _emit_tile(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, row0: str, prepared: bool) -> None:
+    """One register tile: acc over the kc chunk, then C's tile written (first chunk) or
+    accumulated (the others)."""
+    mr, nr, ku = cfg.mr, cfg.nr, cfg.ku
+    with w.block(f"for v in T.unroll({mr}):"), w.block(f"for u in T.vectorized({nr}):"):
+        w(f"acc[v, u] = {literal(0, dtype)}")
+    crow = f"{row0} + ir * {mr} + v"
+    ccol = f"tn * {g.NC} + jr * {nr}"
+    # the C tile the epilogue will read-modify-write, fetched while the FMAs run
+    with w.block(f"for v in T.unroll({mr}):"):
+        for ln in range(max(1, nr * _itemsize(dtype) // 64)):
+            w(f"T.evaluate(T.call_intrin(\"void\", \"tirx.prefetch\", "
+              f"T.address_of(C[T.min({crow}, {g.M - 1}), {ccol} + {ln * 64 // _itemsize(dtype)}]), 1, 3, 1))")
+    k = f"ko * {ku} + ki"
+    a = f"Ac[(ir * {g.KC} + {k}) * {mr} + v]"
+    if prepared:
+        b = f"Bp[0, ((tn * {g.NC // nr} + jr) * {g.BKP} + kc * {g.KC} + {k}) * {nr} + u]"
+    else:
+        b = f"Bc[(jr * {g.KC} + {k}) * {nr} + u]"
+    with w.block(f"for ko in range({g.KC // ku}):"), w.block(f"for ki in T.unroll({ku}):"), \
+            w.block(f"for v in T.unroll({mr}):"), w.block(f"for u in T.vectorized({nr}):"):
+        w(f"acc[v, u] = acc[v, u] + {a} * {b}")
+    dst = f"C[{crow}, {ccol} + u]"
+    tail = f"{crow} < {g.M}" if g.BMP > g.M else None
+    w("if kc == 0:")
+    with w.indent():
+        emit_tile_store(w, cfg, dst, 1, dtype, accumulate=False, row_guard=tail)
+    w("else:")
+    with w.indent():
+        emit_tile_store(w, cfg, dst, 1, dtype, accumulate=True, row_guard=tail)
+
+
+def _itemsize(dtype: str) -> int:
+    return 8 if dtype == "float64" else 4
