@@ -203,8 +203,11 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
     # 16 registers: 6 × 2 vectors = 12 accumulators + 2 B + 1 broadcast (the classic AVX2 kernel).
     # Blocks from a short, unrecorded sweep of six configs at 4096³ on a 2-core AMD EPYC (AVX2)
     # VM, where kc=512 did not help LCMAs (unlike AVX-512); with them Strassen² ran 1.20x,
-    # Winograd² 1.17x and the GEMM 0.91x numpy (bench/results/cpu-epyc-avx2-float32-4096-*.json)
-    return CpuConfig(mr=6, nr=2 * lanes, mc=192, nc=1024, kc=256, ku=4, fused=fused)
+    # Winograd² 1.17x and the GEMM 0.91x numpy (bench/results/cpu-epyc-avx2-float32-4096-*.json).
+    # The plain GEMM packs per cache block in one row band per thread (cpu_gemm_blocked): on
+    # that VM 1.01x numpy at 4096³ where packing ahead ran 0.90x (docs/cpu.md)
+    bands = 0 if lcma or getattr(target, "family", "x86") != "x86" else (threads or default_threads())
+    return CpuConfig(mr=6, nr=2 * lanes, mc=192, nc=1024, kc=256, ku=4, fused=fused, bands=bands)
 
 
 def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
@@ -225,6 +228,9 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
             tiles.append((mr, nv * lanes))
     if dtype == "bfloat16":        # only targets with AVX512-BF16 compile it differently
         out.append(CpuConfig(**{**base.to_dict(), "bf16_dot": not base.bf16_dot}))
+    if alg is None or getattr(alg, "R", 1) == 1:   # the plain GEMM: packing ahead or per block
+        bands = 0 if base.bands else default_threads()
+        out.append(CpuConfig(**{**base.to_dict(), "bands": bands}))
     if (alg is not None and dtype in ("float32", "float64") and shape is not None
             and getattr(target, "family", "x86") == "x86"):
         M, N, K = shape           # the vendor-BLAS base case, where the shape splits evenly
