@@ -29,6 +29,8 @@ pytestmark = [
 CASES = {  # key: (algorithm, dtype, (M, N, K), bound on max|C - ref| / max|ref|)
     "strassen": ("strassen", "float32", (64, 48, 80), 1e-5),
     "gemm": ("gemm", "float32", (64, 48, 80), 1e-5),
+    # whole column and k tiles: on AVX2 the default packs per cache block (cpu_gemm_blocked)
+    "gemm-blocked": ("gemm", "float32", (64, 64, 80), 1e-5),
     "strassen2-f64": ("strassen^2", "float64", (45, 37, 50), 1e-12),
     # bf16 C: one rounding, 2^-9 of an element relative to the largest (~4e-3 at worst)
     "gemm-bf16": ("gemm", "bfloat16", (40, 33, 29), 1e-2),
@@ -91,9 +93,12 @@ def test_example_matmul(artifacts, example, key, threads):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", ["strassen", "gemm", "strassen2-f64"])
+@pytest.mark.parametrize("key", ["strassen", "gemm", "gemm-blocked", "strassen2-f64"])
 def test_example_prepared_b(artifacts, example, key):
     """examples/c/matmul.c --prepared: B combined once gives the same C bit for bit."""
+    if key == "gemm-blocked" and HOST_T == "x86_64-avx2":
+        from lcmac.artifact.manifest import Manifest
+        assert Manifest.read(artifacts[key].with_suffix(".json")).extra["packing"] == "blocked"
     r = _run([example, artifacts[key].with_suffix(".json"), "--prepared", "--repeat", 2])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "C identical to lcmac_matmul's" in r.stdout, r.stdout
