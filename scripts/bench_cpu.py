@@ -4,7 +4,9 @@
 One process, every variant measured interleaved (round-robin), with a pause before each
 timed call: OpenBLAS's worker threads spin for ~0.1 s after a call and halve the speed of
 whatever runs next.  Reports the median of the rounds as effective GFLOP/s (2·M·N·K / t, the
-classical flop count, so an LCMA's gain shows as more GFLOP/s) and the ratio to numpy.
+classical flop count, so an LCMA's gain shows as more GFLOP/s), the ratio to numpy (of the
+medians) and the paired ratio (the median over the rounds of numpy's time / the variant's in
+the same round, which a drift of the machine's speed during the run does not move).
 Builds for this machine's target (``select_target``: x86-64 by its AVX level; on AArch64
 the fixed-length SVE target for the CPU's vector length, else NEON), so it runs unchanged on
 an AArch64 host; ``--target`` overrides, ``--dry-run`` prints the plan without building.
@@ -172,7 +174,7 @@ def main(argv=None) -> int:
         flops = 2.0 * M * N * K
         base = float(np.median(runs["numpy"]))
         print(f"\n{label}: M={M} N={N} K={K}  (builds {tb:.1f} s)")
-        print(f"  {'variant':22s} {'GFLOP/s':>8s} {'ratio':>7s} {'spread':>7s} {'min..max GFLOP/s':>18s} {'rel.err':>9s}")
+        print(f"  {'variant':22s} {'GFLOP/s':>8s} {'ratio':>7s} {'paired':>7s} {'spread':>7s} {'min..max GFLOP/s':>18s} {'rel.err':>9s}")
         row = {"case": label, "M": M, "N": N, "K": K, "numpy_seconds": runs["numpy"], "variants": {}}
         for name, ts in runs.items():
             med = float(np.median(ts))
@@ -180,15 +182,19 @@ def main(argv=None) -> int:
             r = base / med
             lo, hi = flops / max(ts) / 1e9, flops / min(ts) / 1e9
             spread = (max(ts) - min(ts)) / med           # of the rounds, relative to the median
-            print(f"  {name:22s} {g:8.1f} {r:7.3f} {spread * 100:6.1f}% {lo:8.1f}..{hi:<8.1f} "
+            pr = paired(runs["numpy"], ts)
+            print(f"  {name:22s} {g:8.1f} {r:7.3f} {pr['median']:7.3f} {spread * 100:6.1f}% {lo:8.1f}..{hi:<8.1f} "
                   f"{errs.get(name, 0.0):9.2e}")
-            row["variants"][name] = {"gflops": g, "ratio_vs_numpy": r, "seconds": ts, "spread": spread,
+            row["variants"][name] = {"gflops": g, "ratio_vs_numpy": r, "ratio_paired": pr,
+                                     "seconds": ts, "spread": spread,
                                      "config": cfgs.get(name.removesuffix("+prepB")),
                                      "runs": getattr(dict(fns).get(name), "plan", None),
                                      "gflops_min": lo, "gflops_max": hi,
                                      "rel_error": errs.get(name)}
         results.append(row)
         del fns
+    print("\n# ratio = numpy's median / this median; paired = median over the rounds of numpy's "
+          "time / this time in the same round")
     write_results(args, "float32", {
         "benchmark": "lcmac CPU float32", "target": target.name,
         "configs": ("tuning log" if args.tuned else
@@ -256,6 +262,17 @@ def interleaved(calls, rounds: int, pause: float) -> dict[str, list[float]]:
             call()
             runs[name].append(time.perf_counter() - t)
     return runs
+
+
+def paired(base_ts, ts) -> dict:
+    """numpy's time / this variant's time in each round: median, min, max.  The two calls of
+    a round run seconds apart, so a drift of the VM's speed over the run (numpy's rounds have
+    moved by 30 % within one) cancels in each ratio; the median ratio of the medians does not
+    pair them."""
+    r = sorted(b / t for b, t in zip(base_ts, ts))
+    n = len(r)
+    med = r[n // 2] if n % 2 else 0.5 * (r[n // 2 - 1] + r[n // 2])
+    return {"median": med, "min": r[0], "max": r[-1]}
 
 
 def default_out(dtype: str) -> Path:
@@ -333,17 +350,21 @@ def bench_artifacts(args) -> int:
         flops = 2.0 * M * N * K
         base = float(np.median(runs["numpy"]))
         print(f"\n{dtype} M={M} N={N} K={K}")
-        print(f"  {'':44s} {'median ms':>9s} {'spread':>7s} {'GFLOP/s':>8s} {'vs numpy':>8s} {'rel.err':>9s}")
+        print(f"  {'':44s} {'median ms':>9s} {'spread':>7s} {'GFLOP/s':>8s} {'vs numpy':>8s} {'paired':>7s} {'rel.err':>9s}")
         row = {"M": M, "N": N, "K": K, "dtype": dtype, "variants": {}}
         for name, ts in runs.items():
             med = float(np.median(ts))
             spread = (max(ts) - min(ts)) / med
             g, r = flops / med / 1e9, base / med
-            print(f"  {name:44s} {med * 1e3:9.2f} {spread * 100:6.1f}% {g:8.1f} {r:7.3f}x {errs[name]:9.2e}")
+            pr = paired(runs["numpy"], ts)
+            print(f"  {name:44s} {med * 1e3:9.2f} {spread * 100:6.1f}% {g:8.1f} {r:7.3f}x {pr['median']:6.3f}x "
+                  f"{errs[name]:9.2e}")
             row["variants"][name] = {"median_s": med, "spread": spread, "gflops": g,
-                                     "ratio_vs_numpy": r, "seconds": ts, "rel_error": errs[name]}
+                                     "ratio_vs_numpy": r, "ratio_paired": pr, "seconds": ts,
+                                     "rel_error": errs[name]}
         results.append(row)
-    print("\n# spread = (max - min) / median of the rounds; vs numpy = numpy's median / this median")
+    print("\n# spread = (max - min) / median of the rounds; vs numpy = numpy's median / this median;"
+          " paired = median over the rounds of numpy's time / this time in the same round")
     dtypes = sorted({k[3] for k in groups})
     write_results(args, "-".join(dtypes), {"benchmark": "lcmac CPU artifacts vs numpy",
                                             "artifacts": [str(m) for m in found], "results": results})

@@ -1,0 +1,48 @@
+"""scripts/bench_cpu.py: the per-round paired ratio, and an ``--artifacts`` run end to end on
+a small artifact (the printed table and the JSON it writes)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lcmac.targets.x86 import host_supports
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_cpu.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_cpu", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_paired_ratio_cancels_a_drift():
+    """numpy slows from 1 s to 2 s over the run while the variant stays 0.9 of numpy's time in
+    every round: the paired ratio is 1/0.9 exactly; the ratio of medians is not."""
+    base = [1.0, 1.0, 2.0, 2.0, 2.0]
+    variant = [0.9 * b for b in reversed(base)]      # its slow rounds are numpy's fast ones
+    p = _bench().paired(base, [0.9 * b for b in base])
+    assert p == pytest.approx({"median": 1 / 0.9, "min": 1 / 0.9, "max": 1 / 0.9})
+    skewed = _bench().paired(base, variant)
+    assert skewed["min"] == pytest.approx(1 / 1.8) and skewed["max"] == pytest.approx(2 / 0.9)
+
+
+@pytest.mark.skipif(not host_supports("x86_64-avx2"), reason="needs an AVX2 x86-64 host")
+def test_artifacts_run_reports_the_paired_ratio(tmp_path):
+    from lcmac.artifact.build import build
+    p = build("gemm", "x86_64-avx2", "float32", (96, 64, 64), out_dir=tmp_path, name="g")
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--artifacts", str(p), "--rounds", "3",
+                        "--pause", "0", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "paired" in r.stdout
+    v = json.loads(out.read_text())["results"][0]["variants"]["g"]
+    assert set(v["ratio_paired"]) == {"median", "min", "max"}
+    assert v["ratio_paired"]["min"] <= v["ratio_paired"]["median"] <= v["ratio_paired"]["max"]
+    assert v["rel_error"] < 1e-5
