@@ -105,6 +105,19 @@ def test_default_config_per_target():
     assert default_config(get_target("x86_64-avx512"), "float32", None, shape=(4096,) * 3).bands == 0
 
 
+@pytest.mark.parametrize("M, bands", [(4096, 2), (4096, 1), (2048, 2), (1000, 2), (96, 2), (130, 3)])
+def test_default_row_blocks_split_evenly_with_little_padding(M, bands):
+    """The default mc gives every band the same number of row blocks and pads few rows (mc =
+    192 at 4096 rows padded 128, 3 % of the flops)."""
+    from lcmac.schedules.cpu_gemm import geometry
+    cfg = default_config(get_target(AVX2), "float32", None, shape=(M, 64, 64), threads=bands)
+    g = geometry((1, 1, 1), M, 64, 64, cfg)
+    assert g.nmc % bands == 0 and g.MC == cfg.mc
+    assert g.BMP - M <= max(6 * bands, M // 50)
+    if M == 4096:
+        assert g.BMP - M <= 8
+
+
 def test_bands_errors(tmp_path):
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="bands"):
