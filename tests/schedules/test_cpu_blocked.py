@@ -30,14 +30,16 @@ JOBS = {  # key: (shape (M, N, K), dtype, config)
     "float64": ((40, 24, 32), "float64", {"mr": 6, "nr": 8, "mc": 12, "nc": 8, "kc": 8, "ku": 4, "bands": 2}),
     "padded-k": ((50, 32, 45), "float32", {**SMALL, "bands": 2}),         # K=45: zero padding
     "default": ((96, 64, 64), "float32", None),
+    "sse-default": ((50, 64, 48), "float32", None),                       # target x86_64 (SSE)
 }
+TARGET = {"sse-default": "x86_64"}
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("cpu_blocked")
     keys = list(JOBS)
-    res = build_many([dict(algo="gemm", target=AVX2, shape=JOBS[k][0], dtype=JOBS[k][1],
+    res = build_many([dict(algo="gemm", target=TARGET.get(k, AVX2), shape=JOBS[k][0], dtype=JOBS[k][1],
                            config=JOBS[k][2], name=f"blocked-{k}", out_dir=out) for k in keys])
     return dict(zip(keys, res))
 
