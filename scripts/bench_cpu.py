@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -269,10 +270,8 @@ def paired(base_ts, ts) -> dict:
     a round run seconds apart, so a drift of the VM's speed over the run (numpy's rounds have
     moved by 30 % within one) cancels in each ratio; the median ratio of the medians does not
     pair them."""
-    r = sorted(b / t for b, t in zip(base_ts, ts))
-    n = len(r)
-    med = r[n // 2] if n % 2 else 0.5 * (r[n // 2 - 1] + r[n // 2])
-    return {"median": med, "min": r[0], "max": r[-1]}
+    r = [b / t for b, t in zip(base_ts, ts)]
+    return {"median": statistics.median(r), "min": min(r), "max": max(r)}
 
 
 def default_out(dtype: str) -> Path:

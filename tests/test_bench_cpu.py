@@ -2,7 +2,6 @@
 a small artifact (the printed table and the JSON it writes)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,14 +11,11 @@ import pytest
 
 from lcmac.targets.x86 import host_supports
 
+from .targets.test_arm import _bench_cpu as _bench
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_cpu.py"
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_cpu", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_paired_ratio_cancels_a_drift():

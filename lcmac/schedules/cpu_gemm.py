@@ -206,7 +206,7 @@ def emit_microkernel_bf16dot(w: Writer, g: Geometry, cfg: CpuConfig, r,
     ``a_buf``/``b_buf`` are the int32 (bf16-pair) packed buffers."""
     mr, nr, ku = cfg.mr, cfg.nr, cfg.ku
     nv = nr // DOT_LANES
-    _zero_acc(w, mr, nr, "float32", prefetch)
+    emit_zero_acc(w, mr, nr, "float32", prefetch)
     kp = "kc * {KC2} + ko * {KU2} + ki".format(KC2=g.KC // 2, KU2=ku // 2)
     a = f"{a_buf}[{r}, " + packed_offset(f"tm * {g.MC // mr} + ir", kp, "v", g.BKP // 2, mr) + "]"
     b = (f"{b_buf}[{r}, T.ramp(" + packed_offset(f"tn * {g.NC // nr} + jr", kp, f"c * {DOT_LANES}",
@@ -305,7 +305,9 @@ def emit_microkernel_amx(w: Writer, g: Geometry, r, a_buf: str = "Ap16", b_buf: 
       f"T.address_of({a}), T.address_of({b})))")
 
 
-def _zero_acc(w: Writer, mr: int, nr: int, acc_dtype: str, prefetch) -> None:
+def emit_zero_acc(w: Writer, mr: int, nr: int, acc_dtype: str, prefetch) -> None:
+    """acc = 0; with ``prefetch`` = (buffer, row, column, lines, elements per line), the C
+    tile the epilogue will read is fetched while the FMAs run (``_prefetch``)."""
     w(f"for v in T.unroll({mr}):")
     with w.indent():
         w(f"for u in T.vectorized({nr}):")
@@ -331,11 +333,18 @@ def emit_microkernel(w: Writer, g: Geometry, cfg: CpuConfig, r, acc_dtype: str,
     """acc[mr][nr] = Ã_r[tile rows] · B̃_r[tile cols] over one kc chunk: per k, mr broadcasts
     of Ã and nr/lanes loads of B̃ feed mr·nr/lanes FMAs into register accumulators."""
     mr, nr, ku = cfg.mr, cfg.nr, cfg.ku
-    _zero_acc(w, mr, nr, acc_dtype, prefetch)
+    emit_zero_acc(w, mr, nr, acc_dtype, prefetch)
     kidx = "kc * {KC} + ko * {KU} + ki".format(KC=g.KC, KU=ku)
     a = f"{a_buf}[{r}, " + packed_offset(f"tm * {g.MC // mr} + ir", kidx, "v", g.BKP, mr) + "]"
     b = f"{b_buf}[{r}, " + packed_offset(f"tn * {g.NC // nr} + jr", kidx, "u", g.BKP, nr) + "]"
-    w(f"for ko in range({g.KC // ku}):")
+    emit_fma_loop(w, cfg, g.KC, a, b)
+
+
+def emit_fma_loop(w: Writer, cfg: CpuConfig, KC: int, a: str, b: str) -> None:
+    """acc[v, u] += a · b over one kc chunk: ``a``, an element of the packed A at k =
+    ``ko * ku + ki`` and row v, broadcast; ``b``, the packed B at the same k, a vector over u."""
+    mr, nr, ku = cfg.mr, cfg.nr, cfg.ku
+    w(f"for ko in range({KC // ku}):")
     with w.indent():
         w(f"for ki in T.unroll({ku}):")
         with w.indent():
@@ -363,6 +372,23 @@ def emit_tile_store(w: Writer, cfg: CpuConfig, dst: str, coef, acc_dtype: str,
                     w(f"{dst} = {dst} + {val}")
             else:
                 w(f"{dst} = {val}")
+
+
+def emit_chunk_store(w: Writer, cfg: CpuConfig, nkc: int, dst: str, coef, acc_dtype: str,
+                     first: bool, row_guard: str | None = None) -> None:
+    """The tile into ``dst`` after a kc chunk (``emit_tile_store``): ``dst``'s first writer
+    stores in chunk 0 and accumulates in the others; any other writer accumulates."""
+    if first and nkc == 1:
+        emit_tile_store(w, cfg, dst, coef, acc_dtype, accumulate=False, row_guard=row_guard)
+    elif first:
+        w("if kc == 0:")
+        with w.indent():
+            emit_tile_store(w, cfg, dst, coef, acc_dtype, accumulate=False, row_guard=row_guard)
+        w("else:")
+        with w.indent():
+            emit_tile_store(w, cfg, dst, coef, acc_dtype, accumulate=True, row_guard=row_guard)
+    else:
+        emit_tile_store(w, cfg, dst, coef, acc_dtype, accumulate=True, row_guard=row_guard)
 
 
 def emit_gemm_stage(w: Writer, g: Geometry, cfg: CpuConfig, R: int, acc_dtype: str,

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
+from ..dtypes import ITEMSIZE
 from .cpu_config import CpuConfig
-from .cpu_gemm import Geometry, Writer, emit_tile_store, literal
+from .cpu_gemm import Geometry, Writer, emit_chunk_store, emit_fma_loop, emit_zero_acc
 
 
 def band_blocks(g: Geometry, bands: int) -> int:
@@ -89,34 +90,18 @@ def _emit_pack_a(w: Writer, g: Geometry, cfg: CpuConfig, row0: str) -> None:
 def _emit_tile(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, row0: str, prepared: bool) -> None:
     """One register tile: acc over the kc chunk, then C's tile written (first chunk) or
     accumulated (the others)."""
-    mr, nr, ku = cfg.mr, cfg.nr, cfg.ku
-    with w.block(f"for v in T.unroll({mr}):"), w.block(f"for u in T.vectorized({nr}):"):
-        w(f"acc[v, u] = {literal(0, dtype)}")
+    mr, nr = cfg.mr, cfg.nr
     crow = f"{row0} + ir * {mr} + v"
     ccol = f"tn * {g.NC} + jr * {nr}"
-    # the C tile the epilogue will read-modify-write, fetched while the FMAs run
-    with w.block(f"for v in T.unroll({mr}):"):
-        for ln in range(max(1, nr * _itemsize(dtype) // 64)):
-            w(f"T.evaluate(T.call_intrin(\"void\", \"tirx.prefetch\", "
-              f"T.address_of(C[T.min({crow}, {g.M - 1}), {ccol} + {ln * 64 // _itemsize(dtype)}]), 1, 3, 1))")
-    k = f"ko * {ku} + ki"
+    per_line = 64 // ITEMSIZE[dtype]
+    # rows clamped: a row tail's padded rows have no C row to fetch
+    emit_zero_acc(w, mr, nr, dtype, ("C", f"T.min({crow}, {g.M - 1})", ccol, max(1, nr // per_line), per_line))
+    k = f"ko * {cfg.ku} + ki"
     a = f"Ac[(ir * {g.KC} + {k}) * {mr} + v]"
     if prepared:
         b = f"Bp[0, ((tn * {g.NC // nr} + jr) * {g.BKP} + kc * {g.KC} + {k}) * {nr} + u]"
     else:
         b = f"Bc[(jr * {g.KC} + {k}) * {nr} + u]"
-    with w.block(f"for ko in range({g.KC // ku}):"), w.block(f"for ki in T.unroll({ku}):"), \
-            w.block(f"for v in T.unroll({mr}):"), w.block(f"for u in T.vectorized({nr}):"):
-        w(f"acc[v, u] = acc[v, u] + {a} * {b}")
-    dst = f"C[{crow}, {ccol} + u]"
-    tail = f"{crow} < {g.M}" if g.BMP > g.M else None
-    w("if kc == 0:")
-    with w.indent():
-        emit_tile_store(w, cfg, dst, 1, dtype, accumulate=False, row_guard=tail)
-    w("else:")
-    with w.indent():
-        emit_tile_store(w, cfg, dst, 1, dtype, accumulate=True, row_guard=tail)
-
-
-def _itemsize(dtype: str) -> int:
-    return 8 if dtype == "float64" else 4
+    emit_fma_loop(w, cfg, g.KC, a, b)
+    emit_chunk_store(w, cfg, g.nkc, f"C[{crow}, {ccol} + u]", 1, dtype, True,
+                     row_guard=f"{crow} < {g.M}" if g.BMP > g.M else None)

@@ -15,7 +15,7 @@ from .cpu_gemm_blocked import applies as blocked_applies, emit_blocked_gemm
 from .cpu_combine import emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad, needs_pad
 from . import cpu_vendor
 from .cpu_config import CpuConfig
-from .cpu_gemm import (DOT_LANES, DPBF16_LL, Writer, amx_kernel, amx_ll, emit_gemm_stage, emit_tile_store,
+from .cpu_gemm import (DOT_LANES, DPBF16_LL, Writer, amx_kernel, amx_ll, emit_chunk_store, emit_gemm_stage,
                        geometry, packed_stride)
 
 ENTRY = "lcmac_matmul"
@@ -133,27 +133,14 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
                 w(f"# fused Combine H: H_{r + 1} into its C blocks, never stored")
                 for i, j, c in feeds[r]:
                     dst = f"{cbuf}[" + tile.format(base=i * crow, cbase=j * ccol) + "]"
-                    _store(w, first[(i, j)] == r, dst, c)
+                    emit_chunk_store(w, cfg, g.nkc, dst, c, acc, first[(i, j)] == r, row_guard=guard)
             else:
                 dst = f"H[{r}, " + tile.format(base=0, cbase=0) + "]"
-                _store(w, True, dst, 1)
+                emit_chunk_store(w, cfg, g.nkc, dst, 1, acc, True, row_guard=guard)
 
         # a row tail written straight into C: the padded rows' stores are skipped
         guard = (f"tm * {g.MC} + ir * {cfg.mr} + v < {g.BM}"
                  if direct and g.BMP > g.BM else None)
-
-        def _store(w, is_first, dst, c):
-            if is_first and g.nkc == 1:
-                emit_tile_store(w, cfg, dst, c, acc, accumulate=False, row_guard=guard)
-            elif is_first:
-                w("if kc == 0:")
-                with w.indent():
-                    emit_tile_store(w, cfg, dst, c, acc, accumulate=False, row_guard=guard)
-                w("else:")
-                with w.indent():
-                    emit_tile_store(w, cfg, dst, c, acc, accumulate=True, row_guard=guard)
-            else:
-                emit_tile_store(w, cfg, dst, c, acc, accumulate=True, row_guard=guard)
 
         w("# GEMM stage" + (" with fused Combine H" if cfg.fused else " (H stored)"))
         # blocks of C that no product feeds are zero (cannot happen for a correct algorithm

@@ -15,7 +15,7 @@ from lcmac.schedules.cpu_config import CpuConfig, default_config
 from lcmac.targets import get_target
 from lcmac.targets.x86 import host_supports
 
-from .test_cpu_backend import _guarded
+from .test_cpu_backend import _get, _guarded
 
 AVX2 = "x86_64-avx2"
 pytestmark = pytest.mark.skipif(not host_supports(AVX2), reason="needs an AVX2 x86-64 host")
@@ -44,17 +44,10 @@ def built(tmp_path_factory):
     return dict(zip(keys, res))
 
 
-def _path(built, key):
-    r = built[key]
-    if isinstance(r, Exception):
-        raise r
-    return r
-
-
 @pytest.mark.parametrize("key", [k for k in JOBS if k != "padded-k"])
 def test_blocked_gemm_matches_float64_and_prepared(built, key):
     import lcmac
-    p = _path(built, key)
+    p = _get(built, key)
     f = lcmac.load(p)
     m = f.manifest
     assert m.extra["packing"] == "blocked"
@@ -76,7 +69,7 @@ def test_shapes_needing_zero_padding_pack_ahead(built):
     """K = 45 is not whole kc chunks: the knob is kept, the packing passes run, and the
     result is still right."""
     import lcmac
-    p = _path(built, "padded-k")
+    p = _get(built, "padded-k")
     f = lcmac.load(p)
     assert f.manifest.extra["packing"] == "ahead" and f.manifest.config["bands"] == 2
     rng = np.random.default_rng(6)
@@ -89,7 +82,7 @@ def test_shapes_needing_zero_padding_pack_ahead(built):
 def test_source_packs_inside_the_tasks(built):
     """The blocked stage has no whole-matrix packed buffers, and the prepared entry packs
     only A (B̃ comes from the caller)."""
-    p = _path(built, "rowtail")
+    p = _get(built, "rowtail")
     src = (p.parent / Manifest.read(p).extra["source"]).read_text()
     plain, prepared = src.split("def lcmac_matmul_prepare_b")[0], src.split("def lcmac_matmul_prepared(")[1]
     assert "Bc = T.decl_buffer" in plain and "Ac = T.decl_buffer" in plain
