@@ -30,9 +30,15 @@ from .cpu_config import CpuConfig
 from .cpu_gemm import Geometry, Writer, emit_chunk_store, emit_fma_loop, emit_zero_acc
 
 
-def band_blocks(g: Geometry, bands: int) -> int:
-    """mc blocks per row band (the last band may own fewer; its extra blocks are skipped)."""
-    return -(-g.nmc // max(1, min(bands, g.nmc)))
+def _bands(g: Geometry, cfg: CpuConfig) -> int:
+    """Row bands that own at least one mc block."""
+    return max(1, min(cfg.bands, g.nmc))
+
+
+def workspace_bytes(g: Geometry, cfg: CpuConfig, dtype: str) -> int:
+    """What the packed chunks take: each task holds an mc × kc chunk of A and a kc × nc chunk
+    of B, and with one band per thread ``bands`` tasks hold theirs at once."""
+    return _bands(g, cfg) * ITEMSIZE[dtype] * g.KC * (g.MC + g.NC)
 
 
 def applies(g: Geometry, R: int, acc: str, dtype: str, special_kernel: bool) -> bool:
@@ -48,8 +54,8 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
     or of ``lcmac_matmul_prepared`` (True: B̃ read from the caller's ``Bp``, packed whole by
     Combine B)."""
     mr, nr = cfg.mr, cfg.nr
-    bands = max(1, min(cfg.bands, g.nmc))
-    nic = band_blocks(g, bands)
+    bands = _bands(g, cfg)
+    nic = -(-g.nmc // bands)        # mc blocks per band; the last band's extra ones skipped
     jrs, irs = g.NC // nr, g.MC // mr
     w(f"# GEMM stage, A and B packed per cache block in each task ({bands} row bands)")
     w(f"for t in T.parallel({bands * g.nnc}):")

@@ -12,6 +12,7 @@ from ..ir.algorithm import Algorithm
 from ..ir.cse import optimized_programs
 from ..ir.program import LinearProgram, combine_matrices, naive_program
 from .cpu_gemm_blocked import applies as blocked_applies, emit_blocked_gemm
+from .cpu_gemm_blocked import workspace_bytes as blocked_workspace
 from .cpu_combine import emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad, needs_pad
 from . import cpu_vendor
 from .cpu_config import CpuConfig
@@ -194,7 +195,7 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             "gemm_kernel": "amx" if amx else "vdpbf16ps" if bf16_dot else "fma",
             "packing": "blocked" if blocked else "ahead",
             "packed_dtype": pack,
-            "workspace_bytes": ITEMSIZE[pack] * R * (sa + sb)
+            "workspace_bytes": blocked_workspace(g, cfg, dtype) if blocked else ITEMSIZE[pack] * R * (sa + sb)
             + ITEMSIZE[acc] * ((0 if direct else g.m * g.n * g.BMP * g.BNP)
                                + (0 if cfg.fused else R * g.BMP * g.BNP))
             + ITEMSIZE[dtype] * ((g.m * g.BMP * g.k * g.BKP if pad_a else 0)
