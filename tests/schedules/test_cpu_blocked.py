@@ -26,7 +26,9 @@ JOBS = {  # key: (shape (M, N, K), dtype, config)
     "rowtail": ((130, 64, 48), "float32", {**SMALL, "bands": 2}),
     "bands-uneven": ((130, 64, 48), "float32", {**SMALL, "bands": 3}),    # 8 row blocks, 3 bands
     "one-band": ((36, 32, 32), "float32", {**SMALL, "bands": 1}),
-    "more-bands-than-blocks": ((12, 32, 16), "float32", {**SMALL, "bands": 4}),
+    # one row block: the column blocks are shared out instead (3 groups of 1; 2 groups of 2, one short)
+    "more-bands-than-blocks": ((12, 96, 16), "float32", {**SMALL, "bands": 4}),
+    "column-groups-uneven": ((12, 96, 16), "float32", {**SMALL, "bands": 2}),
     "float64": ((40, 24, 32), "float64", {"mr": 6, "nr": 8, "mc": 12, "nc": 8, "kc": 8, "ku": 4, "bands": 2}),
     "padded-k": ((50, 32, 45), "float32", {**SMALL, "bands": 2}),         # K=45: zero padding
     "default": ((96, 64, 64), "float32", None),
@@ -80,14 +82,16 @@ def test_shapes_needing_zero_padding_pack_ahead(built):
 
 
 def test_source_packs_inside_the_tasks(built):
-    """The blocked stage has no whole-matrix packed buffers, and the prepared entry packs
+    """The blocked stage has no whole-matrix packed buffers, packs the band's A once per kc
+    chunk (before the loop over column blocks, not inside it), and the prepared entry packs
     only A (B̃ comes from the caller)."""
     p = _get(built, "rowtail")
     src = (p.parent / Manifest.read(p).extra["source"]).read_text()
     plain, prepared = src.split("def lcmac_matmul_prepare_b")[0], src.split("def lcmac_matmul_prepared(")[1]
-    assert "Bc = T.decl_buffer" in plain and "Ac = T.decl_buffer" in plain
+    assert "Bc = T.decl_buffer" in plain and "Ab = T.decl_buffer" in plain
     assert "Ap = T.alloc_buffer" not in plain and "Bp = T.alloc_buffer" not in plain
-    assert "Bc" not in prepared and "Ac = T.decl_buffer" in prepared
+    assert plain.index("] = A[") < plain.index("for tn in range(") < plain.index("] = B[")
+    assert "Bc" not in prepared and "Ab = T.decl_buffer" in prepared
 
 
 def test_default_config_per_target():
