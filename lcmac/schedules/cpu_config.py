@@ -221,7 +221,7 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
     # VM, where kc=512 did not help LCMAs (unlike AVX-512); with them Strassen² ran 1.20x,
     # Winograd² 1.17x and the GEMM 0.91x numpy (bench/results/cpu-epyc-avx2-float32-4096-*.json).
     # The plain GEMM packs per cache block in one row band per thread (cpu_gemm_blocked): on
-    # that VM 0.94-1.00x numpy at 4096³ where packing ahead ran 0.90x (docs/cpu.md)
+    # that VM 1.01-1.02x numpy at 4096³ where packing ahead ran 0.90x (docs/cpu.md)
     bands = 0 if lcma or getattr(target, "family", "x86") != "x86" else (threads or default_threads())
     mc = _band_tile(shape[0], 6, bands, 192) if bands and shape is not None else 192
     return CpuConfig(mr=6, nr=2 * lanes, mc=mc, nc=1024, kc=256, ku=4, fused=fused, bands=bands)
