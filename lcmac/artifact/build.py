@@ -54,7 +54,7 @@ from ..errors import ArtifactError, DTypeError, ShapeError, TargetError, Toolcha
 from ..ir import get
 from ..ir.algorithm import Algorithm
 from ..ir.transforms import power
-from ..schedules.cpu_config import amx_defaults, resolve_config
+from ..schedules.cpu_config import CpuConfig, amx_defaults, resolve_config
 from ..schedules.cpu_lcma import programs_for
 from ..schedules.cuda.config import BATCHED_ONLY_DTYPES, batched_only_why
 from ..shapes import parse_shape
@@ -105,19 +105,30 @@ def build_config(t, dtype: str, config, alg, plain: bool, shape, notes: list | N
     if t.family in ("x86", "aarch64"):
         amx = (dtype == "bfloat16" and t.name == "x86_64-avx512" and x86.mcpu_has_amx(mcpu)
                and not {"amx", "bf16_dot", "mr", "nr"} & set(config or {}))
+        tuned = None
         if config is None:
             # CPU blocks are cut from the shape (tasks balanced over the threads): a config
             # logged at another shape is not better than the shape-aware default
             config = _tuned_config(t, dtype, alg, plain, shape, exact_only=True, notes=notes)
             if amx and config is not None and not config.get("amx"):
                 config = None       # a logged FMA-kernel record: AMX measured 4.7x faster
+            tuned = config
         if amx and not (config or {}).get("amx"):
             # the AMX kernel unless the config picks a kernel or a micro-tile it cannot run
             config = {**amx_defaults(None if plain else alg), **(config or {})}
         try:
-            return resolve_config(t, dtype, config, None if plain else alg, shape=shape).to_dict()
+            out = resolve_config(t, dtype, config, None if plain else alg, shape=shape).to_dict()
         except ValueError as e:
             raise TargetError(f"bad CPU config: {e}") from None
+        # a record logged before a knob existed was measured with the knob's field default
+        # (what the template did then); where the current default differs, say so
+        was = CpuConfig().to_dict()
+        filled = {k: out[k] for k in sorted(set(out) - set(tuned or out)) if out[k] != was[k]}
+        if filled:
+            _note(f"lcmac build: the record predates knob(s) {', '.join(filled)}; they take the "
+                  f"defaults {json.dumps(filled, sort_keys=True)}, so its time is not this "
+                  f"build's (`lcmac tune` at this shape measures them)", notes)
+        return out
     # CUDA: the TileLang worker owns its knobs.  No config, or only an operand mode: the
     # tuning log's best config of that mode (logged configs of other modes are another
     # precision, never taken for this one)

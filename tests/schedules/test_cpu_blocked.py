@@ -123,3 +123,23 @@ def test_bands_errors(tmp_path):
             CpuConfig(bands=bad).validate(8)
     with pytest.raises(TargetError, match="bands.*plain GEMM"):
         build("strassen", AVX2, "float32", (64, 64, 64), config={"bands": 2}, out_dir=tmp_path)
+
+
+def test_a_tuned_record_from_before_bands_says_the_build_differs(monkeypatch):
+    """A plain-GEMM record logged before ``bands`` existed measured packing ahead; the build
+    fills the knob with today's default (blocked) and says its time is not this build's.  An
+    LCMA's record gets the knob's old value (0) and no such note."""
+    from lcmac.artifact import build as build_mod
+    from lcmac.ir import catalogue
+    old = {"mr": 6, "nr": 16, "mc": 192, "nc": 1024, "kc": 256, "ku": 4, "fused": True,
+           "bf16_dot": False, "amx": False, "vendor_base": False}
+    record = {"shape": [4096] * 3, "time_s": 0.9, "device": "test"}
+    monkeypatch.setattr(build_mod.db, "best_config", lambda *a, **k: (dict(old), record, True))
+    t = get_target(AVX2)
+    notes = []
+    cfg = build_mod.build_config(t, "float32", None, None, True, (4096,) * 3, notes=notes)
+    assert cfg["bands"] > 0 and cfg["mc"] == 192
+    assert any("predates knob(s) bands" in n for n in notes), notes
+    notes = []
+    cfg = build_mod.build_config(t, "float32", None, catalogue.get("strassen"), False, (4096,) * 3, notes=notes)
+    assert cfg["bands"] == 0 and not any("predates" in n for n in notes), notes
