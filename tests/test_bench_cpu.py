@@ -16,8 +16,6 @@ from .targets.test_arm import _bench_cpu as _bench
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_cpu.py"
 
 
-
-
 def test_paired_ratio_cancels_a_drift():
     """numpy slows from 1 s to 2 s over the run while the variant stays 0.9 of numpy's time in
     every round: the paired ratio is 1/0.9 exactly; the ratio of medians is not."""

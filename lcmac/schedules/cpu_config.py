@@ -174,7 +174,7 @@ def _balanced_tiles(BM: int, BN: int, mr: int, nr: int, mc: int, nc: int,
 def _band_tile(M: int, mr: int, bands: int, want: int) -> int:
     """mc for a plain GEMM packing per block in ``bands`` row bands: the block count a multiple
     of ``bands`` (equal bands), the least padded rows (computed, never stored: at 4096 rows
-    mc = 192 pads 128 rows, 3 % of the flops; mc = 228 pads 4), then the mc nearest ``want``;
+    mc = 192 pads 128 rows, 3 % of the flops; mc = 228 pads 8), then the mc nearest ``want``;
     within ±25 % of ``want``, where the A chunk (mc × kc) stays in L2."""
     best = None
     for mc in range(max(mr, want * 3 // 4 // mr * mr), want * 5 // 4 + 1, mr):

@@ -42,6 +42,11 @@ def _bands(g: Geometry, cfg: CpuConfig) -> int:
     return max(1, min(cfg.bands, g.nmc))
 
 
+def _band_blocks(g: Geometry, cfg: CpuConfig) -> int:
+    """mc blocks per band (the last band may own fewer; its extra blocks are skipped)."""
+    return -(-g.nmc // _bands(g, cfg))
+
+
 def _groups(g: Geometry, cfg: CpuConfig) -> int:
     """Column groups per band: 1, unless there are fewer row blocks than ``cfg.bands`` asks
     for (then the column blocks are shared out so that there are about ``cfg.bands`` tasks)."""
@@ -51,9 +56,8 @@ def _groups(g: Geometry, cfg: CpuConfig) -> int:
 def workspace_bytes(g: Geometry, cfg: CpuConfig, dtype: str) -> int:
     """What the packed chunks take: each task holds its band's rows of A × kc and a kc × nc
     chunk of B, and with one task per thread all hold theirs at once."""
-    bands = _bands(g, cfg)
-    band_rows = -(-g.nmc // bands) * g.MC
-    return bands * _groups(g, cfg) * ITEMSIZE[dtype] * g.KC * (band_rows + g.NC)
+    band_rows = _band_blocks(g, cfg) * g.MC
+    return _bands(g, cfg) * _groups(g, cfg) * ITEMSIZE[dtype] * g.KC * (band_rows + g.NC)
 
 
 def applies(g: Geometry, R: int, acc: str, dtype: str, special_kernel: bool) -> bool:
@@ -70,7 +74,7 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
     Combine B)."""
     mr, nr = cfg.mr, cfg.nr
     bands, groups = _bands(g, cfg), _groups(g, cfg)
-    nic = -(-g.nmc // bands)        # mc blocks per band; the last band's extra ones skipped
+    nic = _band_blocks(g, cfg)
     per = -(-g.nnc // groups)       # column blocks per group
     jrs, irs = g.NC // nr, g.MC // mr
     w(f"# GEMM stage, A and B packed per cache block in each task ({bands} row bands"
