@@ -143,19 +143,36 @@ def emit_combine_a(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype:
     if pair:
         _combine_a_pairs(w, g, prog, mr, dtype, src_dtype, padded)
         return
+    # The program reads one column of mr rows of every input block at a time: m·k·mr rows
+    # whose strides are multiples of 4 KB, so read column by column they share one L1 set
+    # (and four L2 sets) and every element missed both.  Each row's next kt columns (a cache
+    # line at kt = 16 fp32) are first copied into the local At, and the program reads At.
+    kt = next(b for b in (16, 8, 4, 2, 1) if g.BKP % b == 0)
+    slot = {s: n for n, s in enumerate(_used_inputs(prog))}
     w("# Combine A (group-parallel, packs Ãp)")
     for loop, clamp in _panel_loops(g, mr, padded):
         w(loop)
         with w.indent():
             _decl_locals(w, prog, dtype, mr)
-            w(f"for kk in range({g.BKP}):")
+            w(f"At = T.decl_buffer(({len(slot)}, {mr}, {kt}), \"{dtype}\", scope=\"local\")")
+            w(f"for ko in range({g.BKP // kt}):")
             with w.indent():
-                def load(s, clamp=clamp):
+                for s, n in slot.items():
                     i, l = divmod(s, g.k)
                     if padded:
-                        return _load("Apad", f"{i * g.BMP} + p * {mr} + v", f"{l * g.BKP} + kk", dtype, src_dtype)
-                    return _load("A", _a_row(g, i, mr, clamp), f"{l * g.BK} + kk", dtype, src_dtype)
-                _emit_program(w, prog, dtype, mr, "v", load, lambda o: f"Ap[{o}, " + packed_offset("p", "kk", "v", g.BKP, mr) + "]")
+                        src = _load("Apad", f"{i * g.BMP} + p * {mr} + v", f"{l * g.BKP} + ko * {kt} + u",
+                                    dtype, src_dtype)
+                    else:
+                        src = _load("A", _a_row(g, i, mr, clamp), f"{l * g.BK} + ko * {kt} + u", dtype, src_dtype)
+                    w(f"for v in range({mr}):")
+                    with w.indent():
+                        w(f"for u in T.vectorized({kt}):")
+                        with w.indent():
+                            w(f"At[{n}, v, u] = {src}")
+                w(f"for ki in range({kt}):")
+                with w.indent():
+                    _emit_program(w, prog, dtype, mr, "v", lambda s: f"At[{slot[s]}, v, ki]",
+                                  lambda o: f"Ap[{o}, " + packed_offset("p", f"ko * {kt} + ki", "v", g.BKP, mr) + "]")
 
 
 def _panel_loops(g: Geometry, mr: int, padded: bool) -> list[tuple[str, bool]]:

@@ -306,8 +306,9 @@ def emit_microkernel_amx(w: Writer, g: Geometry, r, a_buf: str = "Ap16", b_buf: 
 
 
 def emit_zero_acc(w: Writer, mr: int, nr: int, acc_dtype: str, prefetch) -> None:
-    """acc = 0; with ``prefetch`` = (buffer, row, column, lines, elements per line), the C
-    tile the epilogue will read is fetched while the FMAs run (``_prefetch``)."""
+    """acc = 0; with ``prefetch`` = (element, lines, elements per line), the tile the epilogue
+    will read is fetched while the FMAs run (``_prefetch``): ``element.format(offset)`` is
+    the TVMScript element at that column offset in row v of the tile."""
     w(f"for v in T.unroll({mr}):")
     with w.indent():
         w(f"for u in T.vectorized({nr}):")
@@ -320,12 +321,12 @@ def _prefetch(w: Writer, mr: int, prefetch) -> None:
     if prefetch:
         # the tile the epilogue will read-modify-write: fetched while the FMAs run
         # (its rows are a power-of-two stride apart for square sizes: cache-set conflicts)
-        buf, row, col, lines, per_line = prefetch
+        element, lines, per_line = prefetch
         w(f"for v in T.unroll({mr}):")
         with w.indent():
             for ln in range(lines):
                 w(f"T.evaluate(T.call_intrin(\"void\", \"tirx.prefetch\", "
-                  f"T.address_of({buf}[{row}, {col} + {ln * per_line}]), 1, 3, 1))")
+                  f"T.address_of({element.format(ln * per_line)}), 1, 3, 1))")
 
 
 def emit_microkernel(w: Writer, g: Geometry, cfg: CpuConfig, r, acc_dtype: str,

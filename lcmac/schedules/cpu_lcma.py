@@ -146,11 +146,16 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
         w("# GEMM stage" + (" with fused Combine H" if cfg.fused else " (H stored)"))
         # blocks of C that no product feeds are zero (cannot happen for a correct algorithm
         # with full rank, but keep the kernel total)
+        # the tile the epilogue will read-modify-write, fetched while the FMAs run: C's for
+        # the plain GEMM packed ahead, H_r's when H is stored (an LCMA's fused epilogue
+        # writes several C blocks)
         prefetch = None
+        per_line = max(1, 64 // ITEMSIZE[acc])
+        rows, cols = f"tm * {g.MC} + ir * {cfg.mr} + v", f"tn * {g.NC} + jr * {cfg.nr}"
         if R == 1 and cfg.fused:
-            per_line = max(1, 64 // ITEMSIZE[acc])
-            prefetch = (cbuf, f"tm * {g.MC} + ir * {cfg.mr} + v", f"tn * {g.NC} + jr * {cfg.nr}",
-                        max(1, cfg.nr // per_line), per_line)
+            prefetch = (f"{cbuf}[{rows}, {cols} + {{}}]", max(1, cfg.nr // per_line), per_line)
+        elif not cfg.fused:
+            prefetch = (f"H[r, {rows}, {cols} + {{}}]", max(1, cfg.nr // per_line), per_line)
         if amx:
             # links the AMX micro-kernel into the LLVM module (see cpu_gemm.amx_ll)
             w(f"with T.attr(0, \"pragma_import_llvm\", {amx_ll(g.KC)!r}):")
