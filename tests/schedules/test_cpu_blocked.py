@@ -5,6 +5,8 @@ written), bands that do not divide the row blocks, float64, the fallback for sha
 zero padding, and the knob's errors.  Runs on any x86-64 host with AVX2."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -83,7 +85,7 @@ def test_shapes_needing_zero_padding_pack_ahead(built):
 
 def test_source_packs_inside_the_tasks(built):
     """The blocked stage has no whole-matrix packed buffers, packs the band's A once per kc
-    chunk (before the loop over column blocks, not inside it), and the prepared entry packs
+    chunk (before the loop over column blocks, not inside it), B row by row, and the prepared entry packs
     only A (B̃ comes from the caller)."""
     p = _get(built, "rowtail")
     src = (p.parent / Manifest.read(p).extra["source"]).read_text()
@@ -91,6 +93,9 @@ def test_source_packs_inside_the_tasks(built):
     assert "Bc = T.decl_buffer" in plain and "Ab = T.decl_buffer" in plain
     assert "Ap = T.alloc_buffer" not in plain and "Bp = T.alloc_buffer" not in plain
     assert plain.index("] = A[") < plain.index("for tn in range(") < plain.index("] = B[")
+    # B is packed row by row (each row's nc columns one run), panels inside
+    pack_b = plain[plain.index("for tn in range("):plain.index("] = B[")]
+    assert re.search(r"for k in range\(\d+\):\s+for jr in range\(\d+\):\s+for u in T\.vectorized", pack_b)
     assert "Bc" not in prepared and "Ab = T.decl_buffer" in prepared
 
 
