@@ -145,8 +145,9 @@ def emit_combine_a(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype:
         return
     # The program reads one column of mr rows of every input block at a time: m·k·mr rows,
     # at square power-of-two sizes a multiple of 4 KB apart, so read column by column they
-    # share one L1 set (and few L2 sets) and every element missed both.  Each row's next kt columns (a cache
-    # line at kt = 16 fp32) are first copied into the local At, and the program reads At.
+    # share one L1 set (and few L2 sets) and every element missed both.  Each row's next kt
+    # columns (a cache line at kt = 16 fp32) are first copied into the local At, and the
+    # program reads At.
     kt = next(b for b in (16, 8, 4, 2, 1) if g.BKP % b == 0)
     slot = {s: n for n, s in enumerate(_used_inputs(prog))}
     w("# Combine A (group-parallel, packs Ãp)")

@@ -37,7 +37,6 @@ from .cpu_config import CpuConfig
 from .cpu_gemm import Geometry, Writer, emit_chunk_store, emit_fma_loop, emit_zero_acc
 
 
-
 def _bands(g: Geometry, cfg: CpuConfig) -> int:
     """Row bands that own at least one mc block."""
     return max(1, min(cfg.bands, g.nmc))
