@@ -159,12 +159,7 @@ def emit_combine_a(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype:
             w(f"for ko in range({g.BKP // kt}):")
             with w.indent():
                 for s, n in slot.items():
-                    i, l = divmod(s, g.k)
-                    if padded:
-                        src = _load("Apad", f"{i * g.BMP} + p * {mr} + v", f"{l * g.BKP} + ko * {kt} + u",
-                                    dtype, src_dtype)
-                    else:
-                        src = _load("A", _a_row(g, i, mr, clamp), f"{l * g.BK} + ko * {kt} + u", dtype, src_dtype)
+                    src = _a_element(g, s, mr, f"ko * {kt} + u", dtype, src_dtype, padded, clamp)
                     w(f"for v in range({mr}):")
                     with w.indent():
                         w(f"for u in T.vectorized({kt}):")
@@ -193,6 +188,17 @@ def _a_row(g: Geometry, i: int, mr: int, clamp: bool) -> str:
     return f"T.min({row}, {i * g.BM + g.BM - 1})" if clamp else row
 
 
+def _a_element(g: Geometry, s: int, mr: int, col: str, dtype: str, src_dtype: str | None,
+               padded: bool, clamp: bool) -> str:
+    """Row v of panel p, column ``col`` (within the block) of A's block s, widened to
+    ``dtype``: from ``Apad`` when the shape needed padding, else from A (rows clamped in a
+    row tail's panels)."""
+    i, l = divmod(s, g.k)
+    if padded:
+        return _load("Apad", f"{i * g.BMP} + p * {mr} + v", f"{l * g.BKP} + {col}", dtype, src_dtype)
+    return _load("A", _a_row(g, i, mr, clamp), f"{l * g.BK} + {col}", dtype, src_dtype)
+
+
 def _combine_a_pairs(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype: str,
                      padded: bool) -> None:
     w("# Combine A (group-parallel, packs Ãp as bf16 k pairs for vdpbf16ps, rounded once)")
@@ -203,12 +209,7 @@ def _combine_a_pairs(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtyp
             w(f"for kp in range({g.BKP // 2}):")
             with w.indent():
                 def load(s, e, clamp=clamp):
-                    i, l = divmod(s, g.k)
-                    if padded:
-                        return _load("Apad", f"{i * g.BMP} + p * {mr} + v", f"{l * g.BKP} + kp * 2 + {e}",
-                                     dtype, src_dtype)
-                    return _load("A", _a_row(g, i, mr, clamp), f"{l * g.BK} + kp * 2 + {e}",
-                                 dtype, src_dtype)
+                    return _a_element(g, s, mr, f"kp * 2 + {e}", dtype, src_dtype, padded, clamp)
                 _emit_program(w, prog, dtype, mr, "v", load,
                               lambda o: f"Ap32[{o}, " + packed_offset("p", "kp", "v", g.BKP // 2, mr) + "]",
                               pairs=True)
@@ -229,12 +230,7 @@ def _combine_a_amx(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype:
                 w(f"for kq in range({g.BKP // kt}):")
                 with w.indent():
                     def load(s, clamp=clamp):
-                        i, l = divmod(s, g.k)
-                        if padded:
-                            return _load("Apad", f"{i * g.BMP} + p * {mr} + v",
-                                         f"{l * g.BKP} + kq * {kt} + u", dtype, src_dtype)
-                        return _load("A", _a_row(g, i, mr, clamp), f"{l * g.BK} + kq * {kt} + u",
-                                     dtype, src_dtype)
+                        return _a_element(g, s, mr, f"kq * {kt} + u", dtype, src_dtype, padded, clamp)
                     _emit_program(w, prog, dtype, kt, "u", load,
                                   lambda o: f"Ap16[{o}, ((p * {g.BKP // kt} + kq) * {mr} + v) * {kt} + u]",
                                   bits16=True)
