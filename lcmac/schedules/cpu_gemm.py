@@ -39,6 +39,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from fractions import Fraction
 
+from ..dtypes import ITEMSIZE
 from ..errors import DTypeError, TargetError
 from .cpu_config import CpuConfig, tile_for_count
 
@@ -300,33 +301,34 @@ def emit_microkernel_amx(w: Writer, g: Geometry, r, a_buf: str = "Ap16", b_buf: 
     a = (f"{a_buf}[{r}, ((tm * {g.MC // AMX_MR} + ir) * {g.BKP // AMX_K} + kc * {g.KC // AMX_K})"
          f" * {AMX_MR * AMX_K}]")
     b = (f"{b_buf}[{r}, ((tn * {g.NC // AMX_NR} + jr) * {g.BKP // 2} + kc * {g.KC // 2}) * {AMX_NR}]")
-    _prefetch(w, AMX_MR, prefetch)
+    _prefetch(w, AMX_MR, AMX_NR, "float32", prefetch)
     w(f"T.evaluate(T.call_extern(\"void\", \"{amx_fn(g.KC)}\", T.address_of(acc[0, 0]), "
       f"T.address_of({a}), T.address_of({b})))")
 
 
 def emit_zero_acc(w: Writer, mr: int, nr: int, acc_dtype: str, prefetch) -> None:
-    """acc = 0; with ``prefetch`` = (element, lines, elements per line), the tile the epilogue
-    will read is fetched while the FMAs run (``_prefetch``): ``element.format(offset)`` is
-    the TVMScript element at that column offset in row v of the tile."""
+    """acc = 0; with ``prefetch`` (``element.format(offset)``: the TVMScript element at that
+    column offset in row v of the tile the epilogue will read), that tile is fetched while
+    the FMAs run (``_prefetch``)."""
     w(f"for v in T.unroll({mr}):")
     with w.indent():
         w(f"for u in T.vectorized({nr}):")
         with w.indent():
             w(f"acc[v, u] = {literal(0, acc_dtype)}")
-    _prefetch(w, mr, prefetch)
+    _prefetch(w, mr, nr, acc_dtype, prefetch)
 
 
-def _prefetch(w: Writer, mr: int, prefetch) -> None:
+def _prefetch(w: Writer, mr: int, nr: int, acc_dtype: str, prefetch: str | None) -> None:
     if prefetch:
         # the tile the epilogue will read-modify-write: fetched while the FMAs run
         # (its rows are a power-of-two stride apart for square sizes: cache-set conflicts)
-        element, lines, per_line = prefetch
+        per_line = max(1, 64 // ITEMSIZE[acc_dtype])
+        lines = max(1, nr // per_line)
         w(f"for v in T.unroll({mr}):")
         with w.indent():
             for ln in range(lines):
                 w(f"T.evaluate(T.call_intrin(\"void\", \"tirx.prefetch\", "
-                  f"T.address_of({element.format(ln * per_line)}), 1, 3, 1))")
+                  f"T.address_of({prefetch.format(ln * per_line)}), 1, 3, 1))")
 
 
 def emit_microkernel(w: Writer, g: Geometry, cfg: CpuConfig, r, acc_dtype: str,

@@ -134,9 +134,8 @@ def _emit_tile(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, row0: str, pr
     mr, nr = cfg.mr, cfg.nr
     crow = f"{row0} + ir * {mr} + v"
     ccol = f"tn * {g.NC} + jr * {nr}"
-    per_line = 64 // ITEMSIZE[dtype]
     # rows clamped: a row tail's padded rows have no C row to fetch
-    emit_zero_acc(w, mr, nr, dtype, (f"C[T.min({crow}, {g.M - 1}), {ccol} + {{}}]", max(1, nr // per_line), per_line))
+    emit_zero_acc(w, mr, nr, dtype, f"C[T.min({crow}, {g.M - 1}), {ccol} + {{}}]")
     k = f"ko * {cfg.ku} + ki"
     a = f"Ab[((ic * {g.MC // mr} + ir) * {g.KC} + {k}) * {mr} + v]"
     if prepared:

@@ -150,12 +150,11 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
         # the plain GEMM packed ahead, H_r's when H is stored (an LCMA's fused epilogue
         # writes several C blocks)
         prefetch = None
-        per_line = max(1, 64 // ITEMSIZE[acc])
         rows, cols = f"tm * {g.MC} + ir * {cfg.mr} + v", f"tn * {g.NC} + jr * {cfg.nr}"
         if R == 1 and cfg.fused:
-            prefetch = (f"{cbuf}[{rows}, {cols} + {{}}]", max(1, cfg.nr // per_line), per_line)
+            prefetch = f"{cbuf}[{rows}, {cols} + {{}}]"
         elif not cfg.fused:
-            prefetch = (f"H[r, {rows}, {cols} + {{}}]", max(1, cfg.nr // per_line), per_line)
+            prefetch = f"H[r, {rows}, {cols} + {{}}]"
         if amx:
             # links the AMX micro-kernel into the LLVM module (see cpu_gemm.amx_ll)
             w(f"with T.attr(0, \"pragma_import_llvm\", {amx_ll(g.KC)!r}):")
