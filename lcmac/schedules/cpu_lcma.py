@@ -7,6 +7,7 @@ GEMM is the 1×1×1 algorithm through the same template (packing + micro-kernel)
 """
 from __future__ import annotations
 
+from ..dtypes import ITEMSIZE
 from ..errors import DTypeError, ShapeError, TargetError
 from ..ir.algorithm import Algorithm
 from ..ir.cse import optimized_programs
@@ -22,7 +23,6 @@ from .cpu_gemm import (DOT_LANES, DPBF16_LL, Writer, amx_kernel, amx_ll, emit_ch
 ENTRY = "lcmac_matmul"
 #: suffixes of the prepared-B entry points (``generate``)
 PREPARE_B, PREPARED = "_prepare_b", "_prepared"
-ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2}
 
 
 def programs_for(alg) -> dict:
