@@ -85,8 +85,8 @@ def test_shapes_needing_zero_padding_pack_ahead(built):
 
 def test_source_packs_inside_the_tasks(built):
     """The blocked stage has no whole-matrix packed buffers, packs the band's A once per kc
-    chunk (before the loop over column blocks, not inside it), B row by row, and the prepared entry packs
-    only A (B̃ comes from the caller)."""
+    chunk (before the loop over column blocks, not inside it) and B row by row, and the
+    prepared entry packs only A (B̃ comes from the caller)."""
     p = _get(built, "rowtail")
     src = (p.parent / Manifest.read(p).extra["source"]).read_text()
     plain, prepared = src.split("def lcmac_matmul_prepare_b")[0], src.split("def lcmac_matmul_prepared(")[1]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from lcmac.artifact.build import build_many
+from lcmac.artifact.manifest import Manifest
 from lcmac.targets.x86 import host_supports
 
 from .test_cpu_backend import _get, _guarded
@@ -63,7 +64,8 @@ def test_combine_a_stages_rows_and_h_tile_is_prefetched(built, key):
     """The staged copy reads kt contiguous columns of a row as one vector, and the program
     reads the local copy; the prefetch names H's tile exactly where H is stored."""
     *_, kt, h_stored = JOBS[key]
-    src = open(str(_get(built, key)).replace(".json", ".tir.py")).read()
+    p = _get(built, key)
+    src = (p.parent / Manifest.read(p).extra["source"]).read_text()
     combine_a = src[src.index("# Combine A"):src.index("# GEMM stage")]
     assert re.search(rf"for u in T\.vectorized\({kt}\):\s+At\[0, v, u\] = A\[", combine_a)
     assert "xin[0, v] = At[0, v, ki]" in combine_a and not re.search(r"xin\[\d+, v\] = A\[", combine_a)
