@@ -5,7 +5,64 @@ coefficients as literals.  Combine A / B write the GEMM's packed layouts, so the
 packing passes too (the plain GEMM is the 1×1×1 case: packing only)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+from ..dtypes import ITEMSIZE
 from .cpu_gemm import Geometry, Writer, linear_expr, packed_offset
+
+#: Streaming the packed operands out (config knob ``stream``): a line of 64 bytes copied from
+#: a local staging buffer with non-temporal stores, and the fence that makes a task's
+#: streamed lines visible to the other threads before it reports done (x86 orders
+#: non-temporal stores only by a fence: ``fence seq_cst`` is ``mfence``).  Written stores
+#: of packed lines that are evicted before the GEMM stage reads them cost a read for
+#: ownership each (a third of a combine's traffic); streamed ones do not.  Linked into the
+#: module through TVM's ``pragma_import_llvm`` like cpu_gemm's ``DPBF16_LL``.
+STREAM_FN, FENCE_FN = "lcmac_stream_line", "lcmac_stream_fence"
+STREAM_LL = (
+    f"define void @{STREAM_FN}(ptr %dst, ptr %src) alwaysinline {{\n"
+    "  %s1 = getelementptr inbounds i8, ptr %src, i64 32\n"
+    "  %a = load <8 x i32>, ptr %src, align 4\n"
+    "  %b = load <8 x i32>, ptr %s1, align 4\n"
+    "  %d1 = getelementptr inbounds i8, ptr %dst, i64 32\n"
+    "  store <8 x i32> %a, ptr %dst, align 32, !nontemporal !0\n"
+    "  store <8 x i32> %b, ptr %d1, align 32, !nontemporal !0\n"
+    "  ret void\n}\n"
+    f"define void @{FENCE_FN}() alwaysinline {{\n  fence seq_cst\n  ret void\n}}\n"
+    "!0 = !{i32 1}\n")
+LINE = 64
+
+
+def streams(chunk_elems: int, dtype: str) -> bool:
+    """Whether chunks of this many elements, at offsets that are multiples of it in a packed
+    buffer (64-byte aligned, r-stride a whole number of lines), are whole aligned lines."""
+    return chunk_elems * ITEMSIZE[dtype] % LINE == 0
+
+
+def _stream_out(w: Writer, n_out: int, elems: int, dtype: str, dst) -> None:
+    """Each output's staged ``ys[o, 0:elems]`` to ``dst(line_offset)`` (an element of the
+    packed buffer at output o), a line at a time."""
+    per = LINE // ITEMSIZE[dtype]
+    w(f"for o in range({n_out}):")
+    with w.indent():
+        w(f"for ln in range({elems // per}):")
+        with w.indent():
+            w(f"T.evaluate(T.call_extern(\"void\", \"{STREAM_FN}\", T.address_of({dst(f'ln * {per}')}), "
+              f"T.address_of(ys[o, ln * {per}])))")
+
+
+@contextmanager
+def _stream_module(w: Writer, on: bool):
+    """Statements written inside are wrapped in the link of STREAM_LL (when on)."""
+    if not on:
+        yield
+        return
+    w(f"with T.attr(0, \"pragma_import_llvm\", {STREAM_LL!r}):")
+    with w.indent():
+        yield
+
+
+def _fence(w: Writer) -> None:
+    w(f"T.evaluate(T.call_extern(\"void\", \"{FENCE_FN}\"))")
 
 
 def _used_inputs(prog) -> list[int]:
@@ -131,12 +188,15 @@ def _load(src: str, row: str, col: str, dtype: str, src_dtype: str | None) -> st
 
 
 def emit_combine_a(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype: str | None = None,
-                   padded: bool = False, pair: bool = False, amx: bool = False) -> None:
+                   padded: bool = False, pair: bool = False, amx: bool = False,
+                   stream: bool = False) -> None:
     """Ãp[r, p, kk, 0:mr] for all r from one read of the m·k blocks' rows p·mr.. at column kk
     (from ``Apad`` when the shape needed padding).  A narrower ``src_dtype`` (bf16) is
     widened on load: the combine is computed in ``dtype``.  ``pair``: the bf16 dot-product
     layout (int32 ``Ap32[r, p, kk/2, 0:mr]``, a bf16 k pair per element), rounded once.
-    ``amx``: the AMX layout (uint16 ``Ap16[r, p, kk/32, 0:mr, 0:32]``, bf16 bits), rounded once."""
+    ``amx``: the AMX layout (uint16 ``Ap16[r, p, kk/32, 0:mr, 0:32]``, bf16 bits), rounded once.
+    ``stream``: Ãp written with non-temporal stores (``STREAM_LL``) where its chunks are
+    whole lines, else as usual."""
     if amx:
         _combine_a_amx(w, g, prog, mr, dtype, src_dtype, padded)
         return
@@ -149,26 +209,42 @@ def emit_combine_a(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype:
     # columns (a cache line at kt = 16 fp32) are first copied into the local At, and the
     # program reads At.
     kt = next(b for b in (16, 8, 4, 2, 1) if g.BKP % b == 0)
+    stream = stream and streams(kt * mr, dtype)
     slot = {s: n for n, s in enumerate(_used_inputs(prog))}
-    w("# Combine A (group-parallel, packs Ãp)")
-    for loop, clamp in _panel_loops(g, mr, padded):
-        w(loop)
-        with w.indent():
-            _decl_locals(w, prog, dtype, mr)
-            w(f"At = T.decl_buffer(({len(slot)}, {mr}, {kt}), \"{dtype}\", scope=\"local\")")
-            w(f"for ko in range({g.BKP // kt}):")
+    n_out = len(prog.outputs)
+
+    def store(o):
+        # streamed: the kt·mr elements an output gets per ko are staged, then go out as lines
+        if stream:
+            return f"ys[{o}, ki * {mr} + v]"
+        return f"Ap[{o}, " + packed_offset("p", f"ko * {kt} + ki", "v", g.BKP, mr) + "]"
+
+    w("# Combine A (group-parallel, packs Ãp" + (", streamed)" if stream else ")"))
+    with _stream_module(w, stream):
+        for loop, clamp in _panel_loops(g, mr, padded):
+            w(loop)
             with w.indent():
-                for s, n in slot.items():
-                    src = _a_element(g, s, mr, f"ko * {kt} + u", dtype, src_dtype, padded, clamp)
-                    w(f"for v in range({mr}):")
-                    with w.indent():
-                        w(f"for u in T.vectorized({kt}):")
-                        with w.indent():
-                            w(f"At[{n}, v, u] = {src}")
-                w(f"for ki in range({kt}):")
+                _decl_locals(w, prog, dtype, mr)
+                w(f"At = T.decl_buffer(({len(slot)}, {mr}, {kt}), \"{dtype}\", scope=\"local\")")
+                if stream:
+                    w(f"ys = T.decl_buffer(({n_out}, {kt * mr}), \"{dtype}\", scope=\"local\")")
+                w(f"for ko in range({g.BKP // kt}):")
                 with w.indent():
-                    _emit_program(w, prog, dtype, mr, "v", lambda s: f"At[{slot[s]}, v, ki]",
-                                  lambda o: f"Ap[{o}, " + packed_offset("p", f"ko * {kt} + ki", "v", g.BKP, mr) + "]")
+                    for s, n in slot.items():
+                        src = _a_element(g, s, mr, f"ko * {kt} + u", dtype, src_dtype, padded, clamp)
+                        w(f"for v in range({mr}):")
+                        with w.indent():
+                            w(f"for u in T.vectorized({kt}):")
+                            with w.indent():
+                                w(f"At[{n}, v, u] = {src}")
+                    w(f"for ki in range({kt}):")
+                    with w.indent():
+                        _emit_program(w, prog, dtype, mr, "v", lambda s: f"At[{slot[s]}, v, ki]", store)
+                    if stream:
+                        _stream_out(w, n_out, kt * mr, dtype,
+                                    lambda e: "Ap[o, " + packed_offset("p", f"ko * {kt}", e, g.BKP, mr) + "]")
+                if stream:
+                    _fence(w)
 
 
 def _panel_loops(g: Geometry, mr: int, padded: bool) -> list[tuple[str, bool]]:
@@ -262,31 +338,47 @@ def _combine_b_pairs(w: Writer, g: Geometry, prog, nr: int, dtype: str, src_dtyp
 
 
 def emit_combine_b(w: Writer, g: Geometry, prog, nr: int, dtype: str, src_dtype: str | None = None,
-                   padded: bool = False, pair: bool = False) -> None:
+                   padded: bool = False, pair: bool = False, stream: bool = False) -> None:
     """B̃p[r, jr, q, 0:nr] for all r from one read of the k·n blocks' row q.  Rows are taken
     in blocks of qb, panel by panel: each panel then receives qb·nr contiguous elements
     at a time (row by row, the stores of one row hit BNP/nr panels whose addresses differ
-    by a large power of two: the same cache set, evicted before the lines fill)."""
+    by a large power of two: the same cache set, evicted before the lines fill).
+    ``stream``: B̃p written with non-temporal stores where a row's nr elements are whole
+    lines, else as usual."""
     qb = next(b for b in (16, 8, 4, 2, 1) if g.BKP % b == 0)
     if pair:    # BKP is even on this path (kc is a multiple of an even ku), so qb is too
         _combine_b_pairs(w, g, prog, nr, dtype, src_dtype, padded, qb)
         return
-    w("# Combine B (group-parallel, packs B̃p)")
-    w(f"for qo in T.parallel({g.BKP // qb}):")
-    with w.indent():
-        _decl_locals(w, prog, dtype, nr)
-        w(f"for jr in range({g.BNP // nr}):")
+    stream = stream and streams(nr, dtype)
+    n_out = len(prog.outputs)
+    w("# Combine B (group-parallel, packs B̃p" + (", streamed)" if stream else ")"))
+    with _stream_module(w, stream):
+        w(f"for qo in T.parallel({g.BKP // qb}):")
         with w.indent():
-            w(f"for qi in range({qb}):")
+            _decl_locals(w, prog, dtype, nr)
+            if stream:
+                w(f"ys = T.decl_buffer(({n_out}, {nr}), \"{dtype}\", scope=\"local\")")
+            w(f"for jr in range({g.BNP // nr}):")
             with w.indent():
-                q = f"qo * {qb} + qi"
+                w(f"for qi in range({qb}):")
+                with w.indent():
+                    q = f"qo * {qb} + qi"
 
-                def load(s):
-                    l, j = divmod(s, g.n)
-                    if padded:
-                        return _load("Bpad", f"{l * g.BKP} + {q}", f"{j * g.BNP} + jr * {nr} + u", dtype, src_dtype)
-                    return _load("B", f"{l * g.BK} + {q}", f"{j * g.BN} + jr * {nr} + u", dtype, src_dtype)
-                _emit_program(w, prog, dtype, nr, "u", load, lambda o: f"Bp[{o}, " + packed_offset("jr", q, "u", g.BKP, nr) + "]")
+                    def load(s):
+                        l, j = divmod(s, g.n)
+                        if padded:
+                            return _load("Bpad", f"{l * g.BKP} + {q}", f"{j * g.BNP} + jr * {nr} + u", dtype, src_dtype)
+                        return _load("B", f"{l * g.BK} + {q}", f"{j * g.BN} + jr * {nr} + u", dtype, src_dtype)
+
+                    def dst(o, lane="u"):
+                        return f"Bp[{o}, " + packed_offset("jr", q, lane, g.BKP, nr) + "]"
+                    # streamed: a row's nr elements of each output are staged, then go out as lines
+                    _emit_program(w, prog, dtype, nr, "u", load,
+                                  (lambda o: f"ys[{o}, u]") if stream else dst)
+                    if stream:
+                        _stream_out(w, n_out, nr, dtype, lambda e: dst("o", e))
+            if stream:
+                _fence(w)
 
 
 def emit_combine_h(w: Writer, g: Geometry, prog, vl: int, dtype: str, cbuf: str,

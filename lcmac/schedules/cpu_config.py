@@ -22,6 +22,10 @@ Pure Python (no compiler import): build.py, the manifest and the tuner use it.
     bands     the plain GEMM only: 0 packs A and B whole before the GEMM stage (the combine
               passes); b > 0 packs them cache block by cache block inside the parallel tasks,
               which are b row bands × the nc-wide column blocks (lcmac.schedules.cpu_gemm_blocked)
+    stream    Combine A / B write the packed Ã/B̃ with non-temporal stores (cpu_combine.STREAM_LL):
+              no read for ownership of lines that leave the caches before the GEMM stage reads
+              them; only worth it where the packed operands exceed the last-level cache (the
+              default: on, for the AVX2 LCMAs whose packed operands do; docs/cpu.md)
     vendor_base
               float32/float64 LCMAs: the products run on the vendor BLAS bound at load time
               (cblas_sgemm/dgemm), lcmac's combines around them (lcmac.schedules.cpu_vendor);
@@ -59,6 +63,7 @@ class CpuConfig:
     amx: bool = False            # opt-in; Intel AMX (above)
     vendor_base: bool = False    # the vendor BLAS as the base case (above)
     bands: int = 0               # plain GEMM: 0 packs ahead; b > 0 packs per block in b row bands
+    stream: bool = False         # packed operands written with non-temporal stores (above)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -90,8 +95,12 @@ class CpuConfig:
         if not isinstance(self.bands, int) or isinstance(self.bands, bool) or self.bands < 0:
             raise ValueError(f"config knob bands={self.bands!r} must be a whole number ≥ 0 "
                              f"(0: operands packed ahead; b: b row bands packing per block)")
-        if not all(isinstance(getattr(self, nm), bool) for nm in ("fused", "bf16_dot", "amx", "vendor_base")):
-            raise ValueError("config knobs fused, bf16_dot, amx and vendor_base must be true or false")
+        if not all(isinstance(getattr(self, nm), bool) for nm in ("fused", "bf16_dot", "amx", "vendor_base", "stream")):
+            raise ValueError("config knobs fused, bf16_dot, amx, vendor_base and stream must be true or false")
+        if self.stream and (self.vendor_base or self.bands or self.amx or self.bf16_dot):
+            raise ValueError("config knob stream is for the combine passes that pack Ã and B̃ "
+                             "ahead in the compute type; vendor_base and bands pack otherwise, "
+                             "amx and bf16_dot as bf16: drop stream")
         if self.vendor_base and (self.amx or self.bf16_dot):
             raise ValueError("config knob vendor_base runs the products on the vendor BLAS; "
                              "amx and bf16_dot select lcmac's own GEMM stage: set one")
@@ -224,7 +233,25 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
     # that VM 1.01-1.02x numpy at 4096³ where packing ahead ran 0.90x (docs/cpu.md)
     bands = 0 if lcma or getattr(target, "family", "x86") != "x86" else (threads or default_threads())
     mc = _band_tile(shape[0], 6, bands, 192) if bands and shape is not None else 192
-    return CpuConfig(mr=6, nr=2 * lanes, mc=mc, nc=1024, kc=256, ku=4, fused=fused, bands=bands)
+    stream = lcma and shape is not None and _packed_exceeds_llc(target, dtype, algorithm, shape)
+    return CpuConfig(mr=6, nr=2 * lanes, mc=mc, nc=1024, kc=256, ku=4, fused=fused, bands=bands,
+                     stream=stream)
+
+
+def _packed_exceeds_llc(target, dtype: str, alg, shape) -> bool:
+    """Whether an LCMA's packed Ã and B̃ (R products' blocks) outgrow the target's last-level
+    cache, where streaming them out (knob ``stream``) saves the reads for ownership without
+    pushing out lines the GEMM stage would have found.  Measured on the 2-core AMD EPYC VM
+    (32 MiB L3), Strassen² at 4096³ (205 MB a side): Combine B 37 → 23 ms alone (docs/cpu.md)."""
+    from ..costmodel.profiles import profile_for_target     # here: profiles imports the targets
+    try:
+        llc = profile_for_target(target).l3_bytes
+    except TargetError:     # a target without a profile: no cache size to weigh against
+        return False
+    M, N, K = shape
+    bm, bk, bn = -(-M // alg.m), -(-K // alg.k), -(-N // alg.n)
+    packed = alg.R * (bm * bk + bk * bn) * _ITEM_BITS[dtype] // 8
+    return bool(llc) and packed > llc
 
 
 def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
@@ -244,7 +271,10 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
         if acc + nv + 1 <= regs and acc >= regs // 3:
             tiles.append((mr, nv * lanes))
     if dtype == "bfloat16":        # only targets with AVX512-BF16 compile it differently
-        out.append(CpuConfig(**{**base.to_dict(), "bf16_dot": not base.bf16_dot}))
+        out.append(CpuConfig(**{**base.to_dict(), "bf16_dot": not base.bf16_dot,
+                                "stream": base.stream and base.bf16_dot}))
+    if alg is not None and getattr(alg, "R", 1) > 1 and not base.amx:
+        out.append(CpuConfig(**{**base.to_dict(), "stream": not base.stream}))
     if alg is None or getattr(alg, "R", 1) == 1:   # the plain GEMM: packing ahead or per block
         bands = 0 if base.bands else default_threads()
         out.append(CpuConfig(**{**base.to_dict(), "bands": bands}))
@@ -253,7 +283,7 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
         M, N, K = shape           # the vendor-BLAS base case, where the shape splits evenly
         m, k, n = alg.grid
         if not (M % m or K % k or N % n or (K // k) % lanes or (N // n) % lanes):
-            out.append(CpuConfig(**{**base.to_dict(), "vendor_base": True}))
+            out.append(CpuConfig(**{**base.to_dict(), "vendor_base": True, "stream": False}))
     fused_opts = (True,) if alg is None else (True, False)
     # kc up to 1024: an LCMA's fused epilogue runs once per kc chunk (default_config's note)
     for (mr, nr), mc, nc, kc, ku, fu in itertools.product(
@@ -286,6 +316,8 @@ def resolve_config(target, dtype: str, config, algorithm=None, shape=None) -> Cp
         base = default_config(target, dtype, algorithm, shape=shape).to_dict()
         if config.get("amx"):
             base.update(mr=32, nr=32)       # the AMX kernel's tile, unless given
+        if any(config.get(k) for k in ("vendor_base", "bands", "amx", "bf16_dot")):
+            base["stream"] = False          # a default for the packing ahead those replace
         base.update(config)
         cfg = CpuConfig.from_dict(base)
     else:

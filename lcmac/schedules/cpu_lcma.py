@@ -89,7 +89,8 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
         if pad_b:
             w(f"Bpad = T.alloc_buffer(({g.k * g.BKP}, {g.n * g.BNP}), \"{dtype}\")")
             emit_pad(w, "B", "Bpad", g.k, g.n, g.cols_k, g.cols, g.BK, g.BN, g.BKP, g.BNP, zero)
-        emit_combine_b(w, g, progs["B"], cfg.nr, acc, src_dtype, padded=pad_b, pair=bf16_dot or amx)
+        emit_combine_b(w, g, progs["B"], cfg.nr, acc, src_dtype, padded=pad_b, pair=bf16_dot or amx,
+                       stream=cfg.stream)
 
     def emit_rest(w, prepared=False):
         """Combine A, the GEMM stage, Combine H and the crop: everything after Combine B."""
@@ -117,7 +118,8 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
         if pad_a:
             w(f"Apad = T.alloc_buffer(({g.m * g.BMP}, {g.k * g.BKP}), \"{dtype}\")")
             emit_pad(w, "A", "Apad", g.m, g.k, g.rows, g.cols_k, g.BM, g.BK, g.BMP, g.BKP, zero)
-        emit_combine_a(w, g, progs["A"], cfg.mr, acc, src_dtype, padded=pad_a, pair=bf16_dot, amx=amx)
+        emit_combine_a(w, g, progs["A"], cfg.mr, acc, src_dtype, padded=pad_a, pair=bf16_dot, amx=amx,
+                       stream=cfg.stream)
 
         tile = "{base} + tm * %d + ir * %d + v, {cbase} + tn * %d + jr * %d + u" % (
             g.MC, cfg.mr, g.NC, cfg.nr)

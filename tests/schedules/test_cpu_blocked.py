@@ -13,7 +13,8 @@ import pytest
 from lcmac.artifact.build import build, build_many
 from lcmac.artifact.manifest import Manifest
 from lcmac.errors import TargetError
-from lcmac.schedules.cpu_config import CpuConfig, default_config
+from lcmac.ir import catalogue
+from lcmac.schedules.cpu_config import CpuConfig, default_config, resolve_config
 from lcmac.targets import get_target
 from lcmac.targets.x86 import host_supports
 
@@ -102,7 +103,6 @@ def test_source_packs_inside_the_tasks(built):
 def test_default_config_per_target():
     """AVX2 (and plain x86-64) plain GEMMs pack per block, one band per thread; LCMAs, AVX-512
     and AArch64 keep packing ahead (measured only on AVX2: docs/cpu.md)."""
-    from lcmac.ir import catalogue
     avx2 = get_target(AVX2)
     assert default_config(avx2, "float32", None, shape=(4096, 4096, 4096), threads=3).bands == 3
     assert default_config(avx2, "float32", catalogue.get("strassen"), shape=(4096,) * 3).bands == 0
@@ -122,6 +122,24 @@ def test_default_row_blocks_split_evenly_with_little_padding(M, bands):
         assert g.BMP - M <= 8
 
 
+def test_stream_default_and_errors():
+    """Streamed packing is the AVX2 LCMAs' default where their packed operands outgrow the
+    profile's last-level cache (32 MiB); knobs that pack otherwise turn the default off and
+    refuse it when asked for."""
+    avx2 = get_target(AVX2)
+    s2 = catalogue.get("strassen^2")
+    assert default_config(avx2, "float32", s2, shape=(4096,) * 3).stream
+    assert not default_config(avx2, "float32", s2, shape=(1024,) * 3).stream     # 12.8 MB
+    assert not default_config(avx2, "float32", None, shape=(4096,) * 3).stream
+    assert not default_config(get_target("x86_64-avx512"), "float32", s2, shape=(4096,) * 3).stream
+    assert not resolve_config(avx2, "float32", {"vendor_base": True}, s2, shape=(4096,) * 3).stream
+    for bad in ({"stream": True, "vendor_base": True}, {"stream": True, "bands": 2}):
+        with pytest.raises(ValueError, match="stream"):
+            resolve_config(avx2, "float32", bad, s2, shape=(4096,) * 3)
+    with pytest.raises(ValueError, match="stream"):
+        CpuConfig(stream=1).validate(8)
+
+
 def test_bands_errors(tmp_path):
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="bands"):
@@ -133,9 +151,9 @@ def test_bands_errors(tmp_path):
 def test_a_tuned_record_from_before_bands_says_the_build_differs(monkeypatch):
     """A plain-GEMM record logged before ``bands`` existed measured packing ahead; the build
     fills the knob with today's default (blocked) and says its time is not this build's.  An
-    LCMA's record gets the knob's old value (0) and no such note."""
+    LCMA's record gets the knob's old value (0), and a note for ``stream`` only (at 4096³ its
+    default, streamed, is not what such a record measured)."""
     from lcmac.artifact import build as build_mod
-    from lcmac.ir import catalogue
     old = {"mr": 6, "nr": 16, "mc": 192, "nc": 1024, "kc": 256, "ku": 4, "fused": True,
            "bf16_dot": False, "amx": False, "vendor_base": False}
     record = {"shape": [4096] * 3, "time_s": 0.9, "device": "test"}
@@ -147,4 +165,5 @@ def test_a_tuned_record_from_before_bands_says_the_build_differs(monkeypatch):
     assert any("predates knob(s) bands" in n for n in notes), notes
     notes = []
     cfg = build_mod.build_config(t, "float32", None, catalogue.get("strassen"), False, (4096,) * 3, notes=notes)
-    assert cfg["bands"] == 0 and not any("predates" in n for n in notes), notes
+    assert cfg["bands"] == 0 and cfg["stream"], cfg
+    assert [n for n in notes if "predates" in n and "knob(s) stream;" in n], notes

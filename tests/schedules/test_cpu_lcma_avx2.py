@@ -1,11 +1,14 @@
 """LCMA kernels on an AVX2 host (the AVX-512 suite, test_cpu_backend, skips without one):
 Combine A staging each row's next kt columns through a local buffer (kt 16, 8, 2 and 1, row
 tails whose padded rows read A's last row, A guarded after its last byte), the GEMM stage
-prefetching H's tile where H is stored, float32 and float64, against float64 and the
-prepared-B entry bit for bit."""
+prefetching H's tile where H is stored, the packed operands streamed out with non-temporal
+stores (knob ``stream``), float32 and float64, against float64, the prepared-B entry and the
+same build unstreamed bit for bit."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -30,6 +33,13 @@ JOBS = {  # key: (algorithm, shape (M, N, K), dtype, config, Combine A's kt, H s
     "strassen-kt1-float64": ("strassen", (50, 32, 50), "float64",
                              {"mr": 6, "nr": 8, "mc": 12, "nc": 16, "kc": 25, "ku": 1}, 1, False),
 }
+#: the same builds with the packed operands streamed: key → (Combine A streamed, Combine B
+#: streamed): chunks of whole 64-byte lines only (A: kt·mr elements, B: nr)
+STREAMED = {"strassen2-h-stored": (True, True),       # A: 16·6 fp32 = 6 lines; B: 16 fp32
+            "strassen-kt1-float64": (False, True)}    # A: 1·6 fp64 = 48 bytes; B: 8 fp64
+for _k in STREAMED:
+    _a, _shape, _dt, _cfg, *_rest = JOBS[_k]
+    JOBS[_k + "-stream"] = (_a, _shape, _dt, {**_cfg, "stream": True}, *_rest)
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +80,42 @@ def test_combine_a_stages_rows_and_h_tile_is_prefetched(built, key):
     assert re.search(rf"for u in T\.vectorized\({kt}\):\s+At\[0, v, u\] = A\[", combine_a)
     assert "xin[0, v] = At[0, v, ki]" in combine_a and not re.search(r"xin\[\d+, v\] = A\[", combine_a)
     assert ("T.address_of(H[r, " in src) == h_stored
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", list(STREAMED))
+def test_streamed_packing_is_bit_identical_and_non_temporal(built, key):
+    """Streaming changes where Ãp/B̃p's stores go, not a value: the streamed build's C equals
+    the plain build's bit for bit, whole lines are streamed and nothing else, each task
+    fences its stores, and the library holds non-temporal stores exactly when streamed."""
+    import lcmac
+    plain, streamed = lcmac.load(_get(built, key)), lcmac.load(_get(built, key + "-stream"))
+    m = plain.manifest
+    rng = np.random.default_rng(11)
+    A = _guarded(rng.standard_normal((m.M, m.K)).astype(m.dtype))
+    B = rng.standard_normal((m.K, m.N)).astype(m.dtype)
+    C = streamed(A, B)
+    assert np.array_equal(C, plain(A, B))
+    assert np.array_equal(streamed(A, streamed.prepare_b(B)), C)
+    p = _get(built, key + "-stream")
+    src = (p.parent / Manifest.read(p).extra["source"]).read_text()
+    for side, on in zip("AB", STREAMED[key]):
+        name = {"A": "Ãp", "B": "B̃p"}[side]
+        assert (f"packs {name}, streamed)" in src) == on, side
+    # every streamed pass (in each entry point) ends its tasks with the fence
+    sections = re.split(r"\n\s*# ", src)
+    streamed_passes = [x for x in sections if x.startswith("Combine") and "streamed)" in x]
+    assert len(streamed_passes) == 2 * sum(STREAMED[key])
+    for x in streamed_passes:
+        loops = len(re.findall(r"for (?:p|qo) in (?:T\.parallel|range)\(", x))
+        assert x.count("\"lcmac_stream_fence\")") == loops
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump not installed: the machine-code check needs it")
+
+    def non_temporal(path):
+        lib = Manifest.read(path).library_path(path)
+        asm = subprocess.run([objdump, "-d", str(lib)], capture_output=True, text=True, check=True).stdout
+        return len(re.findall(r"\tvmovnt(?:dq|ps|pd)\s", asm))
+    assert non_temporal(_get(built, key)) == 0
+    assert non_temporal(p) > 0
