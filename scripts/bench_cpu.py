@@ -307,6 +307,16 @@ def _manifest_path(p: Path) -> Path | None:
     return cand if isinstance(d, dict) and str(d.get("format", "")).startswith("lcmac-artifact/") else None
 
 
+def _labels(manifests: list[Path]) -> list[str]:
+    """A name per artifact: its stem, with as many parent folders as it takes to tell apart
+    artifacts of the same name (the same build made two ways: ``a/x.json``, ``b/x.json``)."""
+    for depth in range(1, 1 + max(len(m.resolve().parts) for m in manifests)):
+        names = ["/".join(m.resolve().with_suffix("").parts[-depth:]) for m in manifests]
+        if len(set(names)) == len(names):
+            return names
+    return [str(m) for m in manifests]
+
+
 def bench_artifacts(args) -> int:
     """``--artifacts``: each given CPU artifact against numpy at its own shape, interleaved."""
     import numpy as np
@@ -344,7 +354,8 @@ def bench_artifacts(args) -> int:
     print(f"# numpy {np.__version__}, median of {args.rounds} interleaved rounds, {args.pause}s pause")
     results = []
     for (M, N, K, dtype), fns in groups.items():
-        runs, errs = time_against_numpy((M, N, K), dtype, [(m.stem, f) for m, f in fns],
+        runs, errs = time_against_numpy((M, N, K), dtype, list(zip(_labels([m for m, _ in fns]),
+                                                                       (f for _, f in fns))),
                                         args.rounds, args.pause)
         flops = 2.0 * M * N * K
         base = float(np.median(runs["numpy"]))

@@ -40,3 +40,11 @@ def test_artifacts_run_reports_the_paired_ratio(tmp_path):
     assert set(v["ratio_paired"]) == {"median", "min", "max"}
     assert v["ratio_paired"]["min"] <= v["ratio_paired"]["median"] <= v["ratio_paired"]["max"]
     assert v["rel_error"] < 1e-5
+
+
+def test_artifacts_of_one_name_are_told_apart(tmp_path):
+    """The same build made two ways (a/x.json, b/x.json) is reported twice, by folder, not
+    collapsed into one row."""
+    paths = [tmp_path / "a" / "x.json", tmp_path / "b" / "x.json", tmp_path / "b" / "y.json"]
+    assert _bench()._labels(paths) == ["a/x", "b/x", "b/y"]
+    assert _bench()._labels(paths[:1]) == ["x"]
