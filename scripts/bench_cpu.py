@@ -13,6 +13,7 @@ an AArch64 host; ``--target`` overrides, ``--dry-run`` prints the plan without b
 
     python scripts/bench_cpu.py                        # squares 1024/2048/4096 + LLM shapes
     python scripts/bench_cpu.py --sizes 2048 --no-llm --rounds 5
+    python scripts/bench_cpu.py --sizes 4096 --no-llm --variants gemm,strassen^2 --products
     python scripts/bench_cpu.py --artifacts out/*.json # artifacts you built, each against numpy
 
 With ``--artifacts`` nothing is built: every CPU artifact given (its manifest, or the ``.so``
@@ -116,6 +117,10 @@ def main(argv=None) -> int:
     ap.add_argument("--prepared-b", action="store_true",
                     help="also time each variant with B combined once (f.prepare_b(B), as for a "
                          "weight): rows '<variant>+prepB'")
+    ap.add_argument("--products", action="store_true",
+                    help="also time numpy on each LCMA's R products alone (R stacked block "
+                         "products, random data): what its GEMM stage would take at the BLAS's "
+                         "speed, with the combines free. Rows 'numpy-<R>x<M/m>x<N/n>x<K/k>'")
     ap.add_argument("--tuned", action="store_true",
                     help="use the tuning log's configs (default: the templates' default configs, "
                          "so the numbers are reproducible)")
@@ -168,6 +173,8 @@ def main(argv=None) -> int:
             fns.append((name, lcmac.load(p)))
         if any(v[1] == "auto" for v in want):
             fns.append(("auto", auto_matmul(lcmac, (M, N, K))))
+        if args.products:
+            fns += products_calls([algo for _, algo, _ in built_want], (M, N, K))
         tb = time.perf_counter() - t0
         cfgs = {n: f.manifest.config for n, f in fns if hasattr(f, "manifest")}
         runs, errs = time_against_numpy((M, N, K), "float32", fns, args.rounds, args.pause,
@@ -184,8 +191,9 @@ def main(argv=None) -> int:
             lo, hi = flops / max(ts) / 1e9, flops / min(ts) / 1e9
             spread = (max(ts) - min(ts)) / med           # of the rounds, relative to the median
             pr = paired(runs["numpy"], ts)
+            err = errs.get(name, 0.0)
             print(f"  {name:22s} {g:8.1f} {r:7.3f} {pr['median']:7.3f} {spread * 100:6.1f}% {lo:8.1f}..{hi:<8.1f} "
-                  f"{errs.get(name, 0.0):9.2e}")
+                  + ("      n/a" if err is None else f"{err:9.2e}"))
             row["variants"][name] = {"gflops": g, "ratio_vs_numpy": r, "ratio_paired": pr,
                                      "seconds": ts, "spread": spread,
                                      "config": cfgs.get(name.removesuffix("+prepB")),
@@ -196,12 +204,43 @@ def main(argv=None) -> int:
         del fns
     print("\n# ratio = numpy's median / this median; paired = median over the rounds of numpy's "
           "time / this time in the same round")
+    if args.products:
+        print("# numpy-RxBMxBNxBK: numpy on an LCMA's R block products alone (GFLOP/s counted on "
+              "the whole product, as for the LCMA): its GEMM stage at the BLAS's speed, combines free")
     write_results(args, "float32", {
         "benchmark": "lcmac CPU float32", "target": target.name,
         "configs": ("tuning log" if args.tuned else
                     "templates' defaults for each shape (see each variant's config)"),
         "results": results})
     return 0
+
+
+def products_calls(algos, shape) -> list:
+    """(name, call) per distinct (R, block shape) among the LCMAs ``algos``: numpy multiplying
+    R random pairs of blocks (M/m × K/k by K/k × N/n, stacked: one BLAS call per product), so
+    an LCMA's time reads against what its products alone take on the BLAS."""
+    import numpy as np
+    from lcmac.ir import get as get_algorithm
+    M, N, K = shape
+    out, seen = [], set()
+    for algo in algos:
+        if algo in ("gemm", "auto"):
+            continue
+        alg = get_algorithm(algo)
+        bm, bn, bk = -(-M // alg.m), -(-N // alg.n), -(-K // alg.k)
+        if alg.R == 1 or (alg.R, bm, bn, bk) in seen:
+            continue
+        seen.add((alg.R, bm, bn, bk))
+        rng = np.random.default_rng(1)
+        Ab = rng.standard_normal((alg.R, bm, bk)).astype(np.float32)
+        Bb = rng.standard_normal((alg.R, bk, bn)).astype(np.float32)
+        Cb = np.empty((alg.R, bm, bn), np.float32)
+
+        def run(A, B, out=None, Ab=Ab, Bb=Bb, Cb=Cb):
+            np.matmul(Ab, Bb, out=Cb)
+        run.products = True             # no C of the whole product: time_against_numpy skips its error
+        out.append((f"numpy-{alg.R}x{bm}x{bn}x{bk}", run))
+    return out
 
 
 def auto_matmul(lcmac, shape):
@@ -240,7 +279,7 @@ def time_against_numpy(shape, dtype: str, fns, rounds: int, pause: float, prepar
                                         if hasattr(f, "prepare_b") else ())]
     for name, f in fns:
         f(A, B, out=C)
-        errs[name] = float(np.linalg.norm(C - ref) / nref)
+        errs[name] = None if getattr(f, "products", False) else float(np.linalg.norm(C - ref) / nref)
     del ref
 
     def np_call():

@@ -48,3 +48,17 @@ def test_artifacts_of_one_name_are_told_apart(tmp_path):
     paths = [tmp_path / "a" / "x.json", tmp_path / "b" / "x.json", tmp_path / "b" / "y.json"]
     assert _bench()._labels(paths) == ["a/x", "b/x", "b/y"]
     assert _bench()._labels(paths[:1]) == ["x"]
+
+
+def test_products_reference_is_the_lcmas_block_products():
+    """--products times numpy on R stacked block products per distinct (R, block): Strassen and
+    Winograd share one (7 products of 32×24×16 at 64×48×32), Strassen² has 49 of 16×12×8; the
+    plain GEMM has none.  Each call really multiplies its blocks."""
+    import numpy as np
+    calls = dict(_bench().products_calls(["gemm", "strassen", "winograd", "strassen^2"], (64, 48, 32)))
+    assert list(calls) == ["numpy-7x32x24x16", "numpy-49x16x12x8"]
+    run = calls["numpy-7x32x24x16"]
+    assert run.products
+    run(None, None)
+    Ab, Bb, Cb = (run.__defaults__[i] for i in range(1, 4))
+    assert Ab.shape == (7, 32, 16) and np.allclose(Cb, Ab @ Bb)

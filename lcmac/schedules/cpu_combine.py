@@ -8,7 +8,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from ..dtypes import ITEMSIZE
-from .cpu_gemm import Geometry, Writer, linear_expr, packed_offset
+from .cpu_gemm import Geometry, Writer, linear_expr, packed_offset, packed_stride
 
 #: Streaming the packed operands out (config knob ``stream``): a line of 64 bytes copied from
 #: a local staging buffer with non-temporal stores, and the fence that makes a task's
@@ -38,16 +38,21 @@ def streams(chunk_elems: int, dtype: str) -> bool:
     return chunk_elems * ITEMSIZE[dtype] % LINE == 0
 
 
-def _stream_out(w: Writer, n_out: int, elems: int, dtype: str, dst) -> None:
-    """Each output's staged ``ys[o, 0:elems]`` to ``dst(line_offset)`` (an element of the
-    packed buffer at output o), a line at a time."""
+def _stream_out(w: Writer, n_out: int, elems: int, dtype: str, buf: str, stride: int, offset) -> None:
+    """Each output o's staged ``ys[o, 0:elems]`` to ``buf[o, offset(line)]`` (``stride``
+    elements per o), a line at a time.  The pointers are ``tvm_access_ptr`` with the line's
+    extent: from ``address_of`` an element, TVM takes the element for all the call touches
+    and may shrink the buffer to what it sees touched (a packed buffer read whole by no
+    later stage, timed alone, then crashed)."""
     per = LINE // ITEMSIZE[dtype]
+    ptr = f"T.tvm_access_ptr(T.type_annotation(\"{dtype}\"), {{}}.data, {{}}, {per}, {{}})"
     w(f"for o in range({n_out}):")
     with w.indent():
         w(f"for ln in range({elems // per}):")
         with w.indent():
-            w(f"T.evaluate(T.call_extern(\"void\", \"{STREAM_FN}\", T.address_of({dst(f'ln * {per}')}), "
-              f"T.address_of(ys[o, ln * {per}])))")
+            dst = ptr.format(buf, f"o * {stride} + " + offset(f"ln * {per}"), 2)
+            src = ptr.format("ys", f"o * {elems} + ln * {per}", 1)
+            w(f"T.evaluate(T.call_extern(\"void\", \"{STREAM_FN}\", {dst}, {src}))")
 
 
 @contextmanager
@@ -241,8 +246,9 @@ def emit_combine_a(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype:
                     with w.indent():
                         _emit_program(w, prog, dtype, mr, "v", lambda s: f"At[{slot[s]}, v, ki]", store)
                     if stream:
-                        _stream_out(w, n_out, kt * mr, dtype,
-                                    lambda e: "Ap[o, " + packed_offset("p", f"ko * {kt}", e, g.BKP, mr) + "]")
+                        _stream_out(w, n_out, kt * mr, dtype, "Ap",
+                                    packed_stride(g.BMP // mr, g.BKP, mr, ITEMSIZE[dtype]),
+                                    lambda e: packed_offset("p", f"ko * {kt}", e, g.BKP, mr))
                 if stream:
                     _fence(w)
 
@@ -370,13 +376,14 @@ def emit_combine_b(w: Writer, g: Geometry, prog, nr: int, dtype: str, src_dtype:
                             return _load("Bpad", f"{l * g.BKP} + {q}", f"{j * g.BNP} + jr * {nr} + u", dtype, src_dtype)
                         return _load("B", f"{l * g.BK} + {q}", f"{j * g.BN} + jr * {nr} + u", dtype, src_dtype)
 
-                    def dst(o, lane="u"):
-                        return f"Bp[{o}, " + packed_offset("jr", q, lane, g.BKP, nr) + "]"
                     # streamed: a row's nr elements of each output are staged, then go out as lines
                     _emit_program(w, prog, dtype, nr, "u", load,
-                                  (lambda o: f"ys[{o}, u]") if stream else dst)
+                                  lambda o: f"ys[{o}, u]" if stream else
+                                  f"Bp[{o}, " + packed_offset("jr", q, "u", g.BKP, nr) + "]")
                     if stream:
-                        _stream_out(w, n_out, nr, dtype, lambda e: dst("o", e))
+                        _stream_out(w, n_out, nr, dtype, "Bp",
+                                    packed_stride(g.BNP // nr, g.BKP, nr, ITEMSIZE[dtype]),
+                                    lambda e: packed_offset("jr", q, e, g.BKP, nr))
             if stream:
                 _fence(w)
 
