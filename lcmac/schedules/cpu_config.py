@@ -242,7 +242,8 @@ def _packed_exceeds_llc(target, dtype: str, alg, shape) -> bool:
     """Whether an LCMA's packed Ã and B̃ (R products' blocks) outgrow the target's last-level
     cache, where streaming them out (knob ``stream``) saves the reads for ownership without
     pushing out lines the GEMM stage would have found.  Measured on the 2-core AMD EPYC VM
-    (32 MiB L3), Strassen² at 4096³ (205 MB a side): Combine B 37 → 23 ms alone (docs/cpu.md)."""
+    (32 MiB L3), Strassen² at 4096³ (205 MB a side): Combines A and B alone 23 → 17 and
+    27 → 17 ms (docs/cpu.md)."""
     from ..costmodel.profiles import profile_for_target     # here: profiles imports the targets
     try:
         llc = profile_for_target(target).l3_bytes
