@@ -209,6 +209,23 @@ TRANSFER_MARGIN = 0.03
 EXACT_MARGIN = 0.02
 
 
+class _ReadOnce:
+    """One decision's view of a tuning log: its records of a target and dtype read once,
+    failed attempts included, and served with or without them (``gather``,
+    ``confirmed_ratio`` and ``failed_at`` each asked the log again)."""
+
+    def __init__(self, store):
+        self.store, self.memo = store, {}
+
+    def records(self, target, dtype, *, include_errors: bool = False, include_stale: bool = False):
+        if include_stale:
+            return self.store.records(target, dtype, include_errors=include_errors, include_stale=True)
+        if (target, dtype) not in self.memo:
+            self.memo[target, dtype] = list(self.store.records(target, dtype, include_errors=True))
+        recs = self.memo[target, dtype]
+        return recs if include_errors else [r for r in recs if r["status"] == "ok"]
+
+
 def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
                           db=None, profile=None, max_distance: float = 0.75, vendor: bool = True,
                           regime: str = "burst", **select_kw) -> Decision:
@@ -223,6 +240,7 @@ def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_6
     compared with a measurement on different scales; algorithms that only ever failed at
     this shape are left out."""
     check_regime(regime)
+    db = _ReadOnce(db if hasattr(db, "records") else _db.TuningDB(db))
     meas, source, logged, tuned_variants, carried = gather(
         M, N, K, dtype, target, db=db, max_distance=max_distance, profile=profile, regime=regime)
     v_time = meas.pop(_db.VENDOR, None)

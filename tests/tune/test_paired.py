@@ -101,3 +101,19 @@ def test_the_decision_compares_the_vendor_by_the_confirmed_ratio(tmp_path):
     store.append([rec(shape=shape3, algo="vendor", t=0.010, cfg=vcfg), rec(shape=shape3, t=0.012),
                   rec(shape=shape3, algo="strassen", t=0.0095)])
     assert decide_by_measurement(*shape3, "float32", CPU, db=tmp_path).algorithm == "strassen"
+
+
+def test_a_decision_reads_the_log_once(tmp_path):
+    """gather, the confirmed ratio and the failed algorithms share one read of the log."""
+    store = tdb.TuningDB(tmp_path)
+    shape = (2048, 2048, 2048)
+    store.append([rec(shape=shape, algo="vendor", t=0.100, cfg={"library": "openblas", "api": "numpy.matmul"}),
+                  rec(shape=shape, t=0.105), rec(shape=shape, algo="strassen", t=0.095)])
+    reads = []
+
+    class Counting(tdb.TuningDB):
+        def records(self, *a, **kw):
+            reads.append((a, kw))
+            return super().records(*a, **kw)
+    d = decide_by_measurement(*shape, "float32", CPU, db=Counting(tmp_path))
+    assert d.algorithm == "strassen" and len(reads) == 1, reads
