@@ -1,9 +1,10 @@
 """LCMA kernels on an AVX2 host (the AVX-512 suite, test_cpu_backend, skips without one):
-Combine A staging each row's next kt columns through a local buffer (kt 16, 8, 2 and 1, row
-tails whose padded rows read A's last row, A guarded after its last byte), the GEMM stage
-prefetching H's tile where H is stored, the packed operands streamed out with non-temporal
-stores (knob ``stream``), float32 and float64, against float64, the prepared-B entry and the
-same build unstreamed bit for bit."""
+four catalogue schemes beyond Strassen's family, Combine A staging each row's next kt
+columns through a local buffer (kt 16, 8, 2 and 1, row tails whose padded rows read A's
+last row, A guarded after its last byte), the GEMM stage prefetching H's tile where H is
+stored, the packed operands streamed out with non-temporal stores (knob ``stream``),
+float32 and float64, against float64, the prepared-B entry and the same build unstreamed
+bit for bit."""
 from __future__ import annotations
 
 import re
@@ -42,17 +43,28 @@ for _k in STREAMED:
     JOBS[_k + "-stream"] = (_a, _shape, _dt, {**_cfg, "stream": True}, *_rest)
 
 
+#: catalogue schemes beyond Strassen's family on this target (the full catalogue runs in
+#: test_cpu_backend, on AVX-512 hosts only): rectangular grids, 3x3x3 with 23 products and
+#: flip-graph coefficients, fused and unfused, one streamed; odd shapes (padding, row tails)
+CATALOGUE = {"hopcroft-kerr": ((61, 45, 70), {}),
+             "at-2x3x3-r15": ((50, 67, 59), {"fused": False}),
+             "laderman": ((70, 45, 53), {"fused": False}),
+             "fgr-3x3x3-r23-c": ((47, 64, 58), {"fused": False, "stream": True})}
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("cpu_lcma_avx2")
-    keys = list(JOBS)
-    res = build_many([dict(algo=JOBS[k][0], target=AVX2, shape=JOBS[k][1], dtype=JOBS[k][2],
-                           config=JOBS[k][3], name=f"lcma-{k}", out_dir=out) for k in keys])
+    jobs = {k: dict(algo=a, shape=shp, dtype=dt, config=cfg) for k, (a, shp, dt, cfg, *_) in JOBS.items()}
+    jobs.update({f"cat-{a}": dict(algo=a, shape=shp, dtype="float32", config={**SMALL, "kc": 16, **cfg})
+                 for a, (shp, cfg) in CATALOGUE.items()})
+    keys = list(jobs)
+    res = build_many([dict(**jobs[k], target=AVX2, name=f"lcma-{k}", out_dir=out) for k in keys])
     return dict(zip(keys, res))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", list(JOBS))
+@pytest.mark.parametrize("key", list(JOBS) + [f"cat-{a}" for a in CATALOGUE])
 def test_lcma_matches_float64_and_prepared(built, key):
     import lcmac
     f = lcmac.load(_get(built, key))
