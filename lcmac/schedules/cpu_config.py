@@ -272,8 +272,8 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
         if acc + nv + 1 <= regs and acc >= regs // 3:
             tiles.append((mr, nv * lanes))
     if dtype == "bfloat16":        # only targets with AVX512-BF16 compile it differently
-        out.append(CpuConfig(**{**base.to_dict(), "bf16_dot": not base.bf16_dot,
-                                "stream": base.stream and base.bf16_dot}))
+        # (the bf16 pairs vdpbf16ps reads are not streamed)
+        out.append(CpuConfig(**{**base.to_dict(), "bf16_dot": not base.bf16_dot, "stream": False}))
     if alg is not None and getattr(alg, "R", 1) > 1 and not base.amx:
         out.append(CpuConfig(**{**base.to_dict(), "stream": not base.stream}))
     if alg is None or getattr(alg, "R", 1) == 1:   # the plain GEMM: packing ahead or per block
