@@ -5,10 +5,10 @@ coefficients as literals.  Combine A / B write the GEMM's packed layouts, so the
 packing passes too (the plain GEMM is the 1×1×1 case: packing only)."""
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import nullcontext
 
 from ..dtypes import ITEMSIZE
-from .cpu_gemm import Geometry, Writer, linear_expr, packed_offset, packed_stride
+from .cpu_gemm import CACHE_LINE, Geometry, Writer, linear_expr, packed_offset, packed_stride
 
 #: Streaming the packed operands out (config knob ``stream``): a line of 64 bytes copied from
 #: a local staging buffer with non-temporal stores, and the fence that makes a task's
@@ -29,13 +29,12 @@ STREAM_LL = (
     "  ret void\n}\n"
     f"define void @{FENCE_FN}() alwaysinline {{\n  fence seq_cst\n  ret void\n}}\n"
     "!0 = !{i32 1}\n")
-LINE = 64
 
 
 def streams(chunk_elems: int, dtype: str) -> bool:
     """Whether chunks of this many elements, at offsets that are multiples of it in a packed
     buffer (64-byte aligned, r-stride a whole number of lines), are whole aligned lines."""
-    return chunk_elems * ITEMSIZE[dtype] % LINE == 0
+    return chunk_elems * ITEMSIZE[dtype] % CACHE_LINE == 0
 
 
 def _stream_out(w: Writer, n_out: int, elems: int, dtype: str, buf: str, stride: int, offset) -> None:
@@ -44,7 +43,7 @@ def _stream_out(w: Writer, n_out: int, elems: int, dtype: str, buf: str, stride:
     extent: from ``address_of`` an element, TVM takes the element for all the call touches
     and may shrink the buffer to what it sees touched (a packed buffer read whole by no
     later stage, timed alone, then crashed)."""
-    per = LINE // ITEMSIZE[dtype]
+    per = CACHE_LINE // ITEMSIZE[dtype]
     ptr = f"T.tvm_access_ptr(T.type_annotation(\"{dtype}\"), {{}}.data, {{}}, {per}, {{}})"
     w(f"for o in range({n_out}):")
     with w.indent():
@@ -55,15 +54,9 @@ def _stream_out(w: Writer, n_out: int, elems: int, dtype: str, buf: str, stride:
             w(f"T.evaluate(T.call_extern(\"void\", \"{STREAM_FN}\", {dst}, {src}))")
 
 
-@contextmanager
 def _stream_module(w: Writer, on: bool):
     """Statements written inside are wrapped in the link of STREAM_LL (when on)."""
-    if not on:
-        yield
-        return
-    w(f"with T.attr(0, \"pragma_import_llvm\", {STREAM_LL!r}):")
-    with w.indent():
-        yield
+    return w.block(f"with T.attr(0, \"pragma_import_llvm\", {STREAM_LL!r}):") if on else nullcontext()
 
 
 def _fence(w: Writer) -> None:

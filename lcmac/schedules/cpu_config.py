@@ -46,6 +46,10 @@ from ..ir import catalogue
 #: default micro-tile; 1: earlier.
 SCHEDULE_VERSION = 2
 
+#: knobs under which Ã/B̃ are not packed ahead in the compute type, so knob ``stream`` has
+#: nothing to stream: off by default with them, refused beside them
+PACKED_OTHERWISE = ("vendor_base", "bands", "amx", "bf16_dot")
+
 # bits of the *compute* type per lane: bf16 inputs are computed in fp32
 _ITEM_BITS = {"float32": 32, "float64": 64, "bfloat16": 32}
 
@@ -97,7 +101,7 @@ class CpuConfig:
                              f"(0: operands packed ahead; b: b row bands packing per block)")
         if not all(isinstance(getattr(self, nm), bool) for nm in ("fused", "bf16_dot", "amx", "vendor_base", "stream")):
             raise ValueError("config knobs fused, bf16_dot, amx, vendor_base and stream must be true or false")
-        if self.stream and (self.vendor_base or self.bands or self.amx or self.bf16_dot):
+        if self.stream and any(getattr(self, k) for k in PACKED_OTHERWISE):
             raise ValueError("config knob stream is for the combine passes that pack Ã and B̃ "
                              "ahead in the compute type; vendor_base and bands pack otherwise, "
                              "amx and bf16_dot as bf16: drop stream")
@@ -317,7 +321,7 @@ def resolve_config(target, dtype: str, config, algorithm=None, shape=None) -> Cp
         base = default_config(target, dtype, algorithm, shape=shape).to_dict()
         if config.get("amx"):
             base.update(mr=32, nr=32)       # the AMX kernel's tile, unless given
-        if any(config.get(k) for k in ("vendor_base", "bands", "amx", "bf16_dot")):
+        if any(config.get(k) for k in PACKED_OTHERWISE):
             base["stream"] = False          # a default for the packing ahead those replace
         base.update(config)
         cfg = CpuConfig.from_dict(base)

@@ -118,11 +118,16 @@ def geometry(grid: tuple[int, int, int], M: int, N: int, K: int, cfg: CpuConfig)
     return Geometry(M, N, K, m, k, n, BM, BK, BN, MC, NC, KC, nmc, nnc, nkc, BMP, BNP, BKP)
 
 
+#: bytes in a cache line (x86 and the AArch64 cores targeted): packed-buffer padding, tile
+#: prefetches, streamed stores
+CACHE_LINE = 64
+
+
 def packed_stride(panels: int, BKP: int, width: int, itemsize: int) -> int:
     """Elements between consecutive r in a packed buffer [R][panels·BKP·width]: padded by one
     cache line so that the R streams a combine pass writes at once do not all map to the
     same cache set (their natural distance is a large power of two)."""
-    return panels * BKP * width + 64 // itemsize
+    return panels * BKP * width + CACHE_LINE // itemsize
 
 
 def packed_offset(panel: str, k: str, lane: str, BKP: int, width: int) -> str:
@@ -322,7 +327,7 @@ def _prefetch(w: Writer, mr: int, nr: int, acc_dtype: str, prefetch: str | None)
     if prefetch:
         # the tile the epilogue will read-modify-write: fetched while the FMAs run
         # (its rows are a power-of-two stride apart for square sizes: cache-set conflicts)
-        per_line = max(1, 64 // ITEMSIZE[acc_dtype])
+        per_line = max(1, CACHE_LINE // ITEMSIZE[acc_dtype])
         lines = max(1, nr // per_line)
         w(f"for v in T.unroll({mr}):")
         with w.indent():
