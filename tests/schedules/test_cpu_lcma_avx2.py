@@ -111,9 +111,8 @@ def test_streamed_packing_is_bit_identical_and_non_temporal(built, key):
     assert np.array_equal(streamed(A, streamed.prepare_b(B)), C)
     p = _get(built, key + "-stream")
     src = (p.parent / Manifest.read(p).extra["source"]).read_text()
-    for side, on in zip("AB", STREAMED[key]):
-        name = {"A": "Ãp", "B": "B̃p"}[side]
-        assert (f"packs {name}, streamed)" in src) == on, side
+    for name, on in zip(("Ãp", "B̃p"), STREAMED[key]):
+        assert (f"packs {name}, streamed)" in src) == on, name
     # every streamed pass (in each entry point) ends its tasks with the fence
     sections = re.split(r"\n\s*# ", src)
     streamed_passes = [x for x in sections if x.startswith("Combine") and "streamed)" in x]
