@@ -19,9 +19,12 @@ Pure Python (no compiler import): build.py, the manifest and the tuner use it.
               accumulation; needs mr = nr = 32 (four 16 × 16 fp32 C tiles) and walks k in
               steps of 32 (kc is rounded to a multiple of 32).  The default for bf16 builds
               whose mcpu has AMX (lcmac.artifact.build.build_config; docs/cpu.md).
-    bands     the plain GEMM only: 0 packs A and B whole before the GEMM stage (the combine
-              passes); b > 0 packs them cache block by cache block inside the parallel tasks,
-              which are b row bands × the nc-wide column blocks (lcmac.schedules.cpu_gemm_blocked)
+    bands     0 packs A and B whole before the GEMM stage (the combine passes); b > 0 packs
+              them cache block by cache block inside the parallel tasks, which are b row bands
+              × the nc-wide column blocks (lcmac.schedules.cpu_gemm_blocked); an LCMA then
+              sums its blocks as it packs (BLIS-Strassen's fused packing), one product after
+              another.  The plain GEMM's default on AVX2; LCMAs take it only when asked (it
+              measured slower there: docs/cpu.md)
     stream    Combine A / B write the packed Ã/B̃ with non-temporal stores (cpu_combine.STREAM_LL):
               no read for ownership of lines that leave the caches before the GEMM stage reads
               them; only worth it where the packed operands exceed the last-level cache (the
@@ -66,7 +69,7 @@ class CpuConfig:
     bf16_dot: bool = False       # opt-in; measured slower on Sapphire Rapids (above)
     amx: bool = False            # opt-in; Intel AMX (above)
     vendor_base: bool = False    # the vendor BLAS as the base case (above)
-    bands: int = 0               # plain GEMM: 0 packs ahead; b > 0 packs per block in b row bands
+    bands: int = 0               # 0 packs ahead; b > 0 packs per block in b row bands
     stream: bool = False         # packed operands written with non-temporal stores (above)
 
     def to_dict(self) -> dict:
@@ -280,9 +283,12 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
         out.append(CpuConfig(**{**base.to_dict(), "bf16_dot": not base.bf16_dot, "stream": False}))
     if alg is not None and getattr(alg, "R", 1) > 1 and not base.amx:
         out.append(CpuConfig(**{**base.to_dict(), "stream": not base.stream}))
-    if alg is None or getattr(alg, "R", 1) == 1:   # the plain GEMM: packing ahead or per block
-        bands = 0 if base.bands else default_threads()
-        out.append(CpuConfig(**{**base.to_dict(), "bands": bands}))
+    # packing ahead or per block (an LCMA's combination fused into the packing)
+    if base.bands:
+        out.append(CpuConfig(**{**base.to_dict(), "bands": 0}))
+    elif dtype != "bfloat16" and not base.vendor_base:    # bf16 keeps packing ahead
+        out.append(CpuConfig(**{**base.to_dict(), **banded(alg, shape, base.mr, base.mc, default_threads()),
+                                "stream": False}))
     if (alg is not None and dtype in ("float32", "float64") and shape is not None
             and getattr(target, "family", "x86") == "x86"):
         M, N, K = shape           # the vendor-BLAS base case, where the shape splits evenly
@@ -300,6 +306,15 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
         if c not in out:
             out.append(c)
     return out
+
+
+def banded(alg, shape, mr: int, mc: int, bands: int) -> dict:
+    """Knobs for packing per block in ``bands`` row bands: ``bands`` and an mc that splits a
+    block's rows evenly over them (``_band_tile``; ``mc`` where the shape is not known)."""
+    if shape is None:
+        return {"bands": bands}
+    block_rows = -(-shape[0] // (alg.m if alg is not None else 1))
+    return {"bands": bands, "mc": _band_tile(block_rows, mr, bands, mc)}
 
 
 def amx_defaults(algorithm=None) -> dict:
@@ -323,6 +338,9 @@ def resolve_config(target, dtype: str, config, algorithm=None, shape=None) -> Cp
             base.update(mr=32, nr=32)       # the AMX kernel's tile, unless given
         if any(config.get(k) for k in PACKED_OTHERWISE):
             base["stream"] = False          # a default for the packing ahead those replace
+        if config.get("bands") and "mc" not in config:
+            # equal bands, few padded rows (the default mc was cut for the default bands)
+            base.update(banded(algorithm, shape, config.get("mr", base["mr"]), base["mc"], config["bands"]))
         base.update(config)
         cfg = CpuConfig.from_dict(base)
     else:

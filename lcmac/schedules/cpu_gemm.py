@@ -429,19 +429,20 @@ def emit_gemm_stage(w: Writer, g: Geometry, cfg: CpuConfig, R: int, acc_dtype: s
                             emit_microkernel_bf16dot(w, g, cfg, "r", prefetch=prefetch)
                         else:
                             emit_microkernel(w, g, cfg, "r", acc_dtype, prefetch=prefetch)
-                        _dispatch(w, 0, R, epilogue)
+                        dispatch_per_product(w, 0, R, epilogue)
 
 
-def _dispatch(w: Writer, lo: int, hi: int, epilogue) -> None:
-    """Branch to product r's epilogue by a balanced tree of comparisons (log2 R branches
-    per register tile instead of R)."""
+def dispatch_per_product(w: Writer, lo: int, hi: int, emit) -> None:
+    """``emit(w, r)`` for the run-time product index ``r`` (code whose coefficients differ per
+    product: epilogues, combined packing), branched to by a balanced tree of comparisons
+    (log2 R branches per call instead of R)."""
     if hi - lo == 1:
-        epilogue(w, lo)
+        emit(w, lo)
         return
     mid = (lo + hi) // 2
     w(f"if r < {mid}:")
     with w.indent():
-        _dispatch(w, lo, mid, epilogue)
+        dispatch_per_product(w, lo, mid, emit)
     w("else:")
     with w.indent():
-        _dispatch(w, mid, hi, epilogue)
+        dispatch_per_product(w, mid, hi, emit)

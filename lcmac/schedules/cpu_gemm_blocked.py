@@ -34,7 +34,8 @@ from contextlib import ExitStack, nullcontext
 
 from ..dtypes import ITEMSIZE
 from .cpu_config import CpuConfig
-from .cpu_gemm import Geometry, Writer, emit_chunk_store, emit_fma_loop, emit_zero_acc
+from .cpu_gemm import (Geometry, Writer, dispatch_per_product, emit_chunk_store, emit_fma_loop, emit_zero_acc,
+                       linear_expr)
 
 
 def _bands(g: Geometry, cfg: CpuConfig) -> int:
@@ -61,71 +62,166 @@ def workspace_bytes(g: Geometry, cfg: CpuConfig, dtype: str) -> int:
 
 
 def applies(g: Geometry, R: int, acc: str, dtype: str, special_kernel: bool) -> bool:
-    """Whether the blocked plain GEMM handles this build: one product on a 1×1×1 grid, fp32
-    FMAs on the operands' own type, C written directly, no zero padding of A's or B's k or
-    B's columns (cpu_combine.needs_pad's cases other than a row tail)."""
-    return (R == 1 and (g.m, g.k, g.n) == (1, 1, 1) and acc == dtype and not special_kernel
-            and g.direct_c and g.BKP == g.BK == g.K and g.BNP == g.BN == g.N)
+    """Whether the blocked stage handles this build: fp32 FMAs on the operands' own type, C
+    written directly, no zero padding of A's or B's k or B's columns (cpu_combine.needs_pad's
+    cases other than a row tail)."""
+    return (acc == dtype and not special_kernel and g.direct_c
+            and g.BKP == g.BK and g.K == g.k * g.BK and g.BNP == g.BN)
 
 
-def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepared: bool) -> None:
+def row_block(g: Geometry, cfg: CpuConfig) -> str:
+    """The index of the mc block of C rows the tile being computed lies in (inside the band's
+    ``ic`` loop)."""
+    return f"(tm * {_band_blocks(g, cfg)} + ic)"
+
+
+def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepared: bool,
+                      alg=None, epilogue=None, prefetch=None) -> None:
     """The GEMM stage of ``lcmac_matmul`` (``prepared`` False: B packed chunk by chunk here)
     or of ``lcmac_matmul_prepared`` (True: B̃ read from the caller's ``Bp``, packed whole by
-    Combine B)."""
+    Combine B).  A plain GEMM writes C itself; an LCMA (``alg``) packs Ã_r = Σ U_r·A blocks
+    and B̃_r = Σ V_r·B blocks chunk by chunk (the combination fused into the packing, as in
+    BLIS-Strassen), its products in turn, each tile through ``epilogue(w, r)`` (with
+    ``prefetch`` as ``emit_zero_acc`` takes it)."""
     mr, nr = cfg.mr, cfg.nr
+    R = alg.R if alg is not None else 1
     bands, groups = _bands(g, cfg), _groups(g, cfg)
     nic = _band_blocks(g, cfg)
     per = -(-g.nnc // groups)       # column blocks per group
     jrs, irs = g.NC // nr, g.MC // mr
     w(f"# GEMM stage, A and B packed per cache block in each task ({bands} row bands"
-      + (f" × {groups} column groups)" if groups > 1 else ")"))
+      + (f" × {groups} column groups)" if groups > 1 else ")")
+      + (f", combined as packed: {R} products in turn, H " + ("fused" if cfg.fused else "stored")
+         if R > 1 else ""))
     w(f"for t in T.parallel({bands * groups}):")
     with w.indent():
         w(f"acc = T.decl_buffer(({mr}, {nr}), \"{dtype}\", scope=\"local\")")
         w(f"Ab = T.decl_buffer(({nic * g.MC * g.KC},), \"{dtype}\", align=64)")
         if not prepared:
             w(f"Bc = T.decl_buffer(({g.NC * g.KC},), \"{dtype}\", align=64)")
+        if R > 1:
+            most = max(len(_terms(alg, "U", r)) for r in range(R))
+            w(f"At = T.decl_buffer(({most}, {mr}, {_stage_width(g)}), \"{dtype}\", scope=\"local\")")
         w(f"tm = t % {bands}")
         if groups > 1:
             w(f"cg = t // {bands}")
         block_guard = nic * bands > g.nmc
-        with w.block(f"for kc in range({g.nkc}):"):
-            with w.block(f"for ic in range({nic}):"), _guard(w, block_guard, f"tm * {nic} + ic < {g.nmc}"):
-                _emit_pack_a(w, g, cfg, f"(tm * {nic} + ic) * {g.MC}")
-            with ExitStack() as tn_loop:
-                if groups > 1:
-                    tn_loop.enter_context(w.block(f"for tl in range({per}):"))
-                    w(f"tn = cg * {per} + tl")
-                    tn_loop.enter_context(_guard(w, per * groups > g.nnc, f"tn < {g.nnc}"))
-                else:
-                    tn_loop.enter_context(w.block(f"for tn in range({g.nnc}):"))
-                if not prepared:
-                    # row by row: each of B's kc rows is read as one nc-long run (a stream
-                    # the prefetcher follows), one vector load and store per nr columns.  Panel
-                    # by panel instead, the kc rows, 4 KB-aliased at square sizes, were
-                    # fetched a line at a time (3-5 % of the 4096³ GEMM, docs/cpu.md)
-                    with w.block(f"for k in range({g.KC}):"), w.block(f"for jr in range({jrs}):"), \
-                            w.block(f"for u in T.vectorized({nr}):"):
-                        w(f"Bc[(jr * {g.KC} + k) * {nr} + u] = B[kc * {g.KC} + k, tn * {g.NC} + jr * {nr} + u]")
-                with w.block(f"for ic in range({nic}):"), _guard(w, block_guard, f"tm * {nic} + ic < {g.nmc}"), \
-                        w.block(f"for jr in range({jrs}):"), w.block(f"for ir in range({irs}):"):
-                    _emit_tile(w, g, cfg, dtype, f"(tm * {nic} + ic) * {g.MC}", prepared)
+        with ExitStack() as r_loop:
+            if R > 1:
+                # one copy of the micro-kernel for all products (a run-time r loop); the
+                # packing and the epilogue, whose coefficients differ, per r
+                r_loop.enter_context(w.block(f"for r in range({R}):"))
+            per_r = (lambda emit: dispatch_per_product(w, 0, R, emit)) if R > 1 else (lambda emit: emit(w, 0))
+            with w.block(f"for kc in range({g.nkc}):"):
+                def pack_a(w, r):
+                    with w.block(f"for ic in range({nic}):"), _guard(w, block_guard, f"tm * {nic} + ic < {g.nmc}"):
+                        (_emit_pack_a_staged if R > 1 else _emit_pack_a)(
+                            w, g, cfg, f"(tm * {nic} + ic) * {g.MC}", _terms(alg, "U", r), dtype)
+                per_r(pack_a)
+                with ExitStack() as tn_loop:
+                    if groups > 1:
+                        tn_loop.enter_context(w.block(f"for tl in range({per}):"))
+                        w(f"tn = cg * {per} + tl")
+                        tn_loop.enter_context(_guard(w, per * groups > g.nnc, f"tn < {g.nnc}"))
+                    else:
+                        tn_loop.enter_context(w.block(f"for tn in range({g.nnc}):"))
+                    if not prepared:
+                        per_r(lambda w, r: _emit_pack_b(w, g, cfg, _terms(alg, "V", r), dtype))
+                    with w.block(f"for ic in range({nic}):"), _guard(w, block_guard, f"tm * {nic} + ic < {g.nmc}"), \
+                            w.block(f"for jr in range({jrs}):"), w.block(f"for ir in range({irs}):"):
+                        if R > 1:
+                            _emit_products_tile(w, g, cfg, dtype, prepared, epilogue, prefetch, R)
+                        else:
+                            _emit_tile(w, g, cfg, dtype, f"(tm * {nic} + ic) * {g.MC}", prepared)
+
+
+def _terms(alg, side: str, r: int) -> list:
+    """(coefficient, (block row, block col)) of product r's combination of A (``U``) or B
+    (``V``) blocks; the plain GEMM's one block."""
+    if alg is None:
+        return [(1, (0, 0))]
+    mat = getattr(alg, side)[r]
+    return [(mat[a, b], (a, b)) for a in range(mat.shape[0]) for b in range(mat.shape[1])
+            if mat[a, b] != 0]
+
+
+def _offset(base: int, index: str) -> str:
+    return f"{base} + {index}" if base else index
 
 
 def _guard(w: Writer, needed: bool, cond: str):
     return w.block(f"if {cond}:") if needed else nullcontext()
 
 
-def _emit_pack_a(w: Writer, g: Geometry, cfg: CpuConfig, row0: str) -> None:
-    """Ab[ic][ir][k][v] = A[row0 + ir·mr + v, kc·KC + k] for block ic; rows past M are
-    clamped (their products are computed and never stored: the row tail)."""
+def _emit_pack_a(w: Writer, g: Geometry, cfg: CpuConfig, row0: str, terms, dtype: str) -> None:
+    """Ab[ic][ir][k][v] = Σ c · A[block rows + row0 + ir·mr + v, block cols + kc·KC + k] for
+    block ic (``terms``: ``_terms``); rows past a block's are clamped (their products are
+    computed and never stored: a row tail, ``Geometry.row_tail``)."""
     mr = cfg.mr
     row = f"{row0} + ir * {mr} + v"
-    if g.BMP > g.M:
-        row = f"T.min({row}, {g.M - 1})"
+    if g.BMP > g.BM:
+        row = f"T.min({row}, {g.BM - 1})"
+    col = f"kc * {g.KC} + k"
+    value = linear_expr(terms, lambda blk: f"A[{_offset(blk[0] * g.BM, row)}, {_offset(blk[1] * g.BK, col)}]",
+                        dtype)
     with w.block(f"for ir in range({g.MC // mr}):"), w.block(f"for k in range({g.KC}):"), \
             w.block(f"for v in T.vectorized({mr}):"):
-        w(f"Ab[((ic * {g.MC // mr} + ir) * {g.KC} + k) * {mr} + v] = A[{row}, kc * {g.KC} + k]")
+        w(f"Ab[((ic * {g.MC // mr} + ir) * {g.KC} + k) * {mr} + v] = {value}")
+
+
+def _emit_pack_a_staged(w: Writer, g: Geometry, cfg: CpuConfig, row0: str, terms, dtype: str) -> None:
+    """``_emit_pack_a`` for a sum of blocks: read column by column, the mr rows of every
+    block summed (at square power-of-two sizes 4 KB-aliased) share one L1 set, so each row's
+    next kt columns (a cache line) are first copied into the local ``At``, and the sum is
+    taken from there (as cpu_combine's Combine A does)."""
+    mr = cfg.mr
+    kt = _stage_width(g)
+    row = f"{row0} + ir * {mr} + v"
+    if g.BMP > g.BM:
+        row = f"T.min({row}, {g.BM - 1})"
+    col = f"kc * {g.KC} + ko * {kt} + u"
+    with w.block(f"for ir in range({g.MC // mr}):"), w.block(f"for ko in range({g.KC // kt}):"):
+        for n, (_, blk) in enumerate(terms):
+            with w.block(f"for v in range({mr}):"), w.block(f"for u in T.vectorized({kt}):"):
+                w(f"At[{n}, v, u] = A[{_offset(blk[0] * g.BM, row)}, {_offset(blk[1] * g.BK, col)}]")
+        value = linear_expr([(c, n) for n, (c, _) in enumerate(terms)], lambda n: f"At[{n}, v, ki]", dtype)
+        with w.block(f"for ki in range({kt}):"), w.block(f"for v in T.vectorized({mr}):"):
+            w(f"Ab[((ic * {g.MC // mr} + ir) * {g.KC} + ko * {kt} + ki) * {mr} + v] = {value}")
+
+
+def _stage_width(g: Geometry) -> int:
+    """Columns of A staged per row: a cache line of fp32 where kc allows."""
+    return next(b for b in (16, 8, 4, 2, 1) if g.KC % b == 0)
+
+
+def _emit_pack_b(w: Writer, g: Geometry, cfg: CpuConfig, terms, dtype: str) -> None:
+    """Bc[jr][k][u] = Σ c · B[block rows + kc·KC + k, block cols + tn·NC + jr·nr + u]: row by
+    row, each of B's kc rows read as one nc-long run (a stream the prefetcher follows), one
+    vector load and store per nr columns.  Panel by panel instead, the kc rows, 4 KB-aliased
+    at square sizes, were fetched a line at a time (3-5 % of the 4096³ GEMM, docs/cpu.md)."""
+    nr = cfg.nr
+    row, col = f"kc * {g.KC} + k", f"tn * {g.NC} + jr * {nr} + u"
+    value = linear_expr(terms, lambda blk: f"B[{_offset(blk[0] * g.BK, row)}, {_offset(blk[1] * g.BN, col)}]",
+                        dtype)
+    with w.block(f"for k in range({g.KC}):"), w.block(f"for jr in range({g.NC // nr}):"), \
+            w.block(f"for u in T.vectorized({nr}):"):
+        w(f"Bc[(jr * {g.KC} + k) * {nr} + u] = {value}")
+
+
+def _emit_products_tile(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepared: bool,
+                        epilogue, prefetch, R: int) -> None:
+    """One register tile of product r over the kc chunk, then its epilogue (per r)."""
+    mr, nr = cfg.mr, cfg.nr
+    emit_zero_acc(w, mr, nr, dtype, prefetch)
+    w(f"# product r's tile: Ab (band of Ã_r) x {'B̃p_r' if prepared else 'Bc (chunk of B̃_r)'}")
+    k = f"ko * {cfg.ku} + ki"
+    a = f"Ab[((ic * {g.MC // mr} + ir) * {g.KC} + {k}) * {mr} + v]"
+    if prepared:
+        b = f"Bp[r, ((tn * {g.NC // nr} + jr) * {g.BKP} + kc * {g.KC} + {k}) * {nr} + u]"
+    else:
+        b = f"Bc[(jr * {g.KC} + {k}) * {nr} + u]"
+    emit_fma_loop(w, cfg, g.KC, a, b)
+    dispatch_per_product(w, 0, R, epilogue)
 
 
 def _emit_tile(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, row0: str, prepared: bool) -> None:

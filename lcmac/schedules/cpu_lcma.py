@@ -12,7 +12,7 @@ from ..errors import DTypeError, ShapeError, TargetError
 from ..ir.algorithm import Algorithm
 from ..ir.cse import optimized_programs
 from ..ir.program import LinearProgram, combine_matrices, naive_program
-from .cpu_gemm_blocked import applies as blocked_applies, emit_blocked_gemm
+from .cpu_gemm_blocked import applies as blocked_applies, emit_blocked_gemm, row_block as blocked_row_block
 from .cpu_gemm_blocked import workspace_bytes as blocked_workspace
 from .cpu_combine import emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad, needs_pad
 from . import cpu_vendor
@@ -77,12 +77,15 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             "C": f"({M}, {N}), \"{dtype}\"", bp_name: f"{bp_shape}, \"{bp_dtype}\""}
     align = {"A": isz, "B": isz, "C": isz, bp_name: 64}
     direct = g.direct_c and acc == dtype
-    if cfg.bands and R > 1:
-        raise TargetError(f"config knob bands (A and B packed per cache block in the tasks) is for "
-                          f"the plain GEMM; {alg.name} packs through its combine passes: drop bands")
-    # the plain GEMM packing A and B block by block in its tasks (cpu_gemm_blocked), where
-    # the shape needs no zero padding; else the packing passes below
+    # A and B packed block by block in the tasks, an LCMA's combination fused into that
+    # packing (cpu_gemm_blocked), where the shape needs no zero padding; else the packing
+    # (combine) passes below
     blocked = bool(cfg.bands) and blocked_applies(g, R, acc, dtype, bf16_dot or amx)
+    if blocked and R > 1:
+        # the packing sums each product's blocks directly (no shared partial sums); Combine B
+        # of the prepared-B pair does the same, so a prepared B gives the same bits
+        mats = combine_matrices(alg)
+        progs = {**progs, "A": naive_program(mats["A"]), "B": naive_program(mats["B"])}
 
     def emit_combine_b_side(w):
         """Combine B (after zero-padding B where needed) into the buffer named bp_name."""
@@ -94,12 +97,14 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
 
     def emit_rest(w, prepared=False):
         """Combine A, the GEMM stage, Combine H and the crop: everything after Combine B."""
-        if blocked:
+        if blocked and R == 1:
             emit_blocked_gemm(w, g, cfg, dtype, prepared)
             return
         # packed combined operands: Ãp[r][BMP/mr][BKP][mr], B̃p[r][BNP/nr][BKP][nr], flattened
         # per r with a padded r-stride (packed_stride)
-        if amx:
+        if blocked:
+            pass        # Ã_r packed chunk by chunk in the GEMM stage's tasks
+        elif amx:
             # Ã as bf16 bits (uint16), rows of 32 k (cpu_gemm.amx_ll); B̃ as bf16_dot's pairs
             w(f"Ap16 = T.alloc_buffer(({R}, {sa}), \"uint16\")")
         elif bf16_dot:
@@ -118,11 +123,14 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
         if pad_a:
             w(f"Apad = T.alloc_buffer(({g.m * g.BMP}, {g.k * g.BKP}), \"{dtype}\")")
             emit_pad(w, "A", "Apad", g.m, g.k, g.rows, g.cols_k, g.BM, g.BK, g.BMP, g.BKP, zero)
-        emit_combine_a(w, g, progs["A"], cfg.mr, acc, src_dtype, padded=pad_a, pair=bf16_dot, amx=amx,
-                       stream=cfg.stream)
+        if not blocked:
+            emit_combine_a(w, g, progs["A"], cfg.mr, acc, src_dtype, padded=pad_a, pair=bf16_dot, amx=amx,
+                           stream=cfg.stream)
 
-        tile = "{base} + tm * %d + ir * %d + v, {cbase} + tn * %d + jr * %d + u" % (
-            g.MC, cfg.mr, g.NC, cfg.nr)
+        # the tile's mc block of rows: the task's (packing ahead) or the band's current one
+        rb = blocked_row_block(g, cfg) if blocked else "tm"
+        tile = "{base} + %s * %d + ir * %d + v, {cbase} + tn * %d + jr * %d + u" % (
+            rb, g.MC, cfg.mr, g.NC, cfg.nr)
         # Combine H coefficients, per product r: the C blocks it feeds (W's nonzeros)
         feeds = [[(i, j, alg.W[r, i, j]) for i in range(alg.m) for j in range(alg.n)
                   if alg.W[r, i, j] != 0] for r in range(R)]
@@ -142,22 +150,25 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
                 emit_chunk_store(w, cfg, g.nkc, dst, 1, acc, True, row_guard=guard)
 
         # a row tail written straight into C: the padded rows' stores are skipped
-        guard = (f"tm * {g.MC} + ir * {cfg.mr} + v < {g.BM}"
+        guard = (f"{rb} * {g.MC} + ir * {cfg.mr} + v < {g.BM}"
                  if direct and g.BMP > g.BM else None)
 
-        w("# GEMM stage" + (" with fused Combine H" if cfg.fused else " (H stored)"))
+        if not blocked:        # (the blocked stage names itself)
+            w("# GEMM stage" + (" with fused Combine H" if cfg.fused else " (H stored)"))
         # blocks of C that no product feeds are zero (cannot happen for a correct algorithm
         # with full rank, but keep the kernel total)
         # the tile the epilogue will read-modify-write, fetched while the FMAs run: C's for
         # the plain GEMM packed ahead, H_r's when H is stored (an LCMA's fused epilogue
         # writes several C blocks)
         prefetch = None
-        rows, cols = f"tm * {g.MC} + ir * {cfg.mr} + v", f"tn * {g.NC} + jr * {cfg.nr}"
+        rows, cols = f"{rb} * {g.MC} + ir * {cfg.mr} + v", f"tn * {g.NC} + jr * {cfg.nr}"
         if R == 1 and cfg.fused:
             prefetch = f"{cbuf}[{rows}, {cols} + {{}}]"
         elif not cfg.fused:
             prefetch = f"H[r, {rows}, {cols} + {{}}]"
-        if amx:
+        if blocked:
+            emit_blocked_gemm(w, g, cfg, dtype, prepared, alg, epilogue, prefetch)
+        elif amx:
             # links the AMX micro-kernel into the LLVM module (see cpu_gemm.amx_ll)
             w(f"with T.attr(0, \"pragma_import_llvm\", {amx_ll(g.KC)!r}):")
             with w.indent():
@@ -201,9 +212,9 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             "gemm_kernel": "amx" if amx else "vdpbf16ps" if bf16_dot else "fma",
             "packing": "blocked" if blocked else "ahead",
             "packed_dtype": pack,
-            "workspace_bytes": blocked_workspace(g, cfg, dtype) if blocked else ITEMSIZE[pack] * R * (sa + sb)
+            "workspace_bytes": (blocked_workspace(g, cfg, dtype) if blocked else ITEMSIZE[pack] * R * (sa + sb))
             + ITEMSIZE[acc] * ((0 if direct else g.m * g.n * g.BMP * g.BNP)
-                               + (0 if cfg.fused else R * g.BMP * g.BNP))
+                               + (0 if cfg.fused or (blocked and R == 1) else R * g.BMP * g.BNP))
             + ITEMSIZE[dtype] * ((g.m * g.BMP * g.k * g.BKP if pad_a else 0)
                                  + (g.k * g.BKP * g.n * g.BNP if pad_b else 0)),
             "additions": {s: p.additions for s, p in progs.items()},

@@ -1,7 +1,8 @@
-"""The plain GEMM packing A and B per cache block inside its tasks (``CpuConfig.bands``,
-lcmac.schedules.cpu_gemm_blocked): results against float64, the prepared-B entry bit for bit
-against the plain one, row tails (A read up to its last byte, C's padded rows never
-written), bands that do not divide the row blocks, float64, the fallback for shapes that need
+"""Packing A and B per cache block inside the tasks (``CpuConfig.bands``,
+lcmac.schedules.cpu_gemm_blocked), for the plain GEMM and for LCMAs (their blocks summed as
+they are packed): results against float64, the prepared-B entry bit for bit against the
+plain one, row tails (A read up to its last byte, C's padded rows never written), bands that
+do not divide the row blocks, float64, fused and stored H, the fallback for shapes that need
 zero padding, and the knob's errors.  Runs on any x86-64 host with AVX2."""
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import pytest
 
 from lcmac.artifact.build import build, build_many
 from lcmac.artifact.manifest import Manifest
-from lcmac.errors import TargetError
 from lcmac.ir import catalogue
 from lcmac.schedules.cpu_config import CpuConfig, default_config, resolve_config
 from lcmac.targets import get_target
@@ -36,15 +36,23 @@ JOBS = {  # key: (shape (M, N, K), dtype, config)
     "padded-k": ((50, 32, 45), "float32", {**SMALL, "bands": 2}),         # K=45: zero padding
     "default": ((96, 64, 64), "float32", None),
     "sse-default": ((50, 64, 48), "float32", None),                       # target x86_64 (SSE)
+    # LCMAs: a row tail in every block row (38 rows), H fused into C
+    "strassen-rowtail": ((76, 64, 64), "float32", {**SMALL, "bands": 2}),
+    # 49 products, H stored; 3 row blocks in 2 bands (the second band's extra block skipped)
+    "strassen2-stored-h": ((152, 64, 64), "float32", {**SMALL, "bands": 2, "fused": False}),
+    # a 3×3×3 grid, float64
+    "laderman-float64": ((54, 48, 48), "float64", {"mr": 6, "nr": 8, "mc": 12, "nc": 8, "kc": 8, "ku": 4,
+                                                   "bands": 2}),
 }
 TARGET = {"sse-default": "x86_64"}
+ALGO = {"strassen-rowtail": "strassen", "strassen2-stored-h": "strassen^2", "laderman-float64": "laderman"}
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("cpu_blocked")
     keys = list(JOBS)
-    res = build_many([dict(algo="gemm", target=TARGET.get(k, AVX2), shape=JOBS[k][0], dtype=JOBS[k][1],
+    res = build_many([dict(algo=ALGO.get(k, "gemm"), target=TARGET.get(k, AVX2), shape=JOBS[k][0], dtype=JOBS[k][1],
                            config=JOBS[k][2], name=f"blocked-{k}", out_dir=out) for k in keys])
     return dict(zip(keys, res))
 
@@ -100,6 +108,36 @@ def test_source_packs_inside_the_tasks(built):
     assert "Bc" not in prepared and "Ab = T.decl_buffer" in prepared
 
 
+def test_lcma_sums_its_blocks_as_it_packs(built):
+    """An LCMA packing per block has no combine passes for A or B and no whole-matrix packed
+    buffers in ``lcmac_matmul``: each product's chunk of A is staged and summed into the band
+    buffer, its chunk of B summed row by row; H is stored and combined (Strassen²) or added
+    into C in the epilogue (Strassen); the manifest says so."""
+    for key, stored in (("strassen2-stored-h", True), ("strassen-rowtail", False)):
+        p = _get(built, key)
+        m = Manifest.read(p)
+        src = (p.parent / m.extra["source"]).read_text()
+        plain = src.split("def lcmac_matmul_prepare_b")[0]
+        assert m.extra["packing"] == "blocked"
+        assert "Combine A" not in plain and "Combine B" not in plain
+        assert "Ap = T.alloc_buffer" not in plain and "Bp = T.alloc_buffer" not in plain
+        assert "At = T.decl_buffer" in plain and "] = At[0, v, u]" not in plain
+        assert re.search(r"Ab\[.*\] = At\[0, v, ki\] [+-] At\[1, v, ki\]", plain)
+        assert re.search(r"Bc\[.*\] = B\[.*\] [+-] B\[", plain)
+        assert ("H = T.alloc_buffer" in plain) == stored and ("# Combine H (unfused" in plain) == stored
+
+
+def test_bands_mc_splits_block_rows_evenly():
+    """Asking for bands without mc cuts mc for them: Strassen at 4096³ has 2048-row blocks,
+    which mc 192 splits into 11 row blocks (one band idle for one block); 174 gives 12."""
+    from lcmac.schedules.cpu_gemm import geometry
+    s = catalogue.get("strassen")
+    cfg = resolve_config(get_target(AVX2), "float32", {"bands": 2}, s, shape=(4096,) * 3)
+    g = geometry(s.grid, 4096, 4096, 4096, cfg)
+    assert g.nmc % 2 == 0 and g.BMP - g.BM <= 48
+    assert resolve_config(get_target(AVX2), "float32", {"bands": 2, "mc": 192}, s, shape=(4096,) * 3).mc == 192
+
+
 def test_default_config_per_target():
     """AVX2 (and plain x86-64) plain GEMMs pack per block, one band per thread; LCMAs, AVX-512
     and AArch64 keep packing ahead (measured only on AVX2: docs/cpu.md)."""
@@ -144,8 +182,16 @@ def test_bands_errors(tmp_path):
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="bands"):
             CpuConfig(bands=bad).validate(8)
-    with pytest.raises(TargetError, match="bands.*plain GEMM"):
-        build("strassen", AVX2, "float32", (64, 64, 64), config={"bands": 2}, out_dir=tmp_path)
+    # an LCMA whose blocks need zero padding (K = 30: 15-wide blocks): the knob is kept, the
+    # packing (combine) passes run, and the result is right
+    import lcmac
+    p = build("strassen", AVX2, "float32", (36, 32, 30), config={**SMALL, "bands": 2}, out_dir=tmp_path)
+    f = lcmac.load(p)
+    assert f.manifest.extra["packing"] == "ahead" and f.manifest.config["bands"] == 2
+    rng = np.random.default_rng(7)
+    A, B = rng.standard_normal((36, 30)), rng.standard_normal((30, 32))
+    ref = A @ B
+    assert np.linalg.norm(f(A.astype(np.float32), B.astype(np.float32)) - ref) / np.linalg.norm(ref) < 1e-5
 
 
 def test_a_tuned_record_from_before_bands_says_the_build_differs(monkeypatch):
