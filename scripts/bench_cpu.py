@@ -395,7 +395,7 @@ def bench_artifacts(args) -> int:
     for (M, N, K, dtype), fns in groups.items():
         runs, errs = time_against_numpy((M, N, K), dtype, list(zip(_labels([m for m, _ in fns]),
                                                                        (f for _, f in fns))),
-                                        args.rounds, args.pause)
+                                        args.rounds, args.pause, prepared_b=args.prepared_b)
         flops = 2.0 * M * N * K
         base = float(np.median(runs["numpy"]))
         print(f"\n{dtype} M={M} N={N} K={K}")

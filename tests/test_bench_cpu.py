@@ -33,13 +33,16 @@ def test_artifacts_run_reports_the_paired_ratio(tmp_path):
     p = build("gemm", "x86_64-avx2", "float32", (96, 64, 64), out_dir=tmp_path, name="g")
     out = tmp_path / "r.json"
     r = subprocess.run([sys.executable, str(SCRIPT), "--artifacts", str(p), "--rounds", "3",
-                        "--pause", "0", "--out", str(out)], capture_output=True, text=True, timeout=300)
+                        "--pause", "0", "--prepared-b", "--out", str(out)], capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "paired" in r.stdout
-    v = json.loads(out.read_text())["results"][0]["variants"]["g"]
-    assert set(v["ratio_paired"]) == {"median", "min", "max"}
-    assert v["ratio_paired"]["min"] <= v["ratio_paired"]["median"] <= v["ratio_paired"]["max"]
-    assert v["rel_error"] < 1e-5
+    variants = json.loads(out.read_text())["results"][0]["variants"]
+    assert set(variants) == {"numpy", "g", "g+prepB"}       # B prepared once, as for a weight
+    for v in (variants["g"], variants["g+prepB"]):
+        assert set(v["ratio_paired"]) == {"median", "min", "max"}
+        assert v["ratio_paired"]["min"] <= v["ratio_paired"]["median"] <= v["ratio_paired"]["max"]
+        assert v["rel_error"] < 1e-5
 
 
 def test_artifacts_of_one_name_are_told_apart(tmp_path):

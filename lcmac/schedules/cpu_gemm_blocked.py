@@ -1,5 +1,6 @@
-"""The plain GEMM with its operands packed block by block inside the parallel tasks (the
-GotoBLAS / BLIS loop order), for ``CpuConfig.bands`` > 0.
+"""The GEMM stage with its operands packed block by block inside the parallel tasks (the
+GotoBLAS / BLIS loop order), for ``CpuConfig.bands`` > 0: the plain GEMM, and LCMAs with
+their combination fused into the packing (BLIS-Strassen).
 
 The default CPU path packs all of A and all of B in two passes before the GEMM stage (the
 combine passes, which an LCMA needs anyway).  For a plain GEMM that order leaves the packed
@@ -23,6 +24,13 @@ per group).
         for tn in group cg:
           pack B[kc chunk, tn block] → Bc        (row by row; skipped with B prepared: read B̃p)
           for ic: for jr: for ir: acc = Ab[ic, ir] · Bc[jr]; C tile (=|+=) acc   (row-tested row tail)
+
+An LCMA runs the same loops once per product r (a run-time loop; the packing and the
+epilogue, whose coefficients differ, branched to per r): its band buffer holds Ã_r's rows
+(Σ U_r·A blocks, each block's rows staged a cache line at a time), its chunk B̃_r's
+(Σ V_r·B blocks), and its tiles go to the LCMA's epilogue (H fused into C, or H_r stored for
+the Combine H pass).  A and B are then read once per product using a block (B once per band)
+instead of combined once into whole Ã/B̃ that are written and read back.
 
 Only the shapes the fast path handles take it (``applies``): whole tiles of columns and of
 k (no zero padding of A or B); a row tail is allowed (A's rows are clamped when packed, C's
@@ -214,14 +222,20 @@ def _emit_products_tile(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prep
     mr, nr = cfg.mr, cfg.nr
     emit_zero_acc(w, mr, nr, dtype, prefetch)
     w(f"# product r's tile: Ab (band of Ã_r) x {'B̃p_r' if prepared else 'Bc (chunk of B̃_r)'}")
+    _emit_fmas(w, g, cfg, prepared, "r")
+    dispatch_per_product(w, 0, R, epilogue)
+
+
+def _emit_fmas(w: Writer, g: Geometry, cfg: CpuConfig, prepared: bool, product: str) -> None:
+    """acc += the band buffer's tile rows · the B chunk's (or prepared B̃p's) tile columns."""
+    mr, nr = cfg.mr, cfg.nr
     k = f"ko * {cfg.ku} + ki"
     a = f"Ab[((ic * {g.MC // mr} + ir) * {g.KC} + {k}) * {mr} + v]"
     if prepared:
-        b = f"Bp[r, ((tn * {g.NC // nr} + jr) * {g.BKP} + kc * {g.KC} + {k}) * {nr} + u]"
+        b = f"Bp[{product}, ((tn * {g.NC // nr} + jr) * {g.BKP} + kc * {g.KC} + {k}) * {nr} + u]"
     else:
         b = f"Bc[(jr * {g.KC} + {k}) * {nr} + u]"
     emit_fma_loop(w, cfg, g.KC, a, b)
-    dispatch_per_product(w, 0, R, epilogue)
 
 
 def _emit_tile(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, row0: str, prepared: bool) -> None:
@@ -232,12 +246,6 @@ def _emit_tile(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, row0: str, pr
     ccol = f"tn * {g.NC} + jr * {nr}"
     # rows clamped: a row tail's padded rows have no C row to fetch
     emit_zero_acc(w, mr, nr, dtype, f"C[T.min({crow}, {g.M - 1}), {ccol} + {{}}]")
-    k = f"ko * {cfg.ku} + ki"
-    a = f"Ab[((ic * {g.MC // mr} + ir) * {g.KC} + {k}) * {mr} + v]"
-    if prepared:
-        b = f"Bp[0, ((tn * {g.NC // nr} + jr) * {g.BKP} + kc * {g.KC} + {k}) * {nr} + u]"
-    else:
-        b = f"Bc[(jr * {g.KC} + {k}) * {nr} + u]"
-    emit_fma_loop(w, cfg, g.KC, a, b)
+    _emit_fmas(w, g, cfg, prepared, "0")
     emit_chunk_store(w, cfg, g.nkc, f"C[{crow}, {ccol} + u]", 1, dtype, True,
                      row_guard=f"{crow} < {g.M}" if g.BMP > g.M else None)
