@@ -241,6 +241,8 @@ def _prepare(algo, target=None, dtype="float32", shape=None, levels: int = 1, co
     M, N, K = parse_shape(shape)
     alg, plain, alg_name = resolve_algorithm(algo, levels)
     cfg = build_config(t, dtype, config, alg, plain, (M, N, K), mcpu=mcpu)
+    # the knobs the caller named (build_config has checked JSON text)
+    named = json.loads(config) if isinstance(config, str) else config if isinstance(config, dict) else {}
     if plain:
         progs = None
     else:
@@ -260,7 +262,7 @@ def _prepare(algo, target=None, dtype="float32", shape=None, levels: int = 1, co
                "source": str(tmp_src) if keep_source else None}
     return {"t0": t0, "t": t, "alg": alg, "plain": plain, "alg_name": alg_name, "name": name,
             "out": out, "tmp_lib": tmp_lib, "tmp_src": tmp_src, "request": request,
-            "keep_source": keep_source}
+            "keep_source": keep_source, "named_knobs": set(named)}
 
 
 def _cleanup(job: dict) -> None:
@@ -331,6 +333,8 @@ def _finish(job: dict, resp: dict) -> Path:
                    "seconds": None, "host": platform.node(), "machine": platform.machine(),
                    "compiler": resp.get("compiler"), "stages": resp.get("seconds")},
             extra={**resp.get("info", {}), "source": src_name})
+        if man.extra.get("packing_note") and "bands" in job["named_knobs"]:
+            _note(f"lcmac build: {name}: {man.extra['packing_note']}", None)
         if src_name:
             os.replace(tmp_src, out / src_name)
         os.replace(tmp_lib, lib_path)

@@ -32,7 +32,7 @@ epilogue, whose coefficients differ, branched to per r): its band buffer holds �
 the Combine H pass).  A and B are then read once per product using a block (B once per band)
 instead of combined once into whole Ã/B̃ that are written and read back.
 
-Only the shapes the fast path handles take it (``applies``): whole tiles of columns and of
+Only the shapes the fast path handles take it (``why_not``): whole tiles of columns and of
 k (no zero padding of A or B); a row tail is allowed (A's rows are clamped when packed, C's
 stores row-tested).  Others keep the packing passes.
 """
@@ -69,12 +69,19 @@ def workspace_bytes(g: Geometry, cfg: CpuConfig, dtype: str) -> int:
     return _bands(g, cfg) * _groups(g, cfg) * ITEMSIZE[dtype] * g.KC * (band_rows + g.NC)
 
 
-def applies(g: Geometry, R: int, acc: str, dtype: str, special_kernel: bool) -> bool:
-    """Whether the blocked stage handles this build: fp32 FMAs on the operands' own type, C
-    written directly, no zero padding of A's or B's k or B's columns (cpu_combine.needs_pad's
-    cases other than a row tail)."""
-    return (acc == dtype and not special_kernel and g.direct_c
-            and g.BKP == g.BK and g.K == g.k * g.BK and g.BNP == g.BN)
+def why_not(g: Geometry, R: int, acc: str, dtype: str, special_kernel: bool) -> str | None:
+    """Why this build keeps the packing passes instead (None: it packs per block): it needs
+    fp32 FMAs on the operands' own type, C written directly, and no zero padding of A's or
+    B's k or of B's columns (cpu_combine.needs_pad's cases other than a row tail)."""
+    if acc != dtype or special_kernel:
+        return f"{dtype} is packed in its own layout (fp32 or bf16 pairs), by the packing passes"
+    if not g.direct_c:
+        return "C goes through a workspace (its columns are not whole nr tiles, or its rows do not split evenly over the grid)"
+    if g.BKP != g.BK or g.K != g.k * g.BK:
+        return "k needs zero padding (the blocks' k is not whole ku steps, or does not split evenly over the grid)"
+    if g.BNP != g.BN:
+        return "B's columns need zero padding"
+    return None
 
 
 def row_block(g: Geometry, cfg: CpuConfig) -> str:

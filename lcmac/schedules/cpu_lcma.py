@@ -12,8 +12,8 @@ from ..errors import DTypeError, ShapeError, TargetError
 from ..ir.algorithm import Algorithm
 from ..ir.cse import optimized_programs
 from ..ir.program import LinearProgram, combine_matrices, naive_program
-from .cpu_gemm_blocked import applies as blocked_applies, emit_blocked_gemm, row_block as blocked_row_block
-from .cpu_gemm_blocked import workspace_bytes as blocked_workspace
+from .cpu_gemm_blocked import (emit_blocked_gemm, row_block as blocked_row_block, why_not as blocked_why_not,
+                               workspace_bytes as blocked_workspace)
 from .cpu_combine import emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad, needs_pad
 from . import cpu_vendor
 from .cpu_config import CpuConfig
@@ -80,7 +80,8 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
     # A and B packed block by block in the tasks, an LCMA's combination fused into that
     # packing (cpu_gemm_blocked), where the shape needs no zero padding; else the packing
     # (combine) passes below
-    blocked = bool(cfg.bands) and blocked_applies(g, R, acc, dtype, bf16_dot or amx)
+    not_blocked = cfg.bands and blocked_why_not(g, R, acc, dtype, bf16_dot or amx)
+    blocked = bool(cfg.bands) and not not_blocked
     if blocked and R > 1:
         # the packing sums each product's blocks directly (no shared partial sums); Combine B
         # of the prepared-B pair does the same, so a prepared B gives the same bits
@@ -211,6 +212,9 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             "accumulate": acc,
             "gemm_kernel": "amx" if amx else "vdpbf16ps" if bf16_dot else "fma",
             "packing": "blocked" if blocked else "ahead",
+            # knob bands asked for and not taken: why (lcmac build says it)
+            **({"packing_note": f"bands={cfg.bands} not taken: {not_blocked}; packed ahead"}
+               if not_blocked else {}),
             "packed_dtype": pack,
             "workspace_bytes": (blocked_workspace(g, cfg, dtype) if blocked else ITEMSIZE[pack] * R * (sa + sb))
             + ITEMSIZE[acc] * ((0 if direct else g.m * g.n * g.BMP * g.BNP)

@@ -85,6 +85,8 @@ def test_shapes_needing_zero_padding_pack_ahead(built):
     p = _get(built, "padded-k")
     f = lcmac.load(p)
     assert f.manifest.extra["packing"] == "ahead" and f.manifest.config["bands"] == 2
+    assert "k needs zero padding" in f.manifest.extra["packing_note"]        # lcmac build says it
+    assert "packing_note" not in Manifest.read(_get(built, "rowtail")).extra
     rng = np.random.default_rng(6)
     A = rng.standard_normal((50, 45)).astype(np.float32)
     B = rng.standard_normal((45, 32)).astype(np.float32)
@@ -178,7 +180,7 @@ def test_stream_default_and_errors():
         CpuConfig(stream=1).validate(8)
 
 
-def test_bands_errors(tmp_path):
+def test_bands_errors(tmp_path, capsys):
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="bands"):
             CpuConfig(bands=bad).validate(8)
@@ -188,6 +190,8 @@ def test_bands_errors(tmp_path):
     p = build("strassen", AVX2, "float32", (36, 32, 30), config={**SMALL, "bands": 2}, out_dir=tmp_path)
     f = lcmac.load(p)
     assert f.manifest.extra["packing"] == "ahead" and f.manifest.config["bands"] == 2
+    assert "bands=2 not taken: k needs zero padding" in f.manifest.extra["packing_note"]
+    assert "bands=2 not taken" in capsys.readouterr().err         # said when bands was asked for
     rng = np.random.default_rng(7)
     A, B = rng.standard_normal((36, 30)), rng.standard_normal((30, 32))
     ref = A @ B
