@@ -132,9 +132,12 @@ def _inner_calls(run, sync, min_run_s: float, max_inner: int) -> int:
 def time_paired(run, vendor, *, warmup: int = 2, repeats: int = 5, min_run_s: float = 0.02,
                 max_inner: int = 1000, pause: float = 0.15) -> dict:
     """``time_callable``'s result for ``run()``, timed in rounds alternating with
-    ``vendor()`` (the order flips every round; ``pause`` seconds of quiet before each run:
-    OpenBLAS's threads spin for ~0.1 s after a call), plus ``vendor_paired_s``, the vendor's
-    median over the same rounds, and ``paired_ratio``, the median of vendor / run per round."""
+    ``vendor()`` (the order flips every round; ``pause`` seconds of quiet before each side:
+    OpenBLAS's threads spin for ~0.1 s after a call, then one untimed call, since threads
+    parked by the pause take time to wake: on the 2-core VM a 768³ numpy call took 6.1 ms
+    after 0.3 s of quiet and 5.5 ms right after another, lcmac's 6.9 and 6.8 ms), plus
+    ``vendor_paired_s``, the vendor's median over the same rounds, and ``paired_ratio``, the
+    median of vendor / run per round."""
     def nothing():
         return None
     for _ in range(warmup):
@@ -145,6 +148,7 @@ def time_paired(run, vendor, *, warmup: int = 2, repeats: int = 5, min_run_s: fl
     for i in range(repeats):
         for fn, inner, times in (sides if i % 2 == 0 else sides[::-1]):
             time.sleep(pause)
+            fn()                                    # wakes its threads, untimed
             t0 = time.perf_counter()
             for _ in range(inner):
                 fn()
