@@ -120,22 +120,30 @@ def check_result(A, B, C, dtype: str, *, gpu: bool = False) -> str | None:
     return None
 
 
-def _inner_calls(run, sync, min_run_s: float, max_inner: int) -> int:
-    """Back-to-back calls per timed run, so that a run lasts at least ``min_run_s``."""
+def _inner_calls(run, sync, min_run_s: float, max_inner: int) -> tuple[int, float]:
+    """(back-to-back calls per timed run, so that a run lasts at least ``min_run_s``; the
+    seconds of the one call that sized it)."""
     t0 = time.perf_counter()
     run()
     sync()
     one = max(time.perf_counter() - t0, 1e-9)
-    return max(1, min(max_inner, int(min_run_s / one + 0.999)))
+    return max(1, min(max_inner, int(min_run_s / one + 0.999))), one
+
+
+#: paired rounds warm a side (one untimed call after the pause) whose call is shorter: its
+#: threads' wake-up (about 0.5 ms on the 2-core VM) is under 0.2 % of a longer call, which a
+#: warm call would make twice as long to time
+WARM_BELOW_S = 0.25
 
 
 def time_paired(run, vendor, *, warmup: int = 2, repeats: int = 5, min_run_s: float = 0.02,
                 max_inner: int = 1000, pause: float = 0.15) -> dict:
     """``time_callable``'s result for ``run()``, timed in rounds alternating with
     ``vendor()`` (the order flips every round; ``pause`` seconds of quiet before each side:
-    OpenBLAS's threads spin for ~0.1 s after a call, then one untimed call, since threads
-    parked by the pause take time to wake: on the 2-core VM a 768³ numpy call took 6.1 ms
-    after 0.3 s of quiet and 5.5 ms right after another, lcmac's 6.9 and 6.8 ms), plus
+    OpenBLAS's threads spin for ~0.1 s after a call, then, for calls under ``WARM_BELOW_S``,
+    one untimed call, since threads parked by the pause take time to wake: on the 2-core VM
+    a 768³ numpy call took 6.1 ms after 0.3 s of quiet and 5.5 ms right after another,
+    lcmac's 6.9 and 6.8 ms), plus
     ``vendor_paired_s``, the vendor's median over the same rounds, and ``paired_ratio``, the
     median of vendor / run per round."""
     def nothing():
@@ -143,17 +151,17 @@ def time_paired(run, vendor, *, warmup: int = 2, repeats: int = 5, min_run_s: fl
     for _ in range(warmup):
         run()
         vendor()
-    sides = [[run, _inner_calls(run, nothing, min_run_s, max_inner), []],
-             [vendor, _inner_calls(vendor, nothing, min_run_s, max_inner), []]]
+    sides = [[fn, *_inner_calls(fn, nothing, min_run_s, max_inner), []] for fn in (run, vendor)]
     for i in range(repeats):
-        for fn, inner, times in (sides if i % 2 == 0 else sides[::-1]):
+        for fn, inner, one, times in (sides if i % 2 == 0 else sides[::-1]):
             time.sleep(pause)
-            fn()                                    # wakes its threads, untimed
+            if one < WARM_BELOW_S:
+                fn()                                # wakes its threads, untimed
             t0 = time.perf_counter()
             for _ in range(inner):
                 fn()
             times.append((time.perf_counter() - t0) / inner)
-    tr, tv = sides[0][2], sides[1][2]
+    tr, tv = sides[0][3], sides[1][3]
     med = statistics.median(tr)
     return {"time_s": med, "spread": (max(tr) - min(tr)) / med, "repeats": repeats,
             "inner": sides[0][1], "times": tr, "vendor_paired_s": statistics.median(tv),
@@ -167,7 +175,7 @@ def time_callable(run, *, sync=None, warmup: int = 2, repeats: int = 5,
     for _ in range(warmup):
         run()
     sync()
-    inner = _inner_calls(run, sync, min_run_s, max_inner)
+    inner, _ = _inner_calls(run, sync, min_run_s, max_inner)
     times = []
     for _ in range(repeats):
         if timer is not None:

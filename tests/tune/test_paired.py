@@ -26,6 +26,11 @@ def test_time_paired_alternates_and_reports_the_vendor_of_the_same_rounds(monkey
     # the order flips every round; each side called once untimed after its pause (threads
     # parked by the pause wake in it), then timed
     assert rounds == ["k", "k", "v", "v", "v", "v", "k", "k"] * 2
+    # calls of WARM_BELOW_S and more are timed cold: a warm call would double their rounds
+    order.clear()
+    slow = measure.time_paired(call("k", 0.3), call("v", 2e-3), warmup=1, repeats=2, min_run_s=0)
+    assert slow["time_s"] == pytest.approx(0.3)
+    assert order[4:] == ["k", "v", "v", "v", "v", "k"]
 
 
 def test_tuner_times_cpu_kernels_paired_with_the_vendor_and_logs_it(tmp_path):
