@@ -171,13 +171,11 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             emit_blocked_gemm(w, g, cfg, dtype, prepared, alg, epilogue, prefetch)
         elif amx:
             # links the AMX micro-kernel into the LLVM module (see cpu_gemm.amx_ll)
-            w(f"with T.attr(0, \"pragma_import_llvm\", {amx_ll(g.KC)!r}):")
-            with w.indent():
+            with w.block(f"with T.attr(0, \"pragma_import_llvm\", {amx_ll(g.KC)!r}):"):
                 emit_gemm_stage(w, g, cfg, R, acc, epilogue, prefetch=prefetch, amx=True)
         elif bf16_dot:
             # links the vdpbf16ps wrapper into the LLVM module (see cpu_gemm.DPBF16_LL)
-            w(f"with T.attr(0, \"pragma_import_llvm\", {DPBF16_LL!r}):")
-            with w.indent():
+            with w.block(f"with T.attr(0, \"pragma_import_llvm\", {DPBF16_LL!r}):"):
                 emit_gemm_stage(w, g, cfg, R, acc, epilogue, prefetch=prefetch, bf16_dot=True)
         else:
             emit_gemm_stage(w, g, cfg, R, acc, epilogue, prefetch=prefetch)

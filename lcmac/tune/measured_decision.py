@@ -108,6 +108,12 @@ class Decision:
         return s
 
 
+def _store_of(db):
+    """A tuning log: ``db`` itself where it is one (or a read-once view), else opened from
+    its directory (None: the project's)."""
+    return db if hasattr(db, "records") else _db.TuningDB(db)
+
+
 def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
            profile=None, regime: str = "burst") -> tuple[dict, str, tuple | None, dict, dict]:
     """(measurements for select, source, logged shape, Combine-H variant of each measured
@@ -117,7 +123,7 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
     in the other regime, whose time there is scaled by the geometric mean of this regime's /
     the other's times over the kernels measured both ways at that shape (measured data in
     place of the model's guess; without a kernel measured both ways, none is carried)."""
-    store = db if hasattr(db, "records") else _db.TuningDB(db)
+    store = _store_of(db)
     d = normalize_model_dtype(dtype)
     by_regime: dict[str, dict[tuple, dict[str, float]]] = {g: {} for g in REGIMES}
     cfgs: dict[tuple, dict[str, dict]] = {}
@@ -185,7 +191,7 @@ def _vendor_candidate(t: float, M, N, K, gemm_cand):
 def failed_at(M, N, K, dtype, target, *, db=None) -> set[str]:
     """Algorithms whose every logged attempt at exactly this shape failed (build error, wrong
     result, device fault): not options here, whatever the model predicts."""
-    store = db if hasattr(db, "records") else _db.TuningDB(db)
+    store = _store_of(db)
     shape = [int(M), int(N), int(K)]
     ok, bad = set(), set()
     for r in store.records(str(target), normalize_model_dtype(dtype), include_errors=True):
@@ -240,7 +246,7 @@ def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_6
     compared with a measurement on different scales; algorithms that only ever failed at
     this shape are left out."""
     check_regime(regime)
-    db = _ReadOnce(db if hasattr(db, "records") else _db.TuningDB(db))
+    db = _ReadOnce(_store_of(db))
     meas, source, logged, tuned_variants, carried = gather(
         M, N, K, dtype, target, db=db, max_distance=max_distance, profile=profile, regime=regime)
     v_time = meas.pop(_db.VENDOR, None)
@@ -282,7 +288,7 @@ def confirmed_ratio(M, N, K, dtype, target, *, db=None, regime: str = "burst") -
     that ratio to the best logged kernel instead of comparing two times taken in different
     minutes of a machine whose speed moves by more than the margins: the kernels' own times,
     also from different minutes, then only rank lcmac's kernels among themselves."""
-    store = db if hasattr(db, "records") else _db.TuningDB(db)
+    store = _store_of(db)
     shape = [int(M), int(N), int(K)]
     recs = [r for r in store.records(str(target), normalize_model_dtype(dtype))
             if r.get("confirm") and r["shape"] == shape and r.get("vendor_paired_s")
