@@ -52,6 +52,8 @@ VARIANTS = [("gemm", "gemm", {}),
             ("strassen^2", "strassen^2", {}),                    # default: unfused (16 C blocks)
             ("strassen^2-fused", "strassen^2", {"fused": True}),
             ("winograd^2", "winograd^2", {}),                    # 15 additions a level (CSE)
+            # 48 products, one fewer than Strassen² (Dumas-Pernet-Sedoglavic, rational coefficients)
+            ("dps-4x4x4-r48", "dps-4x4x4-r48", {}),
             ("hopcroft-kerr", "hopcroft-kerr", {}),
             ("fgr-3x3x3-r23", "fgr-3x3x3-r23", {}),
             # the products on the vendor BLAS (numpy's OpenBLAS), lcmac's combines around them
