@@ -8,7 +8,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 from ..dtypes import ITEMSIZE
-from .cpu_gemm import CACHE_LINE, Geometry, Writer, linear_expr, packed_offset, packed_stride
+from .cpu_gemm import CACHE_LINE, Geometry, Writer, linear_expr, packed_offset, packed_stride, whole_chunk
 
 #: Streaming the packed operands out (config knob ``stream``): a line of 64 bytes copied from
 #: a local staging buffer with non-temporal stores, and the fence that makes a task's
@@ -206,7 +206,7 @@ def emit_combine_a(w: Writer, g: Geometry, prog, mr: int, dtype: str, src_dtype:
     # share one L1 set (and few L2 sets) and every element missed both.  Each row's next kt
     # columns (a cache line at kt = 16 fp32) are first copied into the local At, and the
     # program reads At.
-    kt = next(b for b in (16, 8, 4, 2, 1) if g.BKP % b == 0)
+    kt = whole_chunk(g.BKP)
     stream = stream and streams(kt * mr, dtype)
     slot = {s: n for n, s in enumerate(_used_inputs(prog))}
     n_out = len(prog.outputs)
@@ -344,7 +344,7 @@ def emit_combine_b(w: Writer, g: Geometry, prog, nr: int, dtype: str, src_dtype:
     by a large power of two: the same cache set, evicted before the lines fill).
     ``stream``: B̃p written with non-temporal stores where a row's nr elements are whole
     lines, else as usual."""
-    qb = next(b for b in (16, 8, 4, 2, 1) if g.BKP % b == 0)
+    qb = whole_chunk(g.BKP)
     if pair:    # BKP is even on this path (kc is a multiple of an even ku), so qb is too
         _combine_b_pairs(w, g, prog, nr, dtype, src_dtype, padded, qb)
         return

@@ -123,6 +123,12 @@ def geometry(grid: tuple[int, int, int], M: int, N: int, K: int, cfg: CpuConfig)
 CACHE_LINE = 64
 
 
+def whole_chunk(extent: int) -> int:
+    """The largest of 16, 8, 4, 2, 1 elements that divides ``extent``: the chunk a pass stages
+    or copies at a time (16 fp32 = a cache line)."""
+    return next(b for b in (16, 8, 4, 2, 1) if extent % b == 0)
+
+
 def packed_stride(panels: int, BKP: int, width: int, itemsize: int) -> int:
     """Elements between consecutive r in a packed buffer [R][panels·BKP·width]: padded by one
     cache line so that the R streams a combine pass writes at once do not all map to the

@@ -43,7 +43,7 @@ from contextlib import ExitStack, nullcontext
 from ..dtypes import ITEMSIZE
 from .cpu_config import CpuConfig
 from .cpu_gemm import (Geometry, Writer, dispatch_per_product, emit_chunk_store, emit_fma_loop, emit_zero_acc,
-                       linear_expr)
+                       linear_expr, whole_chunk)
 
 
 def _bands(g: Geometry, cfg: CpuConfig) -> int:
@@ -91,15 +91,17 @@ def row_block(g: Geometry, cfg: CpuConfig) -> str:
 
 
 def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepared: bool,
-                      alg=None, epilogue=None, prefetch=None) -> None:
+                      programs=None, epilogue=None, prefetch=None) -> None:
     """The GEMM stage of ``lcmac_matmul`` (``prepared`` False: B packed chunk by chunk here)
     or of ``lcmac_matmul_prepared`` (True: B̃ read from the caller's ``Bp``, packed whole by
-    Combine B).  A plain GEMM writes C itself; an LCMA (``alg``) packs Ã_r = Σ U_r·A blocks
-    and B̃_r = Σ V_r·B blocks chunk by chunk (the combination fused into the packing, as in
-    BLIS-Strassen), its products in turn, each tile through ``epilogue(w, r)`` (with
-    ``prefetch`` as ``emit_zero_acc`` takes it)."""
+    Combine B).  A plain GEMM writes C itself; an LCMA (``programs``: its naive Combine A and
+    B programs, each output a sum of blocks) packs Ã_r = Σ U_r·A blocks and B̃_r = Σ V_r·B
+    blocks chunk by chunk (the combination fused into the packing, as in BLIS-Strassen), its
+    products in turn, each tile through ``epilogue(w, r)`` (with ``prefetch`` as
+    ``emit_zero_acc`` takes it).  The sums are the programs' terms in their order, so a B̃
+    that Combine B packs with the same program has the same bits."""
     mr, nr = cfg.mr, cfg.nr
-    R = alg.R if alg is not None else 1
+    R = programs["A"].n_outputs if programs is not None else 1
     bands, groups = _bands(g, cfg), _groups(g, cfg)
     nic = _band_blocks(g, cfg)
     per = -(-g.nnc // groups)       # column blocks per group
@@ -115,8 +117,8 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
         if not prepared:
             w(f"Bc = T.decl_buffer(({g.NC * g.KC},), \"{dtype}\", align=64)")
         if R > 1:
-            most = max(len(_terms(alg, "U", r)) for r in range(R))
-            w(f"At = T.decl_buffer(({most}, {mr}, {_stage_width(g)}), \"{dtype}\", scope=\"local\")")
+            most = max(len(t) for t in programs["A"].outputs)
+            w(f"At = T.decl_buffer(({most}, {mr}, {whole_chunk(g.KC)}), \"{dtype}\", scope=\"local\")")
         w(f"tm = t % {bands}")
         if groups > 1:
             w(f"cg = t // {bands}")
@@ -131,7 +133,7 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
                 def pack_a(w, r):
                     with w.block(f"for ic in range({nic}):"), _guard(w, block_guard, f"tm * {nic} + ic < {g.nmc}"):
                         (_emit_pack_a_staged if R > 1 else _emit_pack_a)(
-                            w, g, cfg, f"(tm * {nic} + ic) * {g.MC}", _terms(alg, "U", r), dtype)
+                            w, g, cfg, f"(tm * {nic} + ic) * {g.MC}", _terms(programs, "A", r, g.k), dtype)
                 per_r(pack_a)
                 with ExitStack() as tn_loop:
                     if groups > 1:
@@ -141,7 +143,7 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
                     else:
                         tn_loop.enter_context(w.block(f"for tn in range({g.nnc}):"))
                     if not prepared:
-                        per_r(lambda w, r: _emit_pack_b(w, g, cfg, _terms(alg, "V", r), dtype))
+                        per_r(lambda w, r: _emit_pack_b(w, g, cfg, _terms(programs, "B", r, g.n), dtype))
                     with w.block(f"for ic in range({nic}):"), _guard(w, block_guard, f"tm * {nic} + ic < {g.nmc}"), \
                             w.block(f"for jr in range({jrs}):"), w.block(f"for ir in range({irs}):"):
                         if R > 1:
@@ -150,14 +152,13 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
                             _emit_tile(w, g, cfg, dtype, f"(tm * {nic} + ic) * {g.MC}", prepared)
 
 
-def _terms(alg, side: str, r: int) -> list:
-    """(coefficient, (block row, block col)) of product r's combination of A (``U``) or B
-    (``V``) blocks; the plain GEMM's one block."""
-    if alg is None:
+def _terms(programs, side: str, r: int, width: int) -> list:
+    """(coefficient, (block row, block col)) of product r's sum of A (``side`` "A", blocks
+    m × k) or B ("B", k × n) blocks, from the naive program's output r (inputs numbered row by
+    row, ``width`` blocks a row); the plain GEMM's one block."""
+    if programs is None:
         return [(1, (0, 0))]
-    mat = getattr(alg, side)[r]
-    return [(mat[a, b], (a, b)) for a in range(mat.shape[0]) for b in range(mat.shape[1])
-            if mat[a, b] != 0]
+    return [(c, divmod(s, width)) for c, s in programs[side].outputs[r]]
 
 
 def _offset(base: int, index: str) -> str:
@@ -173,9 +174,7 @@ def _emit_pack_a(w: Writer, g: Geometry, cfg: CpuConfig, row0: str, terms, dtype
     block ic (``terms``: ``_terms``); rows past a block's are clamped (their products are
     computed and never stored: a row tail, ``Geometry.row_tail``)."""
     mr = cfg.mr
-    row = f"{row0} + ir * {mr} + v"
-    if g.BMP > g.BM:
-        row = f"T.min({row}, {g.BM - 1})"
+    row = _packed_row(g, cfg, row0)
     col = f"kc * {g.KC} + k"
     value = linear_expr(terms, lambda blk: f"A[{_offset(blk[0] * g.BM, row)}, {_offset(blk[1] * g.BK, col)}]",
                         dtype)
@@ -190,10 +189,8 @@ def _emit_pack_a_staged(w: Writer, g: Geometry, cfg: CpuConfig, row0: str, terms
     next kt columns (a cache line) are first copied into the local ``At``, and the sum is
     taken from there (as cpu_combine's Combine A does)."""
     mr = cfg.mr
-    kt = _stage_width(g)
-    row = f"{row0} + ir * {mr} + v"
-    if g.BMP > g.BM:
-        row = f"T.min({row}, {g.BM - 1})"
+    kt = whole_chunk(g.KC)
+    row = _packed_row(g, cfg, row0)
     col = f"kc * {g.KC} + ko * {kt} + u"
     with w.block(f"for ir in range({g.MC // mr}):"), w.block(f"for ko in range({g.KC // kt}):"):
         for n, (_, blk) in enumerate(terms):
@@ -204,9 +201,11 @@ def _emit_pack_a_staged(w: Writer, g: Geometry, cfg: CpuConfig, row0: str, terms
             w(f"Ab[((ic * {g.MC // mr} + ir) * {g.KC} + ko * {kt} + ki) * {mr} + v] = {value}")
 
 
-def _stage_width(g: Geometry) -> int:
-    """Columns of A staged per row: a cache line of fp32 where kc allows."""
-    return next(b for b in (16, 8, 4, 2, 1) if g.KC % b == 0)
+def _packed_row(g: Geometry, cfg: CpuConfig, row0: str) -> str:
+    """Row v of micro-panel ir from ``row0`` within a block, clamped to the block's last row
+    in a row tail (those rows' products are computed and never stored)."""
+    row = f"{row0} + ir * {cfg.mr} + v"
+    return f"T.min({row}, {g.BM - 1})" if g.BMP > g.BM else row
 
 
 def _emit_pack_b(w: Writer, g: Geometry, cfg: CpuConfig, terms, dtype: str) -> None:

@@ -83,8 +83,8 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
     not_blocked = cfg.bands and blocked_why_not(g, R, acc, dtype, bf16_dot or amx)
     blocked = bool(cfg.bands) and not not_blocked
     if blocked and R > 1:
-        # the packing sums each product's blocks directly (no shared partial sums); Combine B
-        # of the prepared-B pair does the same, so a prepared B gives the same bits
+        # the packing sums each product's blocks directly (no shared partial sums), by these
+        # programs; Combine B of the prepared-B pair runs the same one: the same bits
         mats = combine_matrices(alg)
         progs = {**progs, "A": naive_program(mats["A"]), "B": naive_program(mats["B"])}
 
@@ -168,7 +168,7 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
         elif not cfg.fused:
             prefetch = f"H[r, {rows}, {cols} + {{}}]"
         if blocked:
-            emit_blocked_gemm(w, g, cfg, dtype, prepared, alg, epilogue, prefetch)
+            emit_blocked_gemm(w, g, cfg, dtype, prepared, progs, epilogue, prefetch)
         elif amx:
             # links the AMX micro-kernel into the LLVM module (see cpu_gemm.amx_ll)
             with w.block(f"with T.attr(0, \"pragma_import_llvm\", {amx_ll(g.KC)!r}):"):
