@@ -211,7 +211,8 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
     AVX-512: 6 × 4 vectors (24 accumulators, 4 B̃ loads and 6 broadcasts per 24 FMAs) with
     large blocks (mc ≈ 1000, nc ≈ 2048, kc = 512): 1.0x numpy at 4096 where 8 × 2 vectors
     with 256 × 512 blocks ran at 0.85-0.9x.  Given ``shape`` = (M, N, K), mc and nc are
-    cut so the parallel tasks divide over ``threads`` (default: ``default_threads()``).
+    cut so the parallel tasks divide over ``threads`` (default: ``default_threads()``), and
+    float32 packs per block (``bands``, below).
 
     For an LCMA a long kc matters most, since the fused epilogue updates every C block a
     product feeds once per kc chunk (kc=128 cost 25% on strassen^2 at 4096)."""
@@ -223,12 +224,23 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
     fused = not lcma or algorithm.m * algorithm.n <= 4
     if _registers(target) >= 32 and getattr(target, "family", "x86") == "x86":
         mr, nr, mc, nc = 6, 4 * lanes, 1008, 2048
-        if shape is not None:
-            M, N, _ = shape
-            m, n = (algorithm.m, algorithm.n) if lcma else (1, 1)
-            mc, nc = _balanced_tiles(-(-M // m), -(-N // n), mr, nr, mc, nc,
-                                     threads or default_threads())
-        return CpuConfig(mr=mr, nr=nr, mc=mc, nc=nc, kc=512, ku=4, fused=fused)
+        if shape is None:
+            return CpuConfig(mr=mr, nr=nr, mc=mc, nc=nc, kc=512, ku=4, fused=fused)
+        M, N, _ = shape
+        m, n = (algorithm.m, algorithm.n) if lcma else (1, 1)
+        threads = threads or default_threads()
+        mc, nc = _balanced_tiles(-(-M // m), -(-N // n), mr, nr, mc, nc, threads)
+        if dtype != "float32":
+            return CpuConfig(mr=mr, nr=nr, mc=mc, nc=nc, kc=512, ku=4, fused=fused)
+        # float32 packs per block in one row band per thread, LCMAs too (their sums fused
+        # into the packing), with the k loop unrolled 8 deep and, for an LCMA, whole 1024-deep
+        # k chunks. On the 2-core Sapphire Rapids VM at 4096³ (bench/results/cpu-xeon-avx512-*):
+        # GEMM 0.96 → 1.01x numpy, Strassen 0.93 → 1.04x, Strassen² 0.76 → 1.04-1.08x; with
+        # OpenBLAS at 83 % of this CPU's FMA peak, whole Ã/B̃ written and read back cost more
+        # than the GEMM stage can spare. kc 1024 for the plain GEMM was no faster and its
+        # error 1.4x larger (a longer sum in registers).
+        return CpuConfig(mr=mr, nr=nr, kc=1024 if lcma else 512, ku=8, fused=fused,
+                         **{"nc": nc, **banded(algorithm, shape, mr, mc, threads)})
     if _registers(target) >= 32:
         return CpuConfig(mr=8, nr=2 * lanes, mc=256, nc=512, kc=1024 if lcma else 512, ku=4,
                          fused=fused)
@@ -294,11 +306,11 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
         M, N, K = shape           # the vendor-BLAS base case, where the shape splits evenly
         m, k, n = alg.grid
         if not (M % m or K % k or N % n or (K // k) % lanes or (N // n) % lanes):
-            out.append(CpuConfig(**{**base.to_dict(), "vendor_base": True, "stream": False}))
+            out.append(CpuConfig(**{**base.to_dict(), "vendor_base": True, "stream": False, "bands": 0}))
     fused_opts = (True,) if alg is None else (True, False)
     # kc up to 1024: an LCMA's fused epilogue runs once per kc chunk (default_config's note)
     for (mr, nr), mc, nc, kc, ku, fu in itertools.product(
-            tiles, (32, 64, 128, 256, 512, 1024), (256, 512, 1024, 2048), (64, 128, 256, 512, 1024), (2, 4),
+            tiles, (32, 64, 128, 256, 512, 1024), (256, 512, 1024, 2048), (64, 128, 256, 512, 1024), (2, 4, 8),
             fused_opts):
         if mc < mr or nc < nr:
             continue
@@ -338,6 +350,8 @@ def resolve_config(target, dtype: str, config, algorithm=None, shape=None) -> Cp
             base.update(mr=32, nr=32)       # the AMX kernel's tile, unless given
         if any(config.get(k) for k in PACKED_OTHERWISE):
             base["stream"] = False          # a default for the packing ahead those replace
+        if any(config.get(k) for k in PACKED_OTHERWISE if k != "bands"):
+            base["bands"] = 0               # a default for the fp32 packing those replace
         if config.get("bands") and "mc" not in config:
             # equal bands, few padded rows (the default mc was cut for the default bands)
             base.update(banded(algorithm, shape, config.get("mr", base["mr"]), base["mc"], config["bands"]))

@@ -141,12 +141,21 @@ def test_bands_mc_splits_block_rows_evenly():
 
 
 def test_default_config_per_target():
-    """AVX2 (and plain x86-64) plain GEMMs pack per block, one band per thread; LCMAs, AVX-512
-    and AArch64 keep packing ahead (measured only on AVX2: docs/cpu.md)."""
-    avx2 = get_target(AVX2)
+    """AVX2 (and plain x86-64) plain GEMMs pack per block, one band per thread, its LCMAs
+    ahead; on AVX-512 float32 GEMMs and LCMAs both pack per block, other dtypes ahead
+    (measured per target: docs/cpu.md)."""
+    avx2, avx512 = get_target(AVX2), get_target("x86_64-avx512")
+    s2 = catalogue.get("strassen^2")
     assert default_config(avx2, "float32", None, shape=(4096, 4096, 4096), threads=3).bands == 3
     assert default_config(avx2, "float32", catalogue.get("strassen"), shape=(4096,) * 3).bands == 0
-    assert default_config(get_target("x86_64-avx512"), "float32", None, shape=(4096,) * 3).bands == 0
+    gemm = default_config(avx512, "float32", None, shape=(4096,) * 3, threads=2)
+    lcma = default_config(avx512, "float32", s2, shape=(4096,) * 3, threads=2)
+    assert (gemm.bands, gemm.kc, gemm.ku, lcma.bands, lcma.kc, lcma.fused) == (2, 512, 8, 2, 1024, False)
+    assert lcma.mc == 516       # the 1024 rows of a block in two equal bands (8 rows padded)
+    assert default_config(avx512, "bfloat16", None, shape=(4096,) * 3).bands == 0
+    # a knob that packs otherwise turns the default bands off (vendor_base with bands is moot)
+    assert resolve_config(avx512, "float32", {"vendor_base": True}, s2, shape=(4096,) * 3).bands == 0
+    assert resolve_config(avx512, "float32", {"bands": 0}, s2, shape=(4096,) * 3).bands == 0
 
 
 @pytest.mark.parametrize("M, bands", [(4096, 2), (4096, 1), (2048, 2), (1000, 2), (96, 2), (130, 3)])
