@@ -7,7 +7,9 @@ random normal bf16 A, B; each artifact's C and torch's compared with the float64
 (relative Frobenius error); then, for shapes of at least ``--time-min`` multiply-adds, every
 variant and torch timed round-robin (``--rounds`` rounds, a pause before each timed call, each
 timed call after an untimed one).  Prints the median, spread ((max - min) / median), effective
-TFLOP/s (2·M·N·K / t, the classical count) and the ratio to torch; writes JSON.
+TFLOP/s (2·M·N·K / t, the classical count) and the ratio to torch, and which oneDNN kernel
+torch's matmul ran (``ONEDNN_VERBOSE`` in a child process, e.g. ``brg_matmul:avx512_core_amx``);
+writes JSON.
 
     python3 scripts/bench_cpu_amx.py --artifacts DIR/*.json --threads 16 --out res.json
     python3 scripts/bench_cpu_amx.py --artifacts DIR/*.json --time-min 0 --rounds 3
@@ -22,6 +24,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,6 +33,27 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the CPU bench's helpers (it imports neither numpy nor apache-tvm at module level)
 from bench_cpu import _manifest_path, cpu_description, interleaved  # noqa: E402
+
+
+def onednn_kernel(M: int, N: int, K: int, threads: int) -> str:
+    """The oneDNN implementation torch's bf16 CPU matmul ran at M×N×K (e.g.
+    ``brg_matmul:avx512_core_amx``), read from ``ONEDNN_VERBOSE`` in a child process (the
+    verbose mode is set before oneDNN starts), or why it is not known: "vs torch" is against
+    that kernel, not against oneDNN's best."""
+    code = ("import torch; torch.set_num_threads(%d); "
+            "a = torch.ones(%d, %d, dtype=torch.bfloat16); b = torch.ones(%d, %d, dtype=torch.bfloat16); "
+            "torch.matmul(a, b)" % (threads, M, K, K, N))
+    env = {**os.environ, "ONEDNN_VERBOSE": "1"}
+    try:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"unknown ({e})"
+    # onednn_verbose,<...>,exec,cpu,matmul,<implementation>,... (the primitive that ran)
+    kernels = [f.split(",") for f in out.splitlines() if ",exec,cpu," in f]
+    names = sorted({parts[parts.index("exec") + 3] for parts in kernels if "matmul" in parts
+                    or "inner_product" in parts})
+    return ", ".join(names) if names else "no oneDNN primitive ran (ATen's own kernel)"
 
 
 def main(argv=None) -> int:
@@ -86,7 +110,7 @@ def main(argv=None) -> int:
             f(A, B, out=C)
             errs[name] = float((C.double() - ref).norm() / nref)
         del ref
-        row = {"M": M, "N": N, "K": K, "variants": {}}
+        row = {"M": M, "N": N, "K": K, "variants": {}, "torch_kernel": onednn_kernel(M, N, K, threads)}
         timed = M * N * K >= args.time_min and args.rounds > 0
         runs = {}
         if timed:
@@ -94,7 +118,8 @@ def main(argv=None) -> int:
             calls += [(n, (lambda f=f: f(A, B, out=C))) for n, f in fns]
             runs = interleaved(calls, args.rounds, args.pause)
         flops = 2.0 * M * N * K
-        print(f"\nbfloat16 M={M} N={N} K={K}" + ("" if timed else "  (checked, not timed)"))
+        print(f"\nbfloat16 M={M} N={N} K={K}" + ("" if timed else "  (checked, not timed)")
+              + f"; torch.matmul ran {row['torch_kernel']}")
         print(f"  {'':52s} {'median ms':>9s} {'spread':>7s} {'TFLOP/s':>8s} {'vs torch':>8s} {'rel.err':>9s}")
         base = statistics.median(runs["torch"]) if timed else None
         for name in ["torch"] + [n for n, _ in fns]:

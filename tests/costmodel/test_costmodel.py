@@ -139,15 +139,14 @@ def test_model_sanity_against_design_measurements():
     g = next(x for x in c if x.algorithm == "gemm")
     assert 40 < g.effective_tflops < 60          # cuBLAS measured 50-52
     assert c[0].algorithm != "gemm" and c[0].speedup_vs_gemm > 1.1
-    # 2-core CPU fp32 4096: one level a few percent, two levels clear 1.10x
+    # 2-core AVX-512 VM, fp32 4096³ (docs/cpu.md, 2026-11-28): OpenBLAS 406 and lcmac's GEMM
+    # 405 GFLOP/s, one level 0.94-1.02x numpy (packed ahead or per block); the model prices the
+    # packing passes and puts one level within 15 % of the GEMM, not ahead of it
     c = select(4096, 4096, 4096, "fp32", "x86_64-avx512")
     one = next(x for x in c if x.algorithm == "strassen")
-    assert 1.0 < one.speedup_vs_gemm < 1.08
-    two = next(x for x in c if x.algorithm in ("strassen^2", "winograd^2") or
-               "same cost: strassen^2" in x.reason or x.algorithm == "fgr-4x4x4-r49")
-    assert two.speedup_vs_gemm > 1.10
+    assert 0.85 < one.speedup_vs_gemm < 1.08
     g = next(x for x in c if x.algorithm == "gemm")
-    assert 0.2 < g.effective_tflops < 0.3        # OpenBLAS measured 200-290 GFLOP/s
+    assert 0.35 < g.effective_tflops < 0.45
 
 
 def test_candidate_schema_is_stable():
