@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the CPU bench's helpers (it imports neither numpy nor apache-tvm at module level)
-from bench_cpu import _manifest_path, cpu_description, interleaved  # noqa: E402
+from bench_cpu import _labels, _manifest_path, cpu_description, interleaved  # noqa: E402
 
 
 def onednn_kernel(M: int, N: int, K: int, threads: int) -> str:
@@ -77,17 +77,20 @@ def main(argv=None) -> int:
     torch.set_num_threads(threads)
 
     groups: dict[tuple, list] = {}
+    manifests = []
     for name in args.artifacts:
         m = _manifest_path(Path(name))
         if m is None:
             print(f"# skipped {name}: not an lcmac artifact manifest")
-            continue
+        elif m not in manifests:
+            manifests.append(m)
+    for m, label in zip(manifests, _labels(manifests) if manifests else []):  # same names told apart by folder
         f = lcmac.load(m)
         man = f.manifest
         if man.dtype != "bfloat16":
             print(f"# skipped {m}: {man.dtype} (this compares bfloat16 with torch)")
             continue
-        groups.setdefault((man.M, man.N, man.K), []).append((m.stem, f))
+        groups.setdefault((man.M, man.N, man.K), []).append((label, f))
     if not groups:
         print("no bfloat16 artifacts given", file=sys.stderr)
         return 2
