@@ -235,7 +235,7 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
         # float32 packs per block in one row band per thread, LCMAs too (their sums fused
         # into the packing), with the k loop unrolled 8 deep and, for an LCMA, whole 1024-deep
         # k chunks. On the 2-core Sapphire Rapids VM at 4096³ (bench/results/cpu-xeon-avx512-*):
-        # GEMM 0.96 → 1.01x numpy, Strassen 0.93 → 1.04x, Strassen² 0.76 → 1.04-1.08x; with
+        # GEMM 0.96 → 1.00-1.03x numpy, Strassen 0.94 → 1.02-1.04x, Strassen² 0.76 → 1.02-1.08x; with
         # OpenBLAS at 83 % of this CPU's FMA peak, whole Ã/B̃ written and read back cost more
         # than the GEMM stage can spare. kc 1024 for the plain GEMM was no faster and its
         # error 1.4x larger (a longer sum in registers).
