@@ -238,8 +238,10 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
         # GEMM 0.96 → 1.00-1.03x numpy, Strassen 0.94 → 1.02-1.04x, Strassen² 0.76 → 1.02-1.08x; with
         # OpenBLAS at 83 % of this CPU's FMA peak, whole Ã/B̃ written and read back cost more
         # than the GEMM stage can spare. kc 1024 for the plain GEMM was no faster and its
-        # error 1.4x larger (a longer sum in registers).
-        return CpuConfig(mr=mr, nr=nr, kc=1024 if lcma else 512, ku=8, fused=fused,
+        # error 1.4x larger (a longer sum in registers). Packed per block, one level also
+        # stores H and combines it after (Strassen 1.02 → 1.08x, Winograd 0.96 → 1.04x in
+        # one run: Winograd's Combine H then has its shared sums).
+        return CpuConfig(mr=mr, nr=nr, kc=1024 if lcma else 512, ku=8, fused=not lcma,
                          **{"nc": nc, **banded(algorithm, shape, mr, mc, threads)})
     if _registers(target) >= 32:
         return CpuConfig(mr=8, nr=2 * lanes, mc=256, nc=512, kc=1024 if lcma else 512, ku=4,
