@@ -87,9 +87,11 @@ def builds(artdir):
     jobs["laderman-unfused"] = dict(algo="laderman", target=T512, shape=(31, 40, 29), config={**TINY, "fused": False})
     # rational coefficients (W in ±1/2, ±1/4, ±1/8) and 16-term Ã sums, on a shape the 4x4 grid does not divide
     jobs["dps48"] = dict(algo="dps-4x4x4-r48", target=T512, shape=(70, 45, 53), config=TINY)
-    # packed ahead (float32 on AVX-512 packs per block by default): the CSE'd combine passes
+    # packed ahead, H fused (float32 on AVX-512 packs per block and stores H by default): the
+    # CSE'd combine passes and the fused epilogue
     jobs["strassen-fused-even"] = dict(algo="strassen", target=T512, shape=(64, 128, 64),
-                                       config={"mr": 8, "mc": 16, "nc": 32, "nr": 32, "kc": 16, "bands": 0})
+                                       config={"mr": 8, "mc": 16, "nc": 32, "nr": 32, "kc": 16, "bands": 0,
+                                               "fused": True})
     jobs["winograd-f64"] = dict(algo="winograd", target=T512, dtype="float64", shape=(45, 33, 61), config=TINY)
     jobs["strassen-f64-unfused"] = dict(algo="strassen", target=T512, dtype="float64", shape=(32, 48, 64),
                                         config={"fused": False, "mc": 16, "nc": 16, "nr": 16, "kc": 16})
