@@ -238,10 +238,12 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
         # GEMM 0.96 → 1.00-1.03x numpy, Strassen 0.94 → 1.02-1.04x, Strassen² 0.76 → 1.02-1.08x; with
         # OpenBLAS at 83 % of this CPU's FMA peak, whole Ã/B̃ written and read back cost more
         # than the GEMM stage can spare. kc 1024 for the plain GEMM was no faster and its
-        # error 1.4x larger (a longer sum in registers). Packed per block, one level also
-        # stores H and combines it after (Strassen 1.02 → 1.08x, Winograd 0.96 → 1.04x in
-        # one run: Winograd's Combine H then has its shared sums).
-        return CpuConfig(mr=mr, nr=nr, kc=1024 if lcma else 512, ku=8, fused=not lcma,
+        # error 1.4x larger (a longer sum in registers). Packed per block, one level stores H
+        # and combines it after where its C blocks are large: at 4096³ (2048² blocks)
+        # Strassen 1.02 → 1.08x and Winograd 0.96 → 1.04x stored, in one run (Winograd's
+        # Combine H has its shared sums); at 2048³ fused stayed ahead, 1.09 against 1.06x.
+        fused = fused and -(-M // m) * -(-N // n) < 2048 * 2048
+        return CpuConfig(mr=mr, nr=nr, kc=1024 if lcma else 512, ku=8, fused=fused,
                          **{"nc": nc, **banded(algorithm, shape, mr, mc, threads)})
     if _registers(target) >= 32:
         return CpuConfig(mr=8, nr=2 * lanes, mc=256, nc=512, kc=1024 if lcma else 512, ku=4,

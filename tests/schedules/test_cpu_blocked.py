@@ -152,7 +152,9 @@ def test_default_config_per_target():
     lcma = default_config(avx512, "float32", s2, shape=(4096,) * 3, threads=2)
     assert (gemm.bands, gemm.kc, gemm.ku, lcma.bands, lcma.kc, lcma.fused) == (2, 512, 8, 2, 1024, False)
     assert lcma.mc == 516       # the 1024 rows of a block in two equal bands (8 rows padded)
-    assert not default_config(avx512, "float32", catalogue.get("strassen"), shape=(4096,) * 3).fused
+    strassen = catalogue.get("strassen")          # H stored from 2048² blocks on, fused below
+    assert not default_config(avx512, "float32", strassen, shape=(4096,) * 3).fused
+    assert default_config(avx512, "float32", strassen, shape=(2048,) * 3).fused
     assert default_config(avx512, "bfloat16", None, shape=(4096,) * 3).bands == 0
     # a knob that packs otherwise turns the default bands off (vendor_base with bands is moot)
     assert resolve_config(avx512, "float32", {"vendor_base": True}, s2, shape=(4096,) * 3).bands == 0
