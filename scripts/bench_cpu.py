@@ -351,11 +351,25 @@ def _manifest_path(p: Path) -> Path | None:
 def _labels(manifests: list[Path]) -> list[str]:
     """A name per artifact: its stem, with as many parent folders as it takes to tell apart
     artifacts of the same name (the same build made two ways: ``a/x.json``, ``b/x.json``)."""
-    for depth in range(1, 1 + max(len(m.resolve().parts) for m in manifests)):
+    for depth in range(1, 1 + max((len(m.resolve().parts) for m in manifests), default=0)):
         names = ["/".join(m.resolve().with_suffix("").parts[-depth:]) for m in manifests]
         if len(set(names)) == len(names):
             return names
     return [str(m) for m in manifests]
+
+
+def artifact_manifests(names) -> list[Path]:
+    """The artifact manifests among ``names`` (each a manifest, or the ``.so`` beside one),
+    each once; the other names are reported as skipped."""
+    found, seen = [], set()
+    for name in names:
+        m = _manifest_path(Path(name))
+        if m is None:
+            print(f"# skipped {name}: not an lcmac artifact manifest")
+        elif m.resolve() not in seen:
+            seen.add(m.resolve())
+            found.append(m)
+    return found
 
 
 def bench_artifacts(args) -> int:
@@ -363,17 +377,7 @@ def bench_artifacts(args) -> int:
     import numpy as np
     import lcmac
 
-    found, seen = [], set()
-    for name in args.artifacts:
-        p = Path(name)
-        m = _manifest_path(p)
-        if m is None:
-            print(f"# skipped {name}: not an lcmac artifact manifest")
-            continue
-        if m.resolve() in seen:
-            continue
-        seen.add(m.resolve())
-        found.append(m)
+    found = artifact_manifests(args.artifacts)
     if not found:
         print("no artifacts to benchmark (give their manifests: out/*.json)", file=sys.stderr)
         return 2

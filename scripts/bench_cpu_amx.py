@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the CPU bench's helpers (it imports neither numpy nor apache-tvm at module level)
-from bench_cpu import _labels, _manifest_path, cpu_description, interleaved  # noqa: E402
+from bench_cpu import _labels, artifact_manifests, cpu_description, interleaved  # noqa: E402
 
 
 def onednn_kernel(M: int, N: int, K: int, threads: int) -> str:
@@ -77,14 +77,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(threads)
 
     groups: dict[tuple, list] = {}
-    manifests = []
-    for name in args.artifacts:
-        m = _manifest_path(Path(name))
-        if m is None:
-            print(f"# skipped {name}: not an lcmac artifact manifest")
-        elif m not in manifests:
-            manifests.append(m)
-    for m, label in zip(manifests, _labels(manifests) if manifests else []):  # same names told apart by folder
+    manifests = artifact_manifests(args.artifacts)
+    for m, label in zip(manifests, _labels(manifests)):     # same names told apart by folder
         f = lcmac.load(m)
         man = f.manifest
         if man.dtype != "bfloat16":

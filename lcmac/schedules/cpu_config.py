@@ -228,8 +228,9 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
             return CpuConfig(mr=mr, nr=nr, mc=mc, nc=nc, kc=512, ku=4, fused=fused)
         M, N, _ = shape
         m, n = (algorithm.m, algorithm.n) if lcma else (1, 1)
+        BM, BN = -(-M // m), -(-N // n)          # a block of C
         threads = threads or default_threads()
-        mc, nc = _balanced_tiles(-(-M // m), -(-N // n), mr, nr, mc, nc, threads)
+        mc, nc = _balanced_tiles(BM, BN, mr, nr, mc, nc, threads)
         if dtype != "float32":
             return CpuConfig(mr=mr, nr=nr, mc=mc, nc=nc, kc=512, ku=4, fused=fused)
         # float32 packs per block in one row band per thread, LCMAs too (their sums fused
@@ -242,9 +243,9 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
         # and combines it after where its C blocks are large: at 4096³ (2048² blocks)
         # Strassen 1.02 → 1.08x and Winograd 0.96 → 1.04x stored, in one run (Winograd's
         # Combine H has its shared sums); at 2048³ fused stayed ahead, 1.09 against 1.06x.
-        fused = fused and -(-M // m) * -(-N // n) < 2048 * 2048
-        return CpuConfig(mr=mr, nr=nr, kc=1024 if lcma else 512, ku=8, fused=fused,
-                         **{"nc": nc, **banded(algorithm, shape, mr, mc, threads)})
+        return CpuConfig(mr=mr, nr=nr, nc=nc, kc=1024 if lcma else 512, ku=8,
+                         fused=fused and BM * BN < 2048 * 2048,
+                         **banded(algorithm, shape, mr, mc, threads))
     if _registers(target) >= 32:
         return CpuConfig(mr=8, nr=2 * lanes, mc=256, nc=512, kc=1024 if lcma else 512, ku=4,
                          fused=fused)
@@ -352,9 +353,10 @@ def resolve_config(target, dtype: str, config, algorithm=None, shape=None) -> Cp
         base = default_config(target, dtype, algorithm, shape=shape).to_dict()
         if config.get("amx"):
             base.update(mr=32, nr=32)       # the AMX kernel's tile, unless given
-        if any(config.get(k) for k in PACKED_OTHERWISE):
+        packed_otherwise = {k for k in PACKED_OTHERWISE if config.get(k)}
+        if packed_otherwise:
             base["stream"] = False          # a default for the packing ahead those replace
-        if any(config.get(k) for k in PACKED_OTHERWISE if k != "bands"):
+        if packed_otherwise - {"bands"}:
             base["bands"] = 0               # a default for the fp32 packing those replace
         if config.get("bands") and "mc" not in config:
             # equal bands, few padded rows (the default mc was cut for the default bands)
