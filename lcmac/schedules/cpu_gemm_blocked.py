@@ -29,8 +29,16 @@ An LCMA runs the same loops once per product r (a run-time loop; the packing and
 epilogue, whose coefficients differ, branched to per r): its band buffer holds Ã_r's rows
 (Σ U_r·A blocks, each block's rows staged a cache line at a time), its chunk B̃_r's
 (Σ V_r·B blocks), and its tiles go to the LCMA's epilogue (H fused into C, or H_r stored for
-the Combine H pass).  A and B are then read once per product using a block (B once per band)
-instead of combined once into whole Ã/B̃ that are written and read back.
+the Combine H pass).  A and B are then read once per product using a block instead of
+combined once into whole Ã/B̃ that are written and read back.  Where the bands can share
+B̃_r's chunks (``shares_b``), the products, kc chunks and column blocks run in turn outside
+the parallel region, each chunk packed by all bands together (a slice of its kc rows each)
+and then multiplied, so B is read once per product in all, not once per band:
+
+    for r, kc, tn:
+      for tm in parallel(bands): (tn == 0: pack Ã_r[band tm, kc chunk] → Ab[tm]); pack rows
+                                 tm·kc/bands.. of B̃_r[kc chunk, tn block] → Bc
+      for tm in parallel(bands): for ic: for jr: for ir: acc = Ab[tm][ic, ir] · Bc[jr]; epilogue
 
 Only the shapes the fast path handles take it (``why_not``): whole tiles of columns and of
 k (no zero padding of A or B); a row tail is allowed (A's rows are clamped when packed, C's
@@ -62,11 +70,14 @@ def _groups(g: Geometry, cfg: CpuConfig) -> int:
     return max(1, min(g.nnc, -(-cfg.bands // _bands(g, cfg))))
 
 
-def workspace_bytes(g: Geometry, cfg: CpuConfig, dtype: str) -> int:
+def workspace_bytes(g: Geometry, cfg: CpuConfig, dtype: str, R: int = 1, prepared: bool = False) -> int:
     """What the packed chunks take: each task holds its band's rows of A × kc and a kc × nc
-    chunk of B, and with one task per thread all hold theirs at once."""
+    chunk of B, and with one task per thread all hold theirs at once (B's chunk once where
+    the bands share it)."""
     band_rows = _band_blocks(g, cfg) * g.MC
-    return _bands(g, cfg) * _groups(g, cfg) * ITEMSIZE[dtype] * g.KC * (band_rows + g.NC)
+    tasks = _bands(g, cfg) * _groups(g, cfg)
+    b_chunks = 1 if shares_b(g, cfg, R, prepared) else tasks
+    return ITEMSIZE[dtype] * g.KC * (tasks * band_rows + b_chunks * g.NC)
 
 
 def why_not(g: Geometry, R: int, acc: str, dtype: str, special_kernel: bool) -> str | None:
@@ -103,6 +114,9 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
     mr, nr = cfg.mr, cfg.nr
     R = programs["A"].n_outputs if programs is not None else 1
     bands, groups = _bands(g, cfg), _groups(g, cfg)
+    if shares_b(g, cfg, R, prepared):
+        _emit_shared_b_stage(w, g, cfg, dtype, programs, epilogue, prefetch, R)
+        return
     nic = _band_blocks(g, cfg)
     per = -(-g.nnc // groups)       # column blocks per group
     jrs, irs = g.NC // nr, g.MC // mr
@@ -152,6 +166,54 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
                             _emit_tile(w, g, cfg, dtype, f"(tm * {nic} + ic) * {g.MC}", prepared)
 
 
+def shares_b(g: Geometry, cfg: CpuConfig, R: int, prepared: bool) -> bool:
+    """Whether the bands pack each chunk of B̃_r together (``_emit_shared_b_stage``): an LCMA
+    with B packed here, one column group and several bands whose kc rows split evenly.  Each
+    band packing all of B̃_r is memory-bound (Strassen² at 4096³: 576 MB of B read per band,
+    29 ms of a 350 ms run); shared, at 4096³ on the 2-core Sapphire Rapids VM (9 rounds, one
+    run): Strassen 1.063 → 1.117x numpy, Strassen² 1.038 → 1.065x, Winograd 1.067 → 1.077x,
+    Winograd² 1.008 → 1.045x.  The plain GEMM keeps a B chunk per band: its packing is 2 % of
+    its run."""
+    return R > 1 and not prepared and _groups(g, cfg) == 1 and _bands(g, cfg) > 1 and g.KC % _bands(g, cfg) == 0
+
+
+def _emit_shared_b_stage(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, programs, epilogue, prefetch,
+                         R: int) -> None:
+    """The LCMA's GEMM stage with each chunk of B̃_r packed once by all bands together (a kc/bands
+    slice of its rows each) into one buffer, instead of once per band: the products, kc chunks
+    and column blocks run in turn, each as two parallel regions (pack, then the tiles), so the
+    tiles start only once the whole chunk is packed.  Each band's rows of Ã_r are packed in the
+    first region of a chunk's first column block into that band's part of ``Ab``."""
+    mr = cfg.mr
+    bands, nic = _bands(g, cfg), _band_blocks(g, cfg)
+    band_elems = nic * g.MC * g.KC
+    jrs, irs = g.NC // cfg.nr, g.MC // mr
+    block_guard = nic * bands > g.nmc
+    slice_rows = g.KC // bands
+    w(f"# GEMM stage, {R} products in turn, each chunk of B̃_r packed by the {bands} bands together, "
+      f"Ã_r per band, H " + ("fused" if cfg.fused else "stored"))
+    w(f"Ab = T.alloc_buffer(({bands * band_elems},), \"{dtype}\", align=64)")
+    w(f"Bc = T.alloc_buffer(({g.NC * g.KC},), \"{dtype}\", align=64)")
+    most = max(len(t) for t in programs["A"].outputs)
+    with w.block(f"for r in range({R}):"), w.block(f"for kc in range({g.nkc}):"), \
+            w.block(f"for tn in range({g.nnc}):"):
+        with w.block(f"for tm in T.parallel({bands}):"):
+            w(f"At = T.decl_buffer(({most}, {mr}, {whole_chunk(g.KC)}), \"{dtype}\", scope=\"local\")")
+            def pack_a(w, r):
+                with w.block(f"for ic in range({nic}):"), _guard(w, block_guard, f"tm * {nic} + ic < {g.nmc}"):
+                    _emit_pack_a_staged(w, g, cfg, f"(tm * {nic} + ic) * {g.MC}", _terms(programs, "A", r, g.k),
+                                        dtype, f"tm * {band_elems} + ")
+            with w.block("if tn == 0:"):
+                dispatch_per_product(w, 0, R, pack_a)
+            dispatch_per_product(w, 0, R, lambda w, r: _emit_pack_b(
+                w, g, cfg, _terms(programs, "B", r, g.n), dtype, (f"tm * {slice_rows}", slice_rows)))
+        with w.block(f"for tm in T.parallel({bands}):"):
+            w(f"acc = T.decl_buffer(({mr}, {cfg.nr}), \"{dtype}\", scope=\"local\")")
+            with w.block(f"for ic in range({nic}):"), _guard(w, block_guard, f"tm * {nic} + ic < {g.nmc}"), \
+                    w.block(f"for jr in range({jrs}):"), w.block(f"for ir in range({irs}):"):
+                _emit_products_tile(w, g, cfg, dtype, False, epilogue, prefetch, R, f"tm * {band_elems} + ")
+
+
 def _terms(programs, side: str, r: int, width: int) -> list:
     """(coefficient, (block row, block col)) of product r's sum of A (``side`` "A", blocks
     m × k) or B ("B", k × n) blocks, from the naive program's output r (inputs numbered row by
@@ -183,7 +245,8 @@ def _emit_pack_a(w: Writer, g: Geometry, cfg: CpuConfig, row0: str, terms, dtype
         w(f"Ab[((ic * {g.MC // mr} + ir) * {g.KC} + k) * {mr} + v] = {value}")
 
 
-def _emit_pack_a_staged(w: Writer, g: Geometry, cfg: CpuConfig, row0: str, terms, dtype: str) -> None:
+def _emit_pack_a_staged(w: Writer, g: Geometry, cfg: CpuConfig, row0: str, terms, dtype: str,
+                        ab0: str = "") -> None:
     """``_emit_pack_a`` for a sum of blocks: read column by column, the mr rows of every
     block summed (at square power-of-two sizes 4 KB-aliased) share one L1 set, so each row's
     next kt columns (a cache line) are first copied into the local ``At``, and the sum is
@@ -198,7 +261,7 @@ def _emit_pack_a_staged(w: Writer, g: Geometry, cfg: CpuConfig, row0: str, terms
                 w(f"At[{n}, v, u] = A[{_offset(blk[0] * g.BM, row)}, {_offset(blk[1] * g.BK, col)}]")
         value = linear_expr([(c, n) for n, (c, _) in enumerate(terms)], lambda n: f"At[{n}, v, ki]", dtype)
         with w.block(f"for ki in range({kt}):"), w.block(f"for v in T.vectorized({mr}):"):
-            w(f"Ab[((ic * {g.MC // mr} + ir) * {g.KC} + ko * {kt} + ki) * {mr} + v] = {value}")
+            w(f"Ab[{ab0}((ic * {g.MC // mr} + ir) * {g.KC} + ko * {kt} + ki) * {mr} + v] = {value}")
 
 
 def _packed_row(g: Geometry, cfg: CpuConfig, row0: str) -> str:
@@ -208,7 +271,7 @@ def _packed_row(g: Geometry, cfg: CpuConfig, row0: str) -> str:
     return f"T.min({row}, {g.BM - 1})" if g.BMP > g.BM else row
 
 
-def _emit_pack_b(w: Writer, g: Geometry, cfg: CpuConfig, terms, dtype: str) -> None:
+def _emit_pack_b(w: Writer, g: Geometry, cfg: CpuConfig, terms, dtype: str, rows=None) -> None:
     """Bc[jr][k][u] = Σ c · B[block rows + kc·KC + k, block cols + tn·NC + jr·nr + u]: row by
     row, each of B's kc rows read as one nc-long run (a stream the prefetcher follows), one
     vector load and store per nr columns.  Panel by panel instead, the kc rows, 4 KB-aliased
@@ -217,26 +280,27 @@ def _emit_pack_b(w: Writer, g: Geometry, cfg: CpuConfig, terms, dtype: str) -> N
     row, col = f"kc * {g.KC} + k", f"tn * {g.NC} + jr * {nr} + u"
     value = linear_expr(terms, lambda blk: f"B[{_offset(blk[0] * g.BK, row)}, {_offset(blk[1] * g.BN, col)}]",
                         dtype)
-    with w.block(f"for k in range({g.KC}):"), w.block(f"for jr in range({g.NC // nr}):"), \
+    k_loop = f"for k in range({g.KC}):" if rows is None else f"for k in range({rows[0]}, {rows[0]} + {rows[1]}):"
+    with w.block(k_loop), w.block(f"for jr in range({g.NC // nr}):"), \
             w.block(f"for u in T.vectorized({nr}):"):
         w(f"Bc[(jr * {g.KC} + k) * {nr} + u] = {value}")
 
 
 def _emit_products_tile(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepared: bool,
-                        epilogue, prefetch, R: int) -> None:
+                        epilogue, prefetch, R: int, ab0: str = "") -> None:
     """One register tile of product r over the kc chunk, then its epilogue (per r)."""
     mr, nr = cfg.mr, cfg.nr
     emit_zero_acc(w, mr, nr, dtype, prefetch)
     w(f"# product r's tile: Ab (band of Ã_r) x {'B̃p_r' if prepared else 'Bc (chunk of B̃_r)'}")
-    _emit_fmas(w, g, cfg, prepared, "r")
+    _emit_fmas(w, g, cfg, prepared, "r", ab0)
     dispatch_per_product(w, 0, R, epilogue)
 
 
-def _emit_fmas(w: Writer, g: Geometry, cfg: CpuConfig, prepared: bool, product: str) -> None:
+def _emit_fmas(w: Writer, g: Geometry, cfg: CpuConfig, prepared: bool, product: str, ab0: str = "") -> None:
     """acc += the band buffer's tile rows · the B chunk's (or prepared B̃p's) tile columns."""
     mr, nr = cfg.mr, cfg.nr
     k = f"ko * {cfg.ku} + ki"
-    a = f"Ab[((ic * {g.MC // mr} + ir) * {g.KC} + {k}) * {mr} + v]"
+    a = f"Ab[{ab0}((ic * {g.MC // mr} + ir) * {g.KC} + {k}) * {mr} + v]"
     if prepared:
         b = f"Bp[{product}, ((tn * {g.NC // nr} + jr) * {g.BKP} + kc * {g.KC} + {k}) * {nr} + u]"
     else:

@@ -12,7 +12,7 @@ from ..errors import DTypeError, ShapeError, TargetError
 from ..ir.algorithm import Algorithm
 from ..ir.cse import optimized_programs
 from ..ir.program import LinearProgram, combine_matrices, naive_program
-from .cpu_gemm_blocked import (emit_blocked_gemm, row_block as blocked_row_block, why_not as blocked_why_not,
+from .cpu_gemm_blocked import (emit_blocked_gemm, row_block as blocked_row_block, shares_b, why_not as blocked_why_not,
                                workspace_bytes as blocked_workspace)
 from .cpu_combine import emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad, needs_pad
 from . import cpu_vendor
@@ -210,11 +210,14 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             "accumulate": acc,
             "gemm_kernel": "amx" if amx else "vdpbf16ps" if bf16_dot else "fma",
             "packing": "blocked" if blocked else "ahead",
+            # per block: whether the bands pack each chunk of B̃_r together or one each
+            **({"b_chunks": "shared by the bands" if shares_b(g, cfg, R, False) else "one per band"}
+               if blocked else {}),
             # knob bands asked for and not taken: why (lcmac build says it)
             **({"packing_note": f"bands={cfg.bands} not taken: {not_blocked}; packed ahead"}
                if not_blocked else {}),
             "packed_dtype": pack,
-            "workspace_bytes": (blocked_workspace(g, cfg, dtype) if blocked else ITEMSIZE[pack] * R * (sa + sb))
+            "workspace_bytes": (blocked_workspace(g, cfg, dtype, R) if blocked else ITEMSIZE[pack] * R * (sa + sb))
             + ITEMSIZE[acc] * ((0 if direct else g.m * g.n * g.BMP * g.BNP)
                                + (0 if cfg.fused or (blocked and R == 1) else R * g.BMP * g.BNP))
             + ITEMSIZE[dtype] * ((g.m * g.BMP * g.k * g.BKP if pad_a else 0)

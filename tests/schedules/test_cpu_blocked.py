@@ -40,12 +40,16 @@ JOBS = {  # key: (shape (M, N, K), dtype, config)
     "strassen-rowtail": ((76, 64, 64), "float32", {**SMALL, "bands": 2}),
     # 49 products, H stored; 3 row blocks in 2 bands (the second band's extra block skipped)
     "strassen2-stored-h": ((152, 64, 64), "float32", {**SMALL, "bands": 2, "fused": False}),
+    # B̃_r's chunks packed by 3 bands together (8 kc rows each), 2 kc chunks, 2 column blocks
+    "strassen-shared-b-3bands": ((76, 64, 96), "float32", {**SMALL, "kc": 24, "nc": 16, "bands": 3}),
+    # kc 16 does not split over 3 bands: one chunk per band
+    "strassen-b-per-band": ((76, 64, 96), "float32", {**SMALL, "bands": 3}),
     # a 3×3×3 grid, float64
     "laderman-float64": ((54, 48, 48), "float64", {"mr": 6, "nr": 8, "mc": 12, "nc": 8, "kc": 8, "ku": 4,
                                                    "bands": 2}),
 }
 TARGET = {"sse-default": "x86_64"}
-ALGO = {"strassen-rowtail": "strassen", "strassen2-stored-h": "strassen^2", "laderman-float64": "laderman"}
+ALGO = {"strassen-rowtail": "strassen", "strassen-shared-b-3bands": "strassen", "strassen-b-per-band": "strassen", "strassen2-stored-h": "strassen^2", "laderman-float64": "laderman"}
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +131,22 @@ def test_lcma_sums_its_blocks_as_it_packs(built):
         assert re.search(r"Ab\[.*\] = At\[0, v, ki\] [+-] At\[1, v, ki\]", plain)
         assert re.search(r"Bc\[.*\] = B\[.*\] [+-] B\[", plain)
         assert ("H = T.alloc_buffer" in plain) == stored and ("# Combine H (unfused" in plain) == stored
+
+
+def test_lcma_bands_share_b_chunks_where_kc_splits(built):
+    """Where kc rows split evenly over the bands, one B̃_r chunk is packed by all of them (a
+    slice of rows each, in a parallel region before the tiles'); otherwise each band packs its
+    own, inside its task.  The manifest says which."""
+    for key, shared in (("strassen-shared-b-3bands", True), ("strassen-rowtail", True),
+                        ("strassen-b-per-band", False)):
+        p = _get(built, key)
+        m = Manifest.read(p)
+        plain = (p.parent / m.extra["source"]).read_text().split("def lcmac_matmul_prepare_b")[0]
+        assert m.extra["b_chunks"] == ("shared by the bands" if shared else "one per band")
+        assert ("Bc = T.alloc_buffer" in plain) == shared and ("Bc = T.decl_buffer" in plain) != shared
+        if shared:
+            assert plain.count("T.parallel(") == 2 + int("# Combine H (unfused" in plain)
+            assert re.search(r"for k in range\(tm \* \d+, tm \* \d+ \+ \d+\):", plain)
 
 
 def test_bands_mc_splits_block_rows_evenly():
