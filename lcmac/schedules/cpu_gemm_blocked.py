@@ -169,11 +169,12 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
 def shares_b(g: Geometry, cfg: CpuConfig, R: int, prepared: bool) -> bool:
     """Whether the bands pack each chunk of B̃_r together (``_emit_shared_b_stage``): an LCMA
     with B packed here, one column group and several bands whose kc rows split evenly.  Each
-    band packing all of B̃_r is memory-bound (Strassen² at 4096³: 576 MB of B read per band,
-    29 ms of a 350 ms run); shared, at 4096³ on the 2-core Sapphire Rapids VM (9 rounds, one
-    run): Strassen 1.063 → 1.117x numpy, Strassen² 1.038 → 1.065x, Winograd 1.067 → 1.077x,
-    Winograd² 1.008 → 1.045x.  The plain GEMM keeps a B chunk per band: its packing is 2 % of
-    its run."""
+    band packing all of B̃_r is bound by what one core can fetch (Strassen² at 4096³: 576 MB of
+    B read per band, 30 ms standalone; 17 ms shared).  At 4096³ on the 2-core Sapphire Rapids
+    VM, paired, in two runs (bench/results/cpu-xeon-avx512-float32-4096-shared-b-ab*):
+    Strassen 1.022 → 1.050x and 1.063 → 1.117x numpy, Strassen² 0.994 → 1.000x and 1.038 →
+    1.065x, Winograd² 0.953 → 1.002x and 1.008 → 1.045x.  The plain GEMM keeps a B chunk per
+    band: its packing is 2 % of its run."""
     return R > 1 and not prepared and _groups(g, cfg) == 1 and _bands(g, cfg) > 1 and g.KC % _bands(g, cfg) == 0
 
 
