@@ -243,9 +243,11 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
         # and combines it after where its C blocks are large: at 4096³ (2048² blocks)
         # Strassen 1.02 → 1.08x and Winograd 0.96 → 1.04x stored, in one run (Winograd's
         # Combine H has its shared sums); at 2048³ fused stayed ahead, 1.09 against 1.06x.
+        knobs = banded(algorithm, shape, mr, mc, threads)
+        if lcma and _sums_many_blocks(algorithm):
+            knobs.update(bands=0, stream=True)
         return CpuConfig(mr=mr, nr=nr, nc=nc, kc=1024 if lcma else 512, ku=8,
-                         fused=fused and BM * BN < 2048 * 2048,
-                         **banded(algorithm, shape, mr, mc, threads))
+                         fused=fused and BM * BN < 2048 * 2048, **knobs)
     if _registers(target) >= 32:
         return CpuConfig(mr=8, nr=2 * lanes, mc=256, nc=512, kc=1024 if lcma else 512, ku=4,
                          fused=fused)
@@ -260,6 +262,20 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
     stream = lcma and shape is not None and _packed_exceeds_llc(target, dtype, algorithm, shape)
     return CpuConfig(mr=6, nr=2 * lanes, mc=mc, nc=1024, kc=256, ku=4, fused=fused, bands=bands,
                      stream=stream)
+
+
+def _sums_many_blocks(alg) -> bool:
+    """Whether an LCMA's products sum more than two blocks of B on average (Strassen²: 2.9,
+    Winograd²: 4; Strassen: 1.7, Winograd: 2).  Packed per block, each such sum reads every
+    block of B that many times, and of A alike; combined ahead, the group-parallel combines
+    read A and B once and stream Ã and B̃ out.  On the 2-core Sapphire Rapids VM
+    (bench/results/cpu-xeon-avx512-float32-*-2026-11-29.json, 7 rounds a run), per block →
+    ahead, streamed: at 4096³ Strassen² 1.085 → 1.151x numpy (b-ahead-ab), Winograd² 1.049 →
+    1.175x (b-ahead-ab, ahead-stream-ab); Strassen 1.085 → 1.090x, Winograd 1.080 → 1.073x
+    (ahead-stream-ab), so one level stays per block; at 2048³ and four LLM layers two levels
+    ahead were faster at every shape (shapes-ahead-stream-ab)."""
+    nnz = getattr(alg, "nnz", None)
+    return nnz is not None and nnz()["V"] > 2 * alg.R
 
 
 def _packed_exceeds_llc(target, dtype: str, alg, shape) -> bool:

@@ -73,10 +73,10 @@ def _groups(g: Geometry, cfg: CpuConfig) -> int:
 def workspace_bytes(g: Geometry, cfg: CpuConfig, dtype: str, R: int = 1, prepared: bool = False) -> int:
     """What the packed chunks take: each task holds its band's rows of A × kc and a kc × nc
     chunk of B, and with one task per thread all hold theirs at once (B's chunk once where
-    the bands share it)."""
+    the bands share it, none where B̃ comes prepared)."""
     band_rows = _band_blocks(g, cfg) * g.MC
     tasks = _bands(g, cfg) * _groups(g, cfg)
-    b_chunks = 1 if shares_b(g, cfg, R, prepared) else tasks
+    b_chunks = 0 if prepared else 1 if shares_b(g, cfg, R, prepared) else tasks
     return ITEMSIZE[dtype] * g.KC * (tasks * band_rows + b_chunks * g.NC)
 
 

@@ -93,8 +93,10 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
         if pad_b:
             w(f"Bpad = T.alloc_buffer(({g.k * g.BKP}, {g.n * g.BNP}), \"{dtype}\")")
             emit_pad(w, "B", "Bpad", g.k, g.n, g.cols_k, g.cols, g.BK, g.BN, g.BKP, g.BNP, zero)
+        # a blocked LCMA's B̃p (its prepared entry's, a weight's) is read back from memory
+        # anyway: streamed, without the reads for ownership
         emit_combine_b(w, g, progs["B"], cfg.nr, acc, src_dtype, padded=pad_b, pair=bf16_dot or amx,
-                       stream=cfg.stream)
+                       stream=cfg.stream or (blocked and R > 1))
 
     def emit_rest(w, prepared=False):
         """Combine A, the GEMM stage, Combine H and the crop: everything after Combine B."""

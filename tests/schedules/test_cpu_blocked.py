@@ -131,6 +131,8 @@ def test_lcma_sums_its_blocks_as_it_packs(built):
         assert re.search(r"Ab\[.*\] = At\[0, v, ki\] [+-] At\[1, v, ki\]", plain)
         assert re.search(r"Bc\[.*\] = B\[.*\] [+-] B\[", plain)
         assert ("H = T.alloc_buffer" in plain) == stored and ("# Combine H (unfused" in plain) == stored
+        # the prepared-B entry's whole B̃p is streamed out (read back from memory anyway)
+        assert "# Combine B (group-parallel, packs B̃p, streamed)" in src.split("def lcmac_matmul_prepare_b")[1]
 
 
 def test_lcma_bands_share_b_chunks_where_kc_splits(built):
@@ -162,19 +164,26 @@ def test_bands_mc_splits_block_rows_evenly():
 
 def test_default_config_per_target():
     """AVX2 (and plain x86-64) plain GEMMs pack per block, one band per thread, its LCMAs
-    ahead; on AVX-512 float32 GEMMs and LCMAs both pack per block, other dtypes ahead
+    ahead; on AVX-512 float32 GEMMs and one-level LCMAs pack per block, LCMAs whose products
+    sum more than two blocks of B (Strassen², Winograd²) ahead, streamed, other dtypes ahead
     (measured per target: docs/cpu.md)."""
     avx2, avx512 = get_target(AVX2), get_target("x86_64-avx512")
     s2 = catalogue.get("strassen^2")
     assert default_config(avx2, "float32", None, shape=(4096, 4096, 4096), threads=3).bands == 3
     assert default_config(avx2, "float32", catalogue.get("strassen"), shape=(4096,) * 3).bands == 0
     gemm = default_config(avx512, "float32", None, shape=(4096,) * 3, threads=2)
-    lcma = default_config(avx512, "float32", s2, shape=(4096,) * 3, threads=2)
-    assert (gemm.bands, gemm.kc, gemm.ku, lcma.bands, lcma.kc, lcma.fused) == (2, 512, 8, 2, 1024, False)
-    assert lcma.mc == 516       # the 1024 rows of a block in two equal bands (8 rows padded)
     strassen = catalogue.get("strassen")          # H stored from 2048² blocks on, fused below
-    assert not default_config(avx512, "float32", strassen, shape=(4096,) * 3).fused
+    one = default_config(avx512, "float32", strassen, shape=(4096,) * 3, threads=2)
+    assert (gemm.bands, gemm.kc, gemm.ku, one.bands, one.kc, one.fused) == (2, 512, 8, 2, 1024, False)
+    assert one.mc == 342        # the 2048 rows of a block in two equal bands of 3 blocks (4 padded)
     assert default_config(avx512, "float32", strassen, shape=(2048,) * 3).fused
+    for name in ("strassen^2", "winograd^2"):
+        two = default_config(avx512, "float32", catalogue.get(name), shape=(4096,) * 3, threads=2)
+        assert (two.bands, two.stream, two.kc, two.fused, two.mc) == (0, True, 1024, False, 516)
+    assert default_config(avx512, "float32", catalogue.get("winograd"), shape=(4096,) * 3).bands == 2
+    # knobs named over the default: per block again, without the streaming it replaces
+    named = resolve_config(avx512, "float32", {"bands": 2}, s2, shape=(4096,) * 3)
+    assert (named.bands, named.stream) == (2, False)
     assert default_config(avx512, "bfloat16", None, shape=(4096,) * 3).bands == 0
     # a knob that packs otherwise turns the default bands off (vendor_base with bands is moot)
     assert resolve_config(avx512, "float32", {"vendor_base": True}, s2, shape=(4096,) * 3).bands == 0
@@ -196,14 +205,16 @@ def test_default_row_blocks_split_evenly_with_little_padding(M, bands):
 
 def test_stream_default_and_errors():
     """Streamed packing is the AVX2 LCMAs' default where their packed operands outgrow the
-    profile's last-level cache (32 MiB); knobs that pack otherwise turn the default off and
-    refuse it when asked for."""
+    profile's last-level cache (32 MiB), and the AVX-512 float32 default of LCMAs that pack
+    ahead; knobs that pack otherwise turn the default off and refuse it when asked for."""
     avx2 = get_target(AVX2)
     s2 = catalogue.get("strassen^2")
     assert default_config(avx2, "float32", s2, shape=(4096,) * 3).stream
     assert not default_config(avx2, "float32", s2, shape=(1024,) * 3).stream     # 12.8 MB
     assert not default_config(avx2, "float32", None, shape=(4096,) * 3).stream
-    assert not default_config(get_target("x86_64-avx512"), "float32", s2, shape=(4096,) * 3).stream
+    avx512 = get_target("x86_64-avx512")     # there: two levels stream, one level packs per block
+    assert default_config(avx512, "float32", s2, shape=(4096,) * 3).stream
+    assert not default_config(avx512, "float32", catalogue.get("strassen"), shape=(4096,) * 3).stream
     assert not resolve_config(avx2, "float32", {"vendor_base": True}, s2, shape=(4096,) * 3).stream
     for bad in ({"stream": True, "vendor_base": True}, {"stream": True, "bands": 2}):
         with pytest.raises(ValueError, match="stream"):
