@@ -212,7 +212,7 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
     large blocks (mc ≈ 1000, nc ≈ 2048, kc = 512): 1.0x numpy at 4096 where 8 × 2 vectors
     with 256 × 512 blocks ran at 0.85-0.9x.  Given ``shape`` = (M, N, K), mc and nc are
     cut so the parallel tasks divide over ``threads`` (default: ``default_threads()``), and
-    float32 packs per block (``bands``, below).
+    float32 packs per block (``bands``, below) except for LCMAs that sum many blocks.
 
     For an LCMA a long kc matters most, since the fused epilogue updates every C block a
     product feeds once per kc chunk (kc=128 cost 25% on strassen^2 at 4096)."""
@@ -233,12 +233,13 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
         mc, nc = _balanced_tiles(BM, BN, mr, nr, mc, nc, threads)
         if dtype != "float32":
             return CpuConfig(mr=mr, nr=nr, mc=mc, nc=nc, kc=512, ku=4, fused=fused)
-        # float32 packs per block in one row band per thread, LCMAs too (their sums fused
-        # into the packing), with the k loop unrolled 8 deep and, for an LCMA, whole 1024-deep
-        # k chunks. On the 2-core Sapphire Rapids VM at 4096³ (bench/results/cpu-xeon-avx512-*):
-        # GEMM 0.96 → 1.00-1.03x numpy, Strassen 0.94 → 1.02-1.04x, Strassen² 0.76 → 1.02-1.08x; with
-        # OpenBLAS at 83 % of this CPU's FMA peak, whole Ã/B̃ written and read back cost more
-        # than the GEMM stage can spare. kc 1024 for the plain GEMM was no faster and its
+        # float32 packs per block in one row band per thread, one-level LCMAs too (their sums
+        # fused into the packing), with the k loop unrolled 8 deep and, for an LCMA, whole
+        # 1024-deep k chunks. On the 2-core Sapphire Rapids VM at 4096³
+        # (bench/results/cpu-xeon-avx512-*): GEMM 0.96 → 1.00-1.03x numpy, Strassen 0.94 →
+        # 1.02-1.04x against packing ahead without streaming. LCMAs whose products sum more
+        # than two blocks (Strassen², Winograd²) pack ahead again, streamed
+        # (``_sums_many_blocks``). kc 1024 for the plain GEMM was no faster and its
         # error 1.4x larger (a longer sum in registers). Packed per block, one level stores H
         # and combines it after where its C blocks are large: at 4096³ (2048² blocks)
         # Strassen 1.02 → 1.08x and Winograd 0.96 → 1.04x stored, in one run (Winograd's
