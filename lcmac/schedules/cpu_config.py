@@ -245,7 +245,7 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
         # Strassen 1.02 → 1.08x and Winograd 0.96 → 1.04x stored, in one run (Winograd's
         # Combine H has its shared sums); at 2048³ fused stayed ahead, 1.09 against 1.06x.
         knobs = banded(algorithm, shape, mr, mc, threads)
-        if lcma and _sums_many_blocks(algorithm):
+        if lcma and _sums_many_blocks(algorithm) and _packed_bytes(dtype, algorithm, shape) <= AHEAD_MAX_BYTES:
             knobs.update(bands=0, stream=True)
         return CpuConfig(mr=mr, nr=nr, nc=nc, kc=1024 if lcma else 512, ku=8,
                          fused=fused and BM * BN < 2048 * 2048, **knobs)
@@ -279,6 +279,21 @@ def _sums_many_blocks(alg) -> bool:
     return nnz is not None and nnz()["V"] > 2 * alg.R
 
 
+#: the most packed Ã + B̃ (bytes) an AVX-512 float32 LCMA that sums many blocks packs ahead;
+#: beyond, per block.  Strassen² at 4096³ (392 MB) ran 1.151x numpy ahead against 1.085x per
+#: block, at 8192³ (1.57 GB) 1.151x against 1.233x per block (3 rounds,
+#: bench/results/cpu-xeon-avx512-float32-8192-ahead-ab-2026-11-29.json), which also needs
+#: 0.8 GiB of workspace instead of 2.3; the bound lies between the two, untested in between
+AHEAD_MAX_BYTES = 512 * 2 ** 20
+
+
+def _packed_bytes(dtype: str, alg, shape) -> int:
+    """What an LCMA's packed Ã and B̃ take: R products' blocks of each."""
+    M, N, K = shape
+    bm, bk, bn = -(-M // alg.m), -(-K // alg.k), -(-N // alg.n)
+    return alg.R * (bm * bk + bk * bn) * _ITEM_BITS[dtype] // 8
+
+
 def _packed_exceeds_llc(target, dtype: str, alg, shape) -> bool:
     """Whether an LCMA's packed Ã and B̃ (R products' blocks) outgrow the target's last-level
     cache, where streaming them out (knob ``stream``) saves the reads for ownership without
@@ -290,10 +305,7 @@ def _packed_exceeds_llc(target, dtype: str, alg, shape) -> bool:
         llc = profile_for_target(target).l3_bytes
     except TargetError:     # a target without a profile: no cache size to weigh against
         return False
-    M, N, K = shape
-    bm, bk, bn = -(-M // alg.m), -(-K // alg.k), -(-N // alg.n)
-    packed = alg.R * (bm * bk + bk * bn) * _ITEM_BITS[dtype] // 8
-    return bool(llc) and packed > llc
+    return bool(llc) and _packed_bytes(dtype, alg, shape) > llc
 
 
 def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:

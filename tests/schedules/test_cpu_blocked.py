@@ -181,6 +181,9 @@ def test_default_config_per_target():
         two = default_config(avx512, "float32", catalogue.get(name), shape=(4096,) * 3, threads=2)
         assert (two.bands, two.stream, two.kc, two.fused, two.mc) == (0, True, 1024, False, 516)
     assert default_config(avx512, "float32", catalogue.get("winograd"), shape=(4096,) * 3).bands == 2
+    # beyond AHEAD_MAX_BYTES of packed operands (8192³: 1.57 GB) two levels pack per block again
+    big = default_config(avx512, "float32", s2, shape=(8192,) * 3, threads=2)
+    assert (big.bands, big.stream) == (2, False)
     # knobs named over the default: per block again, without the streaming it replaces
     named = resolve_config(avx512, "float32", {"bands": 2}, s2, shape=(4096,) * 3)
     assert (named.bands, named.stream) == (2, False)
