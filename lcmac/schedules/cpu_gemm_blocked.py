@@ -70,13 +70,13 @@ def _groups(g: Geometry, cfg: CpuConfig) -> int:
     return max(1, min(g.nnc, -(-cfg.bands // _bands(g, cfg))))
 
 
-def workspace_bytes(g: Geometry, cfg: CpuConfig, dtype: str, R: int = 1, prepared: bool = False) -> int:
-    """What the packed chunks take: each task holds its band's rows of A × kc and a kc × nc
-    chunk of B, and with one task per thread all hold theirs at once (B's chunk once where
-    the bands share it, none where B̃ comes prepared)."""
+def workspace_bytes(g: Geometry, cfg: CpuConfig, dtype: str, R: int = 1) -> int:
+    """What the packed chunks of ``lcmac_matmul`` take: each task holds its band's rows of A ×
+    kc and a kc × nc chunk of B, and with one task per thread all hold theirs at once (B's
+    chunk once where the bands share it)."""
     band_rows = _band_blocks(g, cfg) * g.MC
     tasks = _bands(g, cfg) * _groups(g, cfg)
-    b_chunks = 0 if prepared else 1 if shares_b(g, cfg, R, prepared) else tasks
+    b_chunks = 1 if shares_b(g, cfg, R, False) else tasks
     return ITEMSIZE[dtype] * g.KC * (tasks * band_rows + b_chunks * g.NC)
 
 
@@ -188,6 +188,7 @@ def _emit_shared_b_stage(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, pro
     mr = cfg.mr
     bands, nic = _bands(g, cfg), _band_blocks(g, cfg)
     band_elems = nic * g.MC * g.KC
+    ab0 = f"tm * {band_elems} + "       # band tm's part of Ab
     jrs, irs = g.NC // cfg.nr, g.MC // mr
     block_guard = nic * bands > g.nmc
     slice_rows = g.KC // bands
@@ -203,7 +204,7 @@ def _emit_shared_b_stage(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, pro
             def pack_a(w, r):
                 with w.block(f"for ic in range({nic}):"), _guard(w, block_guard, f"tm * {nic} + ic < {g.nmc}"):
                     _emit_pack_a_staged(w, g, cfg, f"(tm * {nic} + ic) * {g.MC}", _terms(programs, "A", r, g.k),
-                                        dtype, f"tm * {band_elems} + ")
+                                        dtype, ab0)
             with w.block("if tn == 0:"):
                 dispatch_per_product(w, 0, R, pack_a)
             dispatch_per_product(w, 0, R, lambda w, r: _emit_pack_b(
@@ -212,7 +213,7 @@ def _emit_shared_b_stage(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, pro
             w(f"acc = T.decl_buffer(({mr}, {cfg.nr}), \"{dtype}\", scope=\"local\")")
             with w.block(f"for ic in range({nic}):"), _guard(w, block_guard, f"tm * {nic} + ic < {g.nmc}"), \
                     w.block(f"for jr in range({jrs}):"), w.block(f"for ir in range({irs}):"):
-                _emit_products_tile(w, g, cfg, dtype, False, epilogue, prefetch, R, f"tm * {band_elems} + ")
+                _emit_products_tile(w, g, cfg, dtype, False, epilogue, prefetch, R, ab0)
 
 
 def _terms(programs, side: str, r: int, width: int) -> list:
