@@ -29,6 +29,13 @@ Pure Python (no compiler import): build.py, the manifest and the tuner use it.
               no read for ownership of lines that leave the caches before the GEMM stage reads
               them; only worth it where the packed operands exceed the last-level cache (the
               default: on, for the AVX2 LCMAs whose packed operands do; docs/cpu.md)
+    tiles_by_row
+              True walks a block's register tiles row by row (``for ir: for jr``): the A
+              micro-panel (mr × kc) stays in L1 while the kc × nc chunk of B, sized to half
+              of L2, streams past it (BLIS's order for this kernel's shape).  False: column
+              by column (``for jr: for ir``), reusing B's micro-panel (kc × nr), which only
+              pays where it fits in L1 (the AVX2 kernel's 256 × 16; AVX-512's 512 × 64 is
+              128 KB).  The default on AVX-512 float32 (docs/cpu.md)
     vendor_base
               float32/float64 LCMAs: the products run on the vendor BLAS bound at load time
               (cblas_sgemm/dgemm), lcmac's combines around them (lcmac.schedules.cpu_vendor);
@@ -71,6 +78,7 @@ class CpuConfig:
     vendor_base: bool = False    # the vendor BLAS as the base case (above)
     bands: int = 0               # 0 packs ahead; b > 0 packs per block in b row bands
     stream: bool = False         # packed operands written with non-temporal stores (above)
+    tiles_by_row: bool = False   # register tiles walked row by row, A's micro-panel in L1 (above)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -102,8 +110,9 @@ class CpuConfig:
         if not isinstance(self.bands, int) or isinstance(self.bands, bool) or self.bands < 0:
             raise ValueError(f"config knob bands={self.bands!r} must be a whole number ≥ 0 "
                              f"(0: operands packed ahead; b: b row bands packing per block)")
-        if not all(isinstance(getattr(self, nm), bool) for nm in ("fused", "bf16_dot", "amx", "vendor_base", "stream")):
-            raise ValueError("config knobs fused, bf16_dot, amx, vendor_base and stream must be true or false")
+        flags = ("fused", "bf16_dot", "amx", "vendor_base", "stream", "tiles_by_row")
+        if not all(isinstance(getattr(self, nm), bool) for nm in flags):
+            raise ValueError(f"config knobs {', '.join(flags)} must be true or false")
         if self.stream and any(getattr(self, k) for k in PACKED_OTHERWISE):
             raise ValueError("config knob stream is for the combine passes that pack Ã and B̃ "
                              "ahead in the compute type; vendor_base and bands pack otherwise, "
@@ -247,8 +256,13 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
         knobs = banded(algorithm, shape, mr, mc, threads)
         if lcma and _sums_many_blocks(algorithm) and _packed_bytes(dtype, algorithm, shape) <= AHEAD_MAX_BYTES:
             knobs.update(bands=0, stream=True)
-        return CpuConfig(mr=mr, nr=nr, nc=nc, kc=1024 if lcma else 512, ku=8,
-                         fused=fused and BM * BN < 2048 * 2048, **knobs)
+        if not lcma:
+            # the plain GEMM walks its tiles row by row over an L2-sized B chunk
+            # (``_l2_chunk_cols``): 0.96 → 1.05-1.08x numpy at 4096³ in three runs; the LCMAs
+            # measured no faster so (their kc 1024 halves the chunk's columns)
+            knobs.update(tiles_by_row=True, nc=_l2_chunk_cols(target, BN, nr, 512, dtype))
+        return CpuConfig(**{"mr": mr, "nr": nr, "nc": nc, "kc": 1024 if lcma else 512, "ku": 8,
+                            "fused": fused and BM * BN < 2048 * 2048, **knobs})
     if _registers(target) >= 32:
         return CpuConfig(mr=8, nr=2 * lanes, mc=256, nc=512, kc=1024 if lcma else 512, ku=4,
                          fused=fused)
@@ -263,6 +277,23 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
     stream = lcma and shape is not None and _packed_exceeds_llc(target, dtype, algorithm, shape)
     return CpuConfig(mr=6, nr=2 * lanes, mc=mc, nc=1024, kc=256, ku=4, fused=fused, bands=bands,
                      stream=stream)
+
+
+def _l2_chunk_cols(target, BN: int, nr: int, kc: int, dtype: str) -> int:
+    """nc for tiles walked row by row (knob ``tiles_by_row``): the kc × nc chunk of B that
+    every A micro-panel streams past takes at most half of the target's L2 (the other half
+    for the A micro-panels and C's tiles passing through); among the tile counts from the
+    fewest that fit up to twice as many, the least padded (so the chunk tiles B's columns
+    exactly where it can: 512 at 4096 columns, 7168, 3072, 1536 and 2048)."""
+    from ..costmodel.profiles import profile_for_target     # here: profiles imports the targets
+    try:
+        l2 = profile_for_target(target).l2_bytes or 2 ** 20
+    except TargetError:
+        l2 = 2 ** 20
+    want = max(nr, l2 // 2 // (kc * _ITEM_BITS[dtype] // 8) // nr * nr)
+    fewest = _ceil(BN, want)
+    best = min(range(fewest, 2 * fewest + 1), key=lambda c: (tile_for_count(BN, nr, c) * c - BN, c))
+    return tile_for_count(BN, nr, best)
 
 
 def _sums_many_blocks(alg) -> bool:
@@ -329,6 +360,12 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
         out.append(CpuConfig(**{**base.to_dict(), "bf16_dot": not base.bf16_dot, "stream": False}))
     if alg is not None and getattr(alg, "R", 1) > 1 and not base.amx:
         out.append(CpuConfig(**{**base.to_dict(), "stream": not base.stream}))
+    if shape is not None and lanes * _ITEM_BITS[dtype] >= 512 and not base.amx:
+        # the other tile order (knob tiles_by_row), with the chunk of B each order wants
+        BN = _ceil(shape[1], alg.n if alg is not None else 1)
+        nc = tile_for_count(BN, base.nr, _ceil(BN, 2048)) if base.tiles_by_row else \
+            _l2_chunk_cols(target, BN, base.nr, base.kc, dtype)
+        out.append(CpuConfig(**{**base.to_dict(), "tiles_by_row": not base.tiles_by_row, "nc": nc}))
     # packing ahead or per block (an LCMA's combination fused into the packing)
     if base.bands:
         out.append(CpuConfig(**{**base.to_dict(), "bands": 0}))

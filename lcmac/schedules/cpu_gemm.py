@@ -35,7 +35,7 @@ copy but multiply the generated code by the number of edge cases, for R products
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -424,18 +424,25 @@ def emit_gemm_stage(w: Writer, g: Geometry, cfg: CpuConfig, R: int, acc_dtype: s
         w(f"for r in range({R}):")
         with w.indent():
             w(f"for kc in range({g.nkc}):")
-            with w.indent():
-                w(f"for jr in range({g.NC // nr}):")
-                with w.indent():
-                    w(f"for ir in range({g.MC // mr}):")
-                    with w.indent():
-                        if amx:
-                            emit_microkernel_amx(w, g, "r", prefetch=prefetch)
-                        elif bf16_dot:
-                            emit_microkernel_bf16dot(w, g, cfg, "r", prefetch=prefetch)
-                        else:
-                            emit_microkernel(w, g, cfg, "r", acc_dtype, prefetch=prefetch)
-                        dispatch_per_product(w, 0, R, epilogue)
+            with w.indent(), tile_loops(w, cfg, g.NC // nr, g.MC // mr):
+                if amx:
+                    emit_microkernel_amx(w, g, "r", prefetch=prefetch)
+                elif bf16_dot:
+                    emit_microkernel_bf16dot(w, g, cfg, "r", prefetch=prefetch)
+                else:
+                    emit_microkernel(w, g, cfg, "r", acc_dtype, prefetch=prefetch)
+                dispatch_per_product(w, 0, R, epilogue)
+
+
+def tile_loops(w: Writer, cfg: CpuConfig, jrs: int, irs: int) -> ExitStack:
+    """The two loops over a block's register tiles, ``jr`` (``jrs`` column tiles of nr) and
+    ``ir`` (``irs`` row tiles of mr), entered in ``cfg.tiles_by_row``'s order; the caller
+    writes the tile's body inside."""
+    loops = [("ir", irs), ("jr", jrs)] if cfg.tiles_by_row else [("jr", jrs), ("ir", irs)]
+    stack = ExitStack()
+    for name, count in loops:
+        stack.enter_context(w.block(f"for {name} in range({count}):"))
+    return stack
 
 
 def dispatch_per_product(w: Writer, lo: int, hi: int, emit) -> None:

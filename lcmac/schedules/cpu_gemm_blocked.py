@@ -51,7 +51,7 @@ from contextlib import ExitStack, nullcontext
 from ..dtypes import ITEMSIZE
 from .cpu_config import CpuConfig
 from .cpu_gemm import (Geometry, Writer, dispatch_per_product, emit_chunk_store, emit_fma_loop, emit_zero_acc,
-                       linear_expr, whole_chunk)
+                       linear_expr, tile_loops, whole_chunk)
 
 
 def _bands(g: Geometry, cfg: CpuConfig) -> int:
@@ -159,7 +159,7 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
                     if not prepared:
                         per_r(lambda w, r: _emit_pack_b(w, g, cfg, _terms(programs, "B", r, g.n), dtype))
                     with w.block(f"for ic in range({nic}):"), _guard(w, block_guard, f"tm * {nic} + ic < {g.nmc}"), \
-                            w.block(f"for jr in range({jrs}):"), w.block(f"for ir in range({irs}):"):
+                            tile_loops(w, cfg, jrs, irs):
                         if R > 1:
                             _emit_products_tile(w, g, cfg, dtype, prepared, epilogue, prefetch, R)
                         else:
@@ -212,7 +212,7 @@ def _emit_shared_b_stage(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, pro
         with w.block(f"for tm in T.parallel({bands}):"):
             w(f"acc = T.decl_buffer(({mr}, {cfg.nr}), \"{dtype}\", scope=\"local\")")
             with w.block(f"for ic in range({nic}):"), _guard(w, block_guard, f"tm * {nic} + ic < {g.nmc}"), \
-                    w.block(f"for jr in range({jrs}):"), w.block(f"for ir in range({irs}):"):
+                    tile_loops(w, cfg, jrs, irs):
                 _emit_products_tile(w, g, cfg, dtype, False, epilogue, prefetch, R, ab0)
 
 

@@ -44,12 +44,20 @@ JOBS = {  # key: (shape (M, N, K), dtype, config)
     "strassen-shared-b-3bands": ((76, 64, 96), "float32", {**SMALL, "kc": 24, "nc": 16, "bands": 3}),
     # kc 16 does not split over 3 bands: one chunk per band
     "strassen-b-per-band": ((76, 64, 96), "float32", {**SMALL, "bands": 3}),
+    # register tiles walked row by row (knob tiles_by_row): a row tail, 2 kc chunks, 2 column blocks
+    "rows-first": ((130, 64, 48), "float32", {**SMALL, "bands": 2, "tiles_by_row": True}),
+    "strassen-rows-first": ((76, 64, 96), "float32", {**SMALL, "kc": 24, "nc": 16, "bands": 3,
+                                                       "tiles_by_row": True}),
+    # packed ahead (the combine passes) with the tiles walked row by row
+    "ahead-rows-first": ((130, 64, 48), "float32", {**SMALL, "bands": 0, "tiles_by_row": True}),
+    "ahead-strassen2-rows-first": ((152, 64, 64), "float32", {**SMALL, "bands": 0, "fused": False,
+                                                              "tiles_by_row": True}),
     # a 3×3×3 grid, float64
     "laderman-float64": ((54, 48, 48), "float64", {"mr": 6, "nr": 8, "mc": 12, "nc": 8, "kc": 8, "ku": 4,
                                                    "bands": 2}),
 }
 TARGET = {"sse-default": "x86_64"}
-ALGO = {"strassen-rowtail": "strassen", "strassen-shared-b-3bands": "strassen", "strassen-b-per-band": "strassen", "strassen2-stored-h": "strassen^2", "laderman-float64": "laderman"}
+ALGO = {"strassen-rowtail": "strassen", "strassen-rows-first": "strassen", "ahead-strassen2-rows-first": "strassen^2", "strassen-shared-b-3bands": "strassen", "strassen-b-per-band": "strassen", "strassen2-stored-h": "strassen^2", "laderman-float64": "laderman"}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +75,7 @@ def test_blocked_gemm_matches_float64_and_prepared(built, key):
     p = _get(built, key)
     f = lcmac.load(p)
     m = f.manifest
-    assert m.extra["packing"] == "blocked"
+    assert m.extra["packing"] == ("ahead" if key.startswith("ahead-") else "blocked")
     dt = np.dtype(m.dtype)
     rng = np.random.default_rng(5)
     A = _guarded(rng.standard_normal((m.M, m.K)).astype(dt))     # a read past A's end faults
@@ -112,6 +120,19 @@ def test_source_packs_inside_the_tasks(built):
     pack_b = plain[plain.index("for tn in range("):plain.index("] = B[")]
     assert re.search(r"for k in range\(\d+\):\s+for jr in range\(\d+\):\s+for u in T\.vectorized", pack_b)
     assert "Bc" not in prepared and "Ab = T.decl_buffer" in prepared
+
+
+def test_tiles_by_row_walks_a_row_of_tiles_innermost(built):
+    """Knob tiles_by_row puts the loop over a block's column tiles (jr) inside the loop over
+    its row tiles (ir), packed per block or ahead, plain or LCMA; by default the reverse."""
+    for key, by_row in (("rows-first", True), ("strassen-rows-first", True), ("ahead-rows-first", True),
+                        ("ahead-strassen2-rows-first", True), ("rowtail", False), ("strassen-rowtail", False)):
+        p = _get(built, key)
+        m = Manifest.read(p)
+        plain = (p.parent / m.extra["source"]).read_text().split("def lcmac_matmul_prepare_b")[0]
+        nests = re.findall(r"for (ir|jr) in range\(\d+\):\n\s+for (ir|jr) in range\(\d+\):", plain)
+        assert nests and all(n == (("ir", "jr") if by_row else ("jr", "ir")) for n in nests), (key, nests)
+        assert m.config["tiles_by_row"] == by_row
 
 
 def test_lcma_sums_its_blocks_as_it_packs(built):
@@ -175,6 +196,12 @@ def test_default_config_per_target():
     strassen = catalogue.get("strassen")          # H stored from 2048² blocks on, fused below
     one = default_config(avx512, "float32", strassen, shape=(4096,) * 3, threads=2)
     assert (gemm.bands, gemm.kc, gemm.ku, one.bands, one.kc, one.fused) == (2, 512, 8, 2, 1024, False)
+    # the plain GEMM's tiles row by row past a 512 × 512 chunk of B (1 MiB: half the 2 MiB L2);
+    # LCMAs column by column, and AVX2, whose B micro-panel fits in L1
+    assert (gemm.tiles_by_row, gemm.nc, one.tiles_by_row) == (True, 512, False)
+    assert not default_config(avx2, "float32", None, shape=(4096,) * 3).tiles_by_row
+    for N, nc in ((7168, 512), (1536, 512), (11008, 256)):      # B's columns tiled exactly
+        assert default_config(avx512, "float32", None, shape=(2048, N, 2048)).nc == nc
     assert one.mc == 342        # the 2048 rows of a block in two equal bands of 3 blocks (4 padded)
     assert default_config(avx512, "float32", strassen, shape=(2048,) * 3).fused
     for name in ("strassen^2", "winograd^2"):
