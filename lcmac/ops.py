@@ -9,10 +9,11 @@ A's leading dimensions are flattened into the rows: the product runs as one (∏
 
 **The choice** (``algo="auto"``) is ``lcmac.auto``'s per shape, from the tuning logs and the
 model (``lcmac.dispatch``; one shared decision-maker per (max_error, target) in the
-process).  Where it picks an LCMA, that kernel runs; where it picks the vendor GEMM or
-lcmac's plain GEMM (no LCMA predicted to win), ``numpy.matmul`` / ``torch.matmul`` runs.
-lcmac.matmul compiles LCMAs only: compiling a plain GEMM for every new shape would cost
-seconds for what the tuning logs measure within a few per cent of the vendor's.
+process).  Where it picks an LCMA, that kernel runs; where it picks the vendor GEMM,
+``numpy.matmul`` / ``torch.matmul`` runs.  Where it picks lcmac's plain GEMM, that kernel runs
+only if the tuning log measured it at this very shape faster than the vendor's by more than a
+tie (``EXACT_MARGIN``), else the vendor GEMM: compiling a plain GEMM for every new shape costs
+seconds, for a gain only a measurement there vouches for.
 ``algo="gemm"`` forces lcmac's plain GEMM, ``algo="vendor"`` the vendor GEMM, any catalogue
 name or expression (``"strassen"``, ``"winograd^2"``) that LCMA; ``plan()`` tells what runs
 for a shape and why, without running it.
@@ -61,7 +62,7 @@ from .runtime.cuda_memory import kept_empty
 from .runtime.tiled import empty, run_rows
 from .shape_rules import JIT_ROWS, row_pieces
 from .targets import get_target
-from .tune.measured_decision import vendor_matmul
+from .tune.measured_decision import EXACT_MARGIN, vendor_matmul
 
 __all__ = ["matmul", "plan", "MatmulPlan", "register", "mark_static", "transposed_weight", "kernel",
            "kernel_keys", "release_kernels", "compute",
@@ -246,12 +247,25 @@ def _error_of(cand, target: str, dtype: str, K: int) -> float | None:
         return None           # a dtype or operand mode the accuracy model does not cover
 
 
+def gemm_beats_vendor(dec) -> bool:
+    """Whether the tuning log measured lcmac's plain GEMM and the vendor GEMM at this very shape
+    (not carried from another), the plain GEMM faster by more than a tie (``EXACT_MARGIN``)."""
+    m = dec.measurements
+    return (dec.source == "exact" and GEMM in m and VENDOR in m
+            and m[GEMM] < m[VENDOR] * (1 - EXACT_MARGIN))
+
+
 def _plan_auto(M, N, K, dtype, target, max_error) -> MatmulPlan:
     dec = _auto(max_error, target).plan(M, N, K, dtype, target=target).decision
     c = dec.candidate
+    if c.is_gemm and not dec.is_vendor and gemm_beats_vendor(dec):
+        return MatmulPlan((M, N, K), dtype, target, AUTO, GEMM, GEMM, 1.0, 1.0,
+                          f"lcmac's plain GEMM, measured faster than the vendor GEMM at this shape: "
+                          f"{dec.describe()}")
     if dec.is_vendor or c.is_gemm:
         what = "the vendor GEMM was chosen" if dec.is_vendor else \
-            "lcmac's plain GEMM was chosen (no LCMA predicted to win; lcmac.matmul compiles LCMAs only)"
+            ("lcmac's plain GEMM was chosen (no LCMA predicted to win), but not measured faster "
+             "than the vendor's at this shape, where lcmac.matmul would compile it")
         return MatmulPlan((M, N, K), dtype, target, AUTO, VENDOR, c.algorithm, None, 1.0,
                           f"vendor GEMM: {what}: {dec.describe()}")
     return MatmulPlan((M, N, K), dtype, target, AUTO, c.algorithm, c.algorithm,

@@ -171,6 +171,24 @@ def test_plan_says_what_runs_and_why():
         ops.plan(M, N, K, algo="strassen", max_error=1.01)
 
 
+@pytest.mark.parametrize("times, source, runs", [
+    ({"gemm": 0.90, "vendor": 1.00}, "exact", "gemm"),        # measured here, 10 % faster
+    ({"gemm": 0.99, "vendor": 1.00}, "exact", "vendor"),      # within the tie margin
+    ({"gemm": 0.90}, "exact", "vendor"),                      # the vendor not measured
+    ({"gemm": 0.90, "vendor": 1.00}, "nearest 4096x4096x4096 (d=0.1)", "vendor"),  # carried
+])
+def test_auto_runs_lcmacs_plain_gemm_only_where_measured_faster(monkeypatch, times, source, runs):
+    """Where the decision is lcmac's plain GEMM, lcmac.matmul compiles it only if the tuning
+    log timed it at this very shape faster than the vendor GEMM by more than a tie."""
+    from types import SimpleNamespace
+    from lcmac.tune.measured_decision import Decision
+    gemm = SimpleNamespace(algorithm="gemm", is_gemm=True, reason="decision: fastest measured")
+    dec = Decision(candidate=gemm, candidates=[gemm], measurements=times, source=source)
+    monkeypatch.setattr(ops, "_auto", lambda *a: SimpleNamespace(plan=lambda *a, **k: SimpleNamespace(decision=dec)))
+    p = ops._plan_auto(2048, 1536, 7168, "float32", "x86_64-avx512", None)
+    assert (p.runs, p.decision) == (runs, "gemm") and "plain GEMM" in p.why
+
+
 def test_auto_falls_back_to_the_vendor_gemm_when_a_kernel_cannot_be_built(monkeypatch):
     from lcmac.errors import ToolchainError
 
