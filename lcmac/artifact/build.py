@@ -54,7 +54,7 @@ from ..errors import ArtifactError, DTypeError, ShapeError, TargetError, Toolcha
 from ..ir import get
 from ..ir.algorithm import Algorithm
 from ..ir.transforms import power
-from ..schedules.cpu_config import CpuConfig, amx_defaults, resolve_config
+from ..schedules.cpu_config import AS_MEASURED, CpuConfig, amx_defaults, resolve_config
 from ..schedules.cpu_lcma import programs_for
 from ..schedules.cuda.config import BATCHED_ONLY_DTYPES, batched_only_why
 from ..shapes import parse_shape
@@ -112,6 +112,9 @@ def build_config(t, dtype: str, config, alg, plain: bool, shape, notes: list | N
             config = _tuned_config(t, dtype, alg, plain, shape, exact_only=True, notes=notes)
             if amx and config is not None and not config.get("amx"):
                 config = None       # a logged FMA-kernel record: AMX measured 4.7x faster
+            if config is not None:
+                field = CpuConfig().to_dict()
+                config = {**{k: field[k] for k in AS_MEASURED}, **config}
             tuned = config
         if amx and not (config or {}).get("amx"):
             # the AMX kernel unless the config picks a kernel or a micro-tile it cannot run

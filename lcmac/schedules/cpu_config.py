@@ -60,6 +60,11 @@ SCHEDULE_VERSION = 2
 #: nothing to stream: off by default with them, refused beside them
 PACKED_OTHERWISE = ("vendor_base", "bands", "amx", "bf16_dot")
 
+#: knobs that a tuned record logged before they existed keeps at their field default (what
+#: it measured), where others take today's default: its nc was cut for the other tile order
+#: (a 2048-wide B chunk walked row by row overflows L2: 0.79x numpy at 4096³)
+AS_MEASURED = ("tiles_by_row",)
+
 # bits of the *compute* type per lane: bf16 inputs are computed in fp32
 _ITEM_BITS = {"float32": 32, "float64": 64, "bfloat16": 32}
 

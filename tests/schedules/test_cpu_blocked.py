@@ -290,3 +290,21 @@ def test_a_tuned_record_from_before_bands_says_the_build_differs(monkeypatch):
     cfg = build_mod.build_config(t, "float32", None, catalogue.get("strassen"), False, (4096,) * 3, notes=notes)
     assert cfg["bands"] == 0 and cfg["stream"], cfg
     assert [n for n in notes if "predates" in n and "knob(s) stream;" in n], notes
+
+
+def test_a_tuned_record_from_before_tiles_by_row_keeps_its_tile_order(monkeypatch):
+    """A plain-GEMM record logged before ``tiles_by_row`` chose its nc for tiles walked column
+    by column: on AVX-512 it is built so (today's default walks rows past an L2-sized chunk,
+    which a 1536-wide chunk overflows); a record that names the knob keeps its value."""
+    from lcmac.artifact import build as build_mod
+    old = {"mr": 6, "nr": 64, "mc": 342, "nc": 1536, "kc": 512, "ku": 8, "fused": True, "bf16_dot": False,
+           "amx": False, "vendor_base": False, "bands": 2, "stream": False}
+    record = {"shape": [2048, 1536, 7168], "time_s": 0.1, "device": "test"}
+    t = get_target("x86_64-avx512")
+    assert default_config(t, "float32", None, shape=(2048, 1536, 7168)).tiles_by_row
+    for logged, by_row in ((old, False), ({**old, "nc": 512, "tiles_by_row": True}, True)):
+        monkeypatch.setattr(build_mod.db, "best_config", lambda *a, **k: (dict(logged), record, True))
+        notes = []
+        cfg = build_mod.build_config(t, "float32", None, None, True, (2048, 1536, 7168), notes=notes)
+        assert (cfg["tiles_by_row"], cfg["nc"]) == (by_row, logged["nc"])
+        assert not [n for n in notes if "predates" in n], notes
