@@ -36,6 +36,11 @@ Pure Python (no compiler import): build.py, the manifest and the tuner use it.
               by column (``for jr: for ir``), reusing B's micro-panel (kc × nr), which only
               pays where it fits in L1 (the AVX2 kernel's 256 × 16; AVX-512's 512 × 64 is
               128 KB).  The default on AVX-512 float32 (docs/cpu.md)
+    chunk_cols
+              with tiles_by_row, c > 0 walks a task's columns c at a time (a multiple of nr),
+              each chunk row tile by row tile (``for jo: for ir: for ji``), so that a task
+              whose nc × kc of B outgrows L2 (an LCMA packed ahead: nc 1024 × kc 1024) still
+              streams an L2-sized chunk past each A micro-panel; 0: all nc at once
     vendor_base
               float32/float64 LCMAs: the products run on the vendor BLAS bound at load time
               (cblas_sgemm/dgemm), lcmac's combines around them (lcmac.schedules.cpu_vendor);
@@ -84,6 +89,7 @@ class CpuConfig:
     bands: int = 0               # 0 packs ahead; b > 0 packs per block in b row bands
     stream: bool = False         # packed operands written with non-temporal stores (above)
     tiles_by_row: bool = False   # register tiles walked row by row, A's micro-panel in L1 (above)
+    chunk_cols: int = 0          # with tiles_by_row: columns walked this many at a time (above)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -118,6 +124,11 @@ class CpuConfig:
         flags = ("fused", "bf16_dot", "amx", "vendor_base", "stream", "tiles_by_row")
         if not all(isinstance(getattr(self, nm), bool) for nm in flags):
             raise ValueError(f"config knobs {', '.join(flags)} must be true or false")
+        if not isinstance(self.chunk_cols, int) or isinstance(self.chunk_cols, bool) or self.chunk_cols < 0:
+            raise ValueError(f"config knob chunk_cols={self.chunk_cols!r} must be a whole number ≥ 0")
+        if self.chunk_cols and (not self.tiles_by_row or self.chunk_cols % self.nr):
+            raise ValueError(f"config knob chunk_cols={self.chunk_cols} walks row tiles inside chunks of "
+                             f"columns: it needs tiles_by_row true and a multiple of nr={self.nr}")
         if self.stream and any(getattr(self, k) for k in PACKED_OTHERWISE):
             raise ValueError("config knob stream is for the combine passes that pack Ã and B̃ "
                              "ahead in the compute type; vendor_base and bands pack otherwise, "
@@ -370,7 +381,14 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
         BN = _ceil(shape[1], alg.n if alg is not None else 1)
         nc = tile_for_count(BN, base.nr, _ceil(BN, 2048)) if base.tiles_by_row else \
             _l2_chunk_cols(target, BN, base.nr, base.kc, dtype)
-        out.append(CpuConfig(**{**base.to_dict(), "tiles_by_row": not base.tiles_by_row, "nc": nc}))
+        out.append(CpuConfig(**{**base.to_dict(), "tiles_by_row": not base.tiles_by_row, "nc": nc,
+                                "chunk_cols": 0}))
+        if not base.bands and not base.tiles_by_row and base.nc * base.kc * _ITEM_BITS[dtype] // 8 > 2 ** 20:
+            # packed ahead with a task's B wider than L2: its columns in L2-sized chunks, row by
+            # row (Winograd² at 4096³: 1.3-4.8 % faster in four runs, Strassen², dps-4x4x4-r48
+            # no faster: docs/cpu.md), so the tuner's to try, not a default
+            out.append(CpuConfig(**{**base.to_dict(), "tiles_by_row": True,
+                                    "chunk_cols": _l2_chunk_cols(target, base.nc, base.nr, base.kc, dtype)}))
     # packing ahead or per block (an LCMA's combination fused into the packing)
     if base.bands:
         out.append(CpuConfig(**{**base.to_dict(), "bands": 0}))

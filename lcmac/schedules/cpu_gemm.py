@@ -435,11 +435,18 @@ def emit_gemm_stage(w: Writer, g: Geometry, cfg: CpuConfig, R: int, acc_dtype: s
 
 
 def tile_loops(w: Writer, cfg: CpuConfig, jrs: int, irs: int) -> ExitStack:
-    """The two loops over a block's register tiles, ``jr`` (``jrs`` column tiles of nr) and
-    ``ir`` (``irs`` row tiles of mr), entered in ``cfg.tiles_by_row``'s order; the caller
-    writes the tile's body inside."""
-    loops = [("ir", irs), ("jr", jrs)] if cfg.tiles_by_row else [("jr", jrs), ("ir", irs)]
+    """The loops over a block's register tiles, ``jr`` (``jrs`` column tiles of nr) and ``ir``
+    (``irs`` row tiles of mr), entered in ``cfg.tiles_by_row``'s order, the columns in chunks
+    of ``cfg.chunk_cols`` (the largest number of column tiles up to it that divides ``jrs``);
+    the caller writes the tile's body inside."""
     stack = ExitStack()
+    per = max(d for d in range(1, max(1, cfg.chunk_cols // cfg.nr) + 1) if jrs % d == 0)
+    if cfg.tiles_by_row and 1 < per < jrs:
+        for line in (f"for jo in range({jrs // per}):", f"for ir in range({irs}):", f"for ji in range({per}):"):
+            stack.enter_context(w.block(line))
+        w(f"jr = jo * {per} + ji")
+        return stack
+    loops = [("ir", irs), ("jr", jrs)] if cfg.tiles_by_row else [("jr", jrs), ("ir", irs)]
     for name, count in loops:
         stack.enter_context(w.block(f"for {name} in range({count}):"))
     return stack

@@ -52,12 +52,17 @@ JOBS = {  # key: (shape (M, N, K), dtype, config)
     "ahead-rows-first": ((130, 64, 48), "float32", {**SMALL, "bands": 0, "tiles_by_row": True}),
     "ahead-strassen2-rows-first": ((152, 64, 64), "float32", {**SMALL, "bands": 0, "fused": False,
                                                               "tiles_by_row": True}),
+    # row tiles inside chunks of 32 columns (knob chunk_cols): 4 column tiles a task, 2 a chunk
+    "ahead-chunked": ((130, 128, 48), "float32", {**SMALL, "nc": 64, "bands": 0, "tiles_by_row": True,
+                                                  "chunk_cols": 32}),
+    "ahead-strassen-chunked": ((76, 128, 96), "float32", {**SMALL, "nc": 64, "bands": 0, "tiles_by_row": True,
+                                                          "chunk_cols": 32}),
     # a 3×3×3 grid, float64
     "laderman-float64": ((54, 48, 48), "float64", {"mr": 6, "nr": 8, "mc": 12, "nc": 8, "kc": 8, "ku": 4,
                                                    "bands": 2}),
 }
 TARGET = {"sse-default": "x86_64"}
-ALGO = {"strassen-rowtail": "strassen", "strassen-rows-first": "strassen", "ahead-strassen2-rows-first": "strassen^2", "strassen-shared-b-3bands": "strassen", "strassen-b-per-band": "strassen", "strassen2-stored-h": "strassen^2", "laderman-float64": "laderman"}
+ALGO = {"strassen-rowtail": "strassen", "ahead-strassen-chunked": "strassen", "strassen-rows-first": "strassen", "ahead-strassen2-rows-first": "strassen^2", "strassen-shared-b-3bands": "strassen", "strassen-b-per-band": "strassen", "strassen2-stored-h": "strassen^2", "laderman-float64": "laderman"}
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +138,23 @@ def test_tiles_by_row_walks_a_row_of_tiles_innermost(built):
         nests = re.findall(r"for (ir|jr) in range\(\d+\):\n\s+for (ir|jr) in range\(\d+\):", plain)
         assert nests and all(n == (("ir", "jr") if by_row else ("jr", "ir")) for n in nests), (key, nests)
         assert m.config["tiles_by_row"] == by_row
+
+
+def test_chunk_cols_walks_row_tiles_inside_column_chunks(built):
+    """Knob chunk_cols (with tiles_by_row): a task's column tiles in chunks, each walked row
+    tile by row tile; its errors name the knob."""
+    for key in ("ahead-chunked", "ahead-strassen-chunked"):
+        p = _get(built, key)
+        plain = (p.parent / Manifest.read(p).extra["source"]).read_text().split("def lcmac_matmul_prepare_b")[0]
+        assert re.search(r"for jo in range\(2\):\s+for ir in range\(\d+\):\s+for ji in range\(2\):\s+"
+                         r"jr = jo \* 2 \+ ji", plain), key
+    t = get_target(AVX2)
+    with pytest.raises(ValueError, match="needs tiles_by_row"):
+        resolve_config(t, "float32", {"chunk_cols": 32}, None, shape=(64, 64, 64))
+    with pytest.raises(ValueError, match="multiple of nr=16"):
+        resolve_config(t, "float32", {"chunk_cols": 24, "tiles_by_row": True}, None, shape=(64, 64, 64))
+    with pytest.raises(ValueError, match="whole number"):
+        resolve_config(t, "float32", {"chunk_cols": -16, "tiles_by_row": True}, None, shape=(64, 64, 64))
 
 
 def test_lcma_sums_its_blocks_as_it_packs(built):
