@@ -356,7 +356,8 @@ def _packed_exceeds_llc(target, dtype: str, alg, shape) -> bool:
 
 
 def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
-    """Candidate configs a tuner may measure for ``shape`` = (M, N, K) (the default first)."""
+    """Candidate configs a tuner may measure for ``shape`` = (M, N, K): the default first, then
+    its one-knob variants (``ConfigSpace.named`` in all), then a grid of tiles and blocks."""
     lanes = lanes_for(target, dtype)
     regs = _registers(target)
     if isinstance(algorithm, str) and algorithm != "gemm":
@@ -401,6 +402,7 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
         m, k, n = alg.grid
         if not (M % m or K % k or N % n or (K // k) % lanes or (N // n) % lanes):
             out.append(CpuConfig(**{**base.to_dict(), "vendor_base": True, "stream": False, "bands": 0}))
+    named = len(out)
     fused_opts = (True,) if alg is None else (True, False)
     # kc up to 1024: an LCMA's fused epilogue runs once per kc chunk (default_config's note)
     for (mr, nr), mc, nc, kc, ku, fu in itertools.product(
@@ -411,7 +413,16 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
         c = CpuConfig(mr=mr, nr=nr, mc=mc - mc % mr or mr, nc=nc - nc % nr, kc=kc, ku=ku, fused=fu)
         if c not in out:
             out.append(c)
-    return out
+    return ConfigSpace(out, named)
+
+
+class ConfigSpace(list):
+    """``config_space``'s configs: the default and its one-knob variants first (``named`` of
+    them, which the tuner measures before the grid: lcmac.tune.space), then the grid."""
+
+    def __init__(self, configs, named: int):
+        super().__init__(configs)
+        self.named = named
 
 
 def banded(alg, shape, mr: int, mc: int, bands: int) -> dict:

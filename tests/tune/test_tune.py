@@ -92,6 +92,24 @@ def test_ranked_space_orders_by_estimate_and_prefers_sane_tiles():
                                                                  {"mr": 8, "nr": 32})["gemm_s"]
 
 
+def test_the_backends_named_configs_come_first_and_are_not_pruned():
+    """The CPU space names the default and its one-knob variants: they lead the ranked space
+    (in the model's order among themselves) and the fit rule does not drop them (Winograd²'s
+    AVX-512 default holds a 2.1 MB block of A, over the rule's 2 MiB of L2); the grid follows
+    by estimate."""
+    from lcmac.schedules.cpu_config import config_space
+    from lcmac.targets import get_target
+    shape = (4096,) * 3
+    cfgs = config_space(get_target("x86_64-avx512"), "float32", shape, "winograd^2")
+    named = {tdb.config_key(c) for c in cfgs[:cfgs.named]}
+    assert 3 <= len(named) < len(cfgs) and not est.fit_check("x86_64-avx512", "float32", cfgs[0]).fits
+    sp = space.ranked_space("x86_64-avx512", "float32", "winograd^2", shape)
+    lead = [p.key for p in sp.ranked[:len(named)]]
+    assert set(lead) == named and tdb.config_key(cfgs[0]) in lead
+    rest = [p.predicted_s for p in sp.ranked[len(named):]]
+    assert rest == sorted(rest) and len(sp.pruned) > 0
+
+
 # ---- the log ----------------------------------------------------------------------------------
 def test_log_round_trip_sorted_keys_one_line_per_record(tmp_path):
     store = tdb.TuningDB(tmp_path)
