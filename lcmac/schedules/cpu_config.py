@@ -35,7 +35,7 @@ Pure Python (no compiler import): build.py, the manifest and the tuner use it.
               of L2, streams past it (BLIS's order for this kernel's shape).  False: column
               by column (``for jr: for ir``), reusing B's micro-panel (kc × nr), which only
               pays where it fits in L1 (the AVX2 kernel's 256 × 16; AVX-512's 512 × 64 is
-              128 KB).  The default on AVX-512 float32 (docs/cpu.md)
+              128 KB).  The default for the plain GEMM on AVX-512 float32 (docs/cpu.md)
     chunk_cols
               with tiles_by_row, c > 0 walks a task's columns c at a time (a multiple of nr),
               each chunk row tile by row tile (``for jo: for ir: for ji``), so that a task
@@ -67,7 +67,7 @@ PACKED_OTHERWISE = ("vendor_base", "bands", "amx", "bf16_dot")
 
 #: knobs that a tuned record logged before they existed keeps at their field default (what
 #: it measured), where others take today's default: its nc was cut for the other tile order
-#: (a 2048-wide B chunk walked row by row overflows L2: 0.79x numpy at 4096³)
+#: (a 1024-wide chunk of B walked row by row overflows L2: 0.79x numpy at 4096³, scratch run)
 AS_MEASURED = ("tiles_by_row",)
 
 # bits of the *compute* type per lane: bf16 inputs are computed in fp32
@@ -274,8 +274,9 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
             knobs.update(bands=0, stream=True)
         if not lcma:
             # the plain GEMM walks its tiles row by row over an L2-sized B chunk
-            # (``_l2_chunk_cols``): 0.96 → 1.05-1.08x numpy at 4096³ in three runs; the LCMAs
-            # measured no faster so (their kc 1024 halves the chunk's columns)
+            # (``_l2_chunk_cols``): 1.00-1.03 → 1.08-1.14x numpy at the six benchmark shapes
+            # (bench/results/cpu-xeon-avx512-float32-shapes-tile-order-ab-2026-11-29.json); the
+            # LCMAs measured no faster so (scratch runs, docs/cpu.md)
             knobs.update(tiles_by_row=True, nc=_l2_chunk_cols(target, BN, nr, 512, dtype))
         return CpuConfig(**{"mr": mr, "nr": nr, "nc": nc, "kc": 1024 if lcma else 512, "ku": 8,
                             "fused": fused and BM * BN < 2048 * 2048, **knobs})
@@ -384,12 +385,13 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
             _l2_chunk_cols(target, BN, base.nr, base.kc, dtype)
         out.append(CpuConfig(**{**base.to_dict(), "tiles_by_row": not base.tiles_by_row, "nc": nc,
                                 "chunk_cols": 0}))
-        if not base.bands and not base.tiles_by_row and base.nc * base.kc * _ITEM_BITS[dtype] // 8 > 2 ** 20:
+        chunk = _l2_chunk_cols(target, base.nc, base.nr, base.kc, dtype)
+        if not base.bands and not base.tiles_by_row and chunk < base.nc:
             # packed ahead with a task's B wider than L2: its columns in L2-sized chunks, row by
-            # row (Winograd² at 4096³: 1.3-4.8 % faster in four runs, Strassen², dps-4x4x4-r48
-            # no faster: docs/cpu.md), so the tuner's to try, not a default
-            out.append(CpuConfig(**{**base.to_dict(), "tiles_by_row": True,
-                                    "chunk_cols": _l2_chunk_cols(target, base.nc, base.nr, base.kc, dtype)}))
+            # row (at 4096³ Winograd² 1.084 → 1.107x numpy, Strassen² and dps-4x4x4-r48 no
+            # faster: bench/results/cpu-xeon-avx512-float32-4096-chunk-cols-ab-2026-11-29.json),
+            # so the tuner's to try, not a default
+            out.append(CpuConfig(**{**base.to_dict(), "tiles_by_row": True, "chunk_cols": chunk}))
     # packing ahead or per block (an LCMA's combination fused into the packing)
     if base.bands:
         out.append(CpuConfig(**{**base.to_dict(), "bands": 0}))

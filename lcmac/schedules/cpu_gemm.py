@@ -409,7 +409,7 @@ def emit_gemm_stage(w: Writer, g: Geometry, cfg: CpuConfig, R: int, acc_dtype: s
                     epilogue, prefetch=None, bf16_dot: bool = False, amx: bool = False) -> None:
     """The GEMM stage: one parallel task per (tm, tn) tile position of the blocks (FalconGEMM's
     (x, z)); inside, for each product r (its Combine-H coefficients constants in its own branch),
-    the kc / jr / ir loops of the register-tiled micro-kernel, then ``epilogue(w, r)``
+    the kc loop and the loops over the register tiles (``tile_loops``), then ``epilogue(w, r)``
     which writes the tile.
 
     Task order puts tm innermost so consecutive tasks share the B̃ panel."""
