@@ -126,6 +126,22 @@ def test_log_round_trip_sorted_keys_one_line_per_record(tmp_path):
     assert m.exact and m.record == r2 and m.config == {"mr": 4, "nr": 64}
 
 
+def test_best_ranks_records_timed_beside_the_vendor_by_that_ratio(tmp_path):
+    """A record timed in rounds beside the vendor GEMM is ranked by its time relative to it:
+    the older config logged in a fast spell (115 ms beside numpy's 122) loses to one at 122 ms
+    beside numpy's 140; records without the pairing count only where none has it."""
+    store = tdb.TuningDB(tmp_path)
+    fast_spell = rec(t=0.115, cfg={"mr": 6, "nr": 64, "nc": 1536}, vendor_paired_s=0.122)
+    better = rec(t=0.122, cfg={"mr": 6, "nr": 64, "nc": 512}, vendor_paired_s=0.140)
+    unpaired = rec(t=0.100, cfg={"mr": 4, "nr": 64})
+    store.append([fast_spell, better, unpaired])
+    assert store.best(CPU, "float32", "gemm", (1024,) * 3).config == better["config"]
+    assert tdb.best_config(CPU, "float32", "gemm", (2048,) * 3, root=tmp_path)[0] == better["config"]
+    alone = tdb.TuningDB(tmp_path / "alone")
+    alone.append([rec(t=0.115, cfg={"mr": 6, "nr": 64}), unpaired])
+    assert alone.best(CPU, "float32", "gemm", (1024,) * 3).config == unpaired["config"]
+
+
 def test_corrupt_and_foreign_lines_are_skipped_with_a_warning(tmp_path):
     store = tdb.TuningDB(tmp_path)
     store.append(rec(t=0.03))
