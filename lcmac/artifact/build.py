@@ -106,6 +106,7 @@ def build_config(t, dtype: str, config, alg, plain: bool, shape, notes: list | N
         amx = (dtype == "bfloat16" and t.name == "x86_64-avx512" and x86.mcpu_has_amx(mcpu)
                and not {"amx", "bf16_dot", "mr", "nr"} & set(config or {}))
         tuned = None
+        was = CpuConfig().to_dict()     # the knobs' field defaults: what the templates did before each
         if config is None:
             # CPU blocks are cut from the shape (tasks balanced over the threads): a config
             # logged at another shape is not better than the shape-aware default
@@ -113,8 +114,7 @@ def build_config(t, dtype: str, config, alg, plain: bool, shape, notes: list | N
             if amx and config is not None and not config.get("amx"):
                 config = None       # a logged FMA-kernel record: AMX measured 4.7x faster
             if config is not None:
-                field = CpuConfig().to_dict()
-                config = {**{k: field[k] for k in AS_MEASURED}, **config}
+                config = {**{k: was[k] for k in AS_MEASURED}, **config}
             tuned = config
         if amx and not (config or {}).get("amx"):
             # the AMX kernel unless the config picks a kernel or a micro-tile it cannot run
@@ -125,7 +125,6 @@ def build_config(t, dtype: str, config, alg, plain: bool, shape, notes: list | N
             raise TargetError(f"bad CPU config: {e}") from None
         # a record logged before a knob existed was measured with the knob's field default
         # (what the template did then); where the current default differs, say so
-        was = CpuConfig().to_dict()
         filled = {k: out[k] for k in sorted(set(out) - set(tuned or out)) if out[k] != was[k]}
         if filled:
             _note(f"lcmac build: the record predates knob(s) {', '.join(filled)}; they take the "

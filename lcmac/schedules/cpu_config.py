@@ -302,11 +302,7 @@ def _l2_chunk_cols(target, BN: int, nr: int, kc: int, dtype: str) -> int:
     for the A micro-panels and C's tiles passing through); among the tile counts from the
     fewest that fit up to twice as many, the least padded (so the chunk tiles B's columns
     exactly where it can: 512 at 4096 columns, 7168, 3072, 1536 and 2048)."""
-    from ..costmodel.profiles import profile_for_target     # here: profiles imports the targets
-    try:
-        l2 = profile_for_target(target).l2_bytes or 2 ** 20
-    except TargetError:
-        l2 = 2 ** 20
+    l2 = _cache_bytes(target, "l2_bytes") or 2 ** 20
     want = max(nr, l2 // 2 // (kc * _ITEM_BITS[dtype] // 8) // nr * nr)
     fewest = _ceil(BN, want)
     best = min(range(fewest, 2 * fewest + 1), key=lambda c: (tile_for_count(BN, nr, c) * c - BN, c))
@@ -348,12 +344,18 @@ def _packed_exceeds_llc(target, dtype: str, alg, shape) -> bool:
     pushing out lines the GEMM stage would have found.  Measured on the 2-core AMD EPYC VM
     (32 MiB L3), Strassen² at 4096³ (205 MB a side): Combines A and B alone 23 → 17 and
     27 → 17 ms (docs/cpu.md)."""
+    llc = _cache_bytes(target, "l3_bytes")
+    return bool(llc) and _packed_bytes(dtype, alg, shape) > llc
+
+
+def _cache_bytes(target, level: str) -> int:
+    """The target profile's cache size ``level`` ("l2_bytes": per core, "l3_bytes"); 0 for a
+    target without a profile (no cache size to weigh against)."""
     from ..costmodel.profiles import profile_for_target     # here: profiles imports the targets
     try:
-        llc = profile_for_target(target).l3_bytes
-    except TargetError:     # a target without a profile: no cache size to weigh against
-        return False
-    return bool(llc) and _packed_bytes(dtype, alg, shape) > llc
+        return getattr(profile_for_target(target), level) or 0
+    except TargetError:
+        return 0
 
 
 def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
@@ -385,8 +387,8 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
             _l2_chunk_cols(target, BN, base.nr, base.kc, dtype)
         out.append(CpuConfig(**{**base.to_dict(), "tiles_by_row": not base.tiles_by_row, "nc": nc,
                                 "chunk_cols": 0}))
-        chunk = _l2_chunk_cols(target, base.nc, base.nr, base.kc, dtype)
-        if not base.bands and not base.tiles_by_row and chunk < base.nc:
+        chunk = None if base.bands or base.tiles_by_row else _l2_chunk_cols(target, base.nc, base.nr, base.kc, dtype)
+        if chunk is not None and chunk < base.nc:
             # packed ahead with a task's B wider than L2: its columns in L2-sized chunks, row by
             # row (at 4096³ Winograd² 1.084 → 1.107x numpy, Strassen² and dps-4x4x4-r48 no
             # faster: bench/results/cpu-xeon-avx512-float32-4096-chunk-cols-ab-2026-11-29.json),
