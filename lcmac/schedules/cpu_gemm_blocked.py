@@ -50,6 +50,7 @@ from contextlib import ExitStack, nullcontext
 
 from ..dtypes import ITEMSIZE
 from .cpu_config import CpuConfig
+from .cpu_memory import emit_workspace
 from .cpu_gemm import (Geometry, Writer, dispatch_per_product, emit_chunk_store, emit_fma_loop, emit_zero_acc,
                        linear_expr, tile_loops, whole_chunk)
 
@@ -127,9 +128,9 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
     w(f"for t in T.parallel({bands * groups}):")
     with w.indent():
         w(f"acc = T.decl_buffer(({mr}, {nr}), \"{dtype}\", scope=\"local\")")
-        w(f"Ab = T.decl_buffer(({nic * g.MC * g.KC},), \"{dtype}\", align=64)")
+        emit_workspace(w, "Ab", (nic * g.MC * g.KC,), dtype, align=64, per_task=True)
         if not prepared:
-            w(f"Bc = T.decl_buffer(({g.NC * g.KC},), \"{dtype}\", align=64)")
+            emit_workspace(w, "Bc", (g.NC * g.KC,), dtype, align=64, per_task=True)
         if R > 1:
             most = max(len(t) for t in programs["A"].outputs)
             w(f"At = T.decl_buffer(({most}, {mr}, {whole_chunk(g.KC)}), \"{dtype}\", scope=\"local\")")
@@ -194,8 +195,8 @@ def _emit_shared_b_stage(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, pro
     slice_rows = g.KC // bands
     w(f"# GEMM stage, {R} products in turn, each chunk of B̃_r packed by the {bands} bands together, "
       f"Ã_r per band, H " + ("fused" if cfg.fused else "stored"))
-    w(f"Ab = T.alloc_buffer(({bands * band_elems},), \"{dtype}\", align=64)")
-    w(f"Bc = T.alloc_buffer(({g.NC * g.KC},), \"{dtype}\", align=64)")
+    emit_workspace(w, "Ab", (bands * band_elems,), dtype, align=64)
+    emit_workspace(w, "Bc", (g.NC * g.KC,), dtype, align=64)
     most = max(len(t) for t in programs["A"].outputs)
     with w.block(f"for r in range({R}):"), w.block(f"for kc in range({g.nkc}):"), \
             w.block(f"for tn in range({g.nnc}):"):

@@ -17,6 +17,7 @@ from .cpu_gemm_blocked import (emit_blocked_gemm, row_block as blocked_row_block
 from .cpu_combine import emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad, needs_pad
 from . import cpu_vendor
 from .cpu_config import CpuConfig
+from .cpu_memory import emit_workspace
 from .cpu_gemm import (DOT_LANES, DPBF16_LL, Writer, amx_kernel, amx_ll, emit_chunk_store, emit_gemm_stage,
                        geometry, packed_stride)
 
@@ -91,7 +92,7 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
     def emit_combine_b_side(w):
         """Combine B (after zero-padding B where needed) into the buffer named bp_name."""
         if pad_b:
-            w(f"Bpad = T.alloc_buffer(({g.k * g.BKP}, {g.n * g.BNP}), \"{dtype}\")")
+            emit_workspace(w, "Bpad", (g.k * g.BKP, g.n * g.BNP), dtype)
             emit_pad(w, "B", "Bpad", g.k, g.n, g.cols_k, g.cols, g.BK, g.BN, g.BKP, g.BNP, zero)
         # a blocked LCMA's B̃p (its prepared entry's, a weight's) is read back from memory
         # anyway: streamed, without the reads for ownership
@@ -109,22 +110,22 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             pass        # Ã_r packed chunk by chunk in the GEMM stage's tasks
         elif amx:
             # Ã as bf16 bits (uint16), rows of 32 k (cpu_gemm.amx_ll); B̃ as bf16_dot's pairs
-            w(f"Ap16 = T.alloc_buffer(({R}, {sa}), \"uint16\")")
+            emit_workspace(w, "Ap16", (R, sa), "uint16")
         elif bf16_dot:
             # int32 elements = k pairs of bf16 (sa, sb are even: BKP is); no bf16-typed
             # buffer, see cpu_combine.bf16_bits
-            w(f"Ap32 = T.alloc_buffer(({R}, {sa // 2}), \"int32\")")
+            emit_workspace(w, "Ap32", (R, sa // 2), "int32")
         else:
-            w(f"Ap = T.alloc_buffer(({R}, {sa}), \"{pack}\")")
+            emit_workspace(w, "Ap", (R, sa), pack)
         if direct:
             cbuf, crow, ccol = "C", g.BM, g.BN
         else:
             cbuf, crow, ccol = "Cw", g.BMP, g.BNP
-            w(f"Cw = T.alloc_buffer(({g.m * g.BMP}, {g.n * g.BNP}), \"{acc}\")")
+            emit_workspace(w, "Cw", (g.m * g.BMP, g.n * g.BNP), acc)
         if not cfg.fused:
-            w(f"H = T.alloc_buffer(({R}, {g.BMP}, {g.BNP}), \"{acc}\")")
+            emit_workspace(w, "H", (R, g.BMP, g.BNP), acc)
         if pad_a:
-            w(f"Apad = T.alloc_buffer(({g.m * g.BMP}, {g.k * g.BKP}), \"{dtype}\")")
+            emit_workspace(w, "Apad", (g.m * g.BMP, g.k * g.BKP), dtype)
             emit_pad(w, "A", "Apad", g.m, g.k, g.rows, g.cols_k, g.BM, g.BK, g.BMP, g.BKP, zero)
         if not blocked:
             emit_combine_a(w, g, progs["A"], cfg.mr, acc, src_dtype, padded=pad_a, pair=bf16_dot, amx=amx,
@@ -202,7 +203,7 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             with w.indent():
                 w(f"T.func_attr({{\"global_symbol\": \"{name}\", \"tirx.noalias\": True}})")
                 if name == entry and not blocked:
-                    w(f"{bp_name} = T.alloc_buffer({decl[bp_name]})")
+                    emit_workspace(w, bp_name, bp_shape, bp_dtype)
                 if "B" in params and not (blocked and "A" in params):
                     emit_combine_b_side(w)
                 if "A" in params:

@@ -27,6 +27,7 @@ import dataclasses
 from ..errors import DTypeError, ShapeError
 from .cpu_combine import _decl_locals, _emit_program
 from .cpu_gemm import Writer
+from .cpu_memory import emit_workspace
 
 #: (BLAS routine letter, LLVM element type) per dtype
 _BLAS = {"float32": ("s", "float"), "float64": ("d", "double")}
@@ -235,10 +236,10 @@ def generate(alg, dtype: str, M: int, N: int, K: int, progs: dict, lanes: int,
                     continue
                 w(f"with T.attr(0, \"pragma_import_llvm\", {vendor_ll(dtype, name == entry)!r}):")
                 with w.indent():
-                    w(f"At = T.alloc_buffer(({max(1, len(p.made_a))}, {BM}, {BK}), \"{dtype}\")")
-                    w(f"H = T.alloc_buffer(({R}, {BM}, {BN}), \"{dtype}\")")
+                    emit_workspace(w, "At", (max(1, len(p.made_a)), BM, BK), dtype)
+                    emit_workspace(w, "H", (R, BM, BN), dtype)
                     if name == entry:
-                        w(f"Bt = T.alloc_buffer(({max(1, len(p.made_b))}, {BK}, {BN}), \"{dtype}\")")
+                        emit_workspace(w, "Bt", (max(1, len(p.made_b)), BK, BN), dtype)
                         _combine_b(w, p, p.made_b)
                         b_slot = {r: i for i, r in enumerate(p.made_b)}
                     else:
