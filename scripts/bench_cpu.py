@@ -18,7 +18,10 @@ an AArch64 host; ``--target`` overrides, ``--dry-run`` prints the plan without b
 
 With ``--artifacts`` nothing is built: every CPU artifact given (its manifest, or the ``.so``
 beside it) is timed against numpy at its own shape and dtype, interleaved in the same rounds;
-files that are not artifact manifests are skipped with a note.
+files that are not artifact manifests are skipped with a note.  Each lcmac callable runs on a
+thread of its own (``OwnThread``), as it would in a program that uses one: apache-tvm's
+workspace pool belongs to the calling thread, so artifacts called from one thread would share
+their workspaces' pages (and so whether those are huge pages).
 Writes out/bench-cpu/<host>-<dtype>-<UTC time>.json (``out/`` is not tracked; ``--out`` picks
 another path).  Results that the documentation cites are copied into bench/results/ by hand
 and listed in bench/results/index.json.
@@ -33,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -172,9 +176,9 @@ def main(argv=None) -> int:
             if isinstance(p, Exception):
                 print(f"  {name}: build failed: {p}")
                 continue
-            fns.append((name, lcmac.load(p)))
+            fns.append((name, OwnThread(lcmac.load(p))))
         if any(v[1] == "auto" for v in want):
-            fns.append(("auto", auto_matmul(lcmac, (M, N, K))))
+            fns.append(("auto", OwnThread(auto_matmul(lcmac, (M, N, K)))))
         if args.products:
             fns += products_calls([algo for _, algo, _ in built_want], (M, N, K))
         tb = time.perf_counter() - t0
@@ -260,6 +264,35 @@ def auto_matmul(lcmac, shape):
     return run
 
 
+class OwnThread:
+    """``f`` (an lcmac callable) run on a thread of its own, and timed there.
+
+    apache-tvm's workspace pool (and thread pool) belongs to the thread that calls: artifacts
+    called from one thread share the pool's pages, so the first to run decides them for all
+    (2 MiB pages or 4 KiB ones: lcmac.schedules.cpu_memory), where a program that uses one
+    artifact has them to itself.  Timed inside the thread, so the hand-over is not counted."""
+
+    def __init__(self, f):
+        self.f = f
+        self._thread = ThreadPoolExecutor(max_workers=1)
+
+    def __getattr__(self, name):        # manifest, plan, products; prepare_b on the thread
+        attr = getattr(self.f, name)
+        if name == "prepare_b":
+            return lambda B: self._thread.submit(attr, B).result()
+        return attr
+
+    def __call__(self, *args, **kw):
+        return self._thread.submit(self.f, *args, **kw).result()
+
+    def timed(self, *args, **kw) -> float:
+        def run():
+            t = time.perf_counter()
+            self.f(*args, **kw)
+            return time.perf_counter() - t
+        return self._thread.submit(run).result()
+
+
 def time_against_numpy(shape, dtype: str, fns, rounds: int, pause: float, prepared_b: bool = False):
     """Random normal A, B of ``shape`` = (M, N, K); each (name, f) in ``fns`` and numpy timed in
     interleaved rounds; with ``prepared_b`` each f also as ``f(A, f.prepare_b(B))`` (B prepared
@@ -274,19 +307,25 @@ def time_against_numpy(shape, dtype: str, fns, rounds: int, pause: float, prepar
     ref = A.astype(np.float64) @ B.astype(np.float64)
     nref = float(np.linalg.norm(ref))
     errs = {"numpy": float(np.linalg.norm(A @ B - ref) / nref)}
-    fns = list(fns)
+    # (name, f, the B operand it takes): B itself, and with prepared_b B prepared by f
+    cases = [(name, f, B) for name, f in fns]
     if prepared_b:
-        fns = [x for name, f in fns
-               for x in ((name, f),) + (((name + "+prepB", (lambda a, b, out, f=f, p=f.prepare_b(B): f(a, p, out=out))),)
-                                        if hasattr(f, "prepare_b") else ())]
-    for name, f in fns:
-        f(A, B, out=C)
+        cases = [x for name, f, _ in cases
+                 for x in ((name, f, B),) + (((name + "+prepB", f, f.prepare_b(B)),)
+                                             if hasattr(f, "prepare_b") else ())]
+    for name, f, b in cases:
+        f(A, b, out=C)
         errs[name] = None if getattr(f, "products", False) else float(np.linalg.norm(C - ref) / nref)
     del ref
 
     def np_call():
         np.matmul(A, B, out=C)
-    calls = [("numpy", np_call)] + [(n, (lambda f=f: f(A, B, out=C))) for n, f in fns]
+
+    def call_of(f, b):
+        if isinstance(f, OwnThread):
+            return lambda: f.timed(A, b, out=C)
+        return lambda: f(A, b, out=C)
+    calls = [("numpy", np_call)] + [(n, call_of(f, b)) for n, f, b in cases]
     return interleaved(calls, rounds, pause), errs
 
 
@@ -301,8 +340,8 @@ def interleaved(calls, rounds: int, pause: float) -> dict[str, list[float]]:
             time.sleep(pause)
             call()                                      # warm, untimed
             t = time.perf_counter()
-            call()
-            runs[name].append(time.perf_counter() - t)
+            took = call()               # a call timed on its own thread returns its seconds
+            runs[name].append(took if isinstance(took, float) else time.perf_counter() - t)
     return runs
 
 
@@ -391,7 +430,7 @@ def bench_artifacts(args) -> int:
         if man.dtype not in ("float32", "float64"):
             print(f"# skipped {m}: numpy has no {man.dtype} GEMM to compare with")
             continue
-        groups.setdefault((man.M, man.N, man.K, man.dtype), []).append((m, f))
+        groups.setdefault((man.M, man.N, man.K, man.dtype), []).append((m, OwnThread(f)))
     if not groups:
         return 2
     print(f"# lcmac CPU artifacts vs numpy, {args.threads} threads")
