@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the CPU bench's helpers (it imports neither numpy nor apache-tvm at module level)
-from bench_cpu import _labels, artifact_manifests, cpu_description, interleaved  # noqa: E402
+from bench_cpu import OwnThread, _labels, artifact_manifests, cpu_description, interleaved  # noqa: E402
 
 
 def onednn_kernel(M: int, N: int, K: int, threads: int) -> str:
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
         if man.dtype != "bfloat16":
             print(f"# skipped {m}: {man.dtype} (this compares bfloat16 with torch)")
             continue
-        groups.setdefault((man.M, man.N, man.K), []).append((label, f))
+        groups.setdefault((man.M, man.N, man.K), []).append((label, OwnThread(f)))   # own pool
     if not groups:
         print("no bfloat16 artifacts given", file=sys.stderr)
         return 2
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
         runs = {}
         if timed:
             calls = [("torch", lambda: torch.matmul(A, B, out=C))]
-            calls += [(n, (lambda f=f: f(A, B, out=C))) for n, f in fns]
+            calls += [(n, (lambda f=f: f.timed(A, B, out=C))) for n, f in fns]
             runs = interleaved(calls, args.rounds, args.pause)
         flops = 2.0 * M * N * K
         print(f"\nbfloat16 M={M} N={N} K={K}" + ("" if timed else "  (checked, not timed)")
