@@ -268,8 +268,26 @@ def _plan_auto(M, N, K, dtype, target, max_error) -> MatmulPlan:
              "than the vendor's at this shape, where lcmac.matmul would compile it")
         return MatmulPlan((M, N, K), dtype, target, AUTO, VENDOR, c.algorithm, None, 1.0,
                           f"vendor GEMM: {what}: {dec.describe()}")
-    return MatmulPlan((M, N, K), dtype, target, AUTO, c.algorithm, c.algorithm,
-                      float(c.speedup_vs_gemm), _error_of(c, target, dtype, K), dec.describe())
+    chosen = MatmulPlan((M, N, K), dtype, target, AUTO, c.algorithm, c.algorithm,
+                        float(c.speedup_vs_gemm), _error_of(c, target, dtype, K), dec.describe())
+    return _vendor_if_every_piece_is(chosen, max_error)
+
+
+def _vendor_if_every_piece_is(p: MatmulPlan, max_error) -> MatmulPlan:
+    """``p``, or the vendor GEMM where the rows are cut into buckets (M is not one) and the
+    decision at every bucket gives its piece to the vendor: the plan then says what runs."""
+    M, N, K = p.shape
+    pieces = row_pieces(M, JIT_ROWS[backend_kind(p.target)])
+    if len(pieces) == 1 and pieces[0].bucket == M:
+        return p
+    if any(not piece.padded and _bucket_runs_kernel(p, (piece.bucket, N, K), max_error)
+           for piece in pieces):
+        return p
+    cut = "+".join(str(piece.rows) for piece in pieces)
+    return MatmulPlan(p.shape, p.dtype, p.target, AUTO, VENDOR, p.decision, None, 1.0,
+                      f"vendor GEMM: {p.runs} was chosen for the whole shape, but its {M} rows are "
+                      f"cut into buckets ({cut}) and the decision at each gives its rows to the "
+                      f"vendor GEMM, which runs them as one call: {p.why}")
 
 
 def _plan_forced(M, N, K, dtype, target, algo, max_error) -> MatmulPlan:

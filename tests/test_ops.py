@@ -269,3 +269,37 @@ def test_kernel_keys_name_the_bucket_kernels_a_product_runs():
     assert 1000 < P[0] and ops.kernel_keys(3, 5, 7, "float32", algo="vendor", target=tgt) == []
     assert ops.kernel_keys(3, 5, 7, "float32", algo="strassen", target=tgt) == [
         ("strassen", tgt, "float32", (P[-1], 5, 7))]
+
+
+def test_adjacent_vendor_pieces_run_as_one_call():
+    """Row pieces the vendor GEMM takes run as one call where they are adjacent (one large GEMM
+    is faster than its pieces), around the pieces a kernel takes."""
+    from lcmac.runtime.tiled import run_rows
+    A, B = _ab(15, 3, 5)
+    calls = []
+
+    def vendor(a, b, out):
+        calls.append(a.shape[0])
+        np.matmul(a, b, out=out)
+
+    def kernel_for(shape):          # a kernel for the 4-row bucket only
+        return (lambda a, b, out=None: np.matmul(a, b, out=out)) if shape[0] == 4 else None
+    C = run_rows(A, B, None, (8, 4, 2), kernel_for, N=3, K=5, vendor=vendor)
+    # pieces 8 (vendor), 4 (kernel), 2 (vendor) and the padded 1 (vendor): two vendor calls
+    assert calls == [8, 3]
+    _close(C, _ref(A, B), np.float32)
+
+
+def test_plan_says_vendor_where_every_bucket_gives_its_rows_to_it(monkeypatch):
+    lcma = ops.MatmulPlan((4000, 4000, 4000), "float32", "x86_64-avx512", "auto", "winograd^2",
+                          "winograd^2", 1.2, 4.0, "test")
+    monkeypatch.setattr(ops, "_bucket_runs_kernel", lambda p, shape, max_error: False)
+    p = ops._vendor_if_every_piece_is(lcma, None)
+    assert (p.runs, p.decision) == ("vendor", "winograd^2")
+    assert "2048+1024+512+256+160" in p.why
+    whole = ops.MatmulPlan((4096, 4000, 4000), *[getattr(lcma, f) for f in
+                                                 ("dtype", "target", "algo", "runs", "decision", "speedup",
+                                                  "error", "why")])
+    assert ops._vendor_if_every_piece_is(whole, None) is whole        # one bucket: its own decision
+    monkeypatch.setattr(ops, "_bucket_runs_kernel", lambda p, shape, max_error: shape[0] == 1024)
+    assert ops._vendor_if_every_piece_is(lcma, None) is lcma          # a bucket runs the kernel
