@@ -276,12 +276,9 @@ def _plan_auto(M, N, K, dtype, target, max_error) -> MatmulPlan:
 def _vendor_if_every_piece_is(p: MatmulPlan, max_error) -> MatmulPlan:
     """``p``, or the vendor GEMM where the rows are cut into buckets (M is not one) and the
     decision at every bucket gives its piece to the vendor: the plan then says what runs."""
-    M, N, K = p.shape
+    M = p.shape[0]
     pieces = row_pieces(M, JIT_ROWS[backend_kind(p.target)])
-    if len(pieces) == 1 and pieces[0].bucket == M:
-        return p
-    if any(not piece.padded and _bucket_runs_kernel(p, (piece.bucket, N, K), max_error)
-           for piece in pieces):
+    if (len(pieces) == 1 and pieces[0].bucket == M) or _kernel_buckets(p, max_error):
         return p
     cut = "+".join(str(piece.rows) for piece in pieces)
     return MatmulPlan(p.shape, p.dtype, p.target, AUTO, VENDOR, p.decision, None, 1.0,
@@ -471,15 +468,22 @@ def kernel_keys(M: int, N: int, K: int, dtype="float32", *, algo: str = AUTO, ma
     p = plan(M, N, K, dtype, algo=algo, max_error=max_error, target=target)
     if p.runs == VENDOR:
         return []
-    keys = []
+    return [(p.runs, p.target, p.dtype, shape) for shape in _kernel_buckets(p, max_error)]
+
+
+def _kernel_buckets(p: MatmulPlan, max_error) -> list[tuple]:
+    """The bucket shapes whose row pieces of ``p.shape`` run ``p``'s kernel, each once: all
+    for a forced algorithm; under "auto" not the padded rows under the smallest bucket, nor
+    a piece whose bucket the decision gives to the vendor GEMM."""
+    M, N, K = p.shape
+    shapes = []
     for piece in row_pieces(M, JIT_ROWS[backend_kind(p.target)]):
         shape = (piece.bucket, N, K)
         if (piece.padded and p.algo == AUTO) or not _bucket_runs_kernel(p, shape, max_error):
             continue
-        key = (p.runs, p.target, p.dtype, shape)
-        if key not in keys:
-            keys.append(key)
-    return keys
+        if shape not in shapes:
+            shapes.append(shape)
+    return shapes
 
 
 def _kernel_for(p: MatmulPlan, o: _Operands, max_error):
