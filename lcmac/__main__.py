@@ -1,6 +1,6 @@
 """``python -m lcmac`` is the ``lcmac`` command."""
 import sys
 
-from .cli import main
+from lcmac.cli.main import main
 
 sys.exit(main())

@@ -313,7 +313,7 @@ def main():
     import torch
     sys.path.insert(0, SCRIPTS)
     from bench_cuda import burst_and_sustained, probe_record
-    from lcmac.schedules.cuda.config import Blocking, CudaConfig
+    from lcmac.spec.cuda import Blocking, CudaConfig
     from lcmac.schedules.cuda.gemm import batched_gemm
     tgt = {"kind": "cuda", "arch": "sm_90a"}
     g = torch.Generator(device="cuda").manual_seed(0)

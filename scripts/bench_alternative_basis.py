@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Winograd against its alternative-basis pair (``lcmac.alternative``) on lcmac's real-valued
+"""Winograd against its alternative-basis pair (``lcmac.api.alternative``) on lcmac's real-valued
 kernels, with torch.matmul, in one run; the cost model's prediction beside each.
 
 Variants at each n (square, ``--dtype``, operands on the GPU, or numpy on this CPU with
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import numpy as np
 
-    from lcmac.alternative import ab_matmul, from_basis, pair_for, to_basis
+    from lcmac.api.alternative import ab_matmul, from_basis, pair_for, to_basis
     from lcmac.artifact.build import build_config, resolve_target
     from lcmac.artifact.cache import cached_build
     from lcmac.costmodel.alternative_basis import compare

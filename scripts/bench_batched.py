@@ -72,8 +72,8 @@ def main(argv=None) -> int:
     import torch
 
     import lcmac
-    from lcmac.batched import batched_kernel
-    from lcmac.call_args import target_for
+    from lcmac.api.bmm import batched_kernel
+    from lcmac.api.call_args import target_for
     from lcmac.costmodel.small import bmm_floor, choose_batched, predict_batched
     from lcmac.schedules.cuda.batched_tiles import small_tile_defaults
     from lcmac.tune.measure import gpu_rounds
@@ -204,9 +204,9 @@ def _compile_all(cases, jobs: int) -> set:
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from lcmac.batched import batched_kernel
-    from lcmac.call_args import target_for
-    from lcmac.errors import LcmacError
+    from lcmac.api.bmm import batched_kernel
+    from lcmac.api.call_args import target_for
+    from lcmac.core.errors import LcmacError
     t0 = time.perf_counter()
 
     def one(c):

@@ -56,8 +56,8 @@ sys.path.insert(0, str(ROOT))                 # this checkout's lcmac, not anoth
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_cpu import cpu_description  # noqa: E402 - one CPU description for the CPU benches
 
-from lcmac.bits import PackedBits, gf2_matmul, native              # noqa: E402
-from lcmac.bits.lcma import lcma_product                            # noqa: E402
+from lcmac.bits import PackedBits, gf2_matmul, native  # noqa: E402
+from lcmac.bits.lcma import lcma_product  # noqa: E402
 
 DEFAULT_OUT_DIR = ROOT / "out" / "bench-bits"
 CONVENTION = ("effective bit operations per second = 2*n^3 / t (n^3 ANDs and n^3 XORs of the "

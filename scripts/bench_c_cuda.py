@@ -127,7 +127,7 @@ def main(argv=None) -> int:
 
     import lcmac
     from lcmac.artifact.bundle import read_bundle
-    from lcmac.export import export
+    from lcmac.api.export import export
     if not torch.cuda.is_available():
         print("bench_c_cuda: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2

@@ -141,7 +141,7 @@ def main(argv=None) -> int:
         return bench_artifacts(args)
     from lcmac.artifact.build import build_many
     from lcmac.ir import get as get_algorithm
-    from lcmac.schedules.cpu_config import default_config
+    from lcmac.spec.cpu import default_config
 
     target = select_target(args.target)
     want = [v for v in VARIANTS if v[0] in args.variants.split(",")]
@@ -254,7 +254,7 @@ def auto_matmul(lcmac, shape):
     cache) and with what it runs for ``shape`` printed."""
     import numpy as np
     M, N, K = shape
-    from lcmac.ops import plan
+    from lcmac.api.matmul import plan
     p = plan(M, N, K, "float32")
     print(f"  auto at {M}x{N}x{K} runs {p.runs}: {p.why}")
     lcmac.matmul(np.ones((M, K), np.float32), np.ones((K, N), np.float32))   # compiles, if any

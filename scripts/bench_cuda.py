@@ -443,7 +443,7 @@ def main():
                     help="seconds one variant may take; past it, record a timeout row and exit 3")
     args = ap.parse_args()
 
-    from lcmac.dtypes import normalize_dtype
+    from lcmac.core.dtypes import normalize_dtype
     dtype = normalize_dtype(args.dtype)
     shapes = []
     if "square" in args.cases:

@@ -1,4 +1,4 @@
-"""lcmac.distributed on 1, 2, 4, … GPUs against torch.matmul on one GPU and against the plain
+"""lcmac.parallel.distributed on 1, 2, 4, … GPUs against torch.matmul on one GPU and against the plain
 distributed GEMM, in one run.  Launch with torchrun, one process per GPU:
 
     torchrun --nproc-per-node 4 scripts/bench_distributed.py --sizes 16384 32768 \\
@@ -103,7 +103,7 @@ def _resident(n, groups, args, dtype, rank, world, seed):
     import torch
     import torch.distributed as dist
 
-    import lcmac.distributed as ld
+    import lcmac.parallel.distributed as ld
     A, B = _inputs(n, dtype, seed)
     flops = 2.0 * n ** 3
     rows = torch.randperm(n, generator=torch.Generator().manual_seed(1))[:64].cuda()
@@ -166,7 +166,7 @@ def _host(n, groups, args, dtype, rank):
     import torch
     import torch.distributed as dist
 
-    import lcmac.distributed as ld
+    import lcmac.parallel.distributed as ld
     shm = args.shm
     files = [os.path.join(shm, f"lcmac-bench-{n}-{x}.bin") for x in "ABC"]
     mk = lambda f: torch.from_file(f, shared=True, size=n * n, dtype=dtype).view(n, n)

@@ -3,7 +3,7 @@
 
     torch        residual + F.linear(rmsnorm(x), W)                 (cuBLAS)
     op[ALGO]     residual + torch.ops.lcmac.linear(rmsnorm(x), W)   (lcmac's kernel, W prepared once)
-    graph[ALGO]  residual + combine_h(bmm(combine_a(rmsnorm(x)), B̃))  (lcmac.graph_stages:
+    graph[ALGO]  residual + combine_h(bmm(combine_a(rmsnorm(x)), B̃))  (lcmac.torch.graph_stages:
                  Inductor fuses Combine A into the norm and Combine H into the add; B̃ once)
 
     python scripts/bench_graph_stages.py --tokens 8192 32768 --algos strassen strassen^2 \\
@@ -38,8 +38,8 @@ def variants(T: int, N: int, K: int, algos, op_algos, dtype):
     import torch
     import torch.nn.functional as F
 
-    from lcmac import graph_stages as gs
-    from lcmac import ops
+    from lcmac.torch import graph_stages as gs
+    from lcmac.api import matmul as ops
     from lcmac.artifact.build import resolve_algorithm
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(T, K, device="cuda", dtype=dtype, generator=g)

@@ -210,7 +210,7 @@ def run(args, argv) -> int:
     import torch
 
     import lcmac
-    from lcmac.shapes import parse_shape
+    from lcmac.core.shapes import parse_shape
     if not torch.cuda.is_available():
         print("bench_ladder: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2

@@ -52,11 +52,11 @@ def make_model(args, dtype):
 
 def prebuild(model, tokens: int, backward: bool = False) -> list[str]:
     """Compile, in parallel, the kernels the swapped layers ask for at ``tokens`` rows: the
-    bucket kernels of each row piece (``lcmac.shape_rules.JIT_ROWS``), as ``lcmac.matmul``
+    bucket kernels of each row piece (``lcmac.spec.shape_rules.JIT_ROWS``), as ``lcmac.matmul``
     asks for them; with ``backward``, also those of the two backward products (dx = dy·W:
     tokens × in × out, dW = dyᵀ·x: out × in × tokens, as M×N×K)."""
-    from lcmac import ops
-    from lcmac.nn import Linear
+    from lcmac.api import matmul as ops
+    from lcmac.torch.nn import Linear
     jobs = {}
     for name, m in model.named_modules():
         if not isinstance(m, Linear):
@@ -299,7 +299,7 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else args.device
     print(f"# {name}, torch {torch.__version__}; {args.layers} Llama layers, hidden {args.hidden}, "
           f"MLP {args.intermediate}, {args.heads}/{args.kv_heads} heads, bf16")
-    from lcmac.nn import optimize
+    from lcmac.torch.nn import optimize
     report = optimize(lcmac_model, algo=args.algo, max_error=args.max_error, rows=max(args.tokens))
     print(report)
     runs = {"torch eager": plain, "lcmac eager": lcmac_model}

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""Structured products on the GPU (lcmac.structured) against cuSPARSE and dense cuBLAS, in one
+"""Structured products on the GPU (lcmac.api.structured) against cuSPARSE and dense cuBLAS, in one
 run.
 
 Block-sparse A (BSR, bs×bs blocks at random positions, ``--density`` of the blocks nonzero),
 M×K times a dense K×N B:
 
-    lcmac bsr         lcmac.structured.bsr_matmul(algo="vendor"): one batched product
+    lcmac bsr         lcmac.api.structured.bsr_matmul(algo="vendor"): one batched product
                       (torch.bmm) + index_add
     lcmac bsr gemm    the same with lcmac's own batched kernel (algo="gemm")
     lcmac bsr fused   bsr_matmul(..., algo="fused"): lcmac's fused kernel (schedules.cuda.bsr,
@@ -20,7 +20,7 @@ M×K times a dense K×N B:
 
 Block-sparse A and B (``--kinds spgemm``; both M×K / K×N in bs-blocks at ``--density``):
 
-    lcmac spgemm      lcmac.structured.bsr_spgemm: host symbolic phase (the block pairs), one
+    lcmac spgemm      lcmac.api.structured.bsr_spgemm: host symbolic phase (the block pairs), one
                       batched product (torch.bmm) + index_add into C's blocks (a BSR)
     lcmac spgemm gemm the same with lcmac's own batched kernel
     cusparse csr      A_csr @ B_csr (torch sparse CSR × CSR: cuSPARSE SpGEMM), float32 only
@@ -28,7 +28,7 @@ Block-sparse A and B (``--kinds spgemm``; both M×K / K×N in bs-blocks at ``--d
 
 Low-rank A = U·Vᵀ (rank r):
 
-    lcmac lowrank     lcmac.structured.lowrank_matmul(U, V, B)
+    lcmac lowrank     lcmac.api.structured.lowrank_matmul(U, V, B)
     torch U(VtB)      U @ (V.T @ B): the same order in plain torch
     lcmac.bmm x2 auto / vendor   the two products as lcmac.bmm calls on batch-1 views (what
                       lowrank_matmul ran for 2-D operands before it called the matmul itself)
@@ -69,8 +69,8 @@ def fused_variants(blocks, rows, cols, B, M, bs, configs):
     (the blocks come sorted by block row)."""
     import torch
 
-    from lcmac.call_args import target_for
-    from lcmac.structured import bsr_csr, bsr_kernel
+    from lcmac.api.call_args import target_for
+    from lcmac.api.structured import bsr_csr, bsr_kernel
     order, row_ptr, col_idx = bsr_csr(rows.cpu().numpy(), cols.cpu().numpy(), M // bs)
     assert order is None
     rp, ci = (torch.from_numpy(x).cuda() for x in (row_ptr, col_idx))
@@ -85,7 +85,7 @@ def fused_variants(blocks, rows, cols, B, M, bs, configs):
 def bsr_case(M, K, N, bs, density, dtype, g, configs=()):
     import torch
 
-    from lcmac.structured import bsr_matmul, prepare_bsr
+    from lcmac.api.structured import bsr_matmul, prepare_bsr
     nb_r, nb_c = M // bs, K // bs
     nnzb = max(1, int(round(density * nb_r * nb_c)))
     pos = torch.randperm(nb_r * nb_c, device="cuda", generator=g)[:nnzb].sort().values
@@ -125,7 +125,7 @@ def bsr_case(M, K, N, bs, density, dtype, g, configs=()):
 def _random_bsr(M, K, bs, density, dtype, g):
     import torch
 
-    from lcmac.structured import BSR
+    from lcmac.api.structured import BSR
     nb_r, nb_c = M // bs, K // bs
     nnzb = max(1, int(round(density * nb_r * nb_c)))
     pos = torch.randperm(nb_r * nb_c, device="cuda", generator=g)[:nnzb].sort().values
@@ -136,7 +136,7 @@ def _random_bsr(M, K, bs, density, dtype, g):
 def spgemm_case(M, K, N, bs, density, dtype, g):
     import torch
 
-    from lcmac.structured import bsr_spgemm
+    from lcmac.api.structured import bsr_spgemm
     a, b = _random_bsr(M, K, bs, density, dtype, g), _random_bsr(K, N, bs, density, dtype, g)
     A, B = a.to_dense(), b.to_dense()
     ref = A.double() @ B.double()
@@ -163,8 +163,8 @@ def spgemm_case(M, K, N, bs, density, dtype, g):
 def lowrank_case(M, K, N, r, dtype, g):
     import torch
 
-    from lcmac.batched import bmm
-    from lcmac.structured import lowrank_matmul
+    from lcmac.api.bmm import bmm
+    from lcmac.api.structured import lowrank_matmul
     U = torch.randn(M, r, device="cuda", generator=g).to(dtype)
     V = torch.randn(K, r, device="cuda", generator=g).to(dtype)
     B = torch.randn(K, N, device="cuda", generator=g).to(dtype)
@@ -224,9 +224,9 @@ def prebuild(args, N: int, configs) -> None:
     kernel (and its ``configs``) and the batched kernel of the bs×bs by bs×N products."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from lcmac.batched import batched_kernel
-    from lcmac.call_args import target_for
-    from lcmac.structured import bsr_kernel
+    from lcmac.api.bmm import batched_kernel
+    from lcmac.api.call_args import target_for
+    from lcmac.api.structured import bsr_kernel
     t = target_for("cuda")
     jobs = [(lambda dt=dt, bs=bs, c=c: bsr_kernel(t, dt, bs, c)) for dt in args.dtypes
             for bs in args.blocks for c in [None, *configs]]
@@ -291,7 +291,7 @@ def main(argv=None) -> int:
                             **run_case(f"{dt} lowrank r={r}", v, ref, extra, args, 2 * M * K * N)})
     if args.out:
         from lcmac.tune.measure import run_header
-        doc = {**run_header("structured products: lcmac.structured vs cuSPARSE and dense cuBLAS",
+        doc = {**run_header("structured products: lcmac.api.structured vs cuSPARSE and dense cuBLAS",
                             name, __file__, argv), "torch": torch.__version__,
                "shape": {"M": M, "K": K, "N": N}, "tf32": False,
                "tf32_note": "lcmac's own kernels (bsr gemm, bsr fused, bsr fused prepared, fused kernel) "

@@ -1,6 +1,6 @@
 """lcmac inside PyTorch against torch on the GPU, in one run: ``torch.matmul`` (cuBLAS) and
 ``torch.nn.functional.linear`` as the baselines, ``lcmac.matmul`` (A and B both new) and
-``lcmac.nn.Linear`` (the weight prepared once) with each algorithm asked for.
+``lcmac.torch.nn.Linear`` (the weight prepared once) with each algorithm asked for.
 
     python scripts/bench_torch.py --sizes 8192 16384 --algos strassen winograd^2 --sustained 2 \\
         --out bench/results/h100-torch-bf16.json
@@ -30,7 +30,7 @@ def variants(M: int, N: int, K: int, algos, dtype):
     import torch.nn.functional as F
 
     import lcmac
-    from lcmac.nn import Linear
+    from lcmac.torch.nn import Linear
     g = torch.Generator(device="cuda").manual_seed(0)
     A = torch.randn(M, K, device="cuda", dtype=dtype, generator=g)
     W = torch.randn(N, K, device="cuda", dtype=dtype, generator=g) / K ** 0.5   # nn.Linear's weight
@@ -41,14 +41,14 @@ def variants(M: int, N: int, K: int, algos, dtype):
         with torch.no_grad():
             lin.weight.copy_(W)
         out.append((f"lcmac.matmul[{algo}]", lambda algo=algo: lcmac.matmul(A, Wt, algo=algo)))
-        out.append((f"lcmac.nn.Linear[{algo}]", lambda lin=lin: lin(A)))
+        out.append((f"lcmac.torch.nn.Linear[{algo}]", lambda lin=lin: lin(A)))
     return out
 
 
 def bench_shape(M, N, K, args, dtype) -> dict:
     import torch
 
-    from lcmac.ops import release_kernels
+    from lcmac.api.matmul import release_kernels
     from lcmac.tune.measure import gpu_rounds
     with torch.no_grad():
         vs = variants(M, N, K, args.algos, dtype)
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from lcmac.shapes import parse_shape
+    from lcmac.core.shapes import parse_shape
     if not torch.cuda.is_available():
         print("bench_torch: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ The layers, lowest first (a module may import its own layer and any lower one):
     artifact   build, manifest, tuning log
     runtime    loaders (no compiler)
     tune       the tuner and the measured decision
-    app        lcmac.auto (dispatch), lcmac.matmul and the torch op (ops), lcmac.nn, the CLI,
+    app        lcmac.auto (dispatch), lcmac.matmul and the torch op (ops), lcmac.torch.nn, the CLI,
                the package itself
 
 ``ALLOWED_UPWARD`` lists the upward imports that are allowed, each with its reason; at most
@@ -32,31 +32,28 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-LAYERS = ["base", "ir", "costmodel", "schedules", "targets", "bits", "artifact", "runtime", "tune", "app"]
+LAYERS = ["base", "ir", "spec", "costmodel", "schedules", "targets", "bits", "artifact", "runtime", "tune",
+          "policy", "app"]
 
 #: module (or package prefix) → layer; the longest matching prefix wins
 LAYER_OF = {
-    "lcmac.errors": "base", "lcmac.dtypes": "base", "lcmac.shapes": "base", "lcmac.shape_rules": "base", "lcmac.version": "base",
-    "lcmac.cachedir": "base",
-    "lcmac.ir": "ir", "lcmac.bits": "bits", "lcmac.costmodel": "costmodel", "lcmac.schedules": "schedules",
-    "lcmac.targets": "targets", "lcmac.artifact": "artifact", "lcmac.runtime": "runtime",
-    "lcmac.tune": "tune", "lcmac.dispatch": "app", "lcmac.ops": "app", "lcmac.nn": "app",
-    "lcmac.call_args": "app", "lcmac.batched": "app", "lcmac.structured": "app",
-    "lcmac.distributed": "app", "lcmac.distributed_stream": "app", "lcmac.alternative": "app",
-    "lcmac.cli": "app", "lcmac.cli_distributed": "app", "lcmac.__main__": "app",
-    "lcmac": "app",
+    "lcmac.core": "base", "lcmac.ir": "ir", "lcmac.spec": "spec", "lcmac.bits": "bits",
+    "lcmac.costmodel": "costmodel", "lcmac.schedules": "schedules", "lcmac.targets": "targets",
+    "lcmac.artifact": "artifact", "lcmac.runtime": "runtime", "lcmac.tune": "tune", "lcmac.policy": "policy",
+    "lcmac.api": "app", "lcmac.torch": "app", "lcmac.parallel": "app", "lcmac.cli": "app",
+    "lcmac.__main__": "app", "lcmac": "app",
 }
 
 #: (importer prefix, imported module) → why it may point up.  Config modules and the target
 #: table are pure data: the cost model prices the templates' knobs and maps targets to profiles.
 ALLOWED_UPWARD = {
     ("lcmac.costmodel", "lcmac.schedules"): "the package docstring only",
-    ("lcmac.costmodel", "lcmac.schedules.cpu_config"): "the CPU knobs the model prices (pure data)",
+    ("lcmac.costmodel", "lcmac.spec.cpu"): "the CPU knobs the model prices (pure data)",
     ("lcmac.costmodel", "lcmac.schedules.cuda"): "the package docstring only",
-    ("lcmac.costmodel", "lcmac.schedules.cuda.config"): "the CUDA knobs, number formats and plans the model prices (pure data)",
-    ("lcmac.costmodel", "lcmac.schedules.registry"): "which config class serves a target (pure data)",
+    ("lcmac.costmodel", "lcmac.spec.cuda"): "the CUDA knobs, number formats and plans the model prices (pure data)",
+    ("lcmac.costmodel", "lcmac.spec.registry"): "which config class serves a target (pure data)",
     ("lcmac.costmodel", "lcmac.targets"): "target name → hardware profile",
-    ("lcmac.costmodel", "lcmac.targets.table"): "target name → hardware profile (pure data)",
+    ("lcmac.costmodel", "lcmac.spec.target_table"): "target name → hardware profile (pure data)",
 }
 MAX_UPWARD_ARROWS = 3
 
@@ -67,7 +64,7 @@ BACKEND_MODULES = ("lcmac.targets.tvm_worker", "lcmac.targets.tvm_plugins",
                    "lcmac.targets.tilelang_worker", "lcmac.schedules.te_lcma")
 #: the CUDA kernel templates: every module of lcmac.schedules.cuda but these
 CUDA_TEMPLATE_PACKAGE = "lcmac.schedules.cuda"
-NOT_TEMPLATES = ("lcmac.schedules.cuda", "lcmac.schedules.cuda.config")
+NOT_TEMPLATES = ("lcmac.schedules.cuda", "lcmac.spec.cuda")
 
 #: kernel templates that are not TileLang prim_funcs: the CPU template that writes TVMScript
 #: and the vector-length-agnostic TE lowering

@@ -43,7 +43,7 @@ from lcmac.artifact import tuning_log as tdb  # noqa: E402
 from lcmac.costmodel.config_estimates import estimate  # noqa: E402
 from lcmac.tune import metrics, space  # noqa: E402
 from lcmac.tune.calibrate import calibrate  # noqa: E402
-from lcmac.tune.measured_decision import decide_by_measurement  # noqa: E402
+from lcmac.policy.measured import decide_by_measurement  # noqa: E402
 from lcmac.tune.tuner import resolved_config  # noqa: E402
 
 

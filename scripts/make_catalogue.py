@@ -33,8 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lcmac.ir.algorithm import Algorithm  # noqa: E402
-from lcmac.ir.importers import (from_fmm_reduced, from_fmm_scheme, load_alphatensor,  # noqa: E402
-                                parse_fmm_text)
+from lcmac.ir.importers import from_fmm_reduced, from_fmm_scheme, load_alphatensor, parse_fmm_text  # noqa: E402
 from lcmac.ir.program import LinearProgram, combine_matrices  # noqa: E402
 from lcmac.ir.verify import verify  # noqa: E402
 

@@ -1,18 +1,18 @@
 """Alternative-basis pairs on real-valued kernels: the cost model's pricing (basis changes
 once per product, none for a static B's ψ or a chained product's φ and υ⁻¹) and
-lcmac.alternative.ab_matmul, the pair's core compiled as an lcmac kernel, against float64."""
+lcmac.api.alternative.ab_matmul, the pair's core compiled as an lcmac kernel, against float64."""
 import numpy as np
 import pytest
 
 from lcmac.costmodel.alternative_basis import compare, core_algorithm, pair_estimate
-from lcmac.errors import AlgorithmError, DTypeError, ShapeError
+from lcmac.core.errors import AlgorithmError, DTypeError, ShapeError
 from lcmac.ir.catalogue import get
 from lcmac.ir.verify import brent_failures
 
 
 @pytest.fixture(scope="module")
 def pair():
-    from lcmac.alternative import pair_for
+    from lcmac.api.alternative import pair_for
     return pair_for("winograd-ab")
 
 
@@ -41,7 +41,7 @@ def test_the_core_alone_is_not_a_product(pair):
 
 
 def test_ab_matmul_matches_float64_and_round_trips(pair):
-    from lcmac.alternative import ab_matmul, from_basis, to_basis
+    from lcmac.api.alternative import ab_matmul, from_basis, to_basis
     rng = np.random.default_rng(0)
     A, B = rng.standard_normal((64, 96)), rng.standard_normal((96, 80))
     np.testing.assert_allclose(ab_matmul(A, B, pair), A @ B, rtol=0, atol=1e-11)
@@ -52,7 +52,7 @@ def test_ab_matmul_matches_float64_and_round_trips(pair):
 
 
 def test_bad_input_is_named():
-    from lcmac.alternative import ab_matmul
+    from lcmac.api.alternative import ab_matmul
     A = np.zeros((63, 64))
     with pytest.raises(ShapeError, match="grid"):
         ab_matmul(A, np.zeros((64, 64)))

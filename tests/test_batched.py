@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import lcmac
-from lcmac.batched import bmm
+from lcmac.api.bmm import bmm
 from lcmac.costmodel.small import BATCHED_WINS, choose_batched, predict_batched
-from lcmac.errors import CatalogueError, DTypeError, LcmacError, ShapeError
+from lcmac.core.errors import CatalogueError, DTypeError, LcmacError, ShapeError
 from lcmac.schedules.cuda.batched_tiles import small_tile_defaults
-from lcmac.schedules.cuda.config import CudaConfig
+from lcmac.spec.cuda import CudaConfig
 from tests.schedules.cuda.test_cuda_codegen import needs_tilelang
 
 torch = pytest.importorskip("torch")
@@ -226,7 +226,7 @@ def test_splitk_kernel_generates_for_sm90a(tmp_path):
 
 
 # ---- structured A: low rank, block-sparse ----------------------------------------------------
-from lcmac.structured import BSR, bsr_matmul, bsr_spgemm, lowrank_matmul, lowrank_order  # noqa: E402
+from lcmac.api.structured import BSR, bsr_matmul, bsr_spgemm, lowrank_matmul, lowrank_order  # noqa: E402
 
 
 @pytest.mark.parametrize("algo", ["gemm", "strassen"])
@@ -309,7 +309,7 @@ def test_spgemm_misuse_is_refused():
 def test_auto_kernel_that_cannot_be_built_is_warned_once_and_not_retried(monkeypatch):
     """"auto" picked lcmac's kernel and its build fails (no TileLang, say): one warning, None
     (torch.bmm runs), and no second build attempt for the same kernel."""
-    from lcmac import batched
+    from lcmac.api import bmm as batched
     tries = []
 
     def failing(*a, **kw):

@@ -8,9 +8,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import lcmac  # noqa: E402
-from lcmac.batched import batched_kernel  # noqa: E402
-from lcmac.call_args import target_for  # noqa: E402
-from lcmac.errors import DTypeError, ShapeError, TargetError  # noqa: E402
+from lcmac.api.bmm import batched_kernel  # noqa: E402
+from lcmac.api.call_args import target_for  # noqa: E402
+from lcmac.core.errors import DTypeError, ShapeError, TargetError  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -128,7 +128,7 @@ def test_misuse_is_named():
 
 
 def test_structured_products_on_cuda():
-    from lcmac.structured import bsr_matmul, lowrank_matmul
+    from lcmac.api.structured import bsr_matmul, lowrank_matmul
     g = torch.Generator(device="cuda").manual_seed(9)
     blocks = torch.randn(6, 64, 64, device="cuda", generator=g).bfloat16()
     rows, cols = torch.tensor([0, 1, 1, 2, 3, 3]), torch.tensor([2, 0, 3, 1, 1, 1])
@@ -144,7 +144,7 @@ def test_structured_products_on_cuda():
 
 
 def test_spgemm_on_cuda():
-    from lcmac.structured import BSR, bsr_spgemm
+    from lcmac.api.structured import BSR, bsr_spgemm
     g = torch.Generator(device="cuda").manual_seed(11)
     mk = lambda r, c, n: BSR(torch.randn(len(r), 64, 64, device="cuda", generator=g).bfloat16(),  # noqa: E731
                              torch.tensor(r, device="cuda"), torch.tensor(c, device="cuda"), n)

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from lcmac.artifact.build import check_dtype
-from lcmac.batched import batched_kernel, bmm
+from lcmac.api.bmm import batched_kernel, bmm
 from lcmac.costmodel.small import choose_batched, predict_batched
-from lcmac.errors import DTypeError
+from lcmac.core.errors import DTypeError
 from lcmac.schedules.cuda.batched_tiles import batched_template, small_tile_defaults
-from lcmac.schedules.cuda.config import CudaConfig, accum_dtype, batched_only_why
+from lcmac.spec.cuda import CudaConfig, accum_dtype, batched_only_why
 from lcmac.targets import get_target
 from tests.schedules.cuda.test_cuda_codegen import needs_tilelang
 from tests.test_batched import generated
@@ -53,7 +53,7 @@ def test_float64_requests_the_kernels_cannot_serve_are_refused_by_name():
     check_dtype(t, "float64", {"batched": True})
     check_dtype(t, "float64", '{"batched": true, "policy": "splitk"}')
     assert batched_only_why("bfloat16", None) is None and batched_only_why("float64", {"batched": 1}) is None
-    from lcmac.targets.tilelang_worker import Request       # parses without TileLang
+    from lcmac.targets.tilelang_worker import Request  # parses without TileLang
     for config, text in (({}, "batched products only"), ({"batched": True, "batched_template": "gemm"},
                                                          "no float64")):
         with pytest.raises(DTypeError, match=text):

@@ -6,11 +6,11 @@ import re
 
 import pytest
 
-from lcmac.errors import LcmacError
+from lcmac.core.errors import LcmacError
 from lcmac.costmodel.small import choose_batched
-from lcmac.schedules.cuda.batched_tiles import (batched_template, gemm_batch_tile_defaults,
-                                                persistent_why, small_tile_defaults)
-from lcmac.schedules.cuda.config import SMEM_PER_CTA, CudaConfig
+from lcmac.schedules.cuda.batched_tiles import (
+    batched_template, gemm_batch_tile_defaults, persistent_why, small_tile_defaults)
+from lcmac.spec.cuda import SMEM_PER_CTA, CudaConfig
 from tests.schedules.cuda.test_cuda_codegen import kernel_body, needs_tilelang, worker
 
 
@@ -64,7 +64,7 @@ def test_wide_products_get_the_gemm_templates_tile(dtype):
 def test_the_kernel_cache_key_names_the_gemm_template(monkeypatch):
     """A kernel cached before wide products moved to the GEMM template is not served for them:
     the requested config (the CUDA cache key's) names the template."""
-    import lcmac.batched as batched
+    import lcmac.api.bmm as batched
     seen = []
 
     class Loaded:

@@ -10,8 +10,8 @@ from lcmac import load
 from lcmac.artifact.bits import build_bits
 from lcmac.bits import PackedBits, pack
 from lcmac.bits import native_build
-from lcmac.cli import main as cli
-from lcmac.errors import AlgorithmError, ArtifactError, DTypeError, TargetError
+from lcmac.cli.main import main as cli
+from lcmac.core.errors import AlgorithmError, ArtifactError, DTypeError, TargetError
 from lcmac.targets import get_target, host_target
 
 needs_native = pytest.mark.skipif(native_build.missing_toolchain() is not None,

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 from lcmac.bits import boolean_matmul, gf2_matmul  # noqa: E402
 from lcmac.bits import cuda as bits_cuda  # noqa: E402
-from lcmac.errors import DTypeError, ShapeError  # noqa: E402
+from lcmac.core.errors import DTypeError, ShapeError  # noqa: E402
 
 SHAPES = [(3, 5, 7), (63, 65, 127), (1000, 777, 1234), (129, 1, 64), (1, 4096, 1)]
 

@@ -9,9 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lcmac.call_args import target_for  # noqa: E402
-from lcmac.errors import ShapeError, TargetError  # noqa: E402
-from lcmac.structured import bsr_kernel, bsr_matmul, prepare_bsr  # noqa: E402
+from lcmac.api.call_args import target_for  # noqa: E402
+from lcmac.core.errors import ShapeError, TargetError  # noqa: E402
+from lcmac.api.structured import bsr_kernel, bsr_matmul, prepare_bsr  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),

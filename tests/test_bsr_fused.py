@@ -7,11 +7,12 @@ import re
 import numpy as np
 import pytest
 
-import lcmac.structured as structured
+import lcmac.api.structured as structured
 from lcmac.costmodel.small import choose_batched
-from lcmac.errors import DTypeError, LcmacError, ShapeError, TargetError
-from lcmac.schedules.cuda.config import BSR_BLOCKS, SMEM_PER_CTA, CudaConfig, bsr_shape_why, bsr_tile_defaults
-from lcmac.structured import BSR, PreparedBSR, bsr_csr, bsr_matmul, fused_wins, lowrank_matmul, prepare_bsr
+from lcmac.core.errors import DTypeError, LcmacError, ShapeError, TargetError
+from lcmac.spec.cuda import BSR_BLOCKS, SMEM_PER_CTA, CudaConfig, bsr_shape_why, bsr_tile_defaults
+from lcmac.api.structured import (
+    BSR, PreparedBSR, bsr_csr, bsr_matmul, fused_wins, lowrank_matmul, prepare_bsr)
 from lcmac.targets.cuda import entry_source
 from tests.schedules.cuda.test_cuda_codegen import kernel_body, needs_tilelang, worker
 
@@ -46,7 +47,7 @@ def test_auto_rule():
 
 def test_a_gradient_keeps_the_batched_path():
     torch = pytest.importorskip("torch")
-    from lcmac.structured import _no_grad_why
+    from lcmac.api.structured import _no_grad_why
     blocks, B = torch.zeros(2, 4, 4, requires_grad=True), torch.zeros(8, 3)
     assert "no gradient" in _no_grad_why(blocks, B)
     assert _no_grad_why(blocks.detach(), B) is None

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from lcmac.cli import main
+from lcmac.cli.main import main
 from lcmac.ir import get
 
 
@@ -119,7 +119,7 @@ def test_grid_is_not_a_shape(capsys):
 
 
 def test_console_script_runs():
-    out = subprocess.run([sys.executable, "-m", "lcmac.cli", "--version"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "lcmac.cli.main", "--version"], capture_output=True,
                          text=True, check=True)
     assert out.stdout.startswith("lcmac ")
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from lcmac.errors import DTypeError, TargetError
+from lcmac.core.errors import DTypeError, TargetError
 from lcmac.ir import get as get_algorithm
-from lcmac.schedules.cpu_config import CpuConfig, resolve_config
+from lcmac.spec.cpu import CpuConfig, resolve_config
 from lcmac.schedules.cpu_gemm import AMX_FEATURES, amx_fn, amx_ll
 from lcmac.schedules.cpu_lcma import generate
 from lcmac.targets import get_target, x86

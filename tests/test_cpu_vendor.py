@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import lcmac
-from lcmac.errors import ArtifactError, DTypeError, ShapeError
+from lcmac.core.errors import ArtifactError, DTypeError, ShapeError
 from lcmac.ir import get
 from lcmac.runtime import vendor_blas
 from lcmac.schedules import cpu_vendor
-from lcmac.schedules.cpu_config import CpuConfig
+from lcmac.spec.cpu import CpuConfig
 from lcmac.schedules.cpu_lcma import programs_for
 from lcmac.targets.x86 import host_supports
 

@@ -6,7 +6,7 @@ import pytest
 
 import lcmac
 from lcmac.targets import host_target
-from lcmac.errors import DTypeError, ShapeError
+from lcmac.core.errors import DTypeError, ShapeError
 from lcmac.artifact import tuning_log as tdb
 
 CPU = host_target().name       # its kernels run here

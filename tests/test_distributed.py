@@ -1,4 +1,4 @@
-"""lcmac.distributed on CPU processes with the gloo backend (what CI can run): every case
+"""lcmac.parallel.distributed on CPU processes with the gloo backend (what CI can run): every case
 against the single-process product, exactly for integer-valued inputs."""
 import os
 import socket
@@ -14,7 +14,7 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 from lcmac.artifact.build import resolve_algorithm  # noqa: E402
 from lcmac.costmodel.distributed import plan_products  # noqa: E402
-from lcmac.costmodel.profiles import get_profile  # noqa: E402
+from lcmac.spec.profiles import get_profile  # noqa: E402
 
 # (algo, M, N, K, src, dst, strategy): odd shapes pad; src/dst None = every rank
 CASES = [
@@ -41,7 +41,7 @@ def _int_inputs(M, N, K, seed=0):
 
 
 def _worker(rank, size, port, outdir):
-    import lcmac.distributed as ld
+    import lcmac.parallel.distributed as ld
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=size)
     results = {}
@@ -145,7 +145,7 @@ def test_host_matmul_fills_one_shared_out_or_each_rank_s_own(ranks):
 
 
 def test_host_matmul_one_process_and_its_errors():
-    import lcmac.distributed as ld
+    import lcmac.parallel.distributed as ld
     if dist.is_initialized():
         pytest.skip("a process group is initialised in this process")
     A, B = torch.randn(70, 50, dtype=torch.float64), torch.randn(50, 90, dtype=torch.float64)
@@ -238,7 +238,7 @@ def test_src_plan_sends_the_smaller_of_combined_and_raw():
 
 
 def test_without_a_process_group_the_error_says_what_to_do():
-    import lcmac.distributed as ld
+    import lcmac.parallel.distributed as ld
     if dist.is_initialized():
         pytest.skip("a process group is initialised in this process")
     with pytest.raises(Exception, match="init_process_group"):

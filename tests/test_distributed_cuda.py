@@ -1,4 +1,4 @@
-"""lcmac.distributed on several GPUs with NCCL (skipped with fewer than two): the CPU cases of
+"""lcmac.parallel.distributed on several GPUs with NCCL (skipped with fewer than two): the CPU cases of
 test_distributed exactly in float64, bf16 within its error bound, and host_matmul from host
 memory into one shared C."""
 import os
@@ -23,7 +23,7 @@ def _rel(C, ref):
 def _worker(rank, size, port, outdir):
     import torch.distributed as dist
 
-    import lcmac.distributed as ld
+    import lcmac.parallel.distributed as ld
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=size, device_id=torch.device("cuda", rank))

@@ -8,9 +8,9 @@ import pytest
 
 import lcmac
 from lcmac.artifact.bundle import read_bundle
-from lcmac.cli import main
-from lcmac.errors import LcmacError, ShapeError
-from lcmac.export import cases_from_json, export
+from lcmac.cli.main import main
+from lcmac.core.errors import LcmacError, ShapeError
+from lcmac.api.export import cases_from_json, export
 
 
 def _check(f, M, N, K, seed=0):

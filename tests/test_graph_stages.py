@@ -1,10 +1,10 @@
-"""An LCMA as torch operations (lcmac.graph_stages): exact in float64 eagerly and under
+"""An LCMA as torch operations (lcmac.torch.graph_stages): exact in float64 eagerly and under
 torch.compile(fullgraph=True), for 2×2, 3×3 and composed grids."""
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from lcmac import graph_stages as gs  # noqa: E402
+from lcmac.torch import graph_stages as gs  # noqa: E402
 from lcmac.artifact.build import resolve_algorithm  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""lcmac.nn.Linear and lcmac.optimize on the CPU: a drop-in torch.nn.Linear (state_dict,
+"""lcmac.torch.nn.Linear and lcmac.optimize on the CPU: a drop-in torch.nn.Linear (state_dict,
 outputs, gradients, torch.compile), the swap report, a model left unchanged, and the
 prepared-weight tracking (with a stand-in kernel that can prepare B; tests/runtime/
 test_cpu_prepared.py does it with a real CPU kernel).  Compiles at most the strassen float32 66x45x53 kernel tests/test_ops.py compiles too
@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import lcmac  # noqa: E402
-from lcmac import ops  # noqa: E402
-from lcmac.nn import Linear, optimize  # noqa: E402
+from lcmac.api import matmul as ops  # noqa: E402
+from lcmac.torch.nn import Linear, optimize  # noqa: E402
 
 M, N, K = 66, 45, 53
 
@@ -242,5 +242,5 @@ def test_model_with_no_eligible_layer_is_unchanged():
 
 
 def test_lcmac_exports():
-    assert lcmac.nn.Linear is Linear and lcmac.optimize is optimize and lcmac.ops is ops
+    assert lcmac.torch.nn.Linear is Linear and lcmac.optimize is optimize and lcmac.api.matmul is ops
     assert lcmac.matmul is ops.matmul

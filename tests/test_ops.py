@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import lcmac
-from lcmac.shape_rules import JIT_ROWS
-from lcmac import ops
-from lcmac.errors import CatalogueError, DTypeError, LcmacError, ShapeError, TargetError
+from lcmac.spec.shape_rules import JIT_ROWS
+from lcmac.api import matmul as ops
+from lcmac.core.errors import CatalogueError, DTypeError, LcmacError, ShapeError, TargetError
 
 torch = pytest.importorskip("torch")
 ops.register()       # torch.ops.lcmac.* exist once lcmac registers them (its first torch call does)
@@ -181,7 +181,7 @@ def test_auto_runs_lcmacs_plain_gemm_only_where_measured_faster(monkeypatch, tim
     """Where the decision is lcmac's plain GEMM, lcmac.matmul compiles it only if the tuning
     log timed it at this very shape faster than the vendor GEMM by more than a tie."""
     from types import SimpleNamespace
-    from lcmac.tune.measured_decision import Decision
+    from lcmac.policy.measured import Decision
     gemm = SimpleNamespace(algorithm="gemm", is_gemm=True, reason="decision: fastest measured")
     dec = Decision(candidate=gemm, candidates=[gemm], measurements=times, source=source)
     monkeypatch.setattr(ops, "_auto", lambda *a: SimpleNamespace(plan=lambda *a, **k: SimpleNamespace(decision=dec)))
@@ -190,7 +190,7 @@ def test_auto_runs_lcmacs_plain_gemm_only_where_measured_faster(monkeypatch, tim
 
 
 def test_auto_falls_back_to_the_vendor_gemm_when_a_kernel_cannot_be_built(monkeypatch):
-    from lcmac.errors import ToolchainError
+    from lcmac.core.errors import ToolchainError
 
     def no_compiler(*key):
         raise ToolchainError("no compiler here")

@@ -1,8 +1,9 @@
 """Shape rules and how a shape is cut into bucket pieces (pure Python)."""
 import pytest
 
-from lcmac.errors import ShapeError
-from lcmac.shape_rules import ShapeRule, bucket_shapes, check_ladder, parse_rule, row_pieces, tiles
+from lcmac.core.errors import ShapeError
+from lcmac.spec.shape_rules import (
+    ShapeRule, bucket_shapes, check_ladder, parse_rule, row_pieces, tiles)
 
 
 @pytest.mark.parametrize("text, rule", [

@@ -1,4 +1,4 @@
-"""lcmac.matmul, torch.ops.lcmac.matmul and lcmac.nn on CUDA tensors (needs a GPU, TileLang and
+"""lcmac.matmul, torch.ops.lcmac.matmul and lcmac.torch.nn on CUDA tensors (needs a GPU, TileLang and
 nvcc; skipped elsewhere).  bf16 at 2048³ with Strassen forced: the forward and both backward
 products are that one shape, so one kernel serves the file (plus the two an optimized MLP
 needs); errors are judged against float64 as a multiple of torch.matmul's own.  CUDA graphs:
@@ -11,8 +11,8 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 import lcmac  # noqa: E402
-from lcmac import ops  # noqa: E402
-from lcmac.nn import Linear, optimize  # noqa: E402
+from lcmac.api import matmul as ops  # noqa: E402
+from lcmac.torch.nn import Linear, optimize  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -16,15 +16,15 @@ import shutil
 import time
 from pathlib import Path
 
-from .. import version as _version
-from ..bits import cuda as bits_cuda
-from ..bits import native as bits_native
-from ..bits import native_build
-from ..bits.lcma import AUTO_SCHEME, gf2_scheme
-from ..errors import AlgorithmError, TargetError, ToolchainError
-from ..schedules import cuda_bits
-from ..targets import Target, host_target
-from .manifest import FORMAT, Manifest, sha256_file
+from lcmac.core import version as _version
+from lcmac.bits import cuda as bits_cuda
+from lcmac.bits import native as bits_native
+from lcmac.bits import native_build
+from lcmac.bits.lcma import AUTO_SCHEME, gf2_scheme
+from lcmac.core.errors import AlgorithmError, TargetError, ToolchainError
+from lcmac.schedules import cuda_bits
+from lcmac.targets import Target, host_target
+from lcmac.artifact.manifest import FORMAT, Manifest, sha256_file
 
 __all__ = ["BIT_DTYPES", "build_bits", "is_bit_dtype"]
 

@@ -48,20 +48,20 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import errors
-from ..dtypes import normalize_dtype
-from ..errors import ArtifactError, DTypeError, ShapeError, TargetError, ToolchainError
-from ..ir import get
-from ..ir.algorithm import Algorithm
-from ..ir.transforms import power
-from ..schedules.cpu_config import AS_MEASURED, CpuConfig, amx_defaults, resolve_config
-from ..schedules.cpu_lcma import programs_for
-from ..schedules.cuda.config import BATCHED_ONLY_DTYPES, batched_only_why
-from ..shapes import parse_shape
-from ..targets import Target, aarch64, get_target, host_target, x86
-from ..version import __version__
-from . import tuning_log as db
-from .manifest import Manifest, sha256_file
+from lcmac.core import errors
+from lcmac.core.dtypes import normalize_dtype
+from lcmac.core.errors import ArtifactError, DTypeError, ShapeError, TargetError, ToolchainError
+from lcmac.ir import get
+from lcmac.ir.algorithm import Algorithm
+from lcmac.ir.transforms import power
+from lcmac.spec.cpu import AS_MEASURED, CpuConfig, amx_defaults, resolve_config
+from lcmac.schedules.cpu_lcma import programs_for
+from lcmac.spec.cuda import BATCHED_ONLY_DTYPES, batched_only_why
+from lcmac.core.shapes import parse_shape
+from lcmac.targets import Target, aarch64, get_target, host_target, x86
+from lcmac.core.version import __version__
+from lcmac.artifact import tuning_log as db
+from lcmac.artifact.manifest import Manifest, sha256_file
 
 WORKERS = {"tvm": "lcmac.targets.tvm_worker", "tilelang": "lcmac.targets.tilelang_worker"}
 WORKER_TIMEOUT_S = float(os.environ.get("LCMAC_BUILD_TIMEOUT", "900"))

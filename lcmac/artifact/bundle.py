@@ -5,7 +5,7 @@
                                   bucket shape
 
 ``build_bundle(algo, target, dtype, rules)`` compiles every bucket kernel the rules need
-(``lcmac.shape_rules``: ``?xNxK`` → a row ladder of N×K kernels; ``?x?x?`` → a row ladder of
+(``lcmac.spec.shape_rules``: ``?xNxK`` → a row ladder of N×K kernels; ``?x?x?`` → a row ladder of
 T_N×T_K tiles; ``MxNxK`` → that kernel) with one compiler process, then writes the index.
 ``lcmac build`` without ``--shape`` writes a bundle of the any-shape rule; with ``--shape
 ?xNxK`` one of that rule.  ``lcmac.load(DIR)`` runs it (``lcmac.runtime.bundle``).
@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import ArtifactError, LcmacError
-from ..shape_rules import ANY_ROWS, ANY_TILE, BUILD_ROWS, ShapeRule, bucket_shapes, check_ladder, parse_rule
-from ..version import __version__
-from .build import build_many, resolve_target
-from .manifest import Manifest, atomic_write_bytes
+from lcmac.core.errors import ArtifactError, LcmacError
+from lcmac.spec.shape_rules import (
+    ANY_ROWS, ANY_TILE, BUILD_ROWS, ShapeRule, bucket_shapes, check_ladder, parse_rule)
+from lcmac.core.version import __version__
+from lcmac.artifact.build import build_many, resolve_target
+from lcmac.artifact.manifest import Manifest, atomic_write_bytes
 
 FORMAT = "lcmac-bundle/1"
 INDEX = "bundle.json"
@@ -89,7 +90,7 @@ def build_bundle(algo: str, target=None, dtype="float32", rules=(None,), *, out_
                  progress=None) -> Path:
     """Compile the bucket kernels of ``rules`` (each a rule text, shape or None = any shape)
     for ``algo`` into ``out_dir`` and write its index; returns the index path.
-    ``rows``: the row ladder (default per backend, ``lcmac.shape_rules.BUILD_ROWS`` /
+    ``rows``: the row ladder (default per backend, ``lcmac.spec.shape_rules.BUILD_ROWS`` /
     ``ANY_ROWS``); ``tile``: the any-shape rule's (T_N, T_K).  ``progress(text)`` hears of
     each kernel before it is compiled.  A failed kernel raises and writes no index."""
     t = resolve_target(target)

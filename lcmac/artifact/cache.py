@@ -48,16 +48,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import version as _version
-from ..cachedir import cache_root
-from ..dtypes import normalize_dtype
-from ..errors import ArtifactError
-from ..schedules.registry import FAMILIES
-from ..shapes import parse_shape
-from ..targets import schedule_family
-from . import build as _build
-from .manifest import Manifest, verify_library
-from .tuning_log import device_name
+from lcmac.core import version as _version
+from lcmac.core.cachedir import cache_root
+from lcmac.core.dtypes import normalize_dtype
+from lcmac.core.errors import ArtifactError
+from lcmac.spec.registry import FAMILIES
+from lcmac.core.shapes import parse_shape
+from lcmac.targets import schedule_family
+from lcmac.artifact import build as _build
+from lcmac.artifact.manifest import Manifest, verify_library
+from lcmac.artifact.tuning_log import device_name
 
 KEY_FORMAT = "lcmac-kernel-cache/1"
 ENTRY_FILE = "entry.json"
@@ -150,7 +150,7 @@ def _ensure_root(root: Path) -> None:
 # ---- the key ---------------------------------------------------------------------------------
 #: the packages whose source decides what code a build emits (templates, their configs, the
 #: compiler workers); their digest is part of the key
-TEMPLATE_PACKAGES = ("schedules", "targets")
+TEMPLATE_PACKAGES = ("spec", "schedules", "targets")
 
 
 @functools.lru_cache(maxsize=1)

@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import ArtifactError
+from lcmac.core.errors import ArtifactError
 
 FORMAT = "lcmac-artifact/1"
 REQUIRED = ("format", "name", "backend", "algorithm", "target", "dtype", "shape", "entry_points",

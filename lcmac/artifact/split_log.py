@@ -19,8 +19,8 @@ import os
 import warnings
 from pathlib import Path
 
-from ..version import __version__
-from .tuning_log import TuningLogWarning, default_dir
+from lcmac.core.version import __version__
+from lcmac.artifact.tuning_log import TuningLogWarning, default_dir
 
 SCHEMA = "lcmac-split/1"
 _REQUIRED = ("target", "dtype", "shape", "inputs", "gpu_mode", "cpu_fraction", "time_s")

@@ -47,10 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ..ir import catalogue
-from ..schedules.registry import FAMILIES
-from ..targets import schedule_family
-from ..version import __version__
+from lcmac.ir import catalogue
+from lcmac.spec.registry import FAMILIES
+from lcmac.targets import schedule_family
+from lcmac.core.version import __version__
 
 SCHEMA = "lcmac-tune/1"
 GEMM = "gemm"

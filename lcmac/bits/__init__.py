@@ -15,14 +15,14 @@ tensor-core MMA) or ``"bitwise"`` (the CUDA cores).
 """
 from __future__ import annotations
 
-from ..errors import DTypeError, ShapeError
-from .counting import boolean_by_counts
-from .cuda import KERNELS as GPU_KERNELS
-from .cuda import CudaBits, boolean_product, gf2_product, is_cuda_tensor
-from .lcma import AUTO_SCHEME, XorReport, gf2_scheme, lcma_product
-from .native import base_product, choose_kernel
-from .packing import PackedBits, check_bit_form, pack, unpack
-from .products import KernelCount
+from lcmac.core.errors import DTypeError, ShapeError
+from lcmac.bits.counting import boolean_by_counts
+from lcmac.bits.cuda import KERNELS as GPU_KERNELS
+from lcmac.bits.cuda import CudaBits, boolean_product, gf2_product, is_cuda_tensor
+from lcmac.bits.lcma import AUTO_SCHEME, XorReport, gf2_scheme, lcma_product
+from lcmac.bits.native import base_product, choose_kernel
+from lcmac.bits.packing import PackedBits, check_bit_form, pack, unpack
+from lcmac.bits.products import KernelCount
 
 __all__ = ["gf2_matmul", "boolean_matmul", "PackedBits", "pack", "unpack", "XorReport",
            "AUTO_SCHEME"]

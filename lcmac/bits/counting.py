@@ -18,10 +18,10 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..errors import AlgorithmError, ShapeError
-from ..ir.algorithm import Algorithm
-from ..ir.catalogue import get
-from ..ir.executor import run_unfused
+from lcmac.core.errors import AlgorithmError, ShapeError
+from lcmac.ir.algorithm import Algorithm
+from lcmac.ir.catalogue import get
+from lcmac.ir.executor import run_unfused
 
 #: float64 integers are exact below this
 EXACT_LIMIT = 2 ** 53

@@ -27,14 +27,14 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import version as _version
-from ..errors import DTypeError, LcmacError, ShapeError, TargetError, ToolchainError
-from ..schedules import cuda_bits
-from ..targets import cuda as cuda_target
-from . import native_build
-from .lcma import (AUTO_SCHEME, WORD_BITS, XorReport, check_levels, gf2_scheme, padded, plan,
-                   recurse)
-from .lcma import auto_levels as lcma_auto_levels
+from lcmac.core import version as _version
+from lcmac.core.errors import DTypeError, LcmacError, ShapeError, TargetError, ToolchainError
+from lcmac.schedules import cuda_bits
+from lcmac.targets import cuda as cuda_target
+from lcmac.bits import native_build
+from lcmac.bits.lcma import (
+    AUTO_SCHEME, WORD_BITS, XorReport, check_levels, gf2_scheme, padded, plan, recurse)
+from lcmac.bits.lcma import auto_levels as lcma_auto_levels
 
 __all__ = ["CudaBits", "pack", "unpack", "is_cuda_tensor", "gf2_product", "boolean_product",
            "base_product", "transpose", "KERNELS", "AUTO_KERNEL", "BASE_BITS", "library",

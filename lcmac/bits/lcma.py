@@ -32,16 +32,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import AlgorithmError, ShapeError
-from ..ir.algorithm import Algorithm
-from ..ir.alternative_basis import AlternativeBasisAlgorithm, stage_program
-from ..ir.basis_search import search_basis
-from ..ir.catalogue import get, get_gf2
-from ..ir.gf2 import GF2Algorithm, mod2, reduce_mod2
-from ..ir.program import LinearProgram, combine_matrices
-from .native import base_product, choose_kernel
-from .packing import WORD_BITS, PackedBits
-from .products import KernelCount
+from lcmac.core.errors import AlgorithmError, ShapeError
+from lcmac.ir.algorithm import Algorithm
+from lcmac.ir.alternative_basis import AlternativeBasisAlgorithm, stage_program
+from lcmac.ir.basis_search import search_basis
+from lcmac.ir.catalogue import get, get_gf2
+from lcmac.ir.gf2 import GF2Algorithm, mod2, reduce_mod2
+from lcmac.ir.program import LinearProgram, combine_matrices
+from lcmac.bits.native import base_product, choose_kernel
+from lcmac.bits.packing import WORD_BITS, PackedBits
+from lcmac.bits.products import KernelCount
 
 __all__ = ["XorProgram", "GF2Scheme", "XorReport", "gf2_scheme", "auto_levels", "lcma_product",
            "plan", "recurse", "check_levels", "padded", "AUTO_SCHEME",

@@ -26,9 +26,9 @@ import warnings
 
 import numpy as np
 
-from ..errors import LcmacError, ShapeError, ToolchainError
-from . import native_build
-from .products import KernelCount, four_russians
+from lcmac.core.errors import LcmacError, ShapeError, ToolchainError
+from lcmac.bits import native_build
+from lcmac.bits.products import KernelCount, four_russians
 
 __all__ = ["KERNELS", "COMPILE_BIT_OPS", "NativeKernel", "kernel_choice", "native_kernel",
            "prepare", "choose_kernel", "base_product", "aligned_words", "word_operations"]

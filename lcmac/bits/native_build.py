@@ -11,7 +11,7 @@ this module only obtains it:
   worker contract of ``lcmac.artifact.build`` with ``kernel``, ``semiring`` and the
   template's ``config``, for the target ``"host"`` and ``mcpu`` "native").  apache-tvm is
   never imported in this process.
-* **On disk** under ``<lcmac cache root>/bits/`` (``lcmac.cachedir``; with
+* **On disk** under ``<lcmac cache root>/bits/`` (``lcmac.core.cachedir``; with
   ``LCMAC_CACHE_DIR=off``, a temporary directory that lives as long as the process)::
 
       <dir>/<key>/kernel.so, entry.json     the library, what its key was made of, its sha256
@@ -48,9 +48,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .. import version as _version
-from ..cachedir import cache_root
-from ..errors import ArtifactError, ToolchainError
+from lcmac.core import version as _version
+from lcmac.core.cachedir import cache_root
+from lcmac.core.errors import ArtifactError, ToolchainError
 
 __all__ = ["TEMPLATE_VERSION", "ENTRY", "WORKER", "cache_dir", "kernel_key", "library_paths",
            "load_kernel", "missing_loader", "missing_toolchain", "cached_kernels", "clear_kernels",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
+from lcmac.core.errors import DTypeError, ShapeError
 
 __all__ = ["WORD_BITS", "PackedBits", "pack", "unpack", "words_for", "check_bit_form",
            "check_bit_values"]

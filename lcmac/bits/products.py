@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ShapeError
-from .packing import WORD_BITS, PackedBits
+from lcmac.core.errors import ShapeError
+from lcmac.bits.packing import WORD_BITS, PackedBits
 
 __all__ = ["SEMIRINGS", "KernelCount", "four_russians", "group_size", "gf2_product",
            "boolean_product"]

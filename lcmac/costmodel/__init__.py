@@ -5,15 +5,17 @@ the decision (`select`, `decide_by_model`) that ranks plain GEMM against every a
 catalogue algorithm, optionally within an error budget, and the per-config estimates the
 tuner ranks its search space with (`config_estimates.estimate`, `config_estimates.fit_check`;
 `model_dtype`: the dtype a target's kernels are priced in, CUDA float32 = TF32)."""
-from .accuracy import ErrorEstimate, error_ratio
-from .config_estimates import model_dtype
-from .decision import (SCHEMA, Candidate, candidate_names, decide_by_model, resolve_profile,
-                       select)
-from .profiles import PROFILES, TARGET_PROFILES, HardwareProfile, get_profile, profile_for_target, profile_names
-from .stages import (STAGES, AlgQuantities, Estimate, StageCost, gemm_estimate,
-                     gemm_intensity, gemm_is_memory_bound, lcma_estimate, quantities,
-                     stage_table)
-from .waves import SCHEDULES, FitReport, WaveAnalysis, onchip_fit, wave_analysis, waves_for
+from lcmac.costmodel.accuracy import ErrorEstimate, error_ratio
+from lcmac.costmodel.config_estimates import model_dtype
+from lcmac.costmodel.decision import (
+    SCHEMA, Candidate, candidate_names, decide_by_model, resolve_profile, select)
+from lcmac.spec.profiles import (
+    PROFILES, TARGET_PROFILES, HardwareProfile, get_profile, profile_for_target, profile_names)
+from lcmac.costmodel.stages import (
+    STAGES, AlgQuantities, Estimate, StageCost, gemm_estimate, gemm_intensity,
+    gemm_is_memory_bound, lcma_estimate, quantities, stage_table)
+from lcmac.costmodel.waves import (
+    SCHEDULES, FitReport, WaveAnalysis, onchip_fit, wave_analysis, waves_for)
 
 __all__ = [
     "ErrorEstimate", "error_ratio",

@@ -52,10 +52,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtypes import normalize_model_dtype
-from ..errors import DTypeError, ShapeError
-from ..ir import catalogue
-from ..schedules.cuda.config import FP8_BLOCK, FP8_MAX, FP8_TINY, SPLIT_SHIFT, bound_exponent, scale_exponent
+from lcmac.core.dtypes import normalize_model_dtype
+from lcmac.core.errors import DTypeError, ShapeError
+from lcmac.ir import catalogue
+from lcmac.spec.cuda import (
+    FP8_BLOCK, FP8_MAX, FP8_TINY, SPLIT_SHIFT, bound_exponent, scale_exponent)
 
 #: K simulated at most, per model dtype: storage-bound errors (2-byte, TF32) do not move with
 #: K (bf16 Strassen² 7.1/7.0/7.1/7.0× at K = 512…4096), accumulation-bound ones grow slowly

@@ -3,7 +3,7 @@ run on real-valued kernels, and whether it pays against the scheme it came from.
 
 A pair runs as: φ on A's blocks, ψ on B's, the core ``<U', V', W'>`` as an ordinary LCMA
 (its combines and GEMM stage priced by ``stages.lcma_estimate``), then υ⁻¹ on C's blocks.
-Each basis change is priced as the executor runs it (``lcmac.alternative``): a streaming pass
+Each basis change is priced as the executor runs it (``lcmac.api.alternative``): a streaming pass
 that reads every block of its operand once and writes the whole transformed operand (the
 kernels take one matrix, so unchanged blocks are copied too), with nnz − d block additions:
 
@@ -33,9 +33,9 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ..dtypes import ITEMSIZE
-from ..ir.algorithm import Algorithm
-from .stages import Estimate, StageCost, _none, _prep, _roof, lcma_estimate
+from lcmac.core.dtypes import ITEMSIZE
+from lcmac.ir.algorithm import Algorithm
+from lcmac.costmodel.stages import Estimate, StageCost, _none, _prep, _roof, lcma_estimate
 
 __all__ = ["core_algorithm", "pair_estimate", "compare", "BasisComparison"]
 

@@ -41,14 +41,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..dtypes import ITEMSIZE, normalize_dtype, normalize_model_dtype
-from ..ir import catalogue
-from ..schedules.cuda.config import (Blocking, CudaConfig, arch_why, persistent_tile_bytes,
-                                     side_read_in_place, view_sides)
-from ..targets import get_target, schedule_family
-from .profiles import get_profile, profile_for_target
-from .stages import operand_terms, quantities
-from .waves import onchip_fit, wave_analysis
+from lcmac.core.dtypes import ITEMSIZE, normalize_dtype, normalize_model_dtype
+from lcmac.ir import catalogue
+from lcmac.spec.cuda import (
+    Blocking, CudaConfig, arch_why, persistent_tile_bytes, side_read_in_place, view_sides)
+from lcmac.targets import get_target, schedule_family
+from lcmac.spec.profiles import get_profile, profile_for_target
+from lcmac.costmodel.stages import operand_terms, quantities
+from lcmac.costmodel.waves import onchip_fit, wave_analysis
 
 GEMM = "gemm"
 

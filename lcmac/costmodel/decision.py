@@ -49,16 +49,16 @@ from dataclasses import dataclass, field
 from math import ceil
 from typing import Iterable, Mapping
 
-from ..dtypes import normalize_model_dtype
-from ..errors import CatalogueError, DTypeError
-from ..ir import catalogue
-from ..schedules.cuda.config import FP8_MAX_COMBINE, fp8_combine_size
-from ..targets import TARGETS
-from .accuracy import check_covered, error_ratio, screen_ratio
-from .profiles import HardwareProfile, get_profile, profile_for_target
-from .stages import (STAGES, AlgQuantities, Estimate, StageCost, compose_quantities,
-                     gemm_estimate, gemm_intensity, lcma_estimate, orbit_quantities,
-                     quantities)
+from lcmac.core.dtypes import normalize_model_dtype
+from lcmac.core.errors import CatalogueError, DTypeError
+from lcmac.ir import catalogue
+from lcmac.spec.cuda import FP8_MAX_COMBINE, fp8_combine_size
+from lcmac.targets import TARGETS
+from lcmac.costmodel.accuracy import check_covered, error_ratio, screen_ratio
+from lcmac.spec.profiles import HardwareProfile, get_profile, profile_for_target
+from lcmac.costmodel.stages import (
+    STAGES, AlgQuantities, Estimate, StageCost, compose_quantities, gemm_estimate, gemm_intensity,
+    lcma_estimate, orbit_quantities, quantities)
 
 SCHEMA = "lcmac-candidate/1"
 
@@ -434,6 +434,6 @@ def _with_reason(c: Candidate, reason: str) -> Candidate:
 
 def decide_by_model(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512",
                     **kw) -> Candidate:
-    """The model's decision alone: ``select(...)[0]`` (``lcmac.tune.decide_by_measurement``
+    """The model's decision alone: ``select(...)[0]`` (``lcmac.policy.measured.decide_by_measurement``
     prefers the tuning log's measurements)."""
     return select(M, N, K, dtype, target, **kw)[0]

@@ -1,5 +1,5 @@
 """Where an LCMA's products run on P ranks, and what that costs: the plan behind
-``lcmac.distributed.matmul``.
+``lcmac.parallel.distributed.matmul``.
 
 Units, pieces and owners
 ------------------------
@@ -44,9 +44,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations
 
-from ..dtypes import ITEMSIZE, normalize_model_dtype
-from ..errors import LcmacError
-from .stages import gemm_estimate
+from lcmac.core.dtypes import ITEMSIZE, normalize_model_dtype
+from lcmac.core.errors import LcmacError
+from lcmac.costmodel.stages import gemm_estimate
 
 #: NCCL over NVLink between H100s: an all-reduce's bus bandwidth measured 329–355 GB/s on
 #: the lent 2- and 4-GPU hosts; 300e9 leaves room for smaller messages
@@ -210,7 +210,7 @@ def plan_products(alg, M: int, N: int, K: int, ranks: int, dtype, profile, *,
 
 
 def combine_bytes(coefs, isz: int, acc: int, out: int) -> int:
-    """Bytes per element moved by ``lcmac.distributed.combine`` for terms with these
+    """Bytes per element moved by ``lcmac.parallel.distributed.combine`` for terms with these
     coefficients (in order) of ``isz``-byte inputs, an ``acc``-byte accumulator and an
     ``out``-byte result: nothing for one term of 1 (the input itself), one add for two terms
     led by 1, else an accumulator written, read and written per further term, and cast."""

@@ -39,8 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil
 
-from ..dtypes import ITEMSIZE
-from .profiles import HardwareProfile, get_profile
+from lcmac.core.dtypes import ITEMSIZE
+from lcmac.spec.profiles import HardwareProfile, get_profile
 
 #: the SM clock the H100's peak rates are quoted at (boost), Hz
 SM_CLOCK_HZ = 1.755e9

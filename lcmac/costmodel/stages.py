@@ -53,12 +53,12 @@ from math import ceil
 from types import MappingProxyType
 from typing import Mapping
 
-from ..dtypes import ITEMSIZE, normalize_model_dtype
-from ..errors import LcmacError, ShapeError
-from ..ir.cse import addition_counts
-from ..schedules.cuda.config import OPERAND_MODES  # a config module: no compiler imported
-from .profiles import HardwareProfile, get_profile
-from .waves import onchip_fit, wave_analysis
+from lcmac.core.dtypes import ITEMSIZE, normalize_model_dtype
+from lcmac.core.errors import LcmacError, ShapeError
+from lcmac.ir.cse import addition_counts
+from lcmac.spec.cuda import OPERAND_MODES  # a config module: no compiler imported
+from lcmac.spec.profiles import HardwareProfile, get_profile
+from lcmac.costmodel.waves import onchip_fit, wave_analysis
 
 STAGES = ("combine_a", "combine_b", "gemm", "combine_h")
 

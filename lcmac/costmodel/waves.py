@@ -32,9 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil
 
-from ..dtypes import ITEMSIZE, normalize_model_dtype
+from lcmac.core.dtypes import ITEMSIZE, normalize_model_dtype
 
-from .profiles import HardwareProfile, get_profile
+from lcmac.spec.profiles import HardwareProfile, get_profile
 
 SCHEDULES = ("per-tile", "whole-group", "split-group")
 

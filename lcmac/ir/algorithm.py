@@ -21,7 +21,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..errors import AlgorithmError
+from lcmac.core.errors import AlgorithmError
 
 
 def _exact(x) -> int | Fraction:

@@ -33,12 +33,13 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..errors import AlgorithmError, VerificationError
-from .algorithm import Algorithm, SchemeShape, _exact
-from .cse import optimize
-from .gf2 import RINGS, GF2Algorithm, gf2_failures, mod2, reduce_mod2, require_rational, ring_of
-from .program import LinearProgram, naive_program
-from .verify import brent_failures
+from lcmac.core.errors import AlgorithmError, VerificationError
+from lcmac.ir.algorithm import Algorithm, SchemeShape, _exact
+from lcmac.ir.cse import optimize
+from lcmac.ir.gf2 import (
+    RINGS, GF2Algorithm, gf2_failures, mod2, reduce_mod2, require_rational, ring_of)
+from lcmac.ir.program import LinearProgram, naive_program
+from lcmac.ir.verify import brent_failures
 
 __all__ = ["AlternativeBasisAlgorithm", "from_standard", "inverse", "leading_coefficient",
            "stage_program", "exact_product", "CORE_STAGES", "BASIS_STAGES"]

@@ -35,12 +35,12 @@ from math import lcm
 
 import numpy as np
 
-from ..errors import AlgorithmError
-from .alternative_basis import (AlternativeBasisAlgorithm, exact_product, from_standard,
-                                leading_coefficient, stage_program)
-from .cse import addition_counts
-from .gf2 import reduce_mod2, require_rational, ring_of
-from .program import naive_program
+from lcmac.core.errors import AlgorithmError
+from lcmac.ir.alternative_basis import (
+    AlternativeBasisAlgorithm, exact_product, from_standard, leading_coefficient, stage_program)
+from lcmac.ir.cse import addition_counts
+from lcmac.ir.gf2 import reduce_mod2, require_rational, ring_of
+from lcmac.ir.program import naive_program
 
 __all__ = ["BasisSearchResult", "search_basis", "addition_report", "EXHAUSTIVE_MAX_DIM"]
 

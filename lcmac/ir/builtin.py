@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 
-from .algorithm import Algorithm
+from lcmac.ir.algorithm import Algorithm
 
 _TERM = re.compile(r"\s*([+-]?)\s*(\d+\s*\*\s*)?([ABM])(\d+)")
 

@@ -22,12 +22,12 @@ import json
 import re
 from pathlib import Path
 
-from ..errors import AlgorithmError, CatalogueError, VerificationError
-from . import builtin
-from .algorithm import Algorithm
-from .gf2 import GF2Algorithm, reduce_mod2, require_rational, verify_gf2
-from .transforms import compose, for_grid, power
-from .verify import verify
+from lcmac.core.errors import AlgorithmError, CatalogueError, VerificationError
+from lcmac.ir import builtin
+from lcmac.ir.algorithm import Algorithm
+from lcmac.ir.gf2 import GF2Algorithm, reduce_mod2, require_rational, verify_gf2
+from lcmac.ir.transforms import compose, for_grid, power
+from lcmac.ir.verify import verify
 
 DATA_DIR = Path(__file__).parent / "data"
 CATALOGUE_FORMAT = "lcmac-catalogue/1"

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cachedir import cache_root
-from .algorithm import Algorithm, _exact
-from .program import LinearProgram, combine_matrices, naive_program
+from lcmac.core.cachedir import cache_root
+from lcmac.ir.algorithm import Algorithm, _exact
+from lcmac.ir.program import LinearProgram, combine_matrices, naive_program
 
 __all__ = ["optimize", "optimized_programs", "addition_counts", "transpose_program"]
 

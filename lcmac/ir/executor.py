@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
-from .algorithm import Algorithm
+from lcmac.core.errors import DTypeError, ShapeError
+from lcmac.ir.algorithm import Algorithm
 
 
 def _acc_dtype(dtype: np.dtype) -> np.dtype:

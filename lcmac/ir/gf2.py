@@ -25,10 +25,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..errors import AlgorithmError, VerificationError
-from .algorithm import Algorithm, SchemeShape
-from .importers import from_fmm_scheme, load_file
-from .verify import BrentFailure, brent_failures, verify
+from lcmac.core.errors import AlgorithmError, VerificationError
+from lcmac.ir.algorithm import Algorithm, SchemeShape
+from lcmac.ir.importers import from_fmm_scheme, load_file
+from lcmac.ir.verify import BrentFailure, brent_failures, verify
 
 RINGS = ("rational", "gf2")
 

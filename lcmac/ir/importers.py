@@ -38,10 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import AlgorithmError, CatalogueError, LcmacError, VerificationError
-from .algorithm import Algorithm, _exact
-from .program import LinearProgram, combine_matrices
-from .verify import brent_failures, verify
+from lcmac.core.errors import AlgorithmError, CatalogueError, LcmacError, VerificationError
+from lcmac.ir.algorithm import Algorithm, _exact
+from lcmac.ir.program import LinearProgram, combine_matrices
+from lcmac.ir.verify import brent_failures, verify
 
 ALGORITHM_FORMAT = "lcmac-algorithm/1"
 CATALOGUE_FORMAT = "lcmac-catalogue/1"

@@ -20,7 +20,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .algorithm import Algorithm
+from lcmac.ir.algorithm import Algorithm
 
 Term = tuple  # (coefficient: int | Fraction, slot: int)
 

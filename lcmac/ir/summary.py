@@ -7,8 +7,8 @@ Schema ``lcmac-algorithm-summary/1`` (stable; other tools read it):
 """
 from __future__ import annotations
 
-from .algorithm import Algorithm
-from .cse import addition_counts
+from lcmac.ir.algorithm import Algorithm
+from lcmac.ir.cse import addition_counts
 
 
 def summarize(alg: Algorithm) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .algorithm import Algorithm
+from lcmac.ir.algorithm import Algorithm
 
 
 def _per_rank_T(t: np.ndarray) -> np.ndarray:

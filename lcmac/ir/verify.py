@@ -16,8 +16,8 @@ from math import lcm
 
 import numpy as np
 
-from ..errors import VerificationError
-from .algorithm import Algorithm
+from lcmac.core.errors import VerificationError
+from lcmac.ir.algorithm import Algorithm
 
 
 @dataclass(frozen=True)

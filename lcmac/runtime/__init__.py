@@ -1,9 +1,9 @@
 """Loading artifacts (no compiler imports): ``load(path)`` and the shared ``Manifest``."""
-from ..artifact.manifest import Manifest
+from lcmac.artifact.manifest import Manifest
 
 
 def load(path, **kw):
-    from .loader import load as _load
+    from lcmac.runtime.loader import load as _load
     return _load(path, **kw)
 
 

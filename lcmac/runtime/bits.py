@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..artifact.bits import BIT_DTYPES
-from ..artifact.manifest import Manifest, verify_library
-from ..bits import boolean_matmul, gf2_matmul
-from ..bits import cuda as bits_cuda
-from ..bits import native as bits_native
-from ..bits import native_build
-from ..errors import ArtifactError, TargetError, ToolchainError
-from .cuda_loader import _cc_ok
+from lcmac.artifact.bits import BIT_DTYPES
+from lcmac.artifact.manifest import Manifest, verify_library
+from lcmac.bits import boolean_matmul, gf2_matmul
+from lcmac.bits import cuda as bits_cuda
+from lcmac.bits import native as bits_native
+from lcmac.bits import native_build
+from lcmac.core.errors import ArtifactError, TargetError, ToolchainError
+from lcmac.runtime.cuda_loader import _cc_ok
 
 __all__ = ["BitsFunction", "load_bits"]
 

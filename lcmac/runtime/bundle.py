@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import threading
 
-from ..artifact.bundle import Bundle, RuleSpec, read_bundle
-from ..errors import LcmacError, ShapeError
-from . import tiled
+from lcmac.artifact.bundle import Bundle, RuleSpec, read_bundle
+from lcmac.core.errors import LcmacError, ShapeError
+from lcmac.runtime import tiled
 
 
 class PreparedBundleB:

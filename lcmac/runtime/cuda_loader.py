@@ -25,11 +25,11 @@ import ctypes
 import json
 import os
 
-from ..artifact.manifest import verify_library
-from ..errors import ArtifactError, DTypeError, LcmacError, ShapeError, TargetError
-from ..schedules.cuda.config import bsr_shape_why
-from ..targets import TARGETS
-from .cuda_memory import kept_empty
+from lcmac.artifact.manifest import verify_library
+from lcmac.core.errors import ArtifactError, DTypeError, LcmacError, ShapeError, TargetError
+from lcmac.spec.cuda import bsr_shape_why
+from lcmac.targets import TARGETS
+from lcmac.runtime.cuda_memory import kept_empty
 
 _TORCH_DT = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32",
              "float64": "float64"}
@@ -299,7 +299,7 @@ class CudaBsrMatmul(CudaMatmul):
     col_idx, M, out=None)`` with blocks [nnzb, bs, bs] sorted by block row, row_ptr [M/bs + 1]
     and col_idx [nnzb] int32 (the CSR of the blocks), B [K, N]; any M, K (multiples of bs), N
     (rows of 16 bytes) and nnzb.  The CSR arrays' values are the caller's to get right (the
-    kernel reads what they say): ``lcmac.structured.prepare_bsr`` builds them from checked
+    kernel reads what they say): ``lcmac.api.structured.prepare_bsr`` builds them from checked
     block indices (once per A; ``bsr_matmul`` on unprepared blocks, at each call).  A call
     checks attributes and launches on the current stream, nothing else: a CUDA graph can
     capture it once the kernel is loaded."""

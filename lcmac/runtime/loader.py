@@ -28,12 +28,12 @@ import platform
 import threading
 from pathlib import Path
 
-from ..artifact.bundle import is_bundle
-from ..artifact.manifest import Manifest, find_manifest, verify_library
-from ..errors import ArtifactError, DTypeError, ShapeError, TargetError
-from ..targets import aarch64, get_target, x86
-from . import cuda_loader, qemu_runner, vendor_blas
-from .bundle import load_bundle
+from lcmac.artifact.bundle import is_bundle
+from lcmac.artifact.manifest import Manifest, find_manifest, verify_library
+from lcmac.core.errors import ArtifactError, DTypeError, ShapeError, TargetError
+from lcmac.targets import aarch64, get_target, x86
+from lcmac.runtime import cuda_loader, qemu_runner, vendor_blas
+from lcmac.runtime.bundle import load_bundle
 
 _CONTEXT_SYMBOLS = ("TVMBackendParallelLaunch", "TVMBackendAllocWorkspace", "TVMBackendFreeWorkspace",
                     "TVMBackendParallelBarrier")
@@ -355,6 +355,6 @@ def load(path, *, sve_vq: int | None = None) -> LcmacFunction:
     if man.backend == "tilelang":
         return cuda_loader.load(man, man_path.resolve())
     if man.backend in ("bits-native", "bits-cuda"):
-        from .bits import load_bits
+        from lcmac.runtime.bits import load_bits
         return load_bits(man, man_path.resolve())
     raise ArtifactError(f"no loader for {man.backend!r} artifacts in this lcmac ({man_path})")

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..artifact.manifest import Manifest, find_manifest, verify_library
-from ..cachedir import cache_root
-from ..errors import ArtifactError, LcmacError, ShapeError, TargetError
-from ..targets import aarch64 as _arm, get_target
+from lcmac.artifact.manifest import Manifest, find_manifest, verify_library
+from lcmac.core.cachedir import cache_root
+from lcmac.core.errors import ArtifactError, LcmacError, ShapeError, TargetError
+from lcmac.targets import aarch64 as _arm, get_target
 
 HARNESS_SOURCE = Path(__file__).with_name("harness") / "lcmac_run.c"
 

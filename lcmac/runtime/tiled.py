@@ -1,5 +1,5 @@
 """Running a product of any shape a rule admits as calls of bucket kernels
-(``lcmac.shape_rules`` says how the shape is cut and what each cut costs).
+(``lcmac.spec.shape_rules`` says how the shape is cut and what each cut costs).
 
 ``run_rows`` serves the rows rule (N and K those of the kernels): row panels of A and C are
 slices, no copy; ``run_any`` serves the any-shape rule through N×K tiles copied into
@@ -9,8 +9,8 @@ alike, with no host synchronisation (CUDA-graph safe once the kernels are loaded
 """
 from __future__ import annotations
 
-from ..errors import ShapeError
-from ..shape_rules import RowPiece, row_pieces, tiles
+from lcmac.core.errors import ShapeError
+from lcmac.spec.shape_rules import RowPiece, row_pieces, tiles
 
 
 def _is_torch(x) -> bool:

@@ -21,7 +21,7 @@ import importlib.util
 import os
 import threading
 
-from ..errors import ArtifactError
+from lcmac.core.errors import ArtifactError
 
 _lock = threading.Lock()
 _found: dict[str, tuple] = {}

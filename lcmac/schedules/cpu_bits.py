@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from .cpu_gemm import Writer
+from lcmac.schedules.cpu_gemm import Writer
 
 ENTRY = "lcmac_bits_m4rm"
 #: generation of this template: a compiled kernel of another generation is other code

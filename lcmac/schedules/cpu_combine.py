@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
-from ..dtypes import ITEMSIZE
-from .cpu_gemm import CACHE_LINE, Geometry, Writer, linear_expr, packed_offset, packed_stride, whole_chunk
+from lcmac.core.dtypes import ITEMSIZE
+from lcmac.schedules.cpu_gemm import (
+    CACHE_LINE, Geometry, Writer, linear_expr, packed_offset, packed_stride, whole_chunk)
 
 #: Streaming the packed operands out (config knob ``stream``): a line of 64 bytes copied from
 #: a local staging buffer with non-temporal stores, and the fence that makes a task's

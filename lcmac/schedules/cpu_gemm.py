@@ -39,9 +39,9 @@ from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..dtypes import ITEMSIZE
-from ..errors import DTypeError, TargetError
-from .cpu_config import CpuConfig, tile_for_count
+from lcmac.core.dtypes import ITEMSIZE
+from lcmac.core.errors import DTypeError, TargetError
+from lcmac.spec.cpu import CpuConfig, tile_for_count
 
 
 def _ceil(a: int, b: int) -> int:

@@ -48,11 +48,12 @@ from __future__ import annotations
 
 from contextlib import ExitStack, nullcontext
 
-from ..dtypes import ITEMSIZE
-from .cpu_config import CpuConfig
-from .cpu_memory import emit_workspace
-from .cpu_gemm import (Geometry, Writer, dispatch_per_product, emit_chunk_store, emit_fma_loop, emit_zero_acc,
-                       linear_expr, tile_loops, whole_chunk)
+from lcmac.core.dtypes import ITEMSIZE
+from lcmac.spec.cpu import CpuConfig
+from lcmac.schedules.cpu_memory import emit_workspace
+from lcmac.schedules.cpu_gemm import (
+    Geometry, Writer, dispatch_per_product, emit_chunk_store, emit_fma_loop, emit_zero_acc,
+    linear_expr, tile_loops, whole_chunk)
 
 
 def _bands(g: Geometry, cfg: CpuConfig) -> int:

@@ -7,19 +7,22 @@ GEMM is the 1×1×1 algorithm through the same template (packing + micro-kernel)
 """
 from __future__ import annotations
 
-from ..dtypes import ITEMSIZE
-from ..errors import DTypeError, ShapeError, TargetError
-from ..ir.algorithm import Algorithm
-from ..ir.cse import optimized_programs
-from ..ir.program import LinearProgram, combine_matrices, naive_program
-from .cpu_gemm_blocked import (emit_blocked_gemm, row_block as blocked_row_block, shares_b, why_not as blocked_why_not,
-                               workspace_bytes as blocked_workspace)
-from .cpu_combine import emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad, needs_pad
-from . import cpu_vendor
-from .cpu_config import CpuConfig
-from .cpu_memory import emit_workspace
-from .cpu_gemm import (DOT_LANES, DPBF16_LL, Writer, amx_kernel, amx_ll, emit_chunk_store, emit_gemm_stage,
-                       geometry, packed_stride)
+from lcmac.core.dtypes import ITEMSIZE
+from lcmac.core.errors import DTypeError, ShapeError, TargetError
+from lcmac.ir.algorithm import Algorithm
+from lcmac.ir.cse import optimized_programs
+from lcmac.ir.program import LinearProgram, combine_matrices, naive_program
+from lcmac.schedules.cpu_gemm_blocked import (
+    emit_blocked_gemm, row_block as blocked_row_block, shares_b, why_not as blocked_why_not,
+    workspace_bytes as blocked_workspace)
+from lcmac.schedules.cpu_combine import (
+    emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad, needs_pad)
+from lcmac.schedules import cpu_vendor
+from lcmac.spec.cpu import CpuConfig
+from lcmac.schedules.cpu_memory import emit_workspace
+from lcmac.schedules.cpu_gemm import (
+    DOT_LANES, DPBF16_LL, Writer, amx_kernel, amx_ll, emit_chunk_store, emit_gemm_stage, geometry,
+    packed_stride)
 
 ENTRY = "lcmac_matmul"
 #: suffixes of the prepared-B entry points (``generate``)

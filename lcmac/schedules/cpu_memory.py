@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from math import prod
 
-from ..dtypes import ITEMSIZE
+from lcmac.core.dtypes import ITEMSIZE
 
 #: bytes per element, with the integer types the bf16 kernels pack into
 _BYTES = {**ITEMSIZE, "uint16": 2, "int32": 4}

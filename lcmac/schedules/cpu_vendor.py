@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..errors import DTypeError, ShapeError
-from .cpu_combine import _decl_locals, _emit_program
-from .cpu_gemm import Writer
-from .cpu_memory import emit_workspace
+from lcmac.core.errors import DTypeError, ShapeError
+from lcmac.schedules.cpu_combine import _decl_locals, _emit_program
+from lcmac.schedules.cpu_gemm import Writer
+from lcmac.schedules.cpu_memory import emit_workspace
 
 #: (BLAS routine letter, LLVM element type) per dtype
 _BLAS = {"float32": ("s", "float"), "float64": ("d", "double")}

@@ -6,9 +6,9 @@ import platform
 import shutil
 import subprocess
 
-from ..errors import TargetError
-from . import aarch64
-from .table import TARGETS, Target
+from lcmac.core.errors import TargetError
+from lcmac.targets import aarch64
+from lcmac.spec.target_table import TARGETS, Target
 
 __all__ = ["TARGETS", "Target", "get_target", "host_target", "schedule_family"]
 
@@ -67,7 +67,7 @@ def host_target() -> Target:
 
 
 def schedule_family(target) -> str:
-    """'cpu' or 'cuda': which family of schedules (lcmac.schedules.registry) serves ``target``
+    """'cpu' or 'cuda': which family of schedules (lcmac.spec.registry) serves ``target``
     (a name or a Target; a cost-model profile name given as a target counts as 'cpu')."""
     t = str(getattr(target, "name", target))
     if t.startswith("cuda"):

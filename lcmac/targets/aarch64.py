@@ -26,8 +26,8 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from ..errors import ArtifactError, TargetError, ToolchainError
-from .table import TARGETS
+from lcmac.core.errors import ArtifactError, TargetError, ToolchainError
+from lcmac.spec.target_table import TARGETS
 
 #: Debian packages that provide the tools (the error messages name them)
 CROSS_GCC_PACKAGE = "gcc-aarch64-linux-gnu"

@@ -30,7 +30,7 @@ import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import ToolchainError
+from lcmac.core.errors import ToolchainError
 
 NVCC_CANDIDATES = ("/usr/local/bin/nvcc", "/usr/local/cuda/bin/nvcc")
 

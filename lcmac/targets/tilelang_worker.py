@@ -43,26 +43,23 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from .. import ir
-from ..costmodel.profiles import get_profile
-from ..dtypes import ITEMSIZE, normalize_dtype
-from ..errors import DTypeError
-from ..ir.algorithm import Algorithm
-from ..ir.cse import optimized_programs
-from ..ir.program import (LinearProgram, combine_matrices, direct_outputs, keep_outputs,
-                          naive_program, scale_inputs)
-from ..schedules.cuda.batched_tiles import batched_template, persistent_why, small_tile_defaults
-from ..schedules.cuda.config import (BATCHED_DTYPES, FP8_MAX_COMBINE, SMEM_PER_CTA,
-                                     SUPPORTED_DTYPES, Blocking, CudaConfig, NotSupportedYet,
-                                     PersistentPlan, arch_why, batched_only_why, bound_exponent,
-                                     bsr_tile_defaults, check_batched_shape,
-                                     check_operands, check_shape, check_smem,
-                                     cluster_kernels, direct_views_why, fp8_combine_size,
-                                     int64_buffers, is_lcma, needs_int64, operand_sources,
-                                     persistent_gemm, persistent_plan, side_read_in_place,
-                                     stage_bytes, tma_reduce_why, view_sides)
-from . import cuda as host
-from . import get_target
+from lcmac import ir
+from lcmac.spec.profiles import get_profile
+from lcmac.core.dtypes import ITEMSIZE, normalize_dtype
+from lcmac.core.errors import DTypeError
+from lcmac.ir.algorithm import Algorithm
+from lcmac.ir.cse import optimized_programs
+from lcmac.ir.program import (
+    LinearProgram, combine_matrices, direct_outputs, keep_outputs, naive_program, scale_inputs)
+from lcmac.schedules.cuda.batched_tiles import batched_template, persistent_why, small_tile_defaults
+from lcmac.spec.cuda import (
+    BATCHED_DTYPES, FP8_MAX_COMBINE, SMEM_PER_CTA, SUPPORTED_DTYPES, Blocking, CudaConfig,
+    NotSupportedYet, PersistentPlan, arch_why, batched_only_why, bound_exponent, bsr_tile_defaults,
+    check_batched_shape, check_operands, check_shape, check_smem, cluster_kernels,
+    direct_views_why, fp8_combine_size, int64_buffers, is_lcma, needs_int64, operand_sources,
+    persistent_gemm, persistent_plan, side_read_in_place, stage_bytes, tma_reduce_why, view_sides)
+from lcmac.targets import cuda as host
+from lcmac.targets import get_target
 
 # TileLang and the kernel templates (lcmac.schedules.cuda.gemm, ...) are imported inside the
 # functions that build or lower kernels: the tests import ``view_plan`` from this module in a
@@ -209,27 +206,27 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None) -> Pl
         if batched_template(cfg.batched_template, shape[0], shape[1], dtype) == "gemm":
             if ctas and (why := persistent_why(shape[1], shape[2], dtype)):
                 raise NotSupportedYet(f"persistent=True for a batched product: {why} (use persistent=False)")
-            from ..schedules.cuda import gemm      # TileLang: this process only
+            from lcmac.schedules.cuda import gemm  # TileLang: this process only
             return Plan([Kernel("bmm", gemm.batched_products(*shape, dtype, cfg, arch, ctas),
                                 ["A", "B", "C", "batch"])], [("__end__", 0)], {"batched": True})
         if cfg.persistent:
             raise NotSupportedYet("persistent=True: the small batched template has no persistent "
                                   "grid (batched_template='gemm' has)")
-        from ..schedules.cuda import small     # TileLang: this process only
+        from lcmac.schedules.cuda import small  # TileLang: this process only
         return Plan([Kernel("bmm", small.batched_small_gemm(*shape, dtype, cfg, arch), ["A", "B", "C", "batch"])],
                     [("__end__", 0)], {"batched": True})
     if cfg.bsr:
         if alg is not None or cfg.operands != "native":
             raise NotSupportedYet("the block-sparse product (config bsr) is a plain GEMM with "
                                   "native operands: build it without an algorithm or operands")
-        from ..schedules.cuda import bsr     # TileLang: this process only
+        from lcmac.schedules.cuda import bsr  # TileLang: this process only
         return Plan([Kernel("bsr", bsr.bsr_spmm(dtype, cfg, arch), bsr.BSR_ARGS)],
                     [("__end__", 0)], {"bsr": cfg.bsr})
     if cfg.ladder:
         if alg is not None or cfg.operands != "native":
             raise NotSupportedYet("a ladder step (config ladder > 0) is a plain GEMM with native "
                                   "operands: build it without an algorithm and with operands='native'")
-        from ..schedules.cuda import ladder     # TileLang: this process only
+        from lcmac.schedules.cuda import ladder  # TileLang: this process only
         ws, wide = _sized_workspace(shape, {})
         return Plan([Kernel("gemm", ladder.ladder_gemm(cfg.ladder, *shape, dtype, cfg, arch),
                             ["A", "B", "C"])], ws, {"ladder_step": cfg.ladder})
@@ -241,7 +238,7 @@ def plan(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None) -> Pl
     # the plain GEMM goes through the same path as the 1x1x1 algorithm
     kmajor = dtype == "float32" and arch == "sm_90a" and cfg.tf32_wgmma
     if alg is None and not kmajor:
-        from ..schedules.cuda import gemm     # TileLang: this process only
+        from lcmac.schedules.cuda import gemm  # TileLang: this process only
         ws, wide = _sized_workspace(shape, {})
         return Plan([Kernel("gemm", gemm.plain_gemm(*shape, dtype, cfg, arch, ctas=ctas), ["A", "B", "C"])],
                     ws, {"int64_index": wide} if wide else None)
@@ -293,7 +290,7 @@ def _lcma_plan(alg, shape, dtype, cfg, programs, arch, units, ctas: int, kmajor:
     """Kernels of an LCMA with native operands: the combines, then the fused kernel (grid,
     persistent with its fixup, or TMA-engine epilogue) or Algorithm 1's batched GEMM and
     Combine H; the float32 TF32-wgmma path (``kmajor``) in ``_tf32_wgmma_plan``."""
-    from ..schedules.cuda import combines, fused, gemm     # TileLang: this process only
+    from lcmac.schedules.cuda import combines, fused, gemm  # TileLang: this process only
     progs, how = _alg_programs(alg, programs)
     blk = Blocking(*shape, alg.m, alg.k, alg.n, alg.R)
     # buffers of more than 2³¹−1 elements: declared with int64 extents (common.extents)
@@ -335,7 +332,7 @@ def _tf32_wgmma_plan(alg, progs, blk: Blocking, dtype: str, cfg: CudaConfig, arc
                      info: dict) -> Plan:
     """float32 on sm_90a with ``tf32_wgmma``: B̃ written K-major by its combine, then the
     batched GEMM and Combine H; the plain GEMM (the 1x1x1 algorithm) transposes B only."""
-    from ..schedules.cuda import combines, gemm     # TileLang: this process only
+    from lcmac.schedules.cuda import combines, gemm  # TileLang: this process only
     layout = "K-major (transposed) for TF32 wgmma"
     if alg.m * alg.k == 1:
         ws = _workspace({"Bt": blk.Kb * blk.Nb * ITEMSIZE[dtype]})
@@ -401,7 +398,7 @@ def _scaled_plan(alg, shape, dtype, cfg, programs, arch) -> Plan:
     of B into S (zeroed by the entry point), combines writing scaled fp16 Ã/B̃ (hi and lo
     halves for fp16x2), the scaled GEMM stage writing fp32 H (or C directly for the plain
     GEMM: the 1x1x1 algorithm, whose combines only scale and split), Combine H."""
-    from ..schedules.cuda import combines, low_precision as lp     # TileLang: this process only
+    from lcmac.schedules.cuda import combines, low_precision as lp  # TileLang: this process only
     check_operands(cfg, dtype)
     split = cfg.operands == "fp16x2"
     bk = cfg.bk(lp.OPERAND_DTYPE)
@@ -447,7 +444,7 @@ def _fp8_plan(alg, shape, dtype, cfg, programs, arch) -> Plan:
     quantize Ã (per row) and B̃ (per column, K-major) with a float32 scale per 128 K, the
     fp8 GEMM stage writes fp32 H (or C for the plain GEMM: the 1x1x1 algorithm, whose
     combines only quantize), Combine H."""
-    from ..schedules.cuda import combines, low_precision as lp     # TileLang: this process only
+    from lcmac.schedules.cuda import combines, low_precision as lp  # TileLang: this process only
     if arch != "sm_90a":
         raise NotSupportedYet(f"operands='fp8' needs FP8 tensor cores (sm_90a); {arch} has none")
     check_operands(cfg, dtype)

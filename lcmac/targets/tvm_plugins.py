@@ -21,12 +21,12 @@ import tvm
 from tvm.support import cc as tvm_cc
 from tvm.target import codegen
 
-from ..errors import ToolchainError
-from ..ir.algorithm import Algorithm
-from ..schedules import cpu_bits
-from ..schedules.cpu_lcma import lower_request
-from ..schedules.te_lcma import lcma_prim_func
-from . import aarch64, get_target, x86
+from lcmac.core.errors import ToolchainError
+from lcmac.ir.algorithm import Algorithm
+from lcmac.schedules import cpu_bits
+from lcmac.schedules.cpu_lcma import lower_request
+from lcmac.schedules.te_lcma import lcma_prim_func
+from lcmac.targets import aarch64, get_target, x86
 
 
 # ---- x86-64 -----------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import tvm
 from tvm.script import ir as I
 from tvm.script import tirx as T
 
-from lcmac.errors import TargetError
+from lcmac.core.errors import TargetError
 from lcmac.targets.tvm_plugins import PLUGINS
 
 

@@ -7,7 +7,7 @@ import ctypes
 import os
 import platform
 
-from ..errors import TargetError
+from lcmac.core.errors import TargetError
 
 #: CPU feature flags (/proc/cpuinfo) an artifact of each target needs to run
 REQUIRED_FLAGS = {"x86_64-avx512": ("avx512f",), "x86_64-avx2": ("avx2", "fma"), "x86_64": ()}

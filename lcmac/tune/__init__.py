@@ -10,23 +10,19 @@
 - ``measure``: timing an artifact in an isolated process (median of repeats, warm-up), and
   the vendor GEMM (cuBLAS / numpy) on the same operands.
 - ``calibrate``: fit the profile's efficiencies to the log (``profile.with_calibration``).
-- ``measured_decision``: ``decide_by_measurement(M, N, K, dtype, target)``, the cost model's
-  ``select`` fed with the log's measurements — GEMM, an LCMA, or the vendor GEMM
-  (``vendor_matmul``).
 - ``metrics``: Spearman rank correlation, trials to within 3% of the best, and the metrics
   over log records that ``scripts/eval_tuner.py`` reports.
 
 The tuning log itself (``tuning_logs/<target>-<dtype>.jsonl``) is ``lcmac.artifact.tuning_log``.
 """
-from ..artifact.tuning_log import TuningDB, best_config
-from .builders import Prebuilder, load_prebuilt
-from .calibrate import Calibration, calibrate, calibrate_from_db
-from .measured_decision import Decision, decide_by_measurement, vendor_matmul
-from .metrics import space_report, spearman, trials_to_within
-from .space import Point, Space, ranked_space
-from .tuner import TuneOptions, TuneResult, plan_points, tune, tune_many, tune_with
+from lcmac.artifact.tuning_log import TuningDB, best_config
+from lcmac.tune.builders import Prebuilder, load_prebuilt
+from lcmac.tune.calibrate import Calibration, calibrate, calibrate_from_db
+from lcmac.tune.metrics import space_report, spearman, trials_to_within
+from lcmac.tune.space import Point, Space, ranked_space
+from lcmac.tune.tuner import TuneOptions, TuneResult, plan_points, tune, tune_many, tune_with
 
 __all__ = ["Calibration", "calibrate", "calibrate_from_db", "TuningDB", "best_config",
-           "Decision", "decide_by_measurement", "vendor_matmul", "space_report", "spearman",
+           "space_report", "spearman",
            "trials_to_within", "Point", "Space", "ranked_space", "Prebuilder", "TuneOptions",
            "TuneResult", "load_prebuilt", "plan_points", "tune", "tune_many", "tune_with"]

@@ -13,8 +13,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..artifact import tuning_log as _db
-from ..artifact.build import build, build_many
+from lcmac.artifact import tuning_log as _db
+from lcmac.artifact.build import build, build_many
 
 
 def build_point(algorithm: str, target: str, dtype: str, shape, config, out_dir: str) -> str:

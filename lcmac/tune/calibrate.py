@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..artifact import tuning_log as _db
-from ..costmodel import gemm_estimate, lcma_estimate, model_dtype, resolve_profile
-from ..dtypes import normalize_model_dtype
-from ..ir import catalogue
+from lcmac.artifact import tuning_log as _db
+from lcmac.costmodel import gemm_estimate, lcma_estimate, model_dtype, resolve_profile
+from lcmac.core.dtypes import normalize_model_dtype
+from lcmac.ir import catalogue
 
 BOUNDS = {"gemm_efficiency": (0.02, 1.0), "bandwidth_efficiency": (0.05, 1.0),
           "add_efficiency": (0.02, 1.0), "shape_half": (0.5, 2000.0),

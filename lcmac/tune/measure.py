@@ -44,7 +44,7 @@ import statistics
 import sys
 import time
 
-from ..runtime.loader import load
+from lcmac.runtime.loader import load
 
 CHECK_ROWS = 32
 

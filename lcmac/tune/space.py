@@ -1,8 +1,8 @@
 """The search space of one (target, dtype, algorithm, shape): enumerate, prune, rank.
 
 1. **Enumerate.**  The backend's template owns its knobs: its ``config_space(target, dtype,
-   shape, algorithm=)`` (``lcmac.schedules.registry``; the CPU blocking of
-   ``lcmac.schedules.cpu_config``: register micro-tile mr×nr, cache blocks mc/nc/kc, …) is
+   shape, algorithm=)`` (``lcmac.spec.registry``; the CPU blocking of
+   ``lcmac.spec.cpu``: register micro-tile mr×nr, cache blocks mc/nc/kc, …) is
    used when it has one.  Without it (CUDA, and every scaled operand mode) the built-in grid
    of the same knobs, ``default_space``: tiles, k slabs, stages, threads, and for an LCMA
    the FalconGEMM schedule switches.  Configs are the backend's config objects
@@ -24,13 +24,13 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..artifact import tuning_log as _db
-from ..costmodel.config_estimates import (algorithm_of, cuda_config_of, estimate, fit_check,
-                                          target_object)
-from ..dtypes import normalize_dtype
-from ..schedules.cuda.config import Blocking, tma_reduce_why
-from ..schedules.registry import FAMILIES
-from ..targets import schedule_family as family
+from lcmac.artifact import tuning_log as _db
+from lcmac.costmodel.config_estimates import (
+    algorithm_of, cuda_config_of, estimate, fit_check, target_object)
+from lcmac.core.dtypes import normalize_dtype
+from lcmac.spec.cuda import Blocking, tma_reduce_why
+from lcmac.spec.registry import FAMILIES
+from lcmac.targets import schedule_family as family
 
 
 # ---- enumeration ---------------------------------------------------------------------------

@@ -44,16 +44,16 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from ..artifact import tuning_log as _db
-from ..costmodel import model_dtype, select
-from ..costmodel.config_estimates import default_block_k, estimate
-from ..costmodel.decision import with_errors
-from ..dtypes import normalize_model_dtype
-from ..schedules.cuda.config import NotSupportedYet
-from . import space as _space
-from .builders import Builder, Prebuilder, load_prebuilt
-from .measure import MeasureWorker
-from .metrics import spearman
+from lcmac.artifact import tuning_log as _db
+from lcmac.costmodel import model_dtype, select
+from lcmac.costmodel.config_estimates import default_block_k, estimate
+from lcmac.costmodel.decision import with_errors
+from lcmac.core.dtypes import normalize_model_dtype
+from lcmac.spec.cuda import NotSupportedYet
+from lcmac.tune import space as _space
+from lcmac.tune.builders import Builder, Prebuilder, load_prebuilt
+from lcmac.tune.measure import MeasureWorker
+from lcmac.tune.metrics import spearman
 
 __all__ = ["BuildOptions", "LogOptions", "MeasureOptions", "Progress", "SearchOptions",
            "SearchPlan", "Trial", "TuneOptions", "TuneResult", "auto_algorithms", "exhaustive",

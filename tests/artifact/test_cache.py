@@ -15,11 +15,11 @@ import pytest
 
 import lcmac
 from lcmac.targets import host_target
-from lcmac import version
+from lcmac.core import version
 from lcmac.artifact import build as build_mod
 from lcmac.artifact import cache
-from lcmac.cli import main
-from lcmac.errors import ArtifactError
+from lcmac.cli.main import main
+from lcmac.core.errors import ArtifactError
 
 CPU = host_target().name       # kernels are built and run here
 SHAPE = (32, 24, 40)                 # M, N, K: no dimension a multiple of the others

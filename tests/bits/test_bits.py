@@ -12,7 +12,7 @@ from lcmac.bits import PackedBits, boolean_matmul, gf2_matmul, pack, unpack
 from lcmac.bits import lcma, products
 from lcmac.bits.lcma import auto_levels, gf2_scheme, lcma_product
 from lcmac.bits.products import KernelCount, four_russians, gf2_product
-from lcmac.errors import AlgorithmError, CatalogueError, DTypeError, ShapeError
+from lcmac.core.errors import AlgorithmError, CatalogueError, DTypeError, ShapeError
 from lcmac.ir import get
 from lcmac.ir.alternative_basis import from_standard
 from lcmac.ir.gf2 import reduce_mod2

@@ -6,7 +6,7 @@ import json
 import os
 
 from lcmac.bits import native_build
-from lcmac.cli import main as cli
+from lcmac.cli.main import main as cli
 
 
 def _entry(root, key, fields, good=True):

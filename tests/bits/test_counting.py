@@ -6,7 +6,7 @@ import pytest
 
 from lcmac.bits import boolean_matmul, pack
 from lcmac.bits.counting import EXACT_LIMIT, exactness_bound
-from lcmac.errors import AlgorithmError, VerificationError
+from lcmac.core.errors import AlgorithmError, VerificationError
 from lcmac.ir import get
 from lcmac.ir.algorithm import Algorithm
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lcmac.bits import gf2_matmul, boolean_matmul, native, native_build, pack, unpack
-from lcmac.errors import ShapeError, ToolchainError
+from lcmac.core.errors import ShapeError, ToolchainError
 from lcmac.schedules import cpu_bits
 
 # (M, K, N): C is M×N.  300×129×448: 7 words of C, the 4-, 2- and 1-word tail panels;

@@ -10,7 +10,7 @@ import pytest
 
 from lcmac.costmodel import select
 from lcmac.costmodel.accuracy import _bf16, compare_with_run, cuda_model_args, error_ratio
-from lcmac.errors import DTypeError, ShapeError
+from lcmac.core.errors import DTypeError, ShapeError
 from lcmac.ir.algorithm import Algorithm
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
@@ -192,7 +192,7 @@ def test_cli_select_prints_the_predicted_errors():
 def test_decide_checks_every_measured_lcma_against_the_budget():
     # the committed H100 log has Strassen, Strassen², DPS and Winograd² measured at 16384³;
     # Winograd² (12.2x) ties Strassen² there and must not be chosen under a budget of 8
-    from lcmac.tune.measured_decision import decide_by_measurement
+    from lcmac.policy.measured import decide_by_measurement
     d = decide_by_measurement(*SQ, "bfloat16", "cuda-sm90a", max_error=8.0)
     measured = [c for c in d.candidates if c.measured and not c.is_gemm and c.algorithm != "vendor"]
     assert measured and all(c.error_ratio is not None and c.error_ratio <= 8.0 for c in measured)
@@ -246,7 +246,7 @@ def test_a_measured_lcma_is_checked_in_its_tuned_form():
     # the committed H100 log's best Strassen config at 8192³ stores Combine H through the TMA
     # engine (3.76x the GEMM's error, against 3.48x for the Algorithm 1 form the model costs):
     # the budget must judge the kernel that was measured and that a build from the log makes
-    from lcmac.tune.measured_decision import decide_by_measurement
+    from lcmac.policy.measured import decide_by_measurement
     tight = decide_by_measurement(8192, 8192, 8192, "bfloat16", "cuda-sm90a", max_error=3.6)
     assert "strassen" not in {c.algorithm for c in tight.candidates}
     loose = decide_by_measurement(8192, 8192, 8192, "bfloat16", "cuda-sm90a", max_error=3.9)

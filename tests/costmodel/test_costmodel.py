@@ -4,13 +4,13 @@ import time
 
 import pytest
 
-from lcmac.costmodel import (STAGES, HardwareProfile, decide_by_model, gemm_estimate,
-                             gemm_is_memory_bound, get_profile, lcma_estimate, onchip_fit,
-                             profile_for_target, profile_names, quantities, select,
-                             stage_table, wave_analysis, waves_for)
+from lcmac.costmodel import (
+    STAGES, HardwareProfile, decide_by_model, gemm_estimate, gemm_is_memory_bound, get_profile,
+    lcma_estimate, onchip_fit, profile_for_target, profile_names, quantities, select, stage_table,
+    wave_analysis, waves_for)
 from lcmac.costmodel.decision import candidate_names, candidate_quantities
 from lcmac.costmodel.stages import compose_quantities, orbit_quantities
-from lcmac.errors import DTypeError, TargetError
+from lcmac.core.errors import DTypeError, TargetError
 from lcmac.ir import catalogue
 
 
@@ -287,7 +287,7 @@ def test_scaled_operand_modes_are_priced():
     (bench/results/h100-float32-operands.json: 224, 211, 192 TFLOP/s)."""
     from lcmac import ir
     from lcmac.costmodel import gemm_estimate, lcma_estimate
-    from lcmac.errors import LcmacError
+    from lcmac.core.errors import LcmacError
     n = 16384
     x2 = gemm_estimate(n, n, n, "float32", "h100", operands="fp16x2")
     h1 = gemm_estimate(n, n, n, "float16", "h100")
@@ -317,10 +317,10 @@ def test_fp8_operands_are_priced():
     fp32 H, no amax pass; select offers only the schemes the fp8 build takes."""
     from lcmac import ir
     from lcmac.costmodel import gemm_estimate, lcma_estimate
-    from lcmac.costmodel.profiles import get_profile
+    from lcmac.spec.profiles import get_profile
     from lcmac.costmodel.stages import operand_terms
-    from lcmac.errors import LcmacError
-    from lcmac.schedules.cuda.config import FP8_MAX_COMBINE
+    from lcmac.core.errors import LcmacError
+    from lcmac.spec.cuda import FP8_MAX_COMBINE
     o = operand_terms("fp8", "bfloat16")
     assert (o.gemm_dtype, o.op_bytes, o.h_bytes, o.amax, o.accumulators) == ("float8_e4m3", 1, 4, False, 2)
     assert o.slab_epilogue_factor(get_profile("h100")) == pytest.approx(1.46, abs=0.05)

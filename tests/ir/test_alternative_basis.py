@@ -7,15 +7,16 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from lcmac.errors import AlgorithmError, VerificationError
+from lcmac.core.errors import AlgorithmError, VerificationError
 from lcmac.ir import get, run_unfused
-from lcmac.ir.alternative_basis import (AlternativeBasisAlgorithm, from_standard, inverse,
-                                        leading_coefficient)
+from lcmac.ir.alternative_basis import (
+    AlternativeBasisAlgorithm, from_standard, inverse, leading_coefficient)
 from lcmac.ir.basis_search import addition_report, search_basis
 from lcmac.ir.catalogue import all_algorithms, naive_names
 from lcmac.ir.cse import addition_counts
-from lcmac.ir.gf2 import (GF2Algorithm, gf2_failures, gf2_from_fmm, reduce_mod2,
-                          require_rational, verify_gf2, verify_over)
+from lcmac.ir.gf2 import (
+    GF2Algorithm, gf2_failures, gf2_from_fmm, reduce_mod2, require_rational, verify_gf2,
+    verify_over)
 from lcmac.ir.verify import brent_failures
 
 I4 = np.eye(4, dtype=int)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lcmac.errors import CatalogueError, VerificationError
+from lcmac.core.errors import CatalogueError, VerificationError
 from lcmac.ir import catalogue
 from lcmac.ir.algorithm import Algorithm
 from lcmac.ir.importers import check_programs, load_file

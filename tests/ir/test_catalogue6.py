@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lcmac.cli import main
-from lcmac.errors import AlgorithmError, LcmacError, VerificationError
+from lcmac.cli.main import main
+from lcmac.core.errors import AlgorithmError, LcmacError, VerificationError
 from lcmac.ir import catalogue
 from lcmac.ir.algorithm import Algorithm
 from lcmac.ir.gf2 import GF2Algorithm, gf2_failures, load_gf2, require_rational

@@ -8,11 +8,10 @@ import zipfile
 import numpy as np
 import pytest
 
-from lcmac.errors import AlgorithmError, CatalogueError, LcmacError, VerificationError
+from lcmac.core.errors import AlgorithmError, CatalogueError, LcmacError, VerificationError
 from lcmac.ir import catalogue
 from lcmac.ir.algorithm import Algorithm
-from lcmac.ir.importers import (from_alphatensor, load_algorithm, load_file, parse_fmm_text,
-                                read_npz)
+from lcmac.ir.importers import from_alphatensor, load_algorithm, load_file, parse_fmm_text, read_npz
 from lcmac.ir.program import LinearProgram
 
 

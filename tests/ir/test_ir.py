@@ -6,9 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lcmac.errors import AlgorithmError, CatalogueError, ShapeError, VerificationError
-from lcmac.ir import (Algorithm, brent_failures, compose, get, is_exact, orbit, power,
-                      reference_matmul, rotate, run_fused, run_unfused, transpose, verify)
+from lcmac.core.errors import AlgorithmError, CatalogueError, ShapeError, VerificationError
+from lcmac.ir import (
+    Algorithm, brent_failures, compose, get, is_exact, orbit, power, reference_matmul, rotate,
+    run_fused, run_unfused, transpose, verify)
 from lcmac.ir import builtin
 
 

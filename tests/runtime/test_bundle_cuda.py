@@ -5,7 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import lcmac  # noqa: E402
-from lcmac import ops  # noqa: E402
+from lcmac.api import matmul as ops  # noqa: E402
 from lcmac.artifact.bundle import build_bundle  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,

@@ -233,7 +233,7 @@ def test_wrong_dtype_is_refused(rows_bundle, example):
 def test_exported_bundle_from_c(example, tmp_path):
     """`lcmac export` of two shapes, both run from C; a truncated library, a byte-flipped one
     and a kernel of another target are each an exit status and a message."""
-    from lcmac.export import export
+    from lcmac.api.export import export
     src = export(["64x48x40", "40x24x56"], None, "float32", tmp_path / "exported").parent
     assert (src / "lcmac.h").is_file()
     _ok(_run([example, src, 64, 48, 40]), "exact:64x48x40", "64x48x40")

@@ -49,7 +49,7 @@ needs_gpu = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> Path:
     """`lcmac export ?x256x256 --target cuda-sm90a --dtype bfloat16 --algo strassen --rows 256`."""
-    from lcmac.export import export
+    from lcmac.api.export import export
     out = tmp_path_factory.mktemp("cuda_bundle")
     return export(["?x256x256"], "cuda-sm90a", "bfloat16", out, rows=(256,), algo="strassen").parent
 

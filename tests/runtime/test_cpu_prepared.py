@@ -1,6 +1,6 @@
 """A B combined once on the CPU (``f.prepare_b(B)``, ``f(A, prepared)``): the same bits as the
 unprepared call and the float64 reference, with padded and unpadded shapes, for the plain
-GEMM (B packed once) and LCMAs; misuse refused; a real ``lcmac.nn.Linear`` keeps its weight
+GEMM (B packed once) and LCMAs; misuse refused; a real ``lcmac.torch.nn.Linear`` keeps its weight
 prepared and prepares it again when the weight changes."""
 import json
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import lcmac
-from lcmac.errors import ArtifactError, ShapeError
+from lcmac.core.errors import ArtifactError, ShapeError
 from lcmac.runtime.loader import PreparedB
 
 
@@ -79,7 +79,7 @@ def test_linear_on_the_cpu_keeps_its_weight_prepared(monkeypatch):
     torch = pytest.importorskip("torch")
     from torch import nn
 
-    from lcmac.nn import Linear
+    from lcmac.torch.nn import Linear
     from lcmac.runtime import loader
     calls = []
     real = loader.LcmacFunction.prepare_b

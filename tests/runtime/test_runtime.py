@@ -12,7 +12,7 @@ import pytest
 
 import lcmac
 from lcmac.artifact.build import build_many
-from lcmac.errors import ArtifactError, DTypeError, ShapeError, TargetError
+from lcmac.core.errors import ArtifactError, DTypeError, ShapeError, TargetError
 from lcmac.artifact.manifest import Manifest
 from lcmac.targets.x86 import host_supports
 

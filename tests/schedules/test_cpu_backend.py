@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from lcmac.artifact.build import build, build_many
-from lcmac.errors import CatalogueError, DTypeError, ShapeError, TargetError
+from lcmac.core.errors import CatalogueError, DTypeError, ShapeError, TargetError
 from lcmac.ir import catalogue
 from lcmac.ir.algorithm import Algorithm
-from lcmac.schedules.cpu_config import CpuConfig
+from lcmac.spec.cpu import CpuConfig
 from lcmac.artifact.manifest import Manifest
 from lcmac.targets.x86 import host_supports
 
@@ -189,7 +189,7 @@ def test_zero_padding_writes_every_element(shape):
     import types
     from lcmac.ir import get
     from lcmac.schedules.cpu_combine import emit_pad
-    from lcmac.schedules.cpu_config import CpuConfig
+    from lcmac.spec.cpu import CpuConfig
     from lcmac.schedules.cpu_gemm import Writer, geometry
     M, N, K = shape
     g = geometry(get("strassen").grid, M, N, K, CpuConfig(mr=8, nr=32, mc=256, nc=512))
@@ -452,7 +452,7 @@ def test_no_leftover_temp_files(builds, artdir):
 
 
 def test_config_space_and_roundtrip():
-    from lcmac.schedules.cpu_config import CpuConfig, config_space, default_config
+    from lcmac.spec.cpu import CpuConfig, config_space, default_config
     from lcmac.targets import get_target
     t = get_target(T512)
     space = config_space(t, "float32", (1024, 1024, 1024))
@@ -492,7 +492,7 @@ try:
     def test_geometry_whole_tiles(M, N, K, grid, scale, mr, nr):
         """Padding (not predication): tiles always divide the padded blocks, cover the
         logical blocks, and pad by less than one register tile per task."""
-        from lcmac.schedules.cpu_config import CpuConfig
+        from lcmac.spec.cpu import CpuConfig
         from lcmac.schedules.cpu_gemm import geometry
         cfg = CpuConfig(mr=mr, nr=nr, mc=16 * scale * mr // 2 or mr, nc=64 * scale, kc=32 * scale)
         g = geometry(grid, M, N, K, cfg)
@@ -525,7 +525,7 @@ def test_build_errors(tmp_path):
 
 @pytest.mark.slow
 def test_cli_build(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "lcmac.cli", "build", "--algo", "winograd",
+    out = subprocess.run([sys.executable, "-m", "lcmac.cli.main", "build", "--algo", "winograd",
                           "--target", T512, "--dtype", "fp32", "--shape", "24x40x16",
                           "-o", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -534,7 +534,7 @@ def test_cli_build(tmp_path):
     man = tmp_path / "winograd-x86_64-avx512-float32-24x40x16.json"
     assert man.is_file() and man.with_suffix(".so").is_file()
     _check(man)
-    bad = subprocess.run([sys.executable, "-m", "lcmac.cli", "build", "--algo", "gemm", "--dtype",
+    bad = subprocess.run([sys.executable, "-m", "lcmac.cli.main", "build", "--algo", "gemm", "--dtype",
                           "fp16", "--shape", "8x8x8", "-o", str(tmp_path)], capture_output=True, text=True)
     assert bad.returncode == 2 and "float16" in bad.stderr
 

@@ -14,7 +14,7 @@ import pytest
 from lcmac.artifact.build import build, build_many
 from lcmac.artifact.manifest import Manifest
 from lcmac.ir import catalogue
-from lcmac.schedules.cpu_config import CpuConfig, default_config, resolve_config
+from lcmac.spec.cpu import CpuConfig, default_config, resolve_config
 from lcmac.targets import get_target
 from lcmac.targets.x86 import host_supports
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lcmac.ir import catalogue
-from lcmac.schedules.cpu_config import CpuConfig, default_config
+from lcmac.spec.cpu import CpuConfig, default_config
 from lcmac.schedules import cpu_vendor
 from lcmac.schedules.cpu_lcma import generate, programs_for
 from lcmac.schedules.cpu_memory import ADVISE_FN, HUGE_MIN_BYTES

@@ -21,7 +21,7 @@ import pytest
 
 import lcmac
 from lcmac.artifact.build import build
-from lcmac.errors import ArtifactError, DTypeError, ShapeError, TargetError, ToolchainError
+from lcmac.core.errors import ArtifactError, DTypeError, ShapeError, TargetError, ToolchainError
 from lcmac.targets import TARGETS
 from lcmac.targets import aarch64 as arm
 

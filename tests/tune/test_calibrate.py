@@ -6,7 +6,7 @@ def test_the_avx2_profile_matches_its_tuning_log():
     (log-RMS); the generic 32-core profile it replaced was ~20x too fast (log-RMS 3.1)."""
     from pathlib import Path
 
-    from lcmac.costmodel.profiles import profile_for_target
+    from lcmac.spec.profiles import profile_for_target
     from lcmac.tune.calibrate import calibrate_from_db
     assert profile_for_target("x86_64-avx2").name == "epyc-2core"
     logs = Path(__file__).resolve().parents[2] / "tuning_logs"

@@ -4,7 +4,7 @@ import pytest
 
 from lcmac.artifact import tuning_log as tdb
 from lcmac.tune import tuner
-from lcmac.tune.measured_decision import decide_by_measurement
+from lcmac.policy.measured import decide_by_measurement
 from tests.tune.test_tune import CPU, _configs, rec
 
 

@@ -11,7 +11,7 @@ from lcmac.artifact import tuning_log as tdb
 from lcmac.costmodel import config_estimates as est
 from lcmac.tune import builders, space, tuner
 from lcmac.tune.calibrate import calibrate, model_time
-from lcmac.tune.measured_decision import decide_by_measurement
+from lcmac.policy.measured import decide_by_measurement
 from lcmac.tune.metrics import space_report, spearman, trials_to_within
 
 CPU, GPU = "x86_64-avx512", "cuda-sm90a"
@@ -97,7 +97,7 @@ def test_the_backends_named_configs_come_first_and_are_not_pruned():
     (in the model's order among themselves) and the fit rule does not drop them (Winograd²'s
     AVX-512 default holds a 2.1 MB block of A, over the rule's 2 MiB of L2); the grid follows
     by estimate."""
-    from lcmac.schedules.cpu_config import config_space
+    from lcmac.spec.cpu import config_space
     from lcmac.targets import get_target
     shape = (4096,) * 3
     cfgs = config_space(get_target("x86_64-avx512"), "float32", shape, "winograd^2")
@@ -160,7 +160,7 @@ def test_corrupt_and_foreign_lines_are_skipped_with_a_warning(tmp_path):
 
 
 def test_records_of_older_templates_are_ignored_by_builds_and_the_tuner(tmp_path):
-    from lcmac.schedules import cpu_config
+    from lcmac.spec import cpu as cpu_config
     store = tdb.TuningDB(tmp_path)
     fresh = rec(t=0.02, cfg={"mr": 4, "nr": 64})
     assert fresh["schedule_version"] == cpu_config.SCHEDULE_VERSION >= 2
@@ -313,7 +313,7 @@ def test_real_cpu_tuning_run(tmp_path):
 
 
 def test_cli_tune_parses_and_reports(tmp_path, monkeypatch, capsys):
-    from lcmac import cli
+    from lcmac.cli.main import main as cli
 
     def fake_tune(algo, target, dtype, shape, **kw):
         res = tuner.TuneResult(target, dtype, shape)
@@ -394,7 +394,7 @@ def test_decision_quality_counts_misses_and_vendor_losses():
 
 
 def test_decide_takes_the_vendor_gemm_when_it_is_faster(tmp_path):
-    from lcmac.tune.measured_decision import vendor_matmul
+    from lcmac.policy.measured import vendor_matmul
     store = tdb.TuningDB(tmp_path)
     shape = (2048, 2048, 2048)
     vcfg = {"library": "openblas", "api": "numpy.matmul"}
@@ -422,7 +422,7 @@ def test_decide_wants_a_margin_over_the_vendor_on_times_from_another_shape(tmp_p
     """At a logged shape an lcmac kernel must lead the vendor GEMM by more than
     measured_decision.EXACT_MARGIN (a smaller lead is a tie, which the library takes); at an
     unlogged shape the neighbour's ratios must put it ahead by more than TRANSFER_MARGIN."""
-    from lcmac.tune.measured_decision import EXACT_MARGIN, TRANSFER_MARGIN
+    from lcmac.policy.measured import EXACT_MARGIN, TRANSFER_MARGIN
     vcfg = {"library": "openblas", "api": "numpy.matmul"}
     for lead, want_vendor, want_vendor_near in ((0.5 * EXACT_MARGIN, True, True),
                                                 (0.5 * (EXACT_MARGIN + TRANSFER_MARGIN), False, True),
@@ -512,7 +512,7 @@ def test_cuda_float32_is_priced_as_tf32_and_llm_cpu_subset_is_small():
 
 
 def test_cli_tune_dry_run_prints_table_vendor_and_plot(tmp_path, capsys):
-    from lcmac import cli
+    from lcmac.cli.main import main as cli
     code = cli.main(["tune", "--algo", "gemm,strassen", "--target", GPU, "--dtype", "bf16",
                      "--shape", "8192x8192x4096", "--budget", "3", "--dry-run", "--logs", str(tmp_path),
                      "--plot", str(tmp_path / "p.png"), "--compare-default"])
@@ -555,7 +555,7 @@ def test_build_uses_cpu_logs_only_at_the_logged_shape(tmp_path, monkeypatch, cap
     logged at another shape (its blocks were cut for that shape); the shape's own logged
     config is used; CUDA still takes the nearest logged shape's config."""
     from lcmac.artifact import build as lb
-    from lcmac.schedules.cpu_config import default_config
+    from lcmac.spec.cpu import default_config
     from lcmac.targets import get_target
     monkeypatch.setenv("LCMAC_TUNING_LOGS", str(tmp_path))
     tdb.TuningDB(tmp_path).append([rec(shape=(1024, 1024, 1024), t=0.01,
@@ -626,7 +626,7 @@ def test_log_lookups_keep_operand_modes_apart(tmp_path, monkeypatch):
 
 
 def test_cli_tune_operands_is_a_cuda_option(capsys):
-    from lcmac import cli
+    from lcmac.cli.main import main as cli
     assert cli.main(["tune", "--algo", "gemm", "--target", CPU, "--shape", "256x256x256",
                      "--operands", "fp16", "--dry-run"]) == 2
     assert "CUDA option" in capsys.readouterr().err
@@ -635,7 +635,7 @@ def test_cli_tune_operands_is_a_cuda_option(capsys):
 def test_fp8_tuning_is_refused_with_a_way_out():
     """Tuning operands="fp8" would need cuBLAS's FP8 GEMM as the baseline and an FP8-sized
     correctness check: refused by name, pointing at the build config and the benchmark."""
-    from lcmac.schedules.cuda.config import NotSupportedYet
+    from lcmac.spec.cuda import NotSupportedYet
     with pytest.raises(NotSupportedYet, match="operands"):
         tuner.tune("strassen", GPU, "bfloat16", (4096, 4096, 4096), operands="fp8")
 
@@ -677,7 +677,7 @@ def test_sustained_tuning_warms_each_kernel_up(tmp_path):
 def test_sustained_records_decide_only_when_asked():
     # the committed H100 log has sustained records (tag "sustained", warm_s 1.5) of Strassen²,
     # Winograd², Strassen and cuBLAS at 16384³ beside many burst ones
-    from lcmac.tune.measured_decision import regime_of
+    from lcmac.policy.measured import regime_of
     assert regime_of({"warm_s": 1.5}) == "sustained"
     assert regime_of({"warm_s": 0.15}) == regime_of({}) == "burst"
     SQ = (16384, 16384, 16384)
@@ -767,7 +767,7 @@ def test_tuner_measures_the_default_config_unless_given_configs(tmp_path):
     """The default config is what an untuned build runs: a tune measures it beside the
     model's favourites, so the log's best (which builds take) is never a config slower than
     it; a caller's own ``configs`` are measured alone."""
-    from lcmac.schedules.cpu_config import default_config
+    from lcmac.spec.cpu import default_config
     from lcmac.targets import get_target
     dflt = default_config(get_target(CPU), "float32", None, shape=(512, 512, 512)).to_dict()
     seen = []

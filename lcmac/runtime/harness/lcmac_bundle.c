@@ -12,7 +12,7 @@
  *                 copied into zeroed buffers, the products added into C (in a float32 buffer
  *                 for bfloat16 when K spans more than one tile, rounded once).
  *
- * The same cut as lcmac/shape_rules.py and lcmac/runtime/tiled.py, so C and Python give the
+ * The same cut as lcmac/spec/shape_rules.py and lcmac/runtime/tiled.py, so C and Python give the
  * same results.  #included by lcmac_c.c after the artifact API, which opens every kernel.
  */
 

@@ -170,7 +170,7 @@ int lcmac_sha256_hex(const void* data, size_t n, char hex[65]);
  *                 copied into zeroed buffers, the products added into C (for bfloat16, when K
  *                 spans several tiles, in a float32 buffer rounded once to nearest even;
  *                 float16 with K above the tile is LCMAC_EINVAL).
- * The cut is lcmac/shape_rules.py's, so C gives Python's results.  The padding and tile
+ * The cut is lcmac/spec/shape_rules.py's, so C gives Python's results.  The padding and tile
  * buffers belong to the bundle handle (grown as needed, freed by lcmac_bundle_close). */
 
 /* Read DIR/bundle.json (strict JSON; a format other than "lcmac-bundle/1", a missing or

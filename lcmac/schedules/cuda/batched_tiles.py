@@ -7,9 +7,9 @@ benchmark and the cost model read them.
 """
 from __future__ import annotations
 
-from ...dtypes import ITEMSIZE
-from ...errors import DTypeError, ShapeError
-from .config import BATCHED_ONLY_DTYPES, SMEM_PER_CTA, batched_only_why
+from lcmac.core.dtypes import ITEMSIZE
+from lcmac.core.errors import DTypeError, ShapeError
+from lcmac.spec.cuda import BATCHED_ONLY_DTYPES, SMEM_PER_CTA, batched_only_why
 
 #: largest max(M, N) a batched product runs on the small template under "auto"
 SMALL_TEMPLATE_MAX = 128

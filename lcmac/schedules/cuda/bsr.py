@@ -29,8 +29,8 @@ mostly its stores) or from registers.
 import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
-from .common import ACCUM, emit_names, uses_pdl, warp_policy
-from .config import CudaConfig
+from lcmac.schedules.cuda.common import ACCUM, emit_names, uses_pdl, warp_policy
+from lcmac.spec.cuda import CudaConfig
 
 #: the kernel's arguments in the order of TileLang's launcher: the buffers, then the dynamic
 #: dimensions in the order they first appear in the buffers' shapes

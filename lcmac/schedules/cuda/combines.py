@@ -13,9 +13,10 @@ coefficients folded in as literals (``common.evaluate``).
 import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
-from .common import ACCUM, all_of, emit_names, evaluate, extents, keep_params, unrolled, uses_pdl
-from .config import SPLIT_SHIFT, Blocking, CudaConfig
-from .low_precision import OPERAND_DTYPE, operand_scale
+from lcmac.schedules.cuda.common import (
+    ACCUM, all_of, emit_names, evaluate, extents, keep_params, unrolled, uses_pdl)
+from lcmac.spec.cuda import SPLIT_SHIFT, Blocking, CudaConfig
+from lcmac.schedules.cuda.low_precision import OPERAND_DTYPE, operand_scale
 
 
 def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a",

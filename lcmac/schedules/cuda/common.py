@@ -15,7 +15,7 @@ import tilelang.language as T
 from tilelang import tvm
 from tvm.script.ir_builder import IRBuilder
 
-from .config import CudaConfig, needs_int64
+from lcmac.spec.cuda import CudaConfig, needs_int64
 
 #: accumulator dtype of every template (the tensor cores' fp32 accumulation, fp32 combines)
 ACCUM = "float32"

@@ -17,10 +17,10 @@ later ones read-modify-write in a fixed order (deterministic).
 import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
-from .common import (ACCUM, GemmTile, all_of, emit_names, extents, raster, scaled, unrolled,
-                     uses_pdl)
-from .config import (Blocking, CudaConfig, PersistentPlan, combine_h_steps, first_in_piece,
-                     r_order, reduce_groups)
+from lcmac.schedules.cuda.common import (
+    ACCUM, GemmTile, all_of, emit_names, extents, raster, scaled, unrolled, uses_pdl)
+from lcmac.spec.cuda import (
+    Blocking, CudaConfig, PersistentPlan, combine_h_steps, first_in_piece, r_order, reduce_groups)
 
 
 def _select(values, s):

@@ -16,8 +16,9 @@ and fp8 GEMM stages (``low_precision``) share.
 import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
-from .common import ACCUM, GemmTile, emit_names, extents, keep_params, raster, uses_pdl
-from .config import Blocking, CudaConfig, NotSupportedYet
+from lcmac.schedules.cuda.common import (
+    ACCUM, GemmTile, emit_names, extents, keep_params, raster, uses_pdl)
+from lcmac.spec.cuda import Blocking, CudaConfig, NotSupportedYet
 
 
 @T.macro

@@ -25,10 +25,10 @@ from dataclasses import dataclass, fields
 import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
-from ...dtypes import ITEMSIZE
-from . import gemm
-from .common import ACCUM, extents, uses_pdl
-from .config import SUPPORTED_DTYPES, CudaConfig, NotSupportedYet, needs_int64
+from lcmac.core.dtypes import ITEMSIZE
+from lcmac.schedules.cuda import gemm
+from lcmac.schedules.cuda.common import ACCUM, extents, uses_pdl
+from lcmac.spec.cuda import SUPPORTED_DTYPES, CudaConfig, NotSupportedYet, needs_int64
 
 #: outputs per thread of steps 3–5 (TM × TN, the register micro-tile)
 MICRO_M = MICRO_N = 8

@@ -19,9 +19,11 @@ FP8 ("fp8"): E4M3 with one float32 scale per 1×128 block along K.
 import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
-from .common import ACCUM, GemmTile, emit_names, evaluate, extents, keep_params, unrolled, uses_pdl
-from .config import FP8_BLOCK, FP8_MAX, FP8_TINY, SCALED_TOP, SPLIT_SHIFT, Blocking, CudaConfig
-from .gemm import k_loop, store_tile
+from lcmac.schedules.cuda.common import (
+    ACCUM, GemmTile, emit_names, evaluate, extents, keep_params, unrolled, uses_pdl)
+from lcmac.spec.cuda import (
+    FP8_BLOCK, FP8_MAX, FP8_TINY, SCALED_TOP, SPLIT_SHIFT, Blocking, CudaConfig)
+from lcmac.schedules.cuda.gemm import k_loop, store_tile
 
 #: storage type of scaled operands
 OPERAND_DTYPE = "float16"

@@ -25,8 +25,8 @@ the operands copied by cp.async rather than TMA (``_tma_ok``).
 import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
-from .common import emit_names, uses_pdl, warp_policy
-from .config import CudaConfig, accum_dtype
+from lcmac.schedules.cuda.common import emit_names, uses_pdl, warp_policy
+from lcmac.spec.cuda import CudaConfig, accum_dtype
 
 
 def _tma_ok(dtype: str) -> bool:

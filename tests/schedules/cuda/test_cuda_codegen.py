@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lcmac.schedules.cuda.config import Blocking, CudaConfig, ceil_div
+from lcmac.spec.cuda import Blocking, CudaConfig, ceil_div
 from lcmac.targets.tilelang_worker import SERVE_MARK
 
 ROOT = str(Path(__file__).resolve().parents[3])     # the repository
@@ -182,8 +182,8 @@ def split_group_build(tmp_path_factory):
 
 
 def test_split_group_launch_matches_plan(split_group_build):
-    from lcmac.costmodel.profiles import get_profile
-    from lcmac.schedules.cuda.config import persistent_plan
+    from lcmac.spec.profiles import get_profile
+    from lcmac.spec.cuda import persistent_plan
     alg, cfg, r = split_group_build
     M, N, K = r["shape"]
     blk = Blocking(M, N, K, 2, 2, 2, 7)
@@ -436,7 +436,7 @@ def test_scaled_gemm_compiles_with_nvcc(tmp_path):
     f = lcmac.load(path)
     assert f.gemm_precision.startswith("fp16x2") and "fp16x2" in repr(f)
     # the manifest holds the config the worker resolved, every knob (asked: the operand mode)
-    from lcmac.schedules.cuda.config import CudaConfig
+    from lcmac.spec.cuda import CudaConfig
     assert set(f.manifest.config) == set(CudaConfig().to_dict())
     assert (f.manifest.config["operands"], f.manifest.config["block_n"]) == ("fp16x2", 128)
     for k, v in f.manifest.extra["ptxas"].items():

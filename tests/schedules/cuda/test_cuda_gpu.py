@@ -349,7 +349,7 @@ def test_other_dtypes_correct(artifacts, algo, shape, dtype):
 
 
 def test_loader_rejects_bad_arguments(artifacts):
-    from lcmac.errors import DTypeError, ShapeError, TargetError
+    from lcmac.core.errors import DTypeError, ShapeError, TargetError
     f = _loaded(artifacts, "gemm", (256, 256, 256), {}, "bf16")
     A = torch.randn(256, 256, device="cuda").bfloat16()
     with pytest.raises(ShapeError):
@@ -407,7 +407,7 @@ def test_prepared_b_gives_the_same_bits(artifacts, algo, shape, cfg, dtype):
 
 
 def test_prepared_b_errors(artifacts):
-    from lcmac.errors import ArtifactError, LcmacError, ShapeError
+    from lcmac.core.errors import ArtifactError, LcmacError, ShapeError
     f = _loaded(artifacts, "strassen", (1000, 1064, 1032), {"fused": False}, "bf16")
     other = _loaded(artifacts, "strassen", (1000, 1064, 1032), SG, "bf16")
     B = torch.randn(1032, 1064, device="cuda").bfloat16()

@@ -31,7 +31,7 @@ for req in json.loads(sys.stdin.read()):
     try:
         if "direct" in req:
             from lcmac.schedules.cuda import ladder
-            from lcmac.schedules.cuda.config import CudaConfig
+            from lcmac.spec.cuda import CudaConfig
             d = req["direct"]
             ladder.ladder_gemm(d["step"], *d["shape"], d["dtype"], CudaConfig())
             r = {"ok": True}

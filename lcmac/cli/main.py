@@ -16,45 +16,45 @@ import sys
 import tempfile
 import time
 
-from .artifact.bits import BIT_DTYPES, build_bits, is_bit_dtype
-from .artifact.build import build, resolve_target
-from .artifact.bundle import build_bundle, read_bundle
-from .artifact.manifest import Manifest
-from .artifact.tuning_log import TuningDB
-from .export import cases_from_json, export
-from .costmodel import gemm_estimate, model_dtype, resolve_profile, select
-from .costmodel.accuracy import cuda_model_args, error_ratio
-from .costmodel.decision import with_errors
-from .dtypes import CANONICAL
-from .errors import LcmacError, ShapeError
-from .ir import catalogue
-from .ir.basis_search import addition_report
-from .ir.cse import optimized_programs
-from .ir.gf2 import GF2Algorithm, gf2_failures
-from .ir.importers import load_file
-from .ir.program import stage_names
-from .ir.summary import summarize
-from .ir.verify import brent_failures
-from .runtime import c_cmake_dir, c_include_dir, c_source
-from .schedules.cuda.config import OPERAND_MODES
-from .shape_rules import check_ladder, parse_rule
-from .shapes import SHAPE_HELP, parse_shape
-from .targets import TARGETS, schedule_family
-from .tune import tuner
-from .tune.measured_decision import REGIMES, decide_by_measurement
-from .tune.plot import plot_predicted_vs_measured
-from .tune.llm_shapes import llm_cpu_shapes, llm_shapes
-from .cli_cache import add_cache_parser
-from .cli_distributed import add_distribute_parser
-from .cli_output import dump_json, table
-from .version import __version__
+from lcmac.artifact.bits import BIT_DTYPES, build_bits, is_bit_dtype
+from lcmac.artifact.build import build, resolve_target
+from lcmac.artifact.bundle import build_bundle, read_bundle
+from lcmac.artifact.manifest import Manifest
+from lcmac.artifact.tuning_log import TuningDB
+from lcmac.api.export import cases_from_json, export
+from lcmac.costmodel import gemm_estimate, model_dtype, resolve_profile, select
+from lcmac.costmodel.accuracy import cuda_model_args, error_ratio
+from lcmac.costmodel.decision import with_errors
+from lcmac.core.dtypes import CANONICAL
+from lcmac.core.errors import LcmacError, ShapeError
+from lcmac.ir import catalogue
+from lcmac.ir.basis_search import addition_report
+from lcmac.ir.cse import optimized_programs
+from lcmac.ir.gf2 import GF2Algorithm, gf2_failures
+from lcmac.ir.importers import load_file
+from lcmac.ir.program import stage_names
+from lcmac.ir.summary import summarize
+from lcmac.ir.verify import brent_failures
+from lcmac.runtime import c_cmake_dir, c_include_dir, c_source
+from lcmac.spec.cuda import OPERAND_MODES
+from lcmac.spec.shape_rules import check_ladder, parse_rule
+from lcmac.core.shapes import SHAPE_HELP, parse_shape
+from lcmac.targets import TARGETS, schedule_family
+from lcmac.tune import tuner
+from lcmac.policy.measured import REGIMES, decide_by_measurement
+from lcmac.tune.plot import plot_predicted_vs_measured
+from lcmac.tune.llm_shapes import llm_cpu_shapes, llm_shapes
+from lcmac.cli.cache import add_cache_parser
+from lcmac.cli.distribute import add_distribute_parser
+from lcmac.cli.output import dump_json, table
+from lcmac.core.version import __version__
 
 GRID_HELP = ("MxKxN: an algorithm's grid <m,k,n>, an m×k block of A times a k×n block of B "
              "(e.g. 2x2x3)")
 
 
 def shape_arg(text: str) -> tuple[int, int, int]:
-    """``--shape``: ``lcmac.shapes.parse_shape``, its error reported as argparse's."""
+    """``--shape``: ``lcmac.core.shapes.parse_shape``, its error reported as argparse's."""
     try:
         return parse_shape(text)
     except ShapeError as e:
@@ -348,7 +348,7 @@ def cmd_capi(args) -> int:
 
 
 def rule_arg(text: str):
-    """``--shape``: a shape or a shape rule (``lcmac.shape_rules``), errors as argparse's."""
+    """``--shape``: a shape or a shape rule (``lcmac.spec.shape_rules``), errors as argparse's."""
     try:
         return parse_rule(text)
     except ShapeError as e:

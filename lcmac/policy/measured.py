@@ -52,12 +52,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..artifact import tuning_log as _db
-from ..costmodel import gemm_estimate, model_dtype, resolve_profile, select
-from ..costmodel.accuracy import cuda_model_args
-from ..costmodel.decision import Candidate, candidate_names, within_error_budget
-from ..dtypes import normalize_model_dtype
-from ..targets import get_target
+from lcmac.artifact import tuning_log as _db
+from lcmac.costmodel import gemm_estimate, model_dtype, resolve_profile, select
+from lcmac.costmodel.accuracy import cuda_model_args
+from lcmac.costmodel.decision import Candidate, candidate_names, within_error_budget
+from lcmac.core.dtypes import normalize_model_dtype
+from lcmac.targets import get_target
 
 
 #: records warmed up at least this long before timing are of the sustained regime

@@ -22,18 +22,18 @@ partial sums (the baseline, ``algo="gemm"``).
 
 ``host_matmul`` is the other case: A and B in host memory, larger than a GPU's, C's tiles
 dealt to the ranks and each tile's operands streamed in from pinned buffers while the
-previous chunk computes (``lcmac.distributed_stream``).
+previous chunk computes (``lcmac.parallel.stream``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .artifact.build import resolve_algorithm
-from .costmodel.distributed import GLOO_BW, NVLINK_BW, ProductPlan, plan_products
-from .costmodel.profiles import get_profile
-from .distributed_stream import DTYPES, acc_dtype, local_matmul, refuse_gradients
-from .distributed_stream import host_matmul  # noqa: F401  (lcmac.distributed.host_matmul)
-from .errors import DTypeError, LcmacError, ShapeError, TargetError
+from lcmac.artifact.build import resolve_algorithm
+from lcmac.costmodel.distributed import GLOO_BW, NVLINK_BW, ProductPlan, plan_products
+from lcmac.spec.profiles import get_profile
+from lcmac.parallel.stream import DTYPES, acc_dtype, local_matmul, refuse_gradients
+from lcmac.parallel.stream import host_matmul  # noqa: F401  (lcmac.parallel.distributed.host_matmul)
+from lcmac.core.errors import DTypeError, LcmacError, ShapeError, TargetError
 
 
 def _torch():
@@ -59,7 +59,7 @@ class _Call:
 def _group_info(group):
     torch, dist = _torch()
     if not dist.is_available() or not dist.is_initialized():
-        raise LcmacError("lcmac.distributed needs an initialised process group: call "
+        raise LcmacError("lcmac.parallel.distributed needs an initialised process group: call "
                          "torch.distributed.init_process_group first (torchrun sets the "
                          "environment it reads)")
     size, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -96,14 +96,14 @@ def _check_operands(A, B, rank, src, backend):
     if A.dtype != B.dtype:
         raise DTypeError(f"A is {A.dtype} and B {B.dtype}: give one dtype")
     if str(A.dtype).replace("torch.", "") not in DTYPES:
-        raise DTypeError(f"lcmac.distributed takes {', '.join(DTYPES)}, not {A.dtype}")
+        raise DTypeError(f"lcmac.parallel.distributed takes {', '.join(DTYPES)}, not {A.dtype}")
     if A.device != B.device:
         raise TargetError(f"A is on {A.device} and B on {B.device}: give both on one device")
-    refuse_gradients("lcmac.distributed.matmul", A, B)
+    refuse_gradients("lcmac.parallel.distributed.matmul", A, B)
     want = "cuda" if backend == "nccl" else "cpu"
     if A.device.type != want:
         raise TargetError(f"the group's backend is {backend}, which moves {want} tensors; A and B "
-                          f"are on {A.device} (host operands on GPUs: lcmac.distributed.host_matmul)")
+                          f"are on {A.device} (host operands on GPUs: lcmac.parallel.distributed.host_matmul)")
 
 
 def _agree(call: _Call, group, device):
@@ -128,7 +128,7 @@ def _agree(call: _Call, group, device):
         if row[4] != ref[4]:
             what.append("algo/src/dst/local/strategy")
         if what:
-            raise LcmacError(f"the ranks called lcmac.distributed.matmul differently: rank {r} "
+            raise LcmacError(f"the ranks called lcmac.parallel.distributed.matmul differently: rank {r} "
                              f"differs in {', '.join(what)} (shapes M×N×K {row[:3]} against "
                              f"{ref[:3]})")
     return _Call(ref[0], ref[1], ref[2], DTYPES[ref[3]], call.algo, call.src, call.dst,
@@ -143,7 +143,7 @@ def _plan(call: _Call, size: int, backend: str, device) -> ProductPlan:
     up to a second for a 49-product scheme)."""
     key = (call, size, backend, device.type)
     if key not in _PLANS:
-        from .artifact.build import resolve_target
+        from lcmac.artifact.build import resolve_target
         alg = resolve_algorithm(call.algo)[0]
         profile = get_profile(resolve_target("cuda" if device.type == "cuda" else None).profile)
         _PLANS[key] = plan_products(alg, call.M, call.N, call.K, size, call.dtype, profile,

@@ -2,7 +2,7 @@
 one bundle (``lcmac.artifact.bundle``) with the C header beside it, for a machine that has no
 compiler.
 
-    lcmac.export(["4096x4096x4096", "?x8192x8192"], "x86_64-avx512", "float32", "bundle/")
+    lcmac.api.export(["4096x4096x4096", "?x8192x8192"], "x86_64-avx512", "float32", "bundle/")
 
 What each case gets: the measured decision among lcmac's own kernels
 (``decide_by_measurement`` with the vendor left out: a bundle runs with no vendor library;
@@ -19,13 +19,13 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from .artifact.bundle import backend_kind, build_specs, plan_rule
-from .artifact.build import resolve_target
-from .dtypes import normalize_dtype
-from .errors import LcmacError, ShapeError
-from .runtime import c_include_dir
-from .shape_rules import parse_rule
-from .tune.measured_decision import decide_by_measurement
+from lcmac.artifact.bundle import backend_kind, build_specs, plan_rule
+from lcmac.artifact.build import resolve_target
+from lcmac.core.dtypes import normalize_dtype
+from lcmac.core.errors import LcmacError, ShapeError
+from lcmac.runtime import c_include_dir
+from lcmac.spec.shape_rules import parse_rule
+from lcmac.policy.measured import decide_by_measurement
 
 
 def cases_from_json(path) -> list:

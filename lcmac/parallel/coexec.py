@@ -30,10 +30,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .costmodel.coexec import DEFAULT_LINK_BW, host_cpu_rate, predict_split, split_rows
-from .errors import LcmacError, ShapeError, TargetError
-from .runtime.loader import host_cpus
-from .targets.x86 import host_flags
+from lcmac.costmodel.coexec import DEFAULT_LINK_BW, host_cpu_rate, predict_split, split_rows
+from lcmac.core.errors import LcmacError, ShapeError, TargetError
+from lcmac.runtime.loader import host_cpus
+from lcmac.targets.x86 import host_flags
 
 GPU_MODES = {"bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 PIECE_BYTES = 32 << 20          # the least of A's bytes a pipelined piece carries
@@ -65,8 +65,8 @@ def _gpu_name() -> str | None:
 
 def model_split(M, N, K, dtype: str, mode: str, inputs: str, target) -> SplitChoice:
     """The model's split with the GPU profile of ``target`` and this host's prior."""
-    from .costmodel.profiles import profile_for_target
-    from .dtypes import ITEMSIZE
+    from lcmac.spec.profiles import profile_for_target
+    from lcmac.core.dtypes import ITEMSIZE
     prof = profile_for_target(target)
     gpu_rate = prof.achievable_mul("tfloat32" if mode == "tf32" else dtype)
     cpu_rate = host_cpu_rate(dtype, host_cpus(), host_flags())
@@ -83,7 +83,7 @@ def choose_split(M, N, K, dtype: str, mode: str, inputs: str, target, split="aut
         if not 0.0 <= f <= 1.0:
             raise LcmacError(f"split is the CPU's share of rows, in [0, 1]; got {split!r}")
         return SplitChoice(f, "asked", f"CPU share {f:.1%} as asked")
-    from .artifact.split_log import measured_split
+    from lcmac.artifact.split_log import measured_split
     rec = measured_split(target.name, dtype, (M, N, K), inputs, mode, device=_gpu_name())
     if rec is not None:
         return SplitChoice(float(rec["cpu_fraction"]), "measured",
@@ -255,7 +255,7 @@ def split_product(A, B, devices, split="auto", *, gpu_matmul, cpu_matmul, out=No
     replaces the GPU's by torch.matmul for the formats lcmac has no CUDA kernel for)."""
     import torch
 
-    from .artifact.build import resolve_target
+    from lcmac.artifact.build import resolve_target
     gpu = _check(A, B, devices)
     M, K = A.shape
     N = B.shape[1]

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import cpu_config
-from .cuda import config as cuda_config
+from lcmac.spec import cpu as cpu_config
+from lcmac.spec import cuda as cuda_config
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""lcmac inside torch models: ``lcmac.nn.Linear`` and ``lcmac.optimize(model)``.
+"""lcmac inside torch models: ``lcmac.torch.nn.Linear`` and ``lcmac.optimize(model)``.
 
 ``Linear`` is a ``torch.nn.Linear`` (same parameters, state_dict keys and initialisation)
 whose product runs through ``torch.ops.lcmac.linear``: y = x·Wᵀ + b with W of
@@ -11,11 +11,11 @@ at a representative row count (``rows``: batch × sequence length) and returns a
 what it swapped and why it skipped the others.  The decision at that row count is only what
 the report shows: every call still decides for its own shape (``lcmac.matmul``), and the first
 call that needs a row bucket's kernel compiles it (seconds on a CPU; once per bucket and
-weight shape, ``lcmac.shape_rules``).
+weight shape, ``lcmac.spec.shape_rules``).
 
 **The weight as B.**  The layer calls ``torch.ops.lcmac.linear(x, W)``, which runs
 x·Wᵀ through ``lcmac.matmul`` with a contiguous Wᵀ kept per weight
-(``lcmac.ops.transposed_weight``) and made again only when the weight changes (its storage
+(``lcmac.api.matmul.transposed_weight``) and made again only when the weight changes (its storage
 or version counter: ``optimizer.step()``, ``load_state_dict``, ``.to()``).  The kept Wᵀ is
 marked static: an artifact that can combine B once (``prepare_b``, CUDA and CPU) keeps that
 prepared form per row count.  This happens inside the op at call time, so it holds under
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from . import ops
-from .errors import DTypeError, TargetError
+from lcmac.api import matmul as ops
+from lcmac.core.errors import DTypeError, TargetError
 
 __all__ = ["Linear", "optimize", "OptimizeReport", "SwappedLayer", "SkippedLayer"]
 
@@ -194,7 +194,7 @@ def _judge(name: str, layer: nn.Linear, *, rows: int, algo: str, max_error, dtyp
         return None, SkippedLayer(name, shape, reason, why)
     w = layer.weight
     if isinstance(layer, Linear):
-        return skip("kind", "already an lcmac.nn.Linear")
+        return skip("kind", "already an lcmac.torch.nn.Linear")
     if type(layer) is not nn.Linear:
         return skip("kind", f"a {type(layer).__module__}.{type(layer).__qualname__}, not a plain "
                             "torch.nn.Linear (its forward may differ)")
@@ -222,7 +222,7 @@ def _judge(name: str, layer: nn.Linear, *, rows: int, algo: str, max_error, dtyp
 
 def optimize(model: nn.Module, *, max_error: float | None = None, dtype=None, algo: str = "auto",
              min_size: int = MIN_SIZE, rows: int = ROWS) -> OptimizeReport:
-    """Swap ``model``'s eligible ``nn.Linear`` layers for ``lcmac.nn.Linear``, in place, and
+    """Swap ``model``'s eligible ``nn.Linear`` layers for ``lcmac.torch.nn.Linear``, in place, and
     return an ``OptimizeReport`` (``print(report)``; ``report.why``; ``report.to_dict()``).
 
     Eligible: a plain ``nn.Linear`` on the CPU or a CUDA GPU, of a dtype lcmac takes there
@@ -243,7 +243,7 @@ def optimize(model: nn.Module, *, max_error: float | None = None, dtype=None, al
         if mod is model:
             report.skipped.append(SkippedLayer("", (mod.in_features, mod.out_features), "root",
                                                "the model itself is the layer: use "
-                                               "lcmac.nn.Linear.from_linear(model)"))
+                                               "lcmac.torch.nn.Linear.from_linear(model)"))
             continue
         done, skipped = _judge(name, mod, rows=int(rows), algo=algo, max_error=max_error,
                                dtype=dtype, min_size=min_size)

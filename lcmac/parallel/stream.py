@@ -1,5 +1,5 @@
 """C = A·B for operands in host memory, larger than one GPU's, on the GPUs of a process group:
-``lcmac.distributed.host_matmul``.
+``lcmac.parallel.distributed.host_matmul``.
 
 C is cut into square tiles dealt to the ranks (``lcmac.costmodel.distributed.plan_tiles``);
 each rank computes its tiles on its GPU, K in chunks:
@@ -33,13 +33,13 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from .costmodel.coexec import DEFAULT_LINK_BW
-from .costmodel.distributed import TilePlan, plan_tiles
-from .costmodel.profiles import get_profile
-from .errors import DTypeError, LcmacError, ShapeError, TargetError
-from .runtime.loader import host_cpus
+from lcmac.costmodel.coexec import DEFAULT_LINK_BW
+from lcmac.costmodel.distributed import TilePlan, plan_tiles
+from lcmac.spec.profiles import get_profile
+from lcmac.core.errors import DTypeError, LcmacError, ShapeError, TargetError
+from lcmac.runtime.loader import host_cpus
 
-#: what lcmac.distributed's two calls take
+#: what lcmac.parallel.distributed's two calls take
 DTYPES = ("bfloat16", "float16", "float32", "float64")
 #: the share of the GPU's free memory a plan may use (the rest: the local GEMM's workspace,
 #: the caching allocator's slack)
@@ -53,7 +53,7 @@ def _check(A, B, out, size):
             raise LcmacError(f"{nm} must be a torch tensor, got {type(X).__name__}")
         if X.device.type != "cpu":
             raise TargetError(f"host_matmul takes host tensors; {nm} is on {X.device} "
-                              "(operands on the GPUs: lcmac.distributed.matmul)")
+                              "(operands on the GPUs: lcmac.parallel.distributed.matmul)")
         if X.dim() != 2:
             raise ShapeError(f"{nm} must be 2-D, got shape {tuple(X.shape)}")
     M, K = A.shape
@@ -147,7 +147,7 @@ def local_matmul(local: str):
     import torch
     if local == "vendor":
         return lambda a, b, out=None: torch.matmul(a, b, out=out)
-    from .ops import matmul as lcmac_matmul
+    from lcmac.api.matmul import matmul as lcmac_matmul
     return lambda a, b, out=None: lcmac_matmul(a.contiguous(), b.contiguous(), algo=local, out=out)
 
 
@@ -267,13 +267,13 @@ def host_matmul(A, B, out, *, group=None, local: str = "vendor", tile: int | Non
         size, rank, backend = 1, 0, "none"
     _check(A, B, out, size)
     if local not in ("vendor", "auto"):
-        from .artifact.build import resolve_algorithm
+        from lcmac.artifact.build import resolve_algorithm
         resolve_algorithm(local)
     on_gpu = backend == "nccl" or (size == 1 and torch.cuda.is_available())
     M, K = A.shape
     N = B.shape[1]
     dtype = str(A.dtype).replace("torch.", "")
-    from .artifact.build import resolve_target
+    from lcmac.artifact.build import resolve_target
     if on_gpu:
         device = torch.device("cuda", torch.cuda.current_device())
         free, _total = torch.cuda.mem_get_info(device)

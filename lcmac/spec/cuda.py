@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
-from ...dtypes import ITEMSIZE
-from ...errors import LcmacError, ShapeError
+from lcmac.core.dtypes import ITEMSIZE
+from lcmac.core.errors import LcmacError, ShapeError
 
 
 class NotSupportedYet(LcmacError, NotImplementedError):

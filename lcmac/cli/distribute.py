@@ -1,14 +1,14 @@
-"""``lcmac distribute``: how ``lcmac.distributed.matmul`` would spread one product over P
+"""``lcmac distribute``: how ``lcmac.parallel.distributed.matmul`` would spread one product over P
 ranks, without running it: the plan's units per rank, what each is sent, the predicted times,
 and the plain row split beside it (lcmac.costmodel.distributed; docs/distributed.md)."""
 from __future__ import annotations
 
-from .artifact.build import resolve_algorithm, resolve_target
-from .costmodel.distributed import GLOO_BW, NVLINK_BW, plan_products
-from .costmodel.profiles import get_profile
-from .cli_output import dump_json, table
-from .dtypes import normalize_dtype
-from .errors import LcmacError
+from lcmac.artifact.build import resolve_algorithm, resolve_target
+from lcmac.costmodel.distributed import GLOO_BW, NVLINK_BW, plan_products
+from lcmac.spec.profiles import get_profile
+from lcmac.cli.output import dump_json, table
+from lcmac.core.dtypes import normalize_dtype
+from lcmac.core.errors import LcmacError
 
 
 def cmd_distribute(args) -> int:
@@ -51,8 +51,8 @@ def cmd_distribute(args) -> int:
 
 
 def add_distribute_parser(sub, shape_arg, shape_help: str, dtype_help: str) -> None:
-    s = sub.add_parser("distribute", help="how lcmac.distributed would spread one product over P ranks",
-                       description="The plan of lcmac.distributed.matmul for one product on P "
+    s = sub.add_parser("distribute", help="how lcmac.parallel.distributed would spread one product over P ranks",
+                       description="The plan of lcmac.parallel.distributed.matmul for one product on P "
                                    "ranks, from the cost model, without running anything: units "
                                    "(product, row slice) per rank, what --src sends each rank, "
                                    "predicted times, and the plain row split beside it.")

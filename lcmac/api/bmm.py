@@ -35,12 +35,12 @@ import warnings
 
 import numpy as np
 
-from .errors import DTypeError, LcmacError, ShapeError, TargetError
-from .ir import get as get_algorithm
-from .ir.executor import run_unfused
-from .call_args import LOADED, check_algo, define_op, operand_kind, target_for
-from .costmodel.small import choose_batched
-from .schedules.cuda.batched_tiles import batched_template
+from lcmac.core.errors import DTypeError, LcmacError, ShapeError, TargetError
+from lcmac.ir import get as get_algorithm
+from lcmac.ir.executor import run_unfused
+from lcmac.api.call_args import LOADED, check_algo, define_op, operand_kind, target_for
+from lcmac.costmodel.small import choose_batched
+from lcmac.schedules.cuda.batched_tiles import batched_template
 
 __all__ = ["bmm", "register", "BMM_SCHEMA"]
 
@@ -156,7 +156,7 @@ def compute(A, B, algo: str = "auto", out=None):
 
 _auto_choices: dict[tuple, dict | None] = {}
 #: kernels "auto" picked that could not be built here: not tried again (a failed build costs a
-#: compiler process per call), torch.bmm runs them (as ``lcmac.ops`` does for lcmac.matmul)
+#: compiler process per call), torch.bmm runs them (as ``lcmac.api.matmul`` does for lcmac.matmul)
 _unbuildable: dict[tuple, str] = {}
 
 

@@ -45,11 +45,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .batched import bmm
-from .call_args import AUTO, LOADED, VENDOR, operand_kind, target_for
-from .costmodel.small import BATCHED_WINS
-from .errors import DTypeError, ShapeError, TargetError
-from .schedules.cuda.config import BSR_BLOCKS, SUPPORTED_DTYPES, bsr_shape_why
+from lcmac.api.bmm import bmm
+from lcmac.api.call_args import AUTO, LOADED, VENDOR, operand_kind, target_for
+from lcmac.costmodel.small import BATCHED_WINS
+from lcmac.core.errors import DTypeError, ShapeError, TargetError
+from lcmac.spec.cuda import BSR_BLOCKS, SUPPORTED_DTYPES, bsr_shape_why
 
 __all__ = ["lowrank_matmul", "lowrank_order", "bsr_matmul", "prepare_bsr", "PreparedBSR", "BSR",
            "bsr_spgemm", "bsr_csr", "bsr_kernel", "fused_wins"]

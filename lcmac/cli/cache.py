@@ -6,9 +6,9 @@ import argparse
 import os
 import sys
 
-from .artifact import cache as kcache
-from .bits import native_build as bit_kernels
-from .cli_output import dump_json, size_text, table
+from lcmac.artifact import cache as kcache
+from lcmac.bits import native_build as bit_kernels
+from lcmac.cli.output import dump_json, size_text, table
 
 
 def _bit_kernels(args) -> tuple[list[dict], str]:

@@ -1,6 +1,6 @@
 """The runtime's automatic choice: ``mm = lcmac.auto(artifacts="DIR")``; ``C = mm(A, B)``.
 
-Per call shape (M, N, K) and dtype, ``lcmac.tune.decide_by_measurement`` picks the vendor
+Per call shape (M, N, K) and dtype, ``lcmac.policy.measured.decide_by_measurement`` picks the vendor
 GEMM (numpy's BLAS / torch.matmul = cuBLAS), lcmac's plain GEMM or an LCMA, preferring
 logged measurements over the model, and falls back to the plain GEMM when no LCMA is
 predicted or measured to win.  The chosen lcmac kernel comes
@@ -20,15 +20,15 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .artifact.build import build as build_artifact
-from .artifact.cache import cached_build
-from .artifact.manifest import Manifest
-from .costmodel.decision import check_error_budget
-from .dtypes import normalize_dtype
-from .errors import DTypeError, ShapeError, TargetError
-from .runtime.loader import load
-from .targets import get_target
-from .tune.measured_decision import check_regime, decide_by_measurement, vendor_matmul
+from lcmac.artifact.build import build as build_artifact
+from lcmac.artifact.cache import cached_build
+from lcmac.artifact.manifest import Manifest
+from lcmac.costmodel.decision import check_error_budget
+from lcmac.core.dtypes import normalize_dtype
+from lcmac.core.errors import DTypeError, ShapeError, TargetError
+from lcmac.runtime.loader import load
+from lcmac.targets import get_target
+from lcmac.policy.measured import check_regime, decide_by_measurement, vendor_matmul
 
 
 @dataclass(frozen=True)

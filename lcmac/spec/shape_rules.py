@@ -30,8 +30,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import ShapeError
-from .shapes import parse_shape
+from lcmac.core.errors import ShapeError
+from lcmac.core.shapes import parse_shape
 
 RULE_HELP = ("a shape rule: MxNxK (that shape), ?xNxK (any M: a weight of K×N), or ?x?x? "
              "(any shape)")

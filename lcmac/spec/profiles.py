@@ -15,7 +15,7 @@ Conventions
 * ``add_flops[dtype]``: element additions per second on the vector units (one add = 1 FLOP);
   the combine stages run there.
 * ``mem_bw``: DRAM bytes per second, reads plus writes.
-* dtypes use lcmac's canonical names (``lcmac.dtypes``) plus ``tfloat32``: float32 storage
+* dtypes use lcmac's canonical names (``lcmac.core.dtypes``) plus ``tfloat32``: float32 storage
   multiplied on TF32 tensor cores (GPU only).  Plain ``float32`` on a GPU means IEEE FP32 on
   the CUDA cores ("fp32 without TF32").
 """
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from ..dtypes import normalize_model_dtype
-from ..errors import DTypeError, TargetError
-from ..targets import get_target
+from lcmac.core.dtypes import normalize_model_dtype
+from lcmac.core.errors import DTypeError, TargetError
+from lcmac.targets import get_target
 
 KiB = 1024
 MiB = 1024 * KiB

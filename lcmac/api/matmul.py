@@ -8,7 +8,7 @@ op ``torch.ops.lcmac.matmul`` behind it for torch tensors.
 A's leading dimensions are flattened into the rows: the product runs as one (∏…·M)×K @ K×N.
 
 **The choice** (``algo="auto"``) is ``lcmac.auto``'s per shape, from the tuning logs and the
-model (``lcmac.dispatch``; one shared decision-maker per (max_error, target) in the
+model (``lcmac.api.auto``; one shared decision-maker per (max_error, target) in the
 process).  Where it picks an LCMA, that kernel runs; where it picks the vendor GEMM,
 ``numpy.matmul`` / ``torch.matmul`` runs.  Where it picks lcmac's plain GEMM, that kernel runs
 only if the tuning log measured it at this very shape faster than the vendor's by more than a
@@ -19,7 +19,7 @@ name or expression (``"strassen"``, ``"winograd^2"``) that LCMA; ``plan()`` tell
 for a shape and why, without running it.
 
 **Kernels per N×K, not per shape.**  Kernels are compiled for fixed sizes, so the rows are
-cut by a ladder of bucket row counts (``lcmac.shape_rules.JIT_ROWS``: 4096…256 on CPUs,
+cut by a ladder of bucket row counts (``lcmac.spec.shape_rules.JIT_ROWS``: 4096…256 on CPUs,
 65536…1024 on CUDA; largest first, each piece a slice of A and C, no copy).  The first call
 that needs a bucket kernel for an N×K compiles it (a few seconds on a CPU, in a worker
 process) into the kernel cache (``lcmac.artifact.cache``: ``$LCMAC_CACHE_DIR/kernels``, default
@@ -49,20 +49,20 @@ import warnings
 import weakref
 from dataclasses import dataclass
 
-from .artifact.build import resolve_algorithm
-from .call_args import AUTO, GEMM, VENDOR, check_algo, define_op, target_for  # noqa: F401 (ops.* names)
-from .call_args import LOADED, operand_kind as _kind
-from .artifact.bundle import backend_kind
-from .costmodel import model_dtype, select
-from .costmodel.decision import check_error_budget, with_errors
-from .dispatch import AutoMatmul
-from .dtypes import normalize_dtype
-from .errors import DTypeError, LcmacError, ShapeError, TargetError
-from .runtime.cuda_memory import kept_empty
-from .runtime.tiled import empty, run_rows
-from .shape_rules import JIT_ROWS, row_pieces
-from .targets import get_target
-from .tune.measured_decision import EXACT_MARGIN, vendor_matmul
+from lcmac.artifact.build import resolve_algorithm
+from lcmac.api.call_args import AUTO, GEMM, VENDOR, check_algo, define_op, target_for  # noqa: F401 (ops.* names)
+from lcmac.api.call_args import LOADED, operand_kind as _kind
+from lcmac.artifact.bundle import backend_kind
+from lcmac.costmodel import model_dtype, select
+from lcmac.costmodel.decision import check_error_budget, with_errors
+from lcmac.api.auto import AutoMatmul
+from lcmac.core.dtypes import normalize_dtype
+from lcmac.core.errors import DTypeError, LcmacError, ShapeError, TargetError
+from lcmac.runtime.cuda_memory import kept_empty
+from lcmac.runtime.tiled import empty, run_rows
+from lcmac.spec.shape_rules import JIT_ROWS, row_pieces
+from lcmac.targets import get_target
+from lcmac.policy.measured import EXACT_MARGIN, vendor_matmul
 
 __all__ = ["matmul", "plan", "MatmulPlan", "register", "mark_static", "transposed_weight", "kernel",
            "kernel_keys", "release_kernels", "compute",
@@ -464,7 +464,7 @@ def kernel_keys(M: int, N: int, K: int, dtype="float32", *, algo: str = AUTO, ma
                 target: str | None = None) -> list[tuple]:
     """The kernels ``lcmac.matmul`` runs for C[M×N] = A[M×K]·B[K×N], as ``kernel``'s keys
     (algorithm, target, dtype, bucket shape), without compiling anything: its row pieces'
-    buckets (``lcmac.shape_rules``), less those the vendor GEMM takes under "auto"."""
+    buckets (``lcmac.spec.shape_rules``), less those the vendor GEMM takes under "auto"."""
     p = plan(M, N, K, dtype, algo=algo, max_error=max_error, target=target)
     if p.runs == VENDOR:
         return []
@@ -511,7 +511,7 @@ def _kernel_for(p: MatmulPlan, o: _Operands, max_error):
 
 
 def _run_lcmac(p: MatmulPlan, A, B, out, o: _Operands, max_error):
-    """Run the plan's algorithm on row pieces of the JIT ladder (lcmac.shape_rules): bucket
+    """Run the plan's algorithm on row pieces of the JIT ladder (lcmac.spec.shape_rules): bucket
     kernels on slices of A and C; with an automatic choice the vendor GEMM takes the rows
     under the smallest bucket and any piece where the decision prefers it; a forced
     algorithm pads them into its smallest bucket instead."""
@@ -565,7 +565,7 @@ def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None, devices=None, sp
     A [batch, M, K] and B [batch, K, N]: the batch of products (``lcmac.bmm``).
 
     ``devices=("cuda", "cpu")``: one 2-D product split between the GPU and the host's CPU
-    (``lcmac.coexec``; ``split``: "auto" or the CPU's share of rows); ``algo`` is then the GPU
+    (``lcmac.parallel.coexec``; ``split``: "auto" or the CPU's share of rows); ``algo`` is then the GPU
     side's choice, the CPU side runs the vendor GEMM.
 
     ``algo``: "auto" (the choice per shape, module doc), "vendor", "gemm" or an algorithm
@@ -579,10 +579,10 @@ def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None, devices=None, sp
     if getattr(B, "ndim", 2) == 3:             # a batch of products: lcmac.bmm
         if devices is not None or max_error is not None:
             raise LcmacError("a batched product (3-D B) takes neither devices= nor max_error=")
-        from .batched import bmm
+        from lcmac.api.bmm import bmm
         return bmm(A, B, algo=algo, out=out)
     if devices is not None:
-        from .coexec import split_product
+        from lcmac.parallel.coexec import split_product
         return split_product(
             A, B, devices, split, out=out,
             gpu_matmul=lambda a, b, out=None: matmul(a, b, algo=algo, max_error=max_error, out=out),
@@ -650,7 +650,7 @@ def _linear_impl(x, weight, algo=AUTO, max_error=None):
 
 
 def linear(x, weight, algo: str = AUTO, max_error=None):
-    """y = x·Wᵀ as ``lcmac.nn.Linear`` computes it: through ``torch.ops.lcmac.linear``
+    """y = x·Wᵀ as ``lcmac.torch.nn.Linear`` computes it: through ``torch.ops.lcmac.linear``
     (autograd, torch.compile), or, in eager mode with nothing to differentiate (inference
     under ``torch.no_grad``), the same computation without the op's dispatch."""
     import torch

@@ -2,7 +2,7 @@
 normalised and sized."""
 from __future__ import annotations
 
-from .errors import DTypeError
+from lcmac.core.errors import DTypeError
 
 #: what artifacts store (a user's dtype)
 CANONICAL = ("float32", "float64", "bfloat16", "float16", "float8_e4m3")

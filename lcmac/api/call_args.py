@@ -1,16 +1,16 @@
 """The arguments every lcmac product call shares: the ``algo`` names and the target of a
 device; what kind an operand is; the kernels loaded in this process; and how its torch ops
-are defined.  (Their own module so that ``lcmac.ops`` and ``lcmac.batched`` both use them
+are defined.  (Their own module so that ``lcmac.api.matmul`` and ``lcmac.api.bmm`` both use them
 without importing each other.)"""
 from __future__ import annotations
 
 import threading
 
-from .artifact.build import resolve_algorithm
-from .artifact.cache import cached_build
-from .errors import CatalogueError, TargetError
-from .runtime.loader import load
-from .targets import get_target
+from lcmac.artifact.build import resolve_algorithm
+from lcmac.artifact.cache import cached_build
+from lcmac.core.errors import CatalogueError, TargetError
+from lcmac.runtime.loader import load
+from lcmac.targets import get_target
 
 AUTO, VENDOR, GEMM = "auto", "vendor", "gemm"
 _targets: dict[str, str] = {}
@@ -93,5 +93,5 @@ class LoadedKernels:
             self._table.clear()
 
 
-#: the kernels lcmac.matmul and lcmac.bmm have loaded (``lcmac.ops.release_kernels`` drops them)
+#: the kernels lcmac.matmul and lcmac.bmm have loaded (``lcmac.api.matmul.release_kernels`` drops them)
 LOADED = LoadedKernels()

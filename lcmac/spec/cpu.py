@@ -52,8 +52,8 @@ import itertools
 import os
 from dataclasses import asdict, dataclass, fields
 
-from ..errors import DTypeError, TargetError
-from ..ir import catalogue
+from lcmac.core.errors import DTypeError, TargetError
+from lcmac.ir import catalogue
 
 #: Generation of the CPU templates a tuned config was measured on (tuning logs stamp it; the
 #: tuner and ``lcmac build`` ignore records of an older generation, whose timings describe
@@ -351,7 +351,7 @@ def _packed_exceeds_llc(target, dtype: str, alg, shape) -> bool:
 def _cache_bytes(target, level: str) -> int:
     """The target profile's cache size ``level`` ("l2_bytes": per core, "l3_bytes"); 0 for a
     target without a profile (no cache size to weigh against)."""
-    from ..costmodel.profiles import profile_for_target     # here: profiles imports the targets
+    from lcmac.spec.profiles import profile_for_target  # here: profiles imports the targets
     try:
         return getattr(profile_for_target(target), level) or 0
     except TargetError:

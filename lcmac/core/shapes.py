@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import ShapeError
+from lcmac.core.errors import ShapeError
 
 SHAPE_HELP = "MxNxK: C = A·B with A M×K, B K×N, C M×N (e.g. 4096x4096x4096)"
 _SHAPE_RE = re.compile(r"\s*(\d+)\s*[xX×,]\s*(\d+)\s*[xX×,]\s*(\d+)\s*")

@@ -25,12 +25,12 @@ import functools
 
 import numpy as np
 
-from .call_args import LOADED, operand_kind
-from .costmodel.alternative_basis import core_algorithm
-from .errors import AlgorithmError, DTypeError, ShapeError
-from .ir.alternative_basis import AlternativeBasisAlgorithm
-from .ir.basis_search import search_basis
-from .ir.catalogue import get
+from lcmac.api.call_args import LOADED, operand_kind
+from lcmac.costmodel.alternative_basis import core_algorithm
+from lcmac.core.errors import AlgorithmError, DTypeError, ShapeError
+from lcmac.ir.alternative_basis import AlternativeBasisAlgorithm
+from lcmac.ir.basis_search import search_basis
+from lcmac.ir.catalogue import get
 
 __all__ = ["pair_for", "to_basis", "from_basis", "change_basis", "ab_matmul"]
 
