@@ -9,7 +9,7 @@ from lcmac.core.version import __version__
 
 # lcmac.nn, lcmac.ops, lcmac.optimize and lcmac.distributed are public too, left out of
 # __all__ because they import torch (``from lcmac import *`` stays free of it)
-__all__ = ["__version__", "LcmacError", "auto", "build", "load", "matmul", "bmm"]
+__all__ = ["__version__", "LcmacError", "auto", "build", "load", "matmul", "plan", "bmm"]
 
 #: public name → (module, attribute); None: the module itself
 _LAZY = {
@@ -17,6 +17,7 @@ _LAZY = {
     "load": ("lcmac.runtime.loader", "load"),
     "auto": ("lcmac.api.auto", "auto"),
     "matmul": ("lcmac.api.matmul", "matmul"),
+    "plan": ("lcmac.api.matmul", "plan"),
     "bmm": ("lcmac.api.bmm", "bmm"),
     "ops": ("lcmac.api.matmul", None),
     "optimize": ("lcmac.torch.nn", "optimize"),
@@ -25,6 +26,10 @@ _LAZY = {
     "boolean_matmul": ("lcmac.bits", "boolean_matmul"),
     "distributed": ("lcmac.parallel.distributed", None),
 }
+
+#: public name → the modules that register with its module first (the loaders of artifact
+#: kinds that packages above the runtime add)
+_REGISTER_FIRST = {"load": ("lcmac.bits.loader",)}
 
 #: the public module paths (``from lcmac.nn import Linear``) and the modules that hold them
 MODULE_ALIASES = {"lcmac.nn": "lcmac.torch.nn", "lcmac.ops": "lcmac.api.matmul",
@@ -60,6 +65,8 @@ def __getattr__(name):
         mod_name, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'lcmac' has no attribute {name!r}") from None
+    for plugin in _REGISTER_FIRST.get(name, ()):
+        importlib.import_module(plugin)
     mod = importlib.import_module(mod_name)
     value = mod if attr is None else getattr(mod, attr)
     globals()[name] = value

@@ -4,7 +4,7 @@ batched) and torch.matmul, in one run.
     python scripts/bench_batched.py --sizes 16 32 64 128 256 512 --batch 10000 \\
         --dtypes bfloat16 float32 --sustained 2 --out bench/results/h100-batched.json --plot
 
-The grid behind ``algo="auto"``'s rule (``lcmac.costmodel.small.choose_batched``):
+The grid behind ``algo="auto"``'s rule (``lcmac.policy.batched.choose_batched``):
 
     python scripts/bench_batched.py --sizes 8 16 24 32 48 64 --shapes 16x16x64 16x64x16 \
         64x16x16 16x16x256 32x32x512 17x19x300 --batch 100 1000 10000 100000 \
@@ -74,7 +74,8 @@ def main(argv=None) -> int:
     import lcmac
     from lcmac.api.bmm import batched_kernel
     from lcmac.api.call_args import target_for
-    from lcmac.costmodel.small import bmm_floor, choose_batched, predict_batched
+    from lcmac.costmodel.small import bmm_floor, predict_batched
+    from lcmac.policy.batched import choose_batched
     from lcmac.schedules.cuda.batched_tiles import small_tile_defaults
     from lcmac.tune.measure import gpu_rounds
     if not torch.cuda.is_available():

@@ -51,7 +51,8 @@ def main(argv=None) -> int:
 
     import lcmac
     from lcmac.artifact.build import resolve_target
-    from lcmac.parallel.coexec import gpu_side, model_split, run_split
+    from lcmac.parallel.coexec import gpu_side, run_split
+    from lcmac.policy.split import model_split
     from lcmac.runtime.loader import host_cpus
     from lcmac.tune.coexec_search import search_split
     if not torch.cuda.is_available():

@@ -82,7 +82,8 @@ def cpu_description() -> str:
 
 def select_target(name: str = "host"):
     """The lcmac target to build for: ``host`` is this machine's, or a target name."""
-    from lcmac.targets import aarch64, get_target, host_target
+    from lcmac.spec.cpu import aarch64
+    from lcmac.spec.targets import get_target, host_target
     if name in ("host", "native"):
         return aarch64.host_target() if aarch64.native_host() else host_target()
     return get_target(name)
@@ -141,7 +142,7 @@ def main(argv=None) -> int:
         return bench_artifacts(args)
     from lcmac.artifact.build import build_many
     from lcmac.ir import get as get_algorithm
-    from lcmac.spec.cpu import default_config
+    from lcmac.spec.cpu.config import default_config
 
     target = select_target(args.target)
     want = [v for v in VARIANTS if v[0] in args.variants.split(",")]

@@ -54,7 +54,7 @@ VARIANTS = {   # name → (algorithm, config); configs spelled out (defaults cha
     "strassen^2-alg1": ("strassen^2", {"fused": False, "stages": 4, "policy": "fullrow"}),
     "strassen^2-alg1-s3": ("strassen^2", {"fused": False, "stages": 3, "policy": "fullrow"}),
     "strassen-alg1-s3": ("strassen", {"fused": False, "stages": 3, "policy": "fullrow"}),
-    # float32 (TF32 GEMM stage): the square warp split measured faster there (docs/cuda-experiments.md)
+    # float32 (TF32 GEMM stage): the square warp split measured faster there (docs/cuda-templates.md)
     "strassen-alg1-sq": ("strassen", {"fused": False, "stages": 4, "policy": "square"}),
     "strassen^2-alg1-sq": ("strassen^2", {"fused": False, "stages": 4, "policy": "square"}),
     # L2 raster panel (T.use_swizzle panel_size): the default 8 vs narrower/wider panels

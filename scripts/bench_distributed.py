@@ -1,4 +1,4 @@
-"""lcmac.parallel.distributed on 1, 2, 4, … GPUs against torch.matmul on one GPU and against the plain
+"""lcmac.distributed on 1, 2, 4, … GPUs against torch.matmul on one GPU and against the plain
 distributed GEMM, in one run.  Launch with torchrun, one process per GPU:
 
     torchrun --nproc-per-node 4 scripts/bench_distributed.py --sizes 16384 32768 \\

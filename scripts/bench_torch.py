@@ -1,6 +1,6 @@
 """lcmac inside PyTorch against torch on the GPU, in one run: ``torch.matmul`` (cuBLAS) and
 ``torch.nn.functional.linear`` as the baselines, ``lcmac.matmul`` (A and B both new) and
-``lcmac.torch.nn.Linear`` (the weight prepared once) with each algorithm asked for.
+``lcmac.nn.Linear`` (the weight prepared once) with each algorithm asked for.
 
     python scripts/bench_torch.py --sizes 8192 16384 --algos strassen winograd^2 --sustained 2 \\
         --out bench/results/h100-torch-bf16.json
@@ -41,7 +41,7 @@ def variants(M: int, N: int, K: int, algos, dtype):
         with torch.no_grad():
             lin.weight.copy_(W)
         out.append((f"lcmac.matmul[{algo}]", lambda algo=algo: lcmac.matmul(A, Wt, algo=algo)))
-        out.append((f"lcmac.torch.nn.Linear[{algo}]", lambda lin=lin: lin(A)))
+        out.append((f"lcmac.nn.Linear[{algo}]", lambda lin=lin: lin(A)))
     return out
 
 

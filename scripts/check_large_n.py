@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-#: (algorithm, shape, config): the failing records of tuning_logs/cuda-sm90a-bfloat16.jsonl
+#: (algorithm, shape, config): the failing records of lcmac/data/tuning_logs/cuda-sm90a-bfloat16.jsonl
 #: (their config is the default one), plus the fused kernel and the plain GEMM where C itself
 #: has more than 2³¹ elements (their index arithmetic changed with the fix too)
 CASES = [

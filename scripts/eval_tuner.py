@@ -2,7 +2,7 @@
 """The autotuner's metrics (issue 5), recomputed from the committed tuning logs — no GPU, no
 compiler, no timing here.
 
-    python scripts/eval_tuner.py                       # tuning_logs/ → bench/results/tuner-eval.json
+    python scripts/eval_tuner.py                       # lcmac/data/tuning_logs/ → bench/results/tuner-eval.json
     python scripts/eval_tuner.py --logs DIR --out FILE --plots DIR
 
 Per log file (target × dtype):
@@ -184,7 +184,7 @@ def fmt(x, f="{:.3f}"):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--logs", default=os.path.join(ROOT, "tuning_logs"))
+    ap.add_argument("--logs", default=os.path.join(ROOT, "lcmac", "data", "tuning_logs"))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "tuner-eval.json"))
     ap.add_argument("--plots", default=os.path.join(ROOT, "bench", "results"))
     ap.add_argument("--no-plots", action="store_true")

@@ -59,7 +59,7 @@ def main() -> int:
     ap.add_argument("--target", default="cuda-sm90a")
     ap.add_argument("--jobs", type=int, default=14, help="parallel compiles")
     ap.add_argument("--deadline", type=float, default=480, help="seconds: start no shape after")
-    ap.add_argument("--logs", default=os.path.join(ROOT, "tuning_logs"))
+    ap.add_argument("--logs", default=os.path.join(ROOT, "lcmac", "data", "tuning_logs"))
     ap.add_argument("--build-dir", default="/tmp/lcmac-tune-art")
     ap.add_argument("--out", default=os.environ.get("OUT"))
     ap.add_argument("--repeats", type=int, default=15)

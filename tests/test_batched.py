@@ -10,10 +10,11 @@ import pytest
 
 import lcmac
 from lcmac.api.bmm import bmm
-from lcmac.costmodel.small import BATCHED_WINS, choose_batched, predict_batched
+from lcmac.costmodel.small import predict_batched
 from lcmac.core.errors import CatalogueError, DTypeError, LcmacError, ShapeError
+from lcmac.policy.batched import BATCHED_WINS, choose_batched
 from lcmac.schedules.cuda.batched_tiles import small_tile_defaults
-from lcmac.spec.cuda import CudaConfig
+from lcmac.spec.cuda.config import CudaConfig
 from tests.schedules.cuda.test_cuda_codegen import needs_tilelang
 
 torch = pytest.importorskip("torch")

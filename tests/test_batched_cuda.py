@@ -242,7 +242,7 @@ def test_splitk_matches_float64(kernels, dtype, shape):
                                                  (torch.float32, (256, 256, 256), 20_000),
                                                  (torch.bfloat16, (256, 256, 256), 20_000)])
 def test_auto_picks_run_and_match_torch_bmm(dtype, shape, batch):
-    from lcmac.costmodel.small import choose_batched
+    from lcmac.policy.batched import choose_batched
     M, N, K = shape
     A, B = _pair(batch, M, N, K, dtype, seed=batch)
     old = torch.backends.cuda.matmul.allow_tf32

@@ -8,11 +8,13 @@ import pytest
 
 from lcmac.artifact.build import check_dtype
 from lcmac.api.bmm import batched_kernel, bmm
-from lcmac.costmodel.small import choose_batched, predict_batched
+from lcmac.costmodel.small import predict_batched
 from lcmac.core.errors import DTypeError
+from lcmac.policy.batched import choose_batched
 from lcmac.schedules.cuda.batched_tiles import batched_template, small_tile_defaults
-from lcmac.spec.cuda import CudaConfig, accum_dtype, batched_only_why
-from lcmac.targets import get_target
+from lcmac.spec.cuda.config import CudaConfig
+from lcmac.spec.cuda.dtypes import accum_dtype, batched_only_why
+from lcmac.spec.targets import get_target
 from tests.schedules.cuda.test_cuda_codegen import needs_tilelang
 from tests.test_batched import generated
 

@@ -7,10 +7,11 @@ import re
 import pytest
 
 from lcmac.core.errors import LcmacError
-from lcmac.costmodel.small import choose_batched
+from lcmac.policy.batched import choose_batched
 from lcmac.schedules.cuda.batched_tiles import (
     batched_template, gemm_batch_tile_defaults, persistent_why, small_tile_defaults)
-from lcmac.spec.cuda import SMEM_PER_CTA, CudaConfig
+from lcmac.spec.cuda.config import CudaConfig
+from lcmac.spec.cuda.smem import SMEM_PER_CTA
 from tests.schedules.cuda.test_cuda_codegen import kernel_body, needs_tilelang, worker
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lcmac.targets.x86 import host_supports
+from lcmac.spec.cpu.x86 import host_supports
 
 from .targets.test_arm import _bench_cpu as _bench
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from lcmac import load
-from lcmac.artifact.bits import build_bits
+from lcmac.bits.artifact import build_bits
 from lcmac.bits import PackedBits, pack
 from lcmac.bits import native_build
 from lcmac.cli.main import main as cli
 from lcmac.core.errors import AlgorithmError, ArtifactError, DTypeError, TargetError
-from lcmac.targets import get_target, host_target
+from lcmac.spec.targets import get_target, host_target
 
 needs_native = pytest.mark.skipif(native_build.missing_toolchain() is not None,
                                   reason=str(native_build.missing_toolchain()))

@@ -85,8 +85,8 @@ def test_bad_input_is_named():
 
 def test_cuda_artifact_serves_shapes(tmp_path):
     from lcmac import load
-    from lcmac.artifact.bits import build_bits
-    from lcmac.targets import get_target
+    from lcmac.bits.artifact import build_bits
+    from lcmac.spec.targets import get_target
     f = load(build_bits("winograd", get_target("cuda"), "gf2", levels=1, out_dir=tmp_path))
     for shape in [(1000, 777, 1234), (63, 65, 127), (3, 5, 7)]:
         A, B = _operands(*shape)

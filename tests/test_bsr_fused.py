@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 import lcmac.api.structured as structured
-from lcmac.costmodel.small import choose_batched
+from lcmac.policy.batched import choose_batched
 from lcmac.core.errors import DTypeError, LcmacError, ShapeError, TargetError
-from lcmac.spec.cuda import BSR_BLOCKS, SMEM_PER_CTA, CudaConfig, bsr_shape_why, bsr_tile_defaults
+from lcmac.spec.cuda.bsr import BSR_BLOCKS, bsr_shape_why, bsr_tile_defaults
+from lcmac.spec.cuda.config import CudaConfig
+from lcmac.spec.cuda.smem import SMEM_PER_CTA
 from lcmac.api.structured import (
     BSR, PreparedBSR, bsr_csr, bsr_matmul, fused_wins, lowrank_matmul, prepare_bsr)
-from lcmac.targets.cuda import entry_source
+from lcmac.schedules.cuda.entry_point import entry_source
 from tests.schedules.cuda.test_cuda_codegen import kernel_body, needs_tilelang, worker
 
 #: the kernel's arguments (schedules.cuda.bsr.BSR_ARGS, which imports TileLang)

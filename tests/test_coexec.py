@@ -139,7 +139,7 @@ def test_split_log_round_trip_and_a_bad_line(tmp_path):
 
 def test_choose_split_runs_the_gpu_alone_until_a_split_is_measured(tmp_path, monkeypatch):
     from lcmac.artifact.build import resolve_target
-    from lcmac.parallel.coexec import choose_split
+    from lcmac.policy.split import choose_split
     from lcmac.core.errors import LcmacError
     monkeypatch.setenv("LCMAC_TUNING_LOGS", str(tmp_path))
     t = resolve_target("cuda-sm90a")

@@ -21,10 +21,12 @@ import pytest
 
 from lcmac.core.errors import DTypeError, TargetError
 from lcmac.ir import get as get_algorithm
-from lcmac.spec.cpu import CpuConfig, resolve_config
+from lcmac.spec.cpu.config import CpuConfig, resolve_config
 from lcmac.schedules.cpu_gemm import AMX_FEATURES, amx_fn, amx_ll
 from lcmac.schedules.cpu_lcma import generate
-from lcmac.targets import get_target, x86
+from lcmac.runtime import amx
+from lcmac.spec.cpu import x86
+from lcmac.spec.targets import get_target
 
 ROOT = Path(__file__).resolve().parents[1]
 T512 = get_target("x86_64-avx512")
@@ -157,7 +159,7 @@ def test_loader_refuses_amx_artifact_without_amx(cross):
     with pytest.raises(TargetError, match="amx_tile"):
         lcmac.load(cross["gemm"])
     with pytest.raises(TargetError, match="amx_tile|amx_bf16"):
-        x86.request_amx()
+        amx.request_amx()
 
 
 @pytest.mark.skipif(AMX_HOST, reason="checks the refusal on a CPU without AMX")
@@ -217,8 +219,8 @@ def test_amx_artifacts_match_float64(amx_artifacts):
 
 @amx_host
 def test_request_amx_is_granted():
-    x86.request_amx()
-    x86.request_amx()          # once per process; a second call is a no-op
+    amx.request_amx()
+    amx.request_amx()          # once per process; a second call is a no-op
 
 
 def test_bf16_builds_for_an_amx_cpu_take_amx_by_default():

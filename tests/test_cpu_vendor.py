@@ -15,9 +15,9 @@ from lcmac.core.errors import ArtifactError, DTypeError, ShapeError
 from lcmac.ir import get
 from lcmac.runtime import vendor_blas
 from lcmac.schedules import cpu_vendor
-from lcmac.spec.cpu import CpuConfig
+from lcmac.spec.cpu.config import CpuConfig
 from lcmac.schedules.cpu_lcma import programs_for
-from lcmac.targets.x86 import host_supports
+from lcmac.spec.cpu.x86 import host_supports
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = next((t for t in ("x86_64-avx512", "x86_64-avx2") if host_supports(t)), None)

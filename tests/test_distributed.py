@@ -1,4 +1,4 @@
-"""lcmac.parallel.distributed on CPU processes with the gloo backend (what CI can run): every case
+"""lcmac.distributed on CPU processes with the gloo backend (what CI can run): every case
 against the single-process product, exactly for integer-valued inputs."""
 import os
 import socket

@@ -1,4 +1,4 @@
-"""lcmac.parallel.distributed on several GPUs with NCCL (skipped with fewer than two): the CPU cases of
+"""lcmac.distributed on several GPUs with NCCL (skipped with fewer than two): the CPU cases of
 test_distributed exactly in float64, bf16 within its error bound, and host_matmul from host
 memory into one shared C."""
 import os

@@ -1,4 +1,4 @@
-"""lcmac.torch.nn.Linear and lcmac.optimize on the CPU: a drop-in torch.nn.Linear (state_dict,
+"""lcmac.nn.Linear and lcmac.optimize on the CPU: a drop-in torch.nn.Linear (state_dict,
 outputs, gradients, torch.compile), the swap report, a model left unchanged, and the
 prepared-weight tracking (with a stand-in kernel that can prepare B; tests/runtime/
 test_cpu_prepared.py does it with a real CPU kernel).  Compiles at most the strassen float32 66x45x53 kernel tests/test_ops.py compiles too
@@ -242,5 +242,5 @@ def test_model_with_no_eligible_layer_is_unchanged():
 
 
 def test_lcmac_exports():
-    assert lcmac.torch.nn.Linear is Linear and lcmac.optimize is optimize and lcmac.api.matmul is ops
+    assert lcmac.nn.Linear is Linear and lcmac.optimize is optimize and lcmac.ops is ops
     assert lcmac.matmul is ops.matmul

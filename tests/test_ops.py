@@ -14,6 +14,7 @@ import pytest
 import lcmac
 from lcmac.spec.shape_rules import JIT_ROWS
 from lcmac.api import matmul as ops
+from lcmac.policy import JIT, Piece, Plan, planner
 from lcmac.core.errors import CatalogueError, DTypeError, LcmacError, ShapeError, TargetError
 
 torch = pytest.importorskip("torch")
@@ -181,11 +182,12 @@ def test_auto_runs_lcmacs_plain_gemm_only_where_measured_faster(monkeypatch, tim
     """Where the decision is lcmac's plain GEMM, lcmac.matmul compiles it only if the tuning
     log timed it at this very shape faster than the vendor GEMM by more than a tie."""
     from types import SimpleNamespace
-    from lcmac.policy.measured import Decision
     gemm = SimpleNamespace(algorithm="gemm", is_gemm=True, reason="decision: fastest measured")
-    dec = Decision(candidate=gemm, candidates=[gemm], measurements=times, source=source)
-    monkeypatch.setattr(ops, "_auto", lambda *a: SimpleNamespace(plan=lambda *a, **k: SimpleNamespace(decision=dec)))
-    p = ops._plan_auto(2048, 1536, 7168, "float32", "x86_64-avx512", None)
+    dec = Plan((2048, 1536, 7168), "float32", "x86_64-avx512", "auto", "gemm", "gemm", 1.0, None,
+               "", source=source, candidates=(gemm,), measurements=times)
+    monkeypatch.setattr(planner, "decide_by_measurement", lambda *a, **k: dec)
+    monkeypatch.setattr(planner, "_plans", {})
+    p = planner.plan(2048, 1536, 7168, "float32", "x86_64-avx512")
     assert (p.runs, p.decision) == (runs, "gemm") and "plain GEMM" in p.why
 
 
@@ -194,17 +196,18 @@ def test_auto_falls_back_to_the_vendor_gemm_when_a_kernel_cannot_be_built(monkey
 
     def no_compiler(*key):
         raise ToolchainError("no compiler here")
-    lcma = ops.MatmulPlan((4, 3, 5), "float32", ops.target_for("cpu"), "auto", "strassen",
-                          "strassen", 1.1, 2.0, "test")
+    P = JIT_ROWS["cpu"][-1]
+    lcma = Plan((P + 4, 3, 5), "float32", ops.target_for("cpu"), "auto", "strassen", "strassen",
+                1.1, 2.0, "test", kernels=JIT, pieces=(Piece(P, P, "strassen"), Piece(4, P, "vendor")))
     monkeypatch.setattr(ops, "plan", lambda *a, **kw: lcma)
     monkeypatch.setattr(ops, "kernel", no_compiler)
     monkeypatch.setattr(ops, "_failed", {})
-    A, B = _ab(JIT_ROWS["cpu"][-1] + 4, 3, 5)      # a bucket's rows: its kernel is asked for
+    A, B = _ab(P + 4, 3, 5)      # a bucket's rows: its kernel is asked for
     with pytest.warns(RuntimeWarning, match="no compiler here"):
         _close(lcmac.matmul(A, B), _ref(A, B), np.float32)
     _close(lcmac.matmul(A, B), _ref(A, B), np.float32)        # warned once per shape
-    forced = ops.MatmulPlan((4, 3, 5), "float32", lcma.target, "strassen", "strassen",
-                            "strassen", 1.1, 2.0, "test")
+    forced = Plan((4, 3, 5), "float32", lcma.target, "strassen", "strassen",
+                  "strassen", 1.1, 2.0, "test")
     monkeypatch.setattr(ops, "plan", lambda *a, **kw: forced)
     with pytest.raises(ToolchainError, match="no compiler here"):
         lcmac.matmul(A, B, algo="strassen")
@@ -291,15 +294,18 @@ def test_adjacent_vendor_pieces_run_as_one_call():
 
 
 def test_plan_says_vendor_where_every_bucket_gives_its_rows_to_it(monkeypatch):
-    lcma = ops.MatmulPlan((4000, 4000, 4000), "float32", "x86_64-avx512", "auto", "winograd^2",
-                          "winograd^2", 1.2, 4.0, "test")
-    monkeypatch.setattr(ops, "_bucket_runs_kernel", lambda p, shape, max_error: False)
-    p = ops._vendor_if_every_piece_is(lcma, None)
+    ask = dict(max_error=None, regime="burst", logs=None, vendor=True, static_b=False)
+    lcma = Plan((4000, 4000, 4000), "float32", "x86_64-avx512", "auto", "winograd^2",
+                "winograd^2", 1.2, 4.0, "test")
+    monkeypatch.setattr(planner, "_bucket_runs_kernel", lambda p, shape, ask: False)
+    p = planner._vendor_if_every_piece_is(planner._with_pieces(lcma, ask))
     assert (p.runs, p.decision) == ("vendor", "winograd^2")
     assert "2048+1024+512+256+160" in p.why
-    whole = ops.MatmulPlan((4096, 4000, 4000), *[getattr(lcma, f) for f in
-                                                 ("dtype", "target", "algo", "runs", "decision", "speedup",
-                                                  "error", "why")])
-    assert ops._vendor_if_every_piece_is(whole, None) is whole        # one bucket: its own decision
-    monkeypatch.setattr(ops, "_bucket_runs_kernel", lambda p, shape, max_error: shape[0] == 1024)
-    assert ops._vendor_if_every_piece_is(lcma, None) is lcma          # a bucket runs the kernel
+    whole = Plan((4096, 4000, 4000), *[getattr(lcma, f) for f in
+                                       ("dtype", "target", "algo", "runs", "decision", "speedup",
+                                        "error", "why")])
+    whole = planner._with_pieces(whole, ask)
+    assert planner._vendor_if_every_piece_is(whole) is whole        # one bucket: its own decision
+    monkeypatch.setattr(planner, "_bucket_runs_kernel", lambda p, shape, ask: shape[0] == 1024)
+    lcma = planner._with_pieces(lcma, ask)
+    assert planner._vendor_if_every_piece_is(lcma) is lcma          # a bucket runs the kernel

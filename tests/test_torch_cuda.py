@@ -1,4 +1,4 @@
-"""lcmac.matmul, torch.ops.lcmac.matmul and lcmac.torch.nn on CUDA tensors (needs a GPU, TileLang and
+"""lcmac.matmul, torch.ops.lcmac.matmul and lcmac.nn on CUDA tensors (needs a GPU, TileLang and
 nvcc; skipped elsewhere).  bf16 at 2048³ with Strassen forced: the forward and both backward
 products are that one shape, so one kernel serves the file (plus the two an optimized MLP
 needs); errors are judged against float64 as a multiple of torch.matmul's own.  CUDA graphs:

@@ -25,9 +25,10 @@ import functools
 
 import numpy as np
 
-from lcmac.api.call_args import LOADED, operand_kind
+from lcmac.api.call_args import LOADED
 from lcmac.costmodel.alternative_basis import core_algorithm
 from lcmac.core.errors import AlgorithmError, DTypeError, ShapeError
+from lcmac.core.operands import check_matrices, check_one_dtype, dtype_name, operand_kind
 from lcmac.ir.alternative_basis import AlternativeBasisAlgorithm
 from lcmac.ir.basis_search import search_basis
 from lcmac.ir.catalogue import get
@@ -108,12 +109,11 @@ def _core_kernel(pair, A, M: int, N: int, K: int, config=None):
     kind = operand_kind(A)
     if kind == "numpy":
         target = None
-        dtype = str(A.dtype)
     elif kind == "torch" and A.is_cuda:
         target = "cuda"
-        dtype = str(A.dtype).replace("torch.", "")
     else:
         raise DTypeError("ab_matmul takes numpy arrays (this CPU) or torch CUDA tensors")
+    dtype = dtype_name(A)
     core = core_algorithm(pair)
     return LOADED.get((core.hash, target, dtype, (M, N, K), repr(sorted((config or {}).items()))),
                       (core, target, dtype, (M, N, K)), {"config": config})
@@ -126,17 +126,12 @@ def ab_matmul(A, B, algo="winograd-ab", *, inputs_in_basis: bool = False,
     C is returned in the basis (``from_basis`` finishes it).  ``config``: the core kernel's
     schedule knobs, as ``lcmac build --config`` takes them (default: the backend's)."""
     pair = pair_for(algo)
-    if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
-        raise ShapeError(f"A and B must be matrices with A's columns = B's rows, got "
-                         f"{tuple(A.shape)} and {tuple(B.shape)}")
-    M, K = A.shape
-    N = B.shape[1]
+    M, N, K = check_matrices(A, B, who="ab_matmul")
     m, k, n = pair.grid
     if M % m or K % k or N % n:
         raise ShapeError(f"{M}x{N}x{K} does not split into the pair's {m}x{k}x{n} grid: "
                          f"M, K, N must be multiples of {m}, {k}, {n}")
-    if A.dtype != B.dtype:
-        raise DTypeError(f"A and B differ in dtype: {A.dtype} and {B.dtype}")
+    check_one_dtype(A, B)
     basis = pair.basis_matrices()
     if not inputs_in_basis:
         A = change_basis(A, basis["A"], m, k)

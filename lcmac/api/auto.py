@@ -1,55 +1,38 @@
 """The runtime's automatic choice: ``mm = lcmac.auto(artifacts="DIR")``; ``C = mm(A, B)``.
 
-Per call shape (M, N, K) and dtype, ``lcmac.policy.measured.decide_by_measurement`` picks the vendor
-GEMM (numpy's BLAS / torch.matmul = cuBLAS), lcmac's plain GEMM or an LCMA, preferring
-logged measurements over the model, and falls back to the plain GEMM when no LCMA is
-predicted or measured to win.  The chosen lcmac kernel comes
-from an artifact in ``artifacts`` (indexed by its manifest: algorithm, shape, dtype,
-target); with ``build=True`` a missing one is compiled there first (needs the compilers:
-apache-tvm for CPU targets, TileLang and nvcc for CUDA; tested on an H100 with CUDA
-tensors).  When the chosen kernel has no artifact and may not be built, the call goes to
-the vendor GEMM and ``plan()`` says why: a missing artifact never raises, never returns
-garbage.
+Per call shape (M, N, K) and dtype, ``lcmac.policy.plan`` picks the vendor GEMM (numpy's
+BLAS / torch.matmul = cuBLAS), lcmac's plain GEMM or an LCMA, preferring logged measurements
+over the model: the same decision, with the same defaults, as ``lcmac.matmul``'s.  What
+differs is where the kernels come from: here an artifact of the exact shape in ``artifacts``
+(indexed by its manifest: algorithm, shape, dtype, target); with ``build=True`` a missing one
+is compiled there (or, without a directory, into the kernel cache) on first use (needs the
+compilers: apache-tvm for CPU targets, TileLang and nvcc for CUDA).  When the chosen kernel
+has no artifact and may not be built, the call goes to the vendor GEMM and the plan says
+why: a missing artifact never raises, never returns garbage.  ``lcmac.matmul`` instead
+compiles kernels per row bucket into the kernel cache itself; each ``Plan`` names its
+kernels (``Plan.kernels``).
 
-Decisions are cached per (M, N, K, dtype); ``plan(M, N, K, dtype)`` shows one without
-running anything.  Operands are checked by the loaded artifact as for ``lcmac.load``.
+``plan(M, N, K, dtype)`` decides (cached per shape and dtype) without compiling or running
+anything; ``artifact(plan)`` finds, or builds, the artifact a plan runs; a call does both.
+Operands are checked by the loaded artifact as for ``lcmac.load``.
 """
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
+from lcmac import policy
 from lcmac.artifact.build import build as build_artifact
 from lcmac.artifact.cache import cached_build
 from lcmac.artifact.manifest import Manifest
 from lcmac.costmodel.decision import check_error_budget
 from lcmac.core.dtypes import normalize_dtype
-from lcmac.core.errors import DTypeError, ShapeError, TargetError
+from lcmac.core.errors import ArtifactError
+from lcmac.core.operands import check_alike, check_matrices, check_same_device, is_cuda
 from lcmac.runtime.loader import load
-from lcmac.targets import get_target
-from lcmac.policy.measured import check_regime, decide_by_measurement, vendor_matmul
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one shape runs: ``runs`` is ``"vendor"`` or the lcmac algorithm; ``artifact`` its
-    manifest (None for vendor); ``decision`` the ``decide_by_measurement`` result; ``why``
-    in words."""
-    shape: tuple
-    dtype: str
-    runs: str
-    artifact: Path | None
-    decision: object
-    why: str
-
-
-def _dtype_name(x) -> str:
-    return normalize_dtype(x.dtype)        # numpy and torch dtypes alike; unknown: DTypeError
-
-
-def _is_cuda(x) -> bool:
-    return bool(getattr(x, "is_cuda", False))
+from lcmac.spec.targets import get_target
+from lcmac.policy import VENDOR, Plan, check_regime
+from lcmac.runtime.vendor import vendor_matmul
 
 
 class AutoMatmul:
@@ -77,7 +60,7 @@ class AutoMatmul:
         self.max_error = max_error
         self.regime = check_regime(regime)
         self._plans: dict[tuple, Plan] = {}
-        self._fns: dict[Path, object] = {}
+        self._fns: dict[tuple, object] = {}      # kernel key → the loaded artifact
         self._index: dict[tuple, Path] | None = None
         self._lock = threading.Lock()
 
@@ -106,7 +89,8 @@ class AutoMatmul:
 
     # ---- the decision ---------------------------------------------------------------------
     def plan(self, M: int, N: int, K: int, dtype="float32", *, target: str | None = None) -> Plan:
-        """The choice for one shape (cached), without running it."""
+        """What one shape runs and why (cached): ``lcmac.policy.plan`` for this object's
+        artifacts.  Compiles nothing (``artifact`` does, where ``build=True``)."""
         d = normalize_dtype(dtype)
         tgt = target or self._target_for(cuda=False)
         key = (int(M), int(N), int(K), d, tgt)
@@ -114,52 +98,70 @@ class AutoMatmul:
             hit = self._plans.get(key)
         if hit is not None:
             return hit
-        dec = decide_by_measurement(*key[:3], d, tgt, db=self.logs, vendor=self.vendor,
-                                    max_error=self.max_error, regime=self.regime)
-        shape = key[:3]
-        if dec.is_vendor:
-            p = Plan(shape, d, "vendor", None, dec, dec.describe())
-        else:
-            art = self._artifact(dec.algorithm, shape, d, tgt)
-            if art is None and self.build:
-                if self.artifacts is None:        # the kernel cache: compiled once, then loaded
-                    art = cached_build(dec.algorithm, tgt, d, shape).manifest
-                else:
-                    art = Path(build_artifact(dec.algorithm, tgt, d, shape, out_dir=str(self.artifacts)))
-                    self._index = None          # rescan: the new manifest
-            if art is None:
-                where = (f"in {self.artifacts}" if self.artifacts is not None else
-                         "given (no artifacts directory)")
-                why = (f"vendor GEMM: {dec.algorithm} was chosen ({dec.describe()}) but no "
-                       f"artifact for {dec.algorithm} {tgt} {d} {M}x{N}x{K} is {where} (build "
-                       f"it with `lcmac build`, or pass build=True)")
-                p = Plan(shape, d, "vendor", None, dec, why)
-            else:
-                p = Plan(shape, d, dec.algorithm, art, dec, dec.describe())
+        p = policy.plan(*key[:3], d, tgt, max_error=self.max_error, regime=self.regime,
+                        logs=self.logs, vendor=self.vendor, kernels=self)
         with self._lock:
             self._plans[key] = p
         return p
 
+    @property
+    def kernel_source(self) -> str:
+        """Where this object's kernels come from, in words (``Plan.kernels``)."""
+        if self.artifacts is not None:
+            return f"artifacts in {self.artifacts}" + (", built there when missing" if self.build else "")
+        if self.build:
+            return "the kernel cache, one kernel per shape, compiled on first use"
+        return "none (no artifacts directory, build=False)"
+
+    def missing_kernel(self, algorithm: str, target: str, dtype: str, shape) -> str | None:
+        """Why the artifact of ``algorithm`` at ``shape`` cannot run, or None where it is in
+        the directory or will be built on first use (``Plan``'s ``KernelSource``)."""
+        if self.build or self._artifact(algorithm, shape, dtype, target) is not None:
+            return None
+        where = (f"in {self.artifacts}" if self.artifacts is not None else
+                 "given (no artifacts directory)")
+        M, N, K = shape
+        return (f"no artifact for {algorithm} {target} {dtype} {M}x{N}x{K} is {where} (build it "
+                f"with `lcmac build`, or pass build=True; lcmac.matmul instead compiles its own "
+                f"kernels into the kernel cache)")
+
+    def artifact(self, p: Plan) -> Path | None:
+        """The manifest of the artifact plan ``p`` runs, None where it runs the vendor GEMM:
+        from the directory, else (``build=True``) compiled now into it or, without one, into
+        the kernel cache (compiled once, then loaded)."""
+        if p.runs == VENDOR:
+            return None
+        shape = tuple(p.shape)
+        art = self._artifact(p.runs, shape, p.dtype, p.target)
+        if art is None and self.build:
+            if self.artifacts is None:
+                art = cached_build(p.runs, p.target, p.dtype, shape).manifest
+            else:
+                art = Path(build_artifact(p.runs, p.target, p.dtype, shape, out_dir=str(self.artifacts)))
+                self._index = None          # rescan: the new manifest
+        if art is None:
+            raise ArtifactError(f"no artifact for {p.runs} {p.target} {p.dtype} "
+                                f"{'x'.join(map(str, shape))} in {self.artifacts}: it was there "
+                                f"when the shape was planned; build it again (`lcmac build`)")
+        return art
+
+    def _kernel(self, p: Plan):
+        """The loaded kernel plan ``p`` runs (loaded, or built, once)."""
+        key = (p.runs, p.target, p.dtype, tuple(p.shape))
+        fn = self._fns.get(key)
+        if fn is None:
+            fn = self._fns.setdefault(key, load(self.artifact(p)))
+        return fn
+
     # ---- the call -------------------------------------------------------------------------
     def __call__(self, A, B, out=None):
-        for nm, x in (("A", A), ("B", B)):
-            if len(getattr(x, "shape", ())) != 2:
-                raise ShapeError(f"{nm} must be a 2-D matrix, got shape {tuple(getattr(x, 'shape', ()))}")
-        (M, K), (K2, N) = tuple(A.shape), tuple(B.shape)
-        if K != K2:
-            raise ShapeError(f"inner dimensions differ: A is {M}x{K}, B is {K2}x{N}")
-        if type(A) is not type(B) or _dtype_name(A) != _dtype_name(B):
-            raise DTypeError(f"A and B must be the same kind of array with one dtype; got "
-                             f"{type(A).__name__} {_dtype_name(A)} and {type(B).__name__} {_dtype_name(B)}")
-        if _is_cuda(A) != _is_cuda(B):
-            raise TargetError("A and B are on different devices")
-        p = self.plan(M, N, K, _dtype_name(A), target=self._target_for(_is_cuda(A)))
-        if p.artifact is None:
+        M, N, K = check_matrices(A, B)
+        dtype = check_alike(A, B)
+        check_same_device(A, B, by=is_cuda)     # the target follows CUDA or not
+        p = self.plan(M, N, K, dtype, target=self._target_for(is_cuda(A)))
+        if p.runs == VENDOR:
             return vendor_matmul(A, B, out=out)
-        fn = self._fns.get(p.artifact)
-        if fn is None:
-            fn = self._fns.setdefault(p.artifact, load(p.artifact))
-        return fn(A, B, out=out)
+        return self._kernel(p)(A, B, out=out)
 
     def __repr__(self):
         budget = "" if self.max_error is None else f" max_error={self.max_error:g}"

@@ -19,7 +19,7 @@ products' rows stacked: ``lcmac.matmul(A, W)``).  ``algo``:
   reference executor, one product at a time (the correctness oracle for in-block LCMAs);
   on CUDA refused: in-block LCMA kernels are not built (docs/batched.md says why).
 - ``"vendor"``: ``torch.bmm`` / ``np.matmul``.
-- ``"auto"``: lcmac's batched kernel where ``costmodel.small.choose_batched`` says it was
+- ``"auto"``: lcmac's batched kernel where ``policy.batched.choose_batched`` says it was
   measured to win (CUDA only: bf16/fp16 products of 8 to 24 per side from 10 000 products,
   float32 with TF32 allowed and a long K through the 3D partition, and at 256³ from 20 000
   products on the GEMM template), else the vendor's.
@@ -35,11 +35,14 @@ import warnings
 
 import numpy as np
 
-from lcmac.core.errors import DTypeError, LcmacError, ShapeError, TargetError
+from lcmac.core.errors import LcmacError, ShapeError
+from lcmac.core.operands import (
+    check_array, check_batches, check_dtype_in, check_one_dtype, check_same_device, check_same_kind,
+    dtype_name, operand_kind)
 from lcmac.ir import get as get_algorithm
 from lcmac.ir.executor import run_unfused
-from lcmac.api.call_args import LOADED, check_algo, define_op, operand_kind, target_for
-from lcmac.costmodel.small import choose_batched
+from lcmac.api.call_args import LOADED, check_algo, define_op, target_for
+from lcmac.policy.batched import choose_batched
 from lcmac.schedules.cuda.batched_tiles import batched_template
 
 __all__ = ["bmm", "register", "BMM_SCHEMA"]
@@ -49,30 +52,13 @@ _CUDA_DTYPES = ("bfloat16", "float16", "float32", "float64")
 _lock = threading.Lock()
 
 
-def _kind(x) -> str:
-    kind = operand_kind(x)
-    if kind is None:
-        raise TypeError(f"A and B must be numpy arrays or torch tensors, not {type(x).__name__}")
-    return kind
-
-
 def _check(A, B):
-    kinds = {_kind(A), _kind(B)}
-    if len(kinds) > 1:
-        raise TypeError("A and B must both be numpy arrays or both torch tensors")
-    if A.ndim != 3:
-        raise ShapeError(f"B of {tuple(B.shape)} is a batch of products: A must be 3-D [batch, M, K] "
-                         f"too, not {tuple(A.shape)} (or B 2-D [K, N] for one product)")
-    if B.ndim != 3 or B.shape[0] != A.shape[0] or B.shape[1] != A.shape[2]:
-        raise ShapeError(f"B must be [batch, K, N] matching A {tuple(A.shape)}: got {tuple(B.shape)}")
-    if A.dtype != B.dtype:
-        raise DTypeError(f"A and B must have one dtype; A is {A.dtype}, B is {B.dtype}")
-    if kinds == {"torch"} and A.device != B.device:
-        raise TargetError(f"A is on {A.device}, B on {B.device}: put them on one device")
-
-
-def _dtype(x) -> str:
-    return str(x.dtype).replace("torch.", "")
+    check_array(A, "A", error=TypeError)
+    check_array(B, "B", error=TypeError)
+    check_same_kind(A, B, error=TypeError)
+    check_batches(A, B)
+    check_one_dtype(A, B)
+    check_same_device(A, B)
 
 
 def batched_kernel(target: str, dtype: str, shape, config: dict | None = None) -> object:
@@ -102,7 +88,7 @@ _kernel_keys: dict[tuple, tuple] = {}
 def _reference(A, B, algo: str):
     """The CPU path: each product by the float64 reference (``algo`` "gemm") or the LCMA's
     reference executor, rounded to the operands' dtype."""
-    torch_in = _kind(A) == "torch"
+    torch_in = operand_kind(A) == "torch"
     a = A.detach().cpu().double().numpy() if torch_in else np.asarray(A, dtype=np.float64)
     b = B.detach().cpu().double().numpy() if torch_in else np.asarray(B, dtype=np.float64)
     if algo == "gemm":
@@ -121,14 +107,14 @@ def compute(A, B, algo: str = "auto", out=None):
     _check(A, B)
     batch, M, K = A.shape
     N = B.shape[2]
-    cuda = _kind(A) == "torch" and A.device.type == "cuda"
+    cuda = operand_kind(A) == "torch" and A.device.type == "cuda"
     config = None
     picked = False
     if algo == "auto":
         config = _auto_config(A, M, N, K, batch) if cuda else None
         algo, picked = ("vendor", False) if config is None else ("gemm", True)
     if algo == "vendor" or 0 in (batch, M, N, K):
-        if _kind(A) == "torch":
+        if operand_kind(A) == "torch":
             import torch
             return torch.bmm(A, B, out=out) if out is not None else torch.bmm(A, B)
         return np.matmul(A, B, out=out)
@@ -138,10 +124,9 @@ def compute(A, B, algo: str = "auto", out=None):
         raise LcmacError(f"algo={algo!r}: in-block LCMA kernels are not built for CUDA "
                          f"(use 'gemm' or 'vendor'; docs/batched.md)")
     else:
-        dt = _dtype(A)
-        if dt not in _CUDA_DTYPES:
-            raise DTypeError(f"lcmac's batched CUDA kernel takes {_CUDA_DTYPES}, not {dt} "
-                             f"(algo='vendor' runs torch.bmm)")
+        dt = dtype_name(A)
+        check_dtype_in(dt, _CUDA_DTYPES, "lcmac's batched CUDA kernel",
+                       hint=" (algo='vendor' runs torch.bmm)")
         key = (target_for(A.device.type), dt, (M, N, K), config)
         fn = _auto_kernel(*key) if picked else batched_kernel(*key)
         if fn is None:          # "auto" chose lcmac's kernel and it cannot be had here
@@ -156,7 +141,7 @@ def compute(A, B, algo: str = "auto", out=None):
 
 _auto_choices: dict[tuple, dict | None] = {}
 #: kernels "auto" picked that could not be built here: not tried again (a failed build costs a
-#: compiler process per call), torch.bmm runs them (as ``lcmac.api.matmul`` does for lcmac.matmul)
+#: compiler process per call), torch.bmm runs them (as ``lcmac.ops`` does for lcmac.matmul)
 _unbuildable: dict[tuple, str] = {}
 
 
@@ -182,7 +167,7 @@ def _auto_config(A, M: int, N: int, K: int, batch: int) -> dict | None:
     kept per case: "auto" runs on every call, where a small batch takes only microseconds."""
     if target_for("cuda") != "cuda-sm90a":
         return None         # the rule's wins were measured on Hopper (TMA); elsewhere torch.bmm
-    dt = _dtype(A)
+    dt = dtype_name(A)
     tf32 = False
     if dt == "float32":             # the flag is read only where it matters (a few µs a read)
         import torch
@@ -202,7 +187,7 @@ def bmm(A, B, *, algo: str = "auto", out=None):
     if getattr(B, "ndim", None) == 2:
         raise ShapeError("B is 2-D: one B shared by the batch is one product with the batch's "
                          "rows stacked, lcmac.matmul(A, B); lcmac.bmm takes B [batch, K, N]")
-    if _kind(A) != "torch":
+    if check_array(A, "A", error=TypeError) != "torch":
         return compute(A, B, algo, out)
     import torch
     register()

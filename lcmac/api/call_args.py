@@ -1,7 +1,7 @@
 """The arguments every lcmac product call shares: the ``algo`` names and the target of a
-device; what kind an operand is; the kernels loaded in this process; and how its torch ops
-are defined.  (Their own module so that ``lcmac.api.matmul`` and ``lcmac.api.bmm`` both use them
-without importing each other.)"""
+device; the kernels loaded in this process; and how its torch ops are defined.  (Their own
+module so that ``lcmac.ops`` and ``lcmac.api.bmm`` both use them without importing
+each other.)"""
 from __future__ import annotations
 
 import threading
@@ -10,17 +10,10 @@ from lcmac.artifact.build import resolve_algorithm
 from lcmac.artifact.cache import cached_build
 from lcmac.core.errors import CatalogueError, TargetError
 from lcmac.runtime.loader import load
-from lcmac.targets import get_target
+from lcmac.spec.targets import get_target
 
 AUTO, VENDOR, GEMM = "auto", "vendor", "gemm"
 _targets: dict[str, str] = {}
-
-
-def operand_kind(x) -> str | None:
-    """"numpy" or "torch" for an array or tensor of those libraries (by its type's module, so
-    torch is not imported to ask), else None."""
-    mod = type(x).__module__.split(".")[0]
-    return mod if mod in ("numpy", "torch") else None
 
 
 def target_for(device: str) -> str:
@@ -93,5 +86,5 @@ class LoadedKernels:
             self._table.clear()
 
 
-#: the kernels lcmac.matmul and lcmac.bmm have loaded (``lcmac.api.matmul.release_kernels`` drops them)
+#: the kernels lcmac.matmul and lcmac.bmm have loaded (``lcmac.ops.release_kernels`` drops them)
 LOADED = LoadedKernels()

@@ -4,10 +4,10 @@ compiler.
 
     lcmac.api.export(["4096x4096x4096", "?x8192x8192"], "x86_64-avx512", "float32", "bundle/")
 
-What each case gets: the measured decision among lcmac's own kernels
-(``decide_by_measurement`` with the vendor left out: a bundle runs with no vendor library;
-the tuning logs, else the model) at that shape, or for a ``?xNxK`` rule at its largest row
-bucket: an LCMA where one is predicted to win, else lcmac's plain GEMM.  The index records
+What each case gets: ``lcmac.policy.plan``'s decision among lcmac's own kernels (the vendor
+left out: a bundle runs with no vendor library; the tuning logs, else the model) at that
+shape, or for a ``?xNxK`` rule at its largest row bucket: an LCMA where one is predicted to
+win, else lcmac's plain GEMM.  The index records
 each decision and why.  Cases come from the
 command line, a JSON file (a list of shapes/rules, ``{"shapes": [...]}``, or the
 ``to_dict()`` of ``lcmac.optimize``'s report, whose layers become ``?x<out>x<in>`` rules).
@@ -25,7 +25,10 @@ from lcmac.core.dtypes import normalize_dtype
 from lcmac.core.errors import LcmacError, ShapeError
 from lcmac.runtime import c_include_dir
 from lcmac.spec.shape_rules import parse_rule
-from lcmac.policy.measured import decide_by_measurement
+from lcmac.policy import GEMM, EveryKernel, plan
+
+#: a bundle holds every kernel its decisions choose: it is compiled for them
+BUNDLE = EveryKernel("the bundle lcmac export compiles for these decisions")
 
 
 def cases_from_json(path) -> list:
@@ -47,11 +50,11 @@ def cases_from_json(path) -> list:
 def decide(rule, t, dtype: str, rows, max_error, regime: str) -> tuple[str, str]:
     """(algorithm, why) for one case."""
     M = rule.M if rule.kind == "exact" else max(rows)
-    dec = decide_by_measurement(M, rule.N, rule.K, dtype, t.name, max_error=max_error, regime=regime,
-                                vendor=False)
-    if dec.candidate.is_gemm:
-        return "gemm", f"no LCMA predicted to win at {M}x{rule.N}x{rule.K}: {dec.describe()}"
-    return dec.candidate.algorithm, dec.describe()
+    p = plan(M, rule.N, rule.K, dtype, t.name, max_error=max_error, regime=regime, vendor=False,
+             kernels=BUNDLE)
+    if p.runs == GEMM:
+        return GEMM, f"no LCMA predicted to win at {M}x{rule.N}x{rule.K}: {p.why}"
+    return p.runs, p.why
 
 
 def export(cases, target, dtype="float32", out_dir=".", *, rows=None, algo: str | None = None,

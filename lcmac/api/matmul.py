@@ -7,13 +7,11 @@ op ``torch.ops.lcmac.matmul`` behind it for torch tensors.
 
 A's leading dimensions are flattened into the rows: the product runs as one (∏…·M)×K @ K×N.
 
-**The choice** (``algo="auto"``) is ``lcmac.auto``'s per shape, from the tuning logs and the
-model (``lcmac.api.auto``; one shared decision-maker per (max_error, target) in the
-process).  Where it picks an LCMA, that kernel runs; where it picks the vendor GEMM,
-``numpy.matmul`` / ``torch.matmul`` runs.  Where it picks lcmac's plain GEMM, that kernel runs
-only if the tuning log measured it at this very shape faster than the vendor's by more than a
-tie (``EXACT_MARGIN``), else the vendor GEMM: compiling a plain GEMM for every new shape costs
-seconds, for a gain only a measurement there vouches for.
+**The choice** (``algo="auto"``) is ``lcmac.policy.plan``'s per shape, from the tuning logs and
+the model, once per shape in the process.  Where it picks an LCMA, that kernel runs; where it
+picks the vendor GEMM, ``numpy.matmul`` / ``torch.matmul`` runs.  Where it picks lcmac's plain
+GEMM, that kernel runs only if the tuning log measured it at this very shape faster than the
+vendor's by more than a tie, else the vendor GEMM (``lcmac.policy.planner``).
 ``algo="gemm"`` forces lcmac's plain GEMM, ``algo="vendor"`` the vendor GEMM, any catalogue
 name or expression (``"strassen"``, ``"winograd^2"``) that LCMA; ``plan()`` tells what runs
 for a shape and why, without running it.
@@ -49,22 +47,24 @@ import warnings
 import weakref
 from dataclasses import dataclass
 
-from lcmac.artifact.build import resolve_algorithm
+from lcmac import policy
 from lcmac.api.call_args import AUTO, GEMM, VENDOR, check_algo, define_op, target_for  # noqa: F401 (ops.* names)
-from lcmac.api.call_args import LOADED, operand_kind as _kind
+from lcmac.api.call_args import LOADED
 from lcmac.artifact.bundle import backend_kind
-from lcmac.costmodel import model_dtype, select
-from lcmac.costmodel.decision import check_error_budget, with_errors
-from lcmac.api.auto import AutoMatmul
+from lcmac.costmodel.decision import check_error_budget
 from lcmac.core.dtypes import normalize_dtype
-from lcmac.core.errors import DTypeError, LcmacError, ShapeError, TargetError
+from lcmac.core.errors import DTypeError, LcmacError, ShapeError
+from lcmac.core.operands import (
+    check_array, check_contiguous, check_matrices, check_one_dtype, check_out, check_real,
+    check_same_device, check_same_kind, device_type, operand_kind)
 from lcmac.runtime.cuda_memory import kept_empty
 from lcmac.runtime.tiled import empty, run_rows
-from lcmac.spec.shape_rules import JIT_ROWS, row_pieces
-from lcmac.targets import get_target
-from lcmac.policy.measured import EXACT_MARGIN, vendor_matmul
+from lcmac.policy import Plan
+from lcmac.runtime.vendor import vendor_matmul
+from lcmac.spec.shape_rules import JIT_ROWS
+from lcmac.spec.targets import get_target
 
-__all__ = ["matmul", "plan", "MatmulPlan", "register", "mark_static", "transposed_weight", "kernel",
+__all__ = ["matmul", "plan", "Plan", "register", "mark_static", "transposed_weight", "kernel",
            "kernel_keys", "release_kernels", "compute",
            "check_operands", "OP_SCHEMA"]
 
@@ -80,30 +80,11 @@ MAX_TRANSPOSED = 256
 MAX_PREPARED = 8
 
 _lock = threading.RLock()     # re-entrant: a weakref callback (mark_static) may fire under it
-_autos: dict[tuple, AutoMatmul] = {}
-_plans: dict[tuple, "MatmulPlan"] = {}
 _kernels = LOADED             # shared with lcmac.bmm's batched kernels
 _failed: dict[tuple, str] = {}
 
 
 # ---- operands ---------------------------------------------------------------------------------
-def _dtype_name(x, what: str) -> str:
-    """The element type's name; complex and unknown types are refused here."""
-    if _kind(x) == "numpy":
-        if x.dtype.kind == "c":
-            raise DTypeError(f"{what} is complex ({x.dtype}); lcmac multiplies real matrices only")
-        return str(x.dtype)
-    if x.is_complex():
-        raise DTypeError(f"{what} is complex ({x.dtype}); lcmac multiplies real matrices only")
-    return str(x.dtype).replace("torch.", "")
-
-
-def _device(x) -> str:
-    if _kind(x) == "numpy":
-        return "cpu"
-    return x.device.type
-
-
 _supported: dict[str, tuple] = {}      # per call on the hot path; the target table is static
 
 
@@ -145,57 +126,21 @@ def check_operands(A, B, *, contiguous: bool = True, vendor: bool = False) -> _O
     """Check A (…×M×K) and B (K×N) for lcmac.matmul; errors name the problem.  ``vendor``:
     the call may run the vendor GEMM ("auto", "vendor"), so a dtype the target's kernels do not
     take (bfloat16 on a CPU without AVX-512 BF16, say) is accepted, marked ``kernels=False``."""
-    ka, kb = _kind(A), _kind(B)
-    for what, x, k in (("A", A, ka), ("B", B, kb)):
-        if k is None:
-            raise DTypeError(f"{what} must be a numpy array or a torch tensor, got {type(x).__name__}")
-    if ka != kb:
-        raise DTypeError(f"A and B must both be numpy arrays or both torch tensors; got {ka} and {kb}")
-    da, db = _dtype_name(A, "A"), _dtype_name(B, "B")
-    if da != db:
-        raise DTypeError(f"A and B must have one dtype; A is {da}, B is {db}")
-    if A.ndim < 2:
-        raise ShapeError(f"A must be a matrix or a batch of matrices (…×M×K); got shape {tuple(A.shape)}")
-    if B.ndim != 2:
-        raise ShapeError(f"B must be a K×N matrix (2-D; a batch of B is not supported); got shape "
-                         f"{tuple(B.shape)}")
-    K, (K2, N) = int(A.shape[-1]), (int(d) for d in B.shape)
-    if K != K2:
-        raise ShapeError(f"inner dimensions differ: A is {'x'.join(map(str, A.shape))}, B is {K2}x{N}")
-    dev_a = _device(A)
-    if ka == "torch" and A.device != B.device:
-        raise TargetError(f"A is on {A.device} and B on {B.device}; move both to one device")
-    target = target_for(dev_a)
-    dtype = _check_dtype(da, target, vendor=vendor)
+    kind = check_array(A, "A")
+    check_array(B, "B")
+    check_same_kind(A, B)
+    check_real(A, "A")
+    check_real(B, "B")
+    dtype = check_one_dtype(A, B)
+    M, N, K = check_matrices(A, B, batch_a=True)
+    check_same_device(A, B, fix="move both to one device")
+    target = target_for(device_type(A))
+    dtype = _check_dtype(dtype, target, vendor=vendor)
     if contiguous:
-        for what, x in (("A", A), ("B", B)):
-            if not _contiguous(x):
-                fix = "numpy.ascontiguousarray(x)" if ka == "numpy" else "x.contiguous()"
-                raise ShapeError(f"{what} is not contiguous (row-major) with shape {tuple(x.shape)}; "
-                                 f"pass a contiguous copy ({fix})")
+        check_contiguous(A, "A")
+        check_contiguous(B, "B")
     rows = tuple(int(d) for d in A.shape[:-1])
-    M = 1
-    for d in rows:
-        M *= d
-    return _Operands(ka, dtype, target, rows, M, N, K, dtype in supported_dtypes(target))
-
-
-def _contiguous(x) -> bool:
-    return bool(x.flags["C_CONTIGUOUS"]) if _kind(x) == "numpy" else bool(x.is_contiguous())
-
-
-def _check_out(out, A, o: _Operands) -> None:
-    want = (*o.rows, o.N)
-    if _kind(out) != o.kind:
-        raise DTypeError(f"out must be a {o.kind} {'array' if o.kind == 'numpy' else 'tensor'} like A")
-    if tuple(out.shape) != want:
-        raise ShapeError(f"out has shape {tuple(out.shape)}; the product is {want}")
-    if _dtype_name(out, "out") != _dtype_name(A, "A"):
-        raise DTypeError(f"out has dtype {_dtype_name(out, 'out')}; A and B are {_dtype_name(A, 'A')}")
-    if o.kind == "torch" and out.device != A.device:
-        raise TargetError(f"out is on {out.device}, A on {A.device}")
-    if not _contiguous(out):
-        raise ShapeError("out is not contiguous (row-major); pass a contiguous array")
+    return _Operands(kind, dtype, target, rows, M, N, K, dtype in supported_dtypes(target))
 
 
 def check_budget(max_error):
@@ -204,134 +149,15 @@ def check_budget(max_error):
 
 
 # ---- the decision -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class MatmulPlan:
-    """What ``lcmac.matmul`` runs for one shape: ``runs`` is ``"vendor"`` (numpy.matmul /
-    torch.matmul) or the lcmac algorithm; ``decision`` the decision's algorithm ("vendor",
-    "gemm", an LCMA, or the one forced); ``speedup`` the predicted speed-up of what runs over
-    lcmac's plain GEMM (model, rescaled by the tuning logs' measurements; None for the vendor
-    GEMM or where the model does not price it); ``error`` its predicted error ÷ the plain
-    GEMM's; ``why`` in words."""
-    shape: tuple
-    dtype: str
-    target: str
-    algo: str
-    runs: str
-    decision: str
-    speedup: float | None
-    error: float | None
-    why: str
-
-    def to_dict(self) -> dict:
-        return {"shape": list(self.shape), "dtype": self.dtype, "target": self.target,
-                "algo": self.algo, "runs": self.runs, "decision": self.decision,
-                "speedup": self.speedup, "error": self.error, "why": self.why}
-
-
-def _auto(max_error, target: str) -> AutoMatmul:
-    """The process's decision-maker for (max_error, target)."""
-    key = (max_error, target)
-    with _lock:
-        mm = _autos.get(key)
-        if mm is None:
-            mm = _autos[key] = AutoMatmul(target=target, max_error=max_error)
-    return mm
-
-
-def _error_of(cand, target: str, dtype: str, K: int) -> float | None:
-    if cand.error_ratio is not None:
-        return float(cand.error_ratio)
-    try:
-        return float(with_errors([cand], model_dtype(target, dtype), "native", K)[0].error_ratio)
-    except (LcmacError, ValueError, TypeError):
-        return None           # a dtype or operand mode the accuracy model does not cover
-
-
-def gemm_beats_vendor(dec) -> bool:
-    """Whether the tuning log measured lcmac's plain GEMM and the vendor GEMM at this very shape
-    (not carried from another), the plain GEMM faster by more than a tie (``EXACT_MARGIN``)."""
-    m = dec.measurements
-    return (dec.source == "exact" and GEMM in m and VENDOR in m
-            and m[GEMM] < m[VENDOR] * (1 - EXACT_MARGIN))
-
-
-def _plan_auto(M, N, K, dtype, target, max_error) -> MatmulPlan:
-    dec = _auto(max_error, target).plan(M, N, K, dtype, target=target).decision
-    c = dec.candidate
-    if c.is_gemm and not dec.is_vendor and gemm_beats_vendor(dec):
-        return MatmulPlan((M, N, K), dtype, target, AUTO, GEMM, GEMM, 1.0, 1.0,
-                          f"lcmac's plain GEMM, measured faster than the vendor GEMM at this shape: "
-                          f"{dec.describe()}")
-    if dec.is_vendor or c.is_gemm:
-        what = "the vendor GEMM was chosen" if dec.is_vendor else \
-            ("lcmac's plain GEMM was chosen (no LCMA predicted to win), but not measured faster "
-             "than the vendor's at this shape, where lcmac.matmul would compile it")
-        return MatmulPlan((M, N, K), dtype, target, AUTO, VENDOR, c.algorithm, None, 1.0,
-                          f"vendor GEMM: {what}: {dec.describe()}")
-    chosen = MatmulPlan((M, N, K), dtype, target, AUTO, c.algorithm, c.algorithm,
-                        float(c.speedup_vs_gemm), _error_of(c, target, dtype, K), dec.describe())
-    return _vendor_if_every_piece_is(chosen, max_error)
-
-
-def _vendor_if_every_piece_is(p: MatmulPlan, max_error) -> MatmulPlan:
-    """``p``, or the vendor GEMM where the rows are cut into buckets (M is not one) and the
-    decision at every bucket gives its piece to the vendor: the plan then says what runs."""
-    M = p.shape[0]
-    pieces = row_pieces(M, JIT_ROWS[backend_kind(p.target)])
-    if (len(pieces) == 1 and pieces[0].bucket == M) or _kernel_buckets(p, max_error):
-        return p
-    cut = "+".join(str(piece.rows) for piece in pieces)
-    return MatmulPlan(p.shape, p.dtype, p.target, AUTO, VENDOR, p.decision, None, 1.0,
-                      f"vendor GEMM: {p.runs} was chosen for the whole shape, but its {M} rows are "
-                      f"cut into buckets ({cut}) and the decision at each gives its rows to the "
-                      f"vendor GEMM, which runs them as one call: {p.why}")
-
-
-def _plan_forced(M, N, K, dtype, target, algo, max_error) -> MatmulPlan:
-    _, plain, name = resolve_algorithm(algo)
-    if plain:
-        return MatmulPlan((M, N, K), dtype, target, algo, GEMM, GEMM, 1.0, 1.0,
-                          "lcmac's plain GEMM, as asked (algo=\"gemm\")")
-    speedup = error = None
-    note = "the model does not price it at this shape"
-    try:
-        cands = select(M, N, K, model_dtype(target, dtype), target, algorithms=[name])
-        c = next((c for c in cands if c.algorithm == name), None)
-    except (LcmacError, ValueError):
-        c = None
-    if c is not None:
-        speedup, error = float(c.speedup_vs_gemm), _error_of(c, target, dtype, K)
-        note = f"model: {speedup:.3f}× the plain GEMM"
-        if error is not None:
-            note += f", predicted error {error:.2f}× the GEMM's"
-    if max_error is not None and error is not None and error > max_error:
-        raise LcmacError(f"{name} is predicted at {error:.2f}× the plain GEMM's error at "
-                         f"{M}x{N}x{K} {dtype}, over max_error={max_error:g}; pass algo=\"auto\" "
-                         f"to choose within the budget, or no max_error")
-    return MatmulPlan((M, N, K), dtype, target, algo, name, name, speedup, error,
-                      f"{name}, as asked (algo={algo!r}); {note}")
-
-
 def plan(M: int, N: int, K: int, dtype="float32", *, algo: str = AUTO, max_error=None,
-         target: str | None = None) -> MatmulPlan:
+         target: str | None = None) -> Plan:
     """What ``lcmac.matmul`` runs for C[M×N] = A[M×K]·B[K×N] (rows flattened), and why,
-    without compiling or running anything.  ``target``: default this CPU's."""
+    without compiling or running anything: ``lcmac.policy.plan`` for lcmac.matmul's kernels,
+    for a dtype lcmac.matmul takes on ``target`` (default this CPU's)."""
     algo, max_error = check_algo(algo), check_budget(max_error)
     target = target or target_for("cpu")
     dtype = _check_dtype(str(dtype).replace("torch.", ""), target, "they")
-    key = (int(M), int(N), int(K), dtype, target, algo, max_error)
-    hit = _plans.get(key)
-    if hit is not None:
-        return hit
-    if algo == VENDOR:
-        p = MatmulPlan(key[:3], dtype, target, algo, VENDOR, VENDOR, None, 1.0,
-                       "the vendor GEMM, as asked (algo=\"vendor\")")
-    elif algo == AUTO:
-        p = _plan_auto(*key[:3], dtype, target, max_error)
-    else:
-        p = _plan_forced(*key[:3], dtype, target, algo, max_error)
-    with _lock:
-        return _plans.setdefault(key, p)
+    return policy.plan(M, N, K, dtype, target, algo=algo, max_error=max_error)
 
 
 # ---- kernels ----------------------------------------------------------------------------------
@@ -453,48 +279,25 @@ def transposed_weight(weight):
 
 
 # ---- the product ------------------------------------------------------------------------------
-def _bucket_runs_kernel(p: MatmulPlan, shape, max_error) -> bool:
-    """Whether a row piece of bucket ``shape`` runs the plan's kernel: always for a forced
-    algorithm; for "auto" unless the decision at the bucket gives it to the vendor GEMM."""
-    return p.algo != AUTO or plan(*shape, p.dtype, algo=AUTO, max_error=max_error,
-                                  target=p.target).runs != VENDOR
-
-
 def kernel_keys(M: int, N: int, K: int, dtype="float32", *, algo: str = AUTO, max_error=None,
                 target: str | None = None) -> list[tuple]:
     """The kernels ``lcmac.matmul`` runs for C[M×N] = A[M×K]·B[K×N], as ``kernel``'s keys
     (algorithm, target, dtype, bucket shape), without compiling anything: its row pieces'
     buckets (``lcmac.spec.shape_rules``), less those the vendor GEMM takes under "auto"."""
     p = plan(M, N, K, dtype, algo=algo, max_error=max_error, target=target)
-    if p.runs == VENDOR:
-        return []
-    return [(p.runs, p.target, p.dtype, shape) for shape in _kernel_buckets(p, max_error)]
+    return [(p.runs, p.target, p.dtype, shape) for shape in p.kernel_shapes()]
 
 
-def _kernel_buckets(p: MatmulPlan, max_error) -> list[tuple]:
-    """The bucket shapes whose row pieces of ``p.shape`` run ``p``'s kernel, each once: all
-    for a forced algorithm; under "auto" not the padded rows under the smallest bucket, nor
-    a piece whose bucket the decision gives to the vendor GEMM."""
-    M, N, K = p.shape
-    shapes = []
-    for piece in row_pieces(M, JIT_ROWS[backend_kind(p.target)]):
-        shape = (piece.bucket, N, K)
-        if (piece.padded and p.algo == AUTO) or not _bucket_runs_kernel(p, shape, max_error):
-            continue
-        if shape not in shapes:
-            shapes.append(shape)
-    return shapes
-
-
-def _kernel_for(p: MatmulPlan, o: _Operands, max_error):
+def _kernel_for(p: Plan, o: _Operands):
     """bucket shape → the plan's kernel there, or None where the vendor GEMM should run that
-    piece (an automatic choice: the decision at the bucket prefers the vendor, or the kernel
+    piece (an automatic choice: the plan gives the bucket's piece to the vendor, or the kernel
     could not be compiled, which is warned once per shape)."""
     forced = p.algo != AUTO
+    buckets = {piece.bucket for piece in p.pieces if piece.runs != VENDOR}
 
     def kernel_for(shape):
         key = (p.runs, o.target, o.dtype, tuple(shape))
-        if not forced and (key in _failed or not _bucket_runs_kernel(p, shape, max_error)):
+        if not forced and (key in _failed or shape[0] not in buckets):
             return None
         try:
             return kernel(*key)
@@ -510,14 +313,14 @@ def _kernel_for(p: MatmulPlan, o: _Operands, max_error):
     return kernel_for
 
 
-def _run_lcmac(p: MatmulPlan, A, B, out, o: _Operands, max_error):
+def _run_lcmac(p: Plan, A, B, out, o: _Operands):
     """Run the plan's algorithm on row pieces of the JIT ladder (lcmac.spec.shape_rules): bucket
     kernels on slices of A and C; with an automatic choice the vendor GEMM takes the rows
     under the smallest bucket and any piece where the decision prefers it; a forced
     algorithm pads them into its smallest bucket instead."""
     C = out if out is not None else empty(A, (*o.rows, o.N))
     run_rows(A.reshape(o.M, o.K), B, C.reshape(o.M, o.N), JIT_ROWS[backend_kind(o.target)],
-             _kernel_for(p, o, max_error),
+             _kernel_for(p, o),
              N=o.N, K=o.K, vendor=None if p.algo != AUTO else vendor_matmul,
              b_for=lambda fn, b: _b_for(fn, b, o.kind))
     return C
@@ -525,7 +328,7 @@ def _run_lcmac(p: MatmulPlan, A, B, out, o: _Operands, max_error):
 
 #: torch calls whose plan is the vendor GEMM, by (shapes, dtype, devices, algo, budget): a
 #: repeat goes straight to it.  The checks and the plan cost microseconds of Python a call,
-#: which small products on a GPU feel (H100, bf16 2048³: 26 µs of GPU work).
+#: which small products on a GPU feel.
 _vendor_calls: set = set()
 _VENDOR_CALLS_MAX = 4096
 
@@ -547,11 +350,11 @@ def compute(A, B, algo: str = AUTO, max_error=None, out=None):
         return vendor_matmul(A, B)
     o = check_operands(A, B, vendor=algo in (AUTO, VENDOR))
     if out is not None:
-        _check_out(out, A, o)
+        check_out(out, A, (*o.rows, o.N))
     if algo != VENDOR and o.kernels and 0 not in (o.M, o.N, o.K):
         p = plan(o.M, o.N, o.K, o.dtype, algo=algo, max_error=max_error, target=o.target)
         if p.runs != VENDOR:
-            return _run_lcmac(p, A, B, out, o, max_error)
+            return _run_lcmac(p, A, B, out, o)
     if key is not None:
         if len(_vendor_calls) >= _VENDOR_CALLS_MAX:
             _vendor_calls.clear()
@@ -587,7 +390,7 @@ def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None, devices=None, sp
             A, B, devices, split, out=out,
             gpu_matmul=lambda a, b, out=None: matmul(a, b, algo=algo, max_error=max_error, out=out),
             cpu_matmul=lambda a, b, out=None: matmul(a, b, algo=VENDOR, out=out))
-    if _kind(A) == "torch" or _kind(B) == "torch":
+    if operand_kind(A) == "torch" or operand_kind(B) == "torch":
         return _torch_matmul(A, B, algo, max_error, out)
     return compute(A, B, algo, max_error, out)
 
@@ -616,11 +419,8 @@ def _op_impl(A, B, algo=AUTO, max_error=None):
 
 
 def _op_fake(A, B, algo=AUTO, max_error=None):
-    if A.dim() < 2 or B.dim() != 2 or A.shape[-1] != B.shape[0]:
-        raise ShapeError(f"lcmac::matmul takes A of …×M×K and B of K×N; got {tuple(A.shape)} "
-                         f"and {tuple(B.shape)}")
-    if A.dtype != B.dtype:
-        raise DTypeError(f"A and B must have one dtype; A is {A.dtype}, B is {B.dtype}")
+    check_matrices(A, B, batch_a=True, who="lcmac::matmul")
+    check_one_dtype(A, B)
     return A.new_empty((*A.shape[:-1], B.shape[1]))
 
 
@@ -650,7 +450,7 @@ def _linear_impl(x, weight, algo=AUTO, max_error=None):
 
 
 def linear(x, weight, algo: str = AUTO, max_error=None):
-    """y = x·Wᵀ as ``lcmac.torch.nn.Linear`` computes it: through ``torch.ops.lcmac.linear``
+    """y = x·Wᵀ as ``lcmac.nn.Linear`` computes it: through ``torch.ops.lcmac.linear``
     (autograd, torch.compile), or, in eager mode with nothing to differentiate (inference
     under ``torch.no_grad``), the same computation without the op's dispatch."""
     import torch
@@ -665,8 +465,7 @@ def _linear_fake(x, weight, algo=AUTO, max_error=None):
     if x.dim() < 2 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         raise ShapeError(f"lcmac::linear takes x of …×in and a weight of out×in; got "
                          f"{tuple(x.shape)} and {tuple(weight.shape)}")
-    if x.dtype != weight.dtype:
-        raise DTypeError(f"x and the weight must have one dtype; x is {x.dtype}, the weight {weight.dtype}")
+    check_one_dtype(x, weight, names=("x", "the weight"))
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 

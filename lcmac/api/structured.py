@@ -46,10 +46,13 @@ from typing import NamedTuple
 import numpy as np
 
 from lcmac.api.bmm import bmm
-from lcmac.api.call_args import AUTO, LOADED, VENDOR, operand_kind, target_for
-from lcmac.costmodel.small import BATCHED_WINS
+from lcmac.api.call_args import AUTO, LOADED, VENDOR, target_for
+from lcmac.policy.batched import BATCHED_WINS
 from lcmac.core.errors import DTypeError, ShapeError, TargetError
-from lcmac.spec.cuda import BSR_BLOCKS, SUPPORTED_DTYPES, bsr_shape_why
+from lcmac.core.operands import (
+    check_one_dtype, check_same_device, check_same_kind, dtype_name, operand_kind)
+from lcmac.spec.cuda.bsr import BSR_BLOCKS, bsr_shape_why
+from lcmac.spec.cuda.dtypes import SUPPORTED_DTYPES
 
 __all__ = ["lowrank_matmul", "lowrank_order", "bsr_matmul", "prepare_bsr", "PreparedBSR", "BSR",
            "bsr_spgemm", "bsr_csr", "bsr_kernel", "fused_wins"]
@@ -175,14 +178,11 @@ def prepare_bsr(blocks, rows, cols, shape) -> PreparedBSR:
 def _check_b(a: PreparedBSR, B) -> None:
     """B against a prepared A: host checks only (no copy, no wait)."""
     K = a.shape[1]
-    if _is_torch(B) != _is_torch(a.blocks):
-        raise DTypeError("the blocks and B must be both numpy arrays or both torch tensors")
+    check_same_kind(a.blocks, B, names=("the blocks", "B"))
     if B.ndim != 2 or B.shape[0] != K:
         raise ShapeError(f"B must be [K={K}, N], got {tuple(B.shape)}")
-    if a.blocks.dtype != B.dtype:
-        raise DTypeError(f"blocks and B must have one dtype; they are {a.blocks.dtype} and {B.dtype}")
-    if _is_torch(B) and a.blocks.device != B.device:
-        raise TargetError(f"the blocks are on {a.blocks.device}, B on {B.device}")
+    check_one_dtype(a.blocks, B, names=("the blocks", "B"))
+    check_same_device(a.blocks, B, names=("the blocks", "B"))
 
 
 def _prepared_matmul(a: PreparedBSR, B, algo: str):
@@ -190,7 +190,7 @@ def _prepared_matmul(a: PreparedBSR, B, algo: str):
     _check_b(a, B)
     (M, K), bs, N = a.shape, a.bs, B.shape[1]
     if _takes_fused(a.blocks, B, M, N, bs, algo):
-        fn = bsr_kernel(target_for("cuda"), str(B.dtype).replace("torch.", ""), bs)
+        fn = bsr_kernel(target_for("cuda"), dtype_name(B), bs)
         return fn(a.sorted_blocks().contiguous(), B.contiguous(), a.row_ptr, a.col_idx, M)
     nnzb = len(a.rows)
     if _is_torch(B):
@@ -275,7 +275,7 @@ def _fused_why(B, M: int, N: int, bs: int) -> str | None:
         return "it runs on CUDA tensors (the CPU path is the reference)"
     if target_for("cuda") != "cuda-sm90a":
         return f"it is built for Hopper (sm_90a), not {target_for('cuda')}"
-    dt = str(B.dtype).replace("torch.", "")
+    dt = dtype_name(B)
     if dt not in SUPPORTED_DTYPES:
         return f"it takes {SUPPORTED_DTYPES}, not {dt}"
     if bs not in BSR_BLOCKS:
@@ -306,7 +306,7 @@ def _takes_fused(blocks, B, M: int, N: int, bs: int, algo: str) -> bool:
         return True
     import torch
     tf32 = B.dtype == torch.float32 and bool(torch.backends.cuda.matmul.allow_tf32)
-    return fused_wins(str(B.dtype).replace("torch.", ""), tf32)
+    return fused_wins(dtype_name(B), tf32)
 
 
 def bsr_kernel(target: str, dtype: str, bs: int, config: dict | None = None):
@@ -379,16 +379,13 @@ def bsr_spgemm(a: BSR, b: BSR, *, algo: str = "auto") -> BSR:
     if K != K2 or bs != bs2:
         raise ShapeError(f"A is {M}x{K} in {bs}-blocks and B {K2}x{N} in {bs2}-blocks: the inner "
                          "dimensions and the block sizes must agree")
-    if _is_torch(a.blocks) != _is_torch(b.blocks):
-        raise DTypeError("A and B must both be numpy arrays or both torch tensors")
-    if a.blocks.dtype != b.blocks.dtype:
-        raise DTypeError(f"A and B must have one dtype; they are {a.blocks.dtype} and {b.blocks.dtype}")
+    check_same_kind(a.blocks, b.blocks)
+    check_one_dtype(a.blocks, b.blocks)
     pa, pb, pc, cr, cc = spgemm_pairs(ar, ac, br, bc, N // bs)
     if _is_torch(a.blocks):
         import torch
         dev = a.blocks.device
-        if b.blocks.device != dev:
-            raise DTypeError(f"A's blocks are on {dev}, B's on {b.blocks.device}")
+        check_same_device(a.blocks, b.blocks, names=("A's blocks", "B's"), error=DTypeError)
         C = torch.zeros(len(cr), bs, bs, dtype=a.blocks.dtype, device=dev)
         if len(pa):
             t = lambda x: torch.as_tensor(x, device=dev)  # noqa: E731

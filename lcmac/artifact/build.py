@@ -1,7 +1,8 @@
 """``lcmac.build``: one algorithm + target + dtype + shape → an artifact (library + manifest).
 
 Compilation runs in a worker process that imports one compiler only (apache-tvm and
-TileLang cannot share a process): ``target.backend`` picks it,
+TileLang cannot share a process; ``lcmac.artifact.worker`` starts it): ``target.backend``
+picks it,
 
     "tvm"      → python -m lcmac.targets.tvm_worker       (x86, AArch64)
     "tilelang" → python -m lcmac.targets.tilelang_worker  (CUDA)
@@ -42,7 +43,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -50,21 +50,23 @@ from pathlib import Path
 
 from lcmac.core import errors
 from lcmac.core.dtypes import normalize_dtype
-from lcmac.core.errors import ArtifactError, DTypeError, ShapeError, TargetError, ToolchainError
+from lcmac.core.errors import ArtifactError, DTypeError, ShapeError, TargetError
 from lcmac.ir import get
 from lcmac.ir.algorithm import Algorithm
 from lcmac.ir.transforms import power
-from lcmac.spec.cpu import AS_MEASURED, CpuConfig, amx_defaults, resolve_config
+from lcmac.spec.cpu.config import AS_MEASURED, CpuConfig, amx_defaults, resolve_config
 from lcmac.schedules.cpu_lcma import programs_for
-from lcmac.spec.cuda import BATCHED_ONLY_DTYPES, batched_only_why
+from lcmac.spec.cuda.dtypes import BATCHED_ONLY_DTYPES, batched_only_why
 from lcmac.core.shapes import parse_shape
-from lcmac.targets import Target, aarch64, get_target, host_target, x86
+from lcmac.spec.cpu import x86
+from lcmac.spec.target_table import Target
+from lcmac.spec.targets import get_target, host_target
+from lcmac.targets import aarch64
 from lcmac.core.version import __version__
 from lcmac.artifact import tuning_log as db
 from lcmac.artifact.manifest import Manifest, sha256_file
+from lcmac.artifact.worker import raise_error, run_worker
 
-WORKERS = {"tvm": "lcmac.targets.tvm_worker", "tilelang": "lcmac.targets.tilelang_worker"}
-WORKER_TIMEOUT_S = float(os.environ.get("LCMAC_BUILD_TIMEOUT", "900"))
 
 
 def resolve_algorithm(algo, levels: int = 1):
@@ -112,7 +114,7 @@ def build_config(t, dtype: str, config, alg, plain: bool, shape, notes: list | N
             # logged at another shape is not better than the shape-aware default
             config = _tuned_config(t, dtype, alg, plain, shape, exact_only=True, notes=notes)
             if amx and config is not None and not config.get("amx"):
-                config = None       # a logged FMA-kernel record: AMX measured 4.7x faster
+                config = None       # a logged FMA-kernel record: the AMX kernel runs faster
             if config is not None:
                 config = {**{k: was[k] for k in AS_MEASURED}, **config}
             tuned = config
@@ -203,34 +205,6 @@ def check_dtype(t, dtype: str, config: dict | None = None) -> None:
                          "float32, float64 (and bfloat16 on x86_64-avx512) are")
 
 
-def run_worker(backend: str, request: dict) -> dict:
-    """Run the backend's compiler worker on ``request``; its response, or the lcmac error it
-    reports re-raised."""
-    mod = WORKERS.get(backend)
-    if mod is None:
-        raise TargetError(f"no compiler worker for backend {backend!r}")
-    env = dict(os.environ)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    try:
-        proc = subprocess.run([sys.executable, "-m", mod], input=json.dumps(request),
-                              capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, env=env)
-    except subprocess.TimeoutExpired:
-        raise ToolchainError(f"the {backend} compiler worker ran over {WORKER_TIMEOUT_S:.0f} s") from None
-    lines = [ln for ln in proc.stdout.strip().splitlines() if ln.startswith("{")]
-    try:
-        resp = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        resp = None
-    if resp is None:
-        tail = (proc.stderr or proc.stdout or "")[-2000:]
-        if "No module named" in tail and mod.rsplit(".", 1)[-1] in tail:
-            raise ToolchainError(f"the {backend} backend's worker ({mod}) is not available: {tail.strip()}")
-        raise ToolchainError(f"the {backend} compiler worker failed (exit {proc.returncode}): {tail}")
-    if not resp.get("ok"):
-        _raise_error(backend, resp.get("error", {}))
-    return resp
-
-
 def _prepare(algo, target=None, dtype="float32", shape=None, levels: int = 1, config=None,
              out_dir=".", name: str | None = None, mcpu: str | None = None,
              keep_source: bool = True) -> dict:
@@ -275,15 +249,6 @@ def _cleanup(job: dict) -> None:
             pass
 
 
-def _raise_error(backend: str, err: dict):
-    cls = getattr(errors, str(err.get("type")), None)
-    msg = err.get("message", "unknown error")
-    if isinstance(cls, type) and issubclass(cls, errors.LcmacError):
-        raise cls(msg)
-    raise ToolchainError(f"the {backend} compiler failed: {err.get('type')}: {msg}\n"
-                         f"{err.get('traceback', '')[-1500:]}")
-
-
 def _prepared_entry_points(resp: dict, args: list) -> list:
     """Manifest entries of the prepared-B pair where the library has one (CPU LCMA
     kernels): ``prepare(B, P)`` combines B once into P; ``run(A, P, C)`` does the rest."""
@@ -306,7 +271,7 @@ def _finish(job: dict, resp: dict) -> Path:
     dtype = req["dtype"]
     try:
         if not resp.get("ok"):
-            _raise_error(t.backend, resp.get("error", {}))
+            raise_error(t.backend, resp.get("error", {}))
         if not tmp_lib.is_file():
             raise ArtifactError(f"the {t.backend} worker reported success but wrote no library at {tmp_lib}")
         lib_path, man_path = out / f"{name}.so", out / f"{name}.json"

@@ -82,7 +82,7 @@ class Manifest:
         if d["format"] != FORMAT:
             raise ArtifactError(f"{where} has format {d['format']!r}; this lcmac reads {FORMAT}")
         try:
-            # bit-matrix artifacts serve any shape (lcmac.artifact.bits): no M, N, K
+            # bit-matrix artifacts serve any shape (lcmac.bits.artifact): no M, N, K
             for k in (() if d["shape"].get("rule") == "any" else ("M", "N", "K")):
                 if int(d["shape"][k]) < 1:
                     raise ValueError

@@ -1,6 +1,7 @@
 """Measured CPU+GPU splits (``lcmac.tune.coexec_search``): one JSON object per line under
 ``<tuning logs>/splits/<target>-<dtype>.jsonl`` (beside the tuning logs, in a directory of its
-own so that their readers never see these records)::
+own so that their readers never see these records; read from the same directories, written
+to the same one: ``lcmac.artifact.tuning_log.default_dirs``)::
 
     {"schema": "lcmac-split/1", "target": "cuda-sm90a", "dtype": "bfloat16",
      "shape": [M, N, K], "inputs": "host", "gpu_mode": "bf16", "cpu_fraction": 0.03,
@@ -20,13 +21,14 @@ import warnings
 from pathlib import Path
 
 from lcmac.core.version import __version__
-from lcmac.artifact.tuning_log import TuningLogWarning, default_dir
+from lcmac.artifact.tuning_log import TuningLogWarning, default_dir, default_dirs
 
 SCHEMA = "lcmac-split/1"
 _REQUIRED = ("target", "dtype", "shape", "inputs", "gpu_mode", "cpu_fraction", "time_s")
 
 
 def split_path(target: str, dtype: str, root: str | os.PathLike | None = None) -> Path:
+    """Where a split record goes: under ``root``, else where new tuning-log records go."""
     return Path(root if root is not None else default_dir()) / "splits" / f"{target}-{dtype}.jsonl"
 
 
@@ -54,10 +56,16 @@ def measured_split(target: str, dtype: str, shape, inputs: str, gpu_mode: str,
                    root=None, device: str | None = None) -> dict | None:
     """The latest record for exactly this case (measured on ``device`` where given: a split
     belongs to its GPU and host), or None."""
-    path = split_path(target, dtype, root)
-    if not path.is_file():
-        return None
+    dirs = [root] if root is not None else default_dirs()
     want = [int(x) for x in shape]
+    found = None
+    for path in (split_path(target, dtype, d) for d in dirs):    # a later directory's wins
+        if path.is_file():
+            found = _latest_in(path, want, inputs, gpu_mode, device) or found
+    return found
+
+
+def _latest_in(path: Path, want: list, inputs: str, gpu_mode: str, device: str | None) -> dict | None:
     found = None
     for n, line in enumerate(path.read_text().splitlines(), 1):
         try:

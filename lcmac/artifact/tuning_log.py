@@ -2,7 +2,7 @@
 
 Layout (human-readable and diffable)::
 
-    tuning_logs/<target>-<dtype>.jsonl     e.g. tuning_logs/x86_64-avx512-float32.jsonl
+    <logs>/<target>-<dtype>.jsonl     e.g. lcmac/data/tuning_logs/x86_64-avx512-float32.jsonl
 
 Every line is a record of one measurement, written with sorted keys::
 
@@ -31,8 +31,11 @@ never go stale this way.
 Reading never crashes a build: a line that is not JSON, or not an lcmac-tune record, or a
 record for another target/dtype, is skipped with ``warnings.warn``.
 
-Where the logs live: ``$LCMAC_TUNING_LOGS`` if set, else ``tuning_logs/`` of the source
-checkout lcmac runs from (the committed logs), else ``~/.cache/lcmac/tuning_logs``.
+Where the logs live: ``$LCMAC_TUNING_LOGS`` if set, the one directory read and written.
+Else reading takes the logs lcmac ships (package data ``lcmac/data/tuning_logs``) and then
+the user's own, ``tuning_logs/`` in lcmac's cache root (``lcmac.core.cachedir``; by default
+``~/.cache/lcmac/tuning_logs``), where new records go: an installed package's directory
+may be read-only.
 """
 from __future__ import annotations
 
@@ -44,12 +47,15 @@ import platform
 import re
 import warnings
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from lcmac.core.cachedir import cache_root
+from lcmac.core.errors import ArtifactError
 from lcmac.ir import catalogue
 from lcmac.spec.registry import FAMILIES
-from lcmac.targets import schedule_family
+from lcmac.spec.targets import schedule_family
 from lcmac.core.version import __version__
 
 SCHEMA = "lcmac-tune/1"
@@ -63,14 +69,39 @@ class TuningLogWarning(UserWarning):
 
 
 # ---- where -------------------------------------------------------------------------------
+def shipped_dir() -> Path:
+    """The logs that ship with lcmac (package data): the measurements a decision starts from."""
+    return Path(str(resources.files("lcmac") / "data" / "tuning_logs"))
+
+
 def default_dir() -> Path:
+    """Where records go when no directory is given: ``$LCMAC_TUNING_LOGS`` if set, else
+    ``tuning_logs/`` in lcmac's cache root."""
     env = os.environ.get("LCMAC_TUNING_LOGS")
     if env:
         return Path(env)
-    here = Path(__file__).resolve().parents[2]  # <checkout>/lcmac/tune/db.py → <checkout>
-    if (here / "pyproject.toml").is_file() and (here / "lcmac").is_dir():
-        return here / "tuning_logs"
-    return Path.home() / ".cache" / "lcmac" / "tuning_logs"
+    user = _user_dir()
+    if user is None:
+        raise ArtifactError("no directory for new tuning-log records: LCMAC_CACHE_DIR=off turns "
+                            "lcmac's own off; set LCMAC_TUNING_LOGS to a writable directory (or "
+                            "pass one: lcmac tune --logs DIR)")
+    return user
+
+
+def default_dirs() -> list[Path]:
+    """Where records are read from when no directory is given, in this order: the one
+    ``$LCMAC_TUNING_LOGS`` if set (a log of its own, nothing shipped mixed in); else the
+    shipped logs, then the user's records, as if appended to them."""
+    env = os.environ.get("LCMAC_TUNING_LOGS")
+    if env:
+        return [Path(env)]
+    user = _user_dir()
+    return [shipped_dir()] + ([user] if user is not None else [])
+
+
+def _user_dir() -> Path | None:
+    root = cache_root()
+    return None if root is None else root / "tuning_logs"
 
 
 def log_path(root: str | os.PathLike, target: str, dtype: str) -> Path:
@@ -205,10 +236,17 @@ class Match:
 
 
 class TuningDB:
-    """Append-only JSON Lines logs under one directory."""
+    """Append-only JSON Lines logs: ``root``, the one directory read and written, or by
+    default the shipped logs and the user's (``default_dirs``), new records in the user's."""
 
     def __init__(self, root: str | os.PathLike | None = None):
-        self.root = Path(root) if root is not None else default_dir()
+        self._root = Path(root) if root is not None else None
+        self.roots = [self._root] if root is not None else default_dirs()
+
+    @property
+    def root(self) -> Path:
+        """Where new records go: the directory given, else ``default_dir()``."""
+        return self._root if self._root is not None else default_dir()
 
     # writing
     def append(self, records: dict | Iterable[dict]) -> int:
@@ -231,7 +269,7 @@ class TuningDB:
 
     # reading
     def files(self) -> list[Path]:
-        return sorted(self.root.glob("*.jsonl")) if self.root.is_dir() else []
+        return [f for d in self.roots if d.is_dir() for f in sorted(d.glob("*.jsonl"))]
 
     def records(self, target: str | None = None, dtype: str | None = None, *,
                 include_errors: bool = False, include_stale: bool = False) -> Iterator[dict]:
@@ -239,7 +277,7 @@ class TuningDB:
         records of older templates (``is_stale``) are skipped unless ``include_stale``."""
         current = {}
         if target is not None and dtype is not None:
-            paths = [log_path(self.root, target, dtype)]
+            paths = [log_path(d, target, dtype) for d in self.roots]
         else:
             paths = self.files()
         for path in paths:

@@ -12,6 +12,10 @@ compiled for this CPU where apache-tvm is installed (``lcmac.bits.native``), els
 (``lcmac.bits.products``); the LCMA recursion over GF(2) is ``lcmac.bits.lcma``.  Torch CUDA tensors (or ``CudaBits``)
 run on their GPU: ``lcmac.bits.cuda``, with ``kernel`` one of ``"auto"``, ``"mma"`` (the 1-bit
 tensor-core MMA) or ``"bitwise"`` (the CUDA cores).
+
+The compiled kernels are kept in the bit-kernel cache (``lcmac.bits.cache``).  A bit-matrix
+artifact (``lcmac build --dtype gf2|bool``: ``lcmac.bits.artifact``) holds one target's kernel
+and is served by ``lcmac.load`` (``lcmac.bits.loader``).
 """
 from __future__ import annotations
 

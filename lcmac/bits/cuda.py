@@ -12,26 +12,24 @@ Kernels (``kernel=``): ``"mma"``, the 1-bit tensor-core MMA (AND, then the count
 the CUDA cores (one LOP3, ``acc ^= a & b``, per 32 bit products); ``"auto"``: ``AUTO_KERNEL``.
 
 The library is compiled once per machine with nvcc (``lcmac.targets.cuda``) for the GPU's
-architecture and kept in the bit-kernel cache (``lcmac.bits.native_build.cache_dir``: a lock
-per key, built in a scratch directory and renamed into place, checked by sha256 on load), so
-processes that ask for it at once compile it once.
+architecture and kept in the bit-kernel cache (``lcmac.bits.cache``: a lock per key, built in
+a scratch directory and renamed into place, checked by sha256 on load), so processes that ask
+for it at once compile it once.
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
-import shutil
-import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from lcmac.artifact.store import Spec
 from lcmac.core import version as _version
-from lcmac.core.errors import DTypeError, LcmacError, ShapeError, TargetError, ToolchainError
+from lcmac.core.errors import DTypeError, LcmacError, ShapeError, TargetError
 from lcmac.schedules import cuda_bits
 from lcmac.targets import cuda as cuda_target
-from lcmac.bits import native_build
+from lcmac.bits import cache as bit_cache
 from lcmac.bits.lcma import (
     AUTO_SCHEME, WORD_BITS, XorReport, check_levels, gf2_scheme, padded, plan, recurse)
 from lcmac.bits.lcma import auto_levels as lcma_auto_levels
@@ -41,19 +39,17 @@ __all__ = ["CudaBits", "pack", "unpack", "is_cuda_tensor", "gf2_product", "boole
            "open_library", "library_path"]
 
 KERNELS = ("auto",) + cuda_bits.KERNELS
-#: the kernel "auto" runs: on an H100 the 1-bit MMA ran 3.6–3.8 effective Pbop/s at n = 16384
-#: … 65536, the CUDA-core kernel 0.70–0.72 (docs/bits.md, scripts/bench_bits_cuda.py)
+#: the kernel "auto" runs: the 1-bit tensor-core MMA, several times the CUDA-core kernel's
+#: rate (docs/bits.md)
 AUTO_KERNEL = "mma"
 #: ``algo="auto"`` recurses only on products whose every side is at least MIN_BITS, and then
-#: while every side of the base products stays at least BASE_BITS.  Measured on an H100
-#: (Winograd over GF(2) above the MMA kernel, against it alone): at 16384 one level lost 10 %
-#: (the XORs, by torch, cost more than the 1/8 they save on a 2 ms product); at 32768 two
-#: levels gained 26 % (one 22 %, three 1 %); at 65536 three gained 41 % (two 37 %)
+#: while every side of the base products stays at least BASE_BITS: below that the XORs (by
+#: torch) cost more than the 1/8 of the kernel's time a level saves (docs/bits.md)
 MIN_BITS = 32768
 BASE_BITS = 8192
 #: peak GPU memory of a recursion ≈ this many times its largest base-case stack (the stacks of
 #: A, B, Bᵀ and C, and the one being formed); "auto" takes fewer levels where that exceeds the
-#: free memory: 3 levels at 131072 (10.7 GB stacks) ran on an 80 GB H100, 4 would need ~94 GB
+#: free memory
 STACK_FACTOR = 5
 #: products per kernel launch (the grid's z extent)
 MAX_BATCH = 65535
@@ -156,47 +152,28 @@ def _arch(device) -> str:
     return f"sm_{major}{minor}" + ("a" if major == 9 else "")
 
 
-def _nvcc_version() -> str:
-    try:
-        out = subprocess.run([cuda_target.find_nvcc(), "--version"], capture_output=True,
-                             text=True, timeout=60).stdout
-    except OSError as e:
-        raise ToolchainError(f"nvcc cannot run: {e}") from None
-    return out.strip().splitlines()[-1] if out.strip() else "?"
-
-
-def _key(arch: str) -> tuple[str, dict]:
+def _spec(arch: str) -> Spec:
     fields = {"format": KEY_FORMAT, "arch": arch, "template_version": cuda_bits.TEMPLATE_VERSION,
               "source_sha256": hashlib.sha256(cuda_bits.source().encode()).hexdigest(),
-              "lcmac_version": _version.__version__, "nvcc": _nvcc_version()}
-    blob = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-    return "cuda-" + hashlib.sha256(blob.encode()).hexdigest(), fields
+              "lcmac_version": _version.__version__, "nvcc": cuda_target.nvcc_version()}
+    return Spec(fields, prefix=bit_cache.CUDA_PREFIX, what=f"the GPU bit kernels for {arch}")
 
 
-def _build(root: Path, key: str, fields: dict) -> Path:
-    tmp = native_build.scratch_dir(root, key)
-    try:
+def _compile(jobs: list) -> list[dict]:
+    """The library of each job [(spec, scratch directory)], compiled by nvcc into its
+    directory's ``kernel.so``."""
+    for spec, tmp in jobs:
         src = tmp / "bits.cu"
         src.write_text(cuda_bits.source())
-        cuda_target.compile_so([str(src)], str(tmp / "kernel.so"), fields["arch"], [])
+        cuda_target.compile_so([str(src)], str(tmp / bit_cache.LIBRARY), spec.fields["arch"], [])
         src.unlink()
-        return native_build.publish(root, tmp, key, fields)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return [{} for _ in jobs]
 
 
 def library_path(arch: str) -> Path:
     """The compiled library for ``arch``: from the cache, else compiled now."""
-    key, fields = _key(arch)
-    root = native_build.cache_dir()
-    lib = native_build._valid_library(root / key, key)
-    if lib is not None:
-        return lib
-    try:
-        with native_build._locked(root, key):
-            return native_build._valid_library(root / key, key) or _build(root, key, fields)
-    except OSError as e:
-        raise native_build.not_writable(root, e) from None
+    [lib] = bit_cache.obtain([_spec(arch)], _compile)
+    return lib
 
 
 def open_library(path) -> ctypes.CDLL:

@@ -49,14 +49,12 @@ __all__ = ["XorProgram", "GF2Scheme", "XorReport", "gf2_scheme", "auto_levels", 
 
 #: recurse while every dimension of the base-case products stays at least this many bits.
 #: The kernel moves one table row (N/64 words) per lookup, and numpy's cost per lookup falls
-#: with the row's width, so narrower base cases run slower per bit operation; on a 2-core x86
-#: VM one Winograd level above 4096² base cases matched or beat the kernel alone at 8192²,
-#: and any level above 2048² or narrower lost (scripts/bench_bits.py)
+#: with the row's width, so narrower base cases run slower per bit operation: a level pays
+#: above base cases of 4096² and loses on narrower ones (docs/bits.md)
 BASE_BITS = 4096
 #: the same for the native kernel (``lcmac.bits.native``), which runs at about the same rate
 #: from 4096² to 16384², so a level pays only where its XORs (numpy, memory-bound) cost less
-#: than the 1/8 of the kernel's time it saves: on the same VM one level above 8192² base
-#: cases gained 15 % at 16384², one above 4096² lost 6 % at 8192² (docs/bits.md)
+#: than the 1/8 of the kernel's time it saves: above base cases of 8192² (docs/bits.md)
 NATIVE_BASE_BITS = 8192
 #: the scheme ``algo="auto"`` recurses with, where ``auto_levels`` finds room for a level
 AUTO_SCHEME = "winograd"

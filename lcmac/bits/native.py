@@ -35,15 +35,14 @@ __all__ = ["KERNELS", "COMPILE_BIT_OPS", "NativeKernel", "kernel_choice", "nativ
 
 KERNELS = ("auto", "native", "numpy")
 #: "auto" compiles the native kernel for a product of at least 2048³ bit operations (M·K·N;
-#: the numpy kernel's 10 ms or more), and uses it for any size once it is compiled
+#: where the numpy kernel's time outweighs a compile), and uses it for any size once it is
+#: compiled
 COMPILE_BIT_OPS = 2048 ** 3
 #: rows of A per block (the width of the transposed block AT): a table's fill (2048 rows)
 #: pays over the block's rows, while the block's panel of C (8192 × 64 bytes) and the tables
-#: (128 kB) stay in a 1 MB L2.  CPU time on a 2-core AMD EPYC VM: 4096 rows 17 % slower at
-#: 8192², 3 % at 16384²; 16384 rows 31 % slower at 16384²
+#: (128 kB) stay in a 1 MB L2 (fewer rows and more both ran slower: docs/bits.md)
 BLOCK_ROWS = 8192
-#: the template's knobs: 8-word (512-bit) panels (16 words: as fast at 8192² with 4096-row
-#: blocks, 24 % slower with 8192; 32 words: 4 % slower at 4096²)
+#: the template's knobs: 8-word (512-bit) panels, the fastest of 8, 16 and 32 with these blocks
 CONFIG = {"panel_words": 8}
 TABLE_WORDS = 8 * 256 * CONFIG["panel_words"]
 
@@ -163,7 +162,7 @@ def prepare(semirings=("gf2", "boolean")) -> dict[str, NativeKernel]:
 def choose_kernel(semiring: str, kernel: str | None = None, bit_ops: int = 0) -> NativeKernel | None:
     """The native kernel if ``kernel`` (see the module's docstring) gives it for a product of
     ``bit_ops`` bit operations (M·K·N), else None (the numpy kernel).  A ``NativeKernel``
-    given as ``kernel`` (one an artifact loaded: ``lcmac.runtime.bits``) is used as it is."""
+    given as ``kernel`` (one an artifact loaded: ``lcmac.bits.loader``) is used as it is."""
     if isinstance(kernel, NativeKernel):
         if kernel.semiring != semiring:
             raise ValueError(f"the kernel given is the {kernel.semiring} one, not {semiring}'s")

@@ -39,11 +39,10 @@ __all__ = ["SEMIRINGS", "KernelCount", "four_russians", "group_size", "gf2_produ
 #: the semiring's addition on packed words (multiplication is AND, done by the table lookup)
 SEMIRINGS = {"gf2": np.bitwise_xor, "boolean": np.bitwise_or}
 
-#: cache-sized working sets, measured on a 2-core x86 VM (1 MB L2 a core) at 4096² and 8192²
-#: and on stacks of 7 and 49 smaller products: the tables of one chunk of groups stay below
-#: TABLE_BYTES; a block of C's rows below ROW_BLOCK_BYTES is finished for the whole chunk
-#: before the next (2 MB beat 128–512 kB by 10–30 %; 256 kB–1 MB tables ran alike); a stack's
-#: products go through STACK_BYTES of C at a time
+#: cache-sized working sets (for a 1 MB L2 a core): the tables of one chunk of groups stay
+#: below TABLE_BYTES; a block of C's rows below ROW_BLOCK_BYTES is finished for the whole
+#: chunk before the next (larger blocks of rows ran faster, table sizes about alike); a
+#: stack's products go through STACK_BYTES of C at a time
 TABLE_BYTES = 1 << 20
 ROW_BLOCK_BYTES = 2 << 20
 STACK_BYTES = 4 << 20

@@ -1,5 +1,6 @@
-"""``lcmac cache``: where the kernel cache is, what it holds, and emptying it
-(lcmac.artifact.cache; docs/cache.md)."""
+"""``lcmac cache``: where the kernel caches are, what they hold, and emptying them: the LCMA
+kernels (``lcmac.artifact.cache``) and the bit kernels (``lcmac.bits.cache``), both kernel
+stores (``lcmac.artifact.store``; docs/cache.md)."""
 from __future__ import annotations
 
 import argparse
@@ -7,13 +8,13 @@ import os
 import sys
 
 from lcmac.artifact import cache as kcache
-from lcmac.bits import native_build as bit_kernels
+from lcmac.bits import cache as bit_kernels
 from lcmac.cli.output import dump_json, size_text, table
 
 
 def _bit_kernels(args) -> tuple[list[dict], str]:
-    """The bit kernels (lcmac.bits' own cache) and their bytes as text; none with ``--dir``,
-    which names a kernel cache only."""
+    """The bit kernels (``lcmac.bits.cache``) and their bytes as text; none with ``--dir``,
+    which names an LCMA kernel cache only."""
     bits = [] if args.dir else bit_kernels.cached_kernels()
     return bits, size_text(sum(b["bytes"] for b in bits))
 

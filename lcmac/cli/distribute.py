@@ -1,4 +1,4 @@
-"""``lcmac distribute``: how ``lcmac.parallel.distributed.matmul`` would spread one product over P
+"""``lcmac distribute``: how ``lcmac.distributed.matmul`` would spread one product over P
 ranks, without running it: the plan's units per rank, what each is sent, the predicted times,
 and the plain row split beside it (lcmac.costmodel.distributed; docs/distributed.md)."""
 from __future__ import annotations
@@ -51,8 +51,8 @@ def cmd_distribute(args) -> int:
 
 
 def add_distribute_parser(sub, shape_arg, shape_help: str, dtype_help: str) -> None:
-    s = sub.add_parser("distribute", help="how lcmac.parallel.distributed would spread one product over P ranks",
-                       description="The plan of lcmac.parallel.distributed.matmul for one product on P "
+    s = sub.add_parser("distribute", help="how lcmac.distributed would spread one product over P ranks",
+                       description="The plan of lcmac.distributed.matmul for one product on P "
                                    "ranks, from the cost model, without running anything: units "
                                    "(product, row slice) per rank, what --src sends each rank, "
                                    "predicted times, and the plain row split beside it.")

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from lcmac.artifact.bits import BIT_DTYPES, build_bits, is_bit_dtype
+from lcmac.bits.artifact import BIT_DTYPES, build_bits, is_bit_dtype
 from lcmac.artifact.build import build, resolve_target
 from lcmac.artifact.bundle import build_bundle, read_bundle
 from lcmac.artifact.manifest import Manifest
@@ -36,12 +36,13 @@ from lcmac.ir.program import stage_names
 from lcmac.ir.summary import summarize
 from lcmac.ir.verify import brent_failures
 from lcmac.runtime import c_cmake_dir, c_include_dir, c_source
-from lcmac.spec.cuda import OPERAND_MODES
+from lcmac.spec.cuda.operands import OPERAND_MODES
 from lcmac.spec.shape_rules import check_ladder, parse_rule
 from lcmac.core.shapes import SHAPE_HELP, parse_shape
-from lcmac.targets import TARGETS, schedule_family
+from lcmac.spec.target_table import TARGETS
+from lcmac.spec.targets import schedule_family
 from lcmac.tune import tuner
-from lcmac.policy.measured import REGIMES, decide_by_measurement
+from lcmac.policy import REGIMES, EveryKernel, plan
 from lcmac.tune.plot import plot_predicted_vs_measured
 from lcmac.tune.llm_shapes import llm_cpu_shapes, llm_shapes
 from lcmac.cli.cache import add_cache_parser
@@ -180,11 +181,10 @@ def cmd_select(args) -> int:
     source = "model"
     dt = args.dtype
     mdt = model_dtype(args.target, args.dtype, args.operands)
-    if args.measured:
-        d = decide_by_measurement(M, N, K, args.dtype, args.target, db=args.logs,
-                                  static_b=args.static_b, max_error=args.max_error,
-                                  regime=args.regime)
-        cands, source = d.candidates, d.source
+    if args.measured:               # the decision itself, whatever kernels would run it
+        p = plan(M, N, K, args.dtype, args.target, logs=args.logs, static_b=args.static_b,
+                 max_error=args.max_error, regime=args.regime, kernels=EveryKernel())
+        cands, source = list(p.candidates), p.source
     else:
         cands = select(M, N, K, mdt, args.target, static_b=args.static_b, operands=args.operands,
                        max_error=args.max_error)
@@ -587,8 +587,8 @@ def _add_select(sub) -> None:
                    help="use the tuning log's measurements (lcmac tune), the vendor GEMM included, "
                         "as the decision does at run time")
     s.add_argument("--logs", default=None, metavar="DIR",
-                   help="tuning-log directory for --measured (default $LCMAC_TUNING_LOGS or "
-                        "./tuning_logs of the checkout)")
+                   help="tuning-log directory for --measured (default $LCMAC_TUNING_LOGS, else "
+                        "the logs lcmac ships and the user's own: docs/tuning.md)")
     s.add_argument("--regime", default="burst", choices=REGIMES,
                    help="with --measured: decide on the log's burst records (default) or on its "
                         "sustained ones (lcmac tune --sustained: a GPU at its power cap)")
@@ -712,7 +712,8 @@ def _add_tune(sub) -> None:
                         "as the same-run baseline")
     s.add_argument("--tag", default=None, help="a label stored in every record (e.g. exhaustive)")
     s.add_argument("--logs", default=None, metavar="DIR",
-                   help="tuning-log directory (default $LCMAC_TUNING_LOGS or ./tuning_logs of the checkout)")
+                   help="tuning-log directory to write (default $LCMAC_TUNING_LOGS, else "
+                        "$LCMAC_CACHE_DIR/tuning_logs, ~/.cache/lcmac/tuning_logs by default)")
     s.add_argument("--plot", default=None, metavar="FILE", help="write predicted-vs-measured plot (PNG)")
     s.add_argument("--build-only", default=None, metavar="DIR",
                    help="compile the configs the tuner would measure into DIR (with index.jsonl) "

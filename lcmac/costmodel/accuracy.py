@@ -55,7 +55,7 @@ import numpy as np
 from lcmac.core.dtypes import normalize_model_dtype
 from lcmac.core.errors import DTypeError, ShapeError
 from lcmac.ir import catalogue
-from lcmac.spec.cuda import (
+from lcmac.spec.cuda.operands import (
     FP8_BLOCK, FP8_MAX, FP8_TINY, SPLIT_SHIFT, bound_exponent, scale_exponent)
 
 #: K simulated at most, per model dtype: storage-bound errors (2-byte, TF32) do not move with

@@ -43,9 +43,12 @@ import numpy as np
 
 from lcmac.core.dtypes import ITEMSIZE, normalize_dtype, normalize_model_dtype
 from lcmac.ir import catalogue
-from lcmac.spec.cuda import (
-    Blocking, CudaConfig, arch_why, persistent_tile_bytes, side_read_in_place, view_sides)
-from lcmac.targets import get_target, schedule_family
+from lcmac.spec.cuda.blocking import Blocking
+from lcmac.spec.cuda.config import CudaConfig
+from lcmac.spec.cuda.smem import persistent_tile_bytes
+from lcmac.spec.cuda.support import arch_why
+from lcmac.spec.cuda.views import side_read_in_place, view_sides
+from lcmac.spec.targets import get_target, schedule_family
 from lcmac.spec.profiles import get_profile, profile_for_target
 from lcmac.costmodel.stages import operand_terms, quantities
 from lcmac.costmodel.waves import onchip_fit, wave_analysis
@@ -74,7 +77,7 @@ def target_profile(target, profile=None):
 
 
 def target_object(target):
-    """The ``lcmac.targets.Target`` for a name (its arch, vector width, family…); the name
+    """The ``lcmac.spec.target_table.Target`` for a name (its arch, vector width, family…); the name
     itself when it is no target (a bare profile name)."""
     if not isinstance(target, str):
         return target
@@ -315,7 +318,7 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     fused = bool(f.get("fused"))
     if fused and (f.get("split_group") or f.get("persistent")):
         # TileLang's persistent form of the fused kernel: 13-26% slower per product-time
-        # than the grid kernel with as many waves (H100, docs/cuda-experiments.md; not located)
+        # than the grid kernel with as many waves (H100, bench/experiments/cuda.md; not located)
         t_compute *= 1.18
     if not ((f.get("persistent") and not fused) or f.get("tma_reduce")):
         # a grid of one-tile CTAs fills each CTA's pipeline after launch and drains it before
@@ -346,13 +349,13 @@ def _gpu_load_s(M, N, K, s, halves, p, tile, batch, cache_aware) -> float:
     if batch > 1 and cache_aware is False:
         # CTAs resident together read different products' panels: L2 hardly shares them,
         # every band comes from DRAM (measured on an H100: 2.0-2.3x the cache-aware time,
-        # docs/cuda-experiments.md, which this reproduces at 16384³)
+        # bench/experiments/cuda.md, which this reproduces at 16384³)
         dram = max(dram, l2)
     return max(dram / p.achievable_bw(), l2 / (p.l2_bw or 2.5 * p.mem_bw))
 
 
 #: bandwidth fraction of the fused kernel's read-modify-write epilogue: at 16384³ bf16
-#: Strassen its 12 partial-C RMWs (2.7 GB) cost ~2 ms on the H200 (docs/cuda-experiments.md)
+#: Strassen its 12 partial-C RMWs (2.7 GB) cost ~2 ms on the H200 (bench/experiments/cuda.md)
 FUSED_RMW_BW_FRACTION = 0.45
 #: the same for the TMA-engine epilogue (tma_reduce: stores and cp.reduce.async.bulk adds,
 #: asynchronous, partly absorbed by L2), fitted to its sustained H100 times against the

@@ -1,8 +1,8 @@
-"""Decision: rank the plain GEMM and every applicable LCMA for one shape, dtype and target.
+"""The model's ranking: the plain GEMM and every applicable LCMA for one shape, dtype and target.
 
 ``select(M, N, K, dtype, target)`` returns a list of ``Candidate``, best first; the first
-one is *the decision* (``decide_by_model`` returns it alone; ``lcmac.tune``'s
-``decide_by_measurement`` feeds ``select`` the tuning log's measurements).  It is the plain
+one is the model's decision (``decide_by_model`` returns it alone; the decision lcmac acts
+on, ``lcmac.policy``, feeds ``select`` the tuning log's measurements).  It is the plain
 GEMM when no LCMA is predicted faster (by at least ``min_speedup``) or when the GEMM is
 memory-bound (Eq. 8).
 
@@ -52,8 +52,8 @@ from typing import Iterable, Mapping
 from lcmac.core.dtypes import normalize_model_dtype
 from lcmac.core.errors import CatalogueError, DTypeError
 from lcmac.ir import catalogue
-from lcmac.spec.cuda import FP8_MAX_COMBINE, fp8_combine_size
-from lcmac.targets import TARGETS
+from lcmac.spec.cuda.operands import FP8_MAX_COMBINE, fp8_combine_size
+from lcmac.spec.target_table import TARGETS
 from lcmac.costmodel.accuracy import check_covered, error_ratio, screen_ratio
 from lcmac.spec.profiles import HardwareProfile, get_profile, profile_for_target
 from lcmac.costmodel.stages import (
@@ -273,7 +273,7 @@ def _applies(alg: AlgQuantities, M, N, K, min_block: int, operands: str) -> bool
         return False
     if min(ceil(M / am), ceil(K / ak), ceil(N / an)) < min_block:
         return False
-    # the fp8 build refuses larger combines (tilelang_worker._fp8_plan)
+    # the fp8 build refuses larger combines (schedules.cuda.compose)
     return not (operands == "fp8" and fp8_combine_size(am, ak, an, alg.R) > FP8_MAX_COMBINE)
 
 
@@ -434,6 +434,6 @@ def _with_reason(c: Candidate, reason: str) -> Candidate:
 
 def decide_by_model(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512",
                     **kw) -> Candidate:
-    """The model's decision alone: ``select(...)[0]`` (``lcmac.policy.measured.decide_by_measurement``
-    prefers the tuning log's measurements)."""
+    """The model's decision alone: ``select(...)[0]`` (``lcmac.policy.plan`` prefers the
+    tuning log's measurements)."""
     return select(M, N, K, dtype, target, **kw)[0]

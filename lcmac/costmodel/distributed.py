@@ -1,5 +1,5 @@
 """Where an LCMA's products run on P ranks, and what that costs: the plan behind
-``lcmac.parallel.distributed.matmul``.
+``lcmac.distributed.matmul``.
 
 Units, pieces and owners
 ------------------------
@@ -210,7 +210,7 @@ def plan_products(alg, M: int, N: int, K: int, ranks: int, dtype, profile, *,
 
 
 def combine_bytes(coefs, isz: int, acc: int, out: int) -> int:
-    """Bytes per element moved by ``lcmac.parallel.distributed.combine`` for terms with these
+    """Bytes per element moved by ``lcmac.distributed.combine`` for terms with these
     coefficients (in order) of ``isz``-byte inputs, an ``acc``-byte accumulator and an
     ``out``-byte result: nothing for one term of 1 (the input itself), one add for two terms
     led by 1, else an accumulator written, read and written per further term, and cast."""

@@ -56,7 +56,7 @@ from typing import Mapping
 from lcmac.core.dtypes import ITEMSIZE, normalize_model_dtype
 from lcmac.core.errors import LcmacError, ShapeError
 from lcmac.ir.cse import addition_counts
-from lcmac.spec.cuda import OPERAND_MODES  # a config module: no compiler imported
+from lcmac.spec.cuda.operands import OPERAND_MODES  # a config module: no compiler imported
 from lcmac.spec.profiles import HardwareProfile, get_profile
 from lcmac.costmodel.waves import onchip_fit, wave_analysis
 
@@ -83,7 +83,7 @@ class AlgQuantities:
 
     @functools.cached_property
     def materialized(self) -> dict:
-        # a bare ±block is read in place (a −1 moves into W: tilelang_worker.view_plan)
+        # a bare ±block is read in place (a −1 moves into W: schedules.cuda.compose.view_plan)
         return {X: sum(1 for q, c in self.rows[T] if q and not (q == 1 and abs(c) == 1))
                 for X, T in (("A", "U"), ("B", "V"))}
 

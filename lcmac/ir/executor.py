@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lcmac.core.errors import DTypeError, ShapeError
+from lcmac.core.errors import DTypeError
+from lcmac.core.operands import check_matrices
 from lcmac.ir.algorithm import Algorithm
 
 
@@ -30,14 +31,6 @@ def _acc_dtype(dtype: np.dtype) -> np.dtype:
     raise DTypeError(f"dtype {dtype} is not supported by the reference executor")
 
 
-def _check(A: np.ndarray, B: np.ndarray) -> None:
-    if A.ndim != 2 or B.ndim != 2:
-        raise ShapeError(f"A and B must be 2-D, got {A.ndim}-D and {B.ndim}-D")
-    if A.shape[1] != B.shape[0]:
-        raise ShapeError(f"inner dimensions differ: A is {A.shape[0]}x{A.shape[1]}, "
-                         f"B is {B.shape[0]}x{B.shape[1]}")
-
-
 def _pad_to(X: np.ndarray, r: int, c: int) -> np.ndarray:
     pr, pc = (-X.shape[0]) % r, (-X.shape[1]) % c
     return np.pad(X, ((0, pr), (0, pc))) if (pr or pc) else X
@@ -52,7 +45,7 @@ def _blocks(X: np.ndarray, p: int, q: int) -> np.ndarray:
 def _prepare(alg: Algorithm, A, B):
     A = np.asarray(A)
     B = np.asarray(B)
-    _check(A, B)
+    check_matrices(A, B)
     acc = _acc_dtype(np.result_type(A.dtype, B.dtype))
     M, K = A.shape
     N = B.shape[1]
@@ -97,5 +90,5 @@ def reference_matmul(A, B) -> np.ndarray:
     """The float64 ground truth every kernel is compared with."""
     A = np.asarray(A)
     B = np.asarray(B)
-    _check(A, B)
+    check_matrices(A, B)
     return A.astype(np.float64) @ B.astype(np.float64)

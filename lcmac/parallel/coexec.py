@@ -13,13 +13,10 @@ unless asked otherwise), at the same time, each writing its rows of C in place.
 - Inputs on the GPU (C left there): the GPU computes its rows; the CPU side copies its rows of
   A and all of B down, computes, and copies its rows of C back, on a stream of its own.
 
-The split: ``split="auto"`` takes the measured best split for this case from the split log
-(``lcmac.tune.coexec_search``: the model calibrated on this machine, its prediction and
-neighbours timed; stored per target, GPU, dtype, shape, where the inputs are and the GPU's
-number format).  With no measurement it runs the GPU alone: the uncalibrated model (the GPU's
-profile, a prior for the host's cores, the default link) was measured to put work on the CPU
-where that made the product up to 10× slower (docs/coexec.md), so it only informs the message.
-A number is the CPU's share of rows; a share that rounds to no rows is the GPU alone.
+The split is ``lcmac.policy.split.choose_split``'s: ``split="auto"`` takes the measured best
+split for this case from the split log (``lcmac.tune.coexec_search`` measures it), else the
+GPU alone; a number is the CPU's share of rows; a share that rounds to no rows is the GPU
+alone.
 
 While both sides run, the CPU side's thread pool is one thread short of the host's cores: the
 thread that drives the GPU needs one, and an oversubscribed pool stalls at its barriers.
@@ -28,22 +25,16 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
-from lcmac.costmodel.coexec import DEFAULT_LINK_BW, host_cpu_rate, predict_split, split_rows
+from lcmac.costmodel.coexec import split_rows
 from lcmac.core.errors import LcmacError, ShapeError, TargetError
+from lcmac.core.operands import (
+    check_matrices, check_one_dtype, check_out, check_same_device, check_tensor)
+from lcmac.policy.split import choose_split
 from lcmac.runtime.loader import host_cpus
-from lcmac.targets.x86 import host_flags
 
 GPU_MODES = {"bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 PIECE_BYTES = 32 << 20          # the least of A's bytes a pipelined piece carries
-
-
-@dataclass(frozen=True)
-class SplitChoice:
-    cpu_fraction: float
-    source: str            # "measured", "unmeasured", "asked"; "model" from model_split
-    why: str
 
 
 def gpu_mode(dtype) -> str:
@@ -56,44 +47,6 @@ def gpu_mode(dtype) -> str:
     if name not in GPU_MODES:
         raise LcmacError(f"CPU+GPU products take bfloat16, float16, float32 or float64, not {name}")
     return GPU_MODES[name]
-
-
-def _gpu_name() -> str | None:
-    import torch
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
-
-
-def model_split(M, N, K, dtype: str, mode: str, inputs: str, target) -> SplitChoice:
-    """The model's split with the GPU profile of ``target`` and this host's prior."""
-    from lcmac.spec.profiles import profile_for_target
-    from lcmac.core.dtypes import ITEMSIZE
-    prof = profile_for_target(target)
-    gpu_rate = prof.achievable_mul("tfloat32" if mode == "tf32" else dtype)
-    cpu_rate = host_cpu_rate(dtype, host_cpus(), host_flags())
-    p = predict_split(M, N, K, ITEMSIZE[dtype], gpu_rate=gpu_rate, cpu_rate=cpu_rate,
-                      link_bw=DEFAULT_LINK_BW, inputs=inputs)
-    return SplitChoice(p.cpu_fraction, "model", p.describe() + f" ({prof.name} profile, "
-                       f"{host_cpus()} host cores at a prior {cpu_rate / 1e12:.2f} TFLOP/s, link "
-                       f"{DEFAULT_LINK_BW / 1e9:.0f} GB/s)")
-
-
-def choose_split(M, N, K, dtype: str, mode: str, inputs: str, target, split="auto") -> SplitChoice:
-    if split != "auto":
-        f = float(split)
-        if not 0.0 <= f <= 1.0:
-            raise LcmacError(f"split is the CPU's share of rows, in [0, 1]; got {split!r}")
-        return SplitChoice(f, "asked", f"CPU share {f:.1%} as asked")
-    from lcmac.artifact.split_log import measured_split
-    rec = measured_split(target.name, dtype, (M, N, K), inputs, mode, device=_gpu_name())
-    if rec is not None:
-        return SplitChoice(float(rec["cpu_fraction"]), "measured",
-                           f"measured best split {rec['cpu_fraction']:.1%}: {rec['time_s'] * 1e3:.3f} "
-                           f"ms against {rec.get('gpu_only_s', float('nan')) * 1e3:.3f} ms GPU only "
-                           f"on {rec.get('device', '?')} ({rec.get('date', '?')})")
-    prior = model_split(M, N, K, dtype, mode, inputs, target)
-    return SplitChoice(0.0, "unmeasured", "GPU only: no measured split for this case "
-                       "(scripts/bench_coexec.py measures and logs one); the uncalibrated model "
-                       f"would say: {prior.why}")
 
 
 def gpu_side(dtype, lcmac_matmul):
@@ -125,16 +78,11 @@ class _cpu_threads:
 # ---- running a split ---------------------------------------------------------------------------
 def _check(A, B, devices):
     import torch
-    if not (isinstance(A, torch.Tensor) and isinstance(B, torch.Tensor)):
-        raise LcmacError("devices= runs torch tensors; convert numpy arrays with torch.from_numpy")
-    if A.dim() != 2 or B.dim() != 2 or A.shape[1] != B.shape[0]:
-        raise ShapeError(f"devices= takes A of M×K and B of K×N; got {tuple(A.shape)} and "
-                         f"{tuple(B.shape)}")
-    if A.dtype != B.dtype:
-        raise LcmacError(f"A and B must have one dtype; A is {A.dtype}, B is {B.dtype}")
-    if A.device != B.device:
-        raise TargetError(f"A is on {A.device} and B on {B.device}: give both on the host or both "
-                          "on the GPU")
+    check_tensor(A, "A", who="devices=", error=LcmacError)
+    check_tensor(B, "B", who="devices=", error=LcmacError)
+    check_matrices(A, B, who="devices=")
+    check_one_dtype(A, B, error=LcmacError)
+    check_same_device(A, B, fix="give both on the host or both on the GPU")
     kinds = tuple(torch.device(d).type for d in devices)
     if sorted(kinds) != ["cpu", "cuda"]:
         raise TargetError(f"devices= names one GPU and the CPU, e.g. (\"cuda\", \"cpu\"); got {devices!r}")
@@ -160,9 +108,8 @@ def run_split(A, B, gpu_rows: int, gpu, *, gpu_matmul, cpu_matmul, out=None, chu
     M, N = A.shape[0], B.shape[1]
     if out is None:
         out = torch.empty((M, N), dtype=A.dtype, device=A.device)
-    elif tuple(out.shape) != (M, N) or out.dtype != A.dtype or out.device != A.device or \
-            not out.is_contiguous():
-        raise ShapeError(f"out must be a contiguous {M}x{N} {A.dtype} tensor on {A.device}")
+    else:
+        check_out(out, A, (M, N), summary=True)
     if not 0 <= gpu_rows <= M:
         raise ShapeError(f"the GPU's rows must lie in [0, {M}], got {gpu_rows}")
     on_gpu = gpu.type == "cuda"

@@ -33,7 +33,10 @@ from lcmac.costmodel.distributed import GLOO_BW, NVLINK_BW, ProductPlan, plan_pr
 from lcmac.spec.profiles import get_profile
 from lcmac.parallel.stream import DTYPES, acc_dtype, local_matmul, refuse_gradients
 from lcmac.parallel.stream import host_matmul  # noqa: F401  (lcmac.parallel.distributed.host_matmul)
-from lcmac.core.errors import DTypeError, LcmacError, ShapeError, TargetError
+from lcmac.core.errors import LcmacError, TargetError
+from lcmac.core.operands import (
+    check_device_type, check_dims, check_dtype_in, check_inner, check_one_dtype,
+    check_same_device, check_tensor)
 
 
 def _torch():
@@ -59,7 +62,7 @@ class _Call:
 def _group_info(group):
     torch, dist = _torch()
     if not dist.is_available() or not dist.is_initialized():
-        raise LcmacError("lcmac.parallel.distributed needs an initialised process group: call "
+        raise LcmacError("lcmac.distributed needs an initialised process group: call "
                          "torch.distributed.init_process_group first (torchrun sets the "
                          "environment it reads)")
     size, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -79,31 +82,22 @@ def _device(backend: str, A):
 
 
 def _check_operands(A, B, rank, src, backend):
-    torch, _ = _torch()
     holds = src is None or rank == src
     if not holds:
         if A is not None or B is not None:
             raise LcmacError(f"with src={src}, rank {rank} passes A=None and B=None")
         return
-    for nm, X in (("A", A), ("B", B)):
-        if not isinstance(X, torch.Tensor):
-            raise LcmacError(f"{nm} must be a torch tensor on rank {rank}, got {type(X).__name__}")
-        if X.dim() != 2:
-            raise ShapeError(f"{nm} must be 2-D, got shape {tuple(X.shape)}")
-    if A.shape[1] != B.shape[0]:
-        raise ShapeError(f"A is {A.shape[0]}x{A.shape[1]} and B {B.shape[0]}x{B.shape[1]}: "
-                         "A's columns must equal B's rows")
-    if A.dtype != B.dtype:
-        raise DTypeError(f"A is {A.dtype} and B {B.dtype}: give one dtype")
-    if str(A.dtype).replace("torch.", "") not in DTYPES:
-        raise DTypeError(f"lcmac.parallel.distributed takes {', '.join(DTYPES)}, not {A.dtype}")
-    if A.device != B.device:
-        raise TargetError(f"A is on {A.device} and B on {B.device}: give both on one device")
-    refuse_gradients("lcmac.parallel.distributed.matmul", A, B)
+    for nm, X, dims in (("A", A, "M×K"), ("B", B, "K×N")):
+        check_tensor(X, f"{nm} on rank {rank}", error=LcmacError)
+        check_dims(X, nm, dims)
+    check_inner(A, B)
+    dtype = check_one_dtype(A, B)
+    check_dtype_in(dtype, DTYPES, "lcmac.distributed")
+    check_same_device(A, B)
+    refuse_gradients("lcmac.distributed.matmul", A, B)
     want = "cuda" if backend == "nccl" else "cpu"
-    if A.device.type != want:
-        raise TargetError(f"the group's backend is {backend}, which moves {want} tensors; A and B "
-                          f"are on {A.device} (host operands on GPUs: lcmac.parallel.distributed.host_matmul)")
+    check_device_type(A, "A", want, f"the group's backend is {backend}, which moves {want} tensors "
+                                    "(host operands on GPUs: lcmac.distributed.host_matmul)")
 
 
 def _agree(call: _Call, group, device):
@@ -128,7 +122,7 @@ def _agree(call: _Call, group, device):
         if row[4] != ref[4]:
             what.append("algo/src/dst/local/strategy")
         if what:
-            raise LcmacError(f"the ranks called lcmac.parallel.distributed.matmul differently: rank {r} "
+            raise LcmacError(f"the ranks called lcmac.distributed.matmul differently: rank {r} "
                              f"differs in {', '.join(what)} (shapes M×N×K {row[:3]} against "
                              f"{ref[:3]})")
     return _Call(ref[0], ref[1], ref[2], DTYPES[ref[3]], call.algo, call.src, call.dst,

@@ -1,5 +1,5 @@
 """C = A·B for operands in host memory, larger than one GPU's, on the GPUs of a process group:
-``lcmac.parallel.distributed.host_matmul``.
+``lcmac.distributed.host_matmul``.
 
 C is cut into square tiles dealt to the ranks (``lcmac.costmodel.distributed.plan_tiles``);
 each rank computes its tiles on its GPU, K in chunks:
@@ -36,10 +36,13 @@ from concurrent.futures import ThreadPoolExecutor
 from lcmac.costmodel.coexec import DEFAULT_LINK_BW
 from lcmac.costmodel.distributed import TilePlan, plan_tiles
 from lcmac.spec.profiles import get_profile
-from lcmac.core.errors import DTypeError, LcmacError, ShapeError, TargetError
+from lcmac.core.errors import LcmacError
+from lcmac.core.operands import (
+    check_contiguous, check_device_type, check_dims, check_dtype_in, check_matrices,
+    check_one_dtype, check_tensor)
 from lcmac.runtime.loader import host_cpus
 
-#: what lcmac.parallel.distributed's two calls take
+#: what lcmac.distributed's two calls take
 DTYPES = ("bfloat16", "float16", "float32", "float64")
 #: the share of the GPU's free memory a plan may use (the rest: the local GEMM's workspace,
 #: the caching allocator's slack)
@@ -47,26 +50,16 @@ MEMORY_SHARE = 0.7
 
 
 def _check(A, B, out, size):
-    import torch
-    for nm, X in (("A", A), ("B", B), ("out", out)):
-        if not isinstance(X, torch.Tensor):
-            raise LcmacError(f"{nm} must be a torch tensor, got {type(X).__name__}")
-        if X.device.type != "cpu":
-            raise TargetError(f"host_matmul takes host tensors; {nm} is on {X.device} "
-                              "(operands on the GPUs: lcmac.parallel.distributed.matmul)")
-        if X.dim() != 2:
-            raise ShapeError(f"{nm} must be 2-D, got shape {tuple(X.shape)}")
-    M, K = A.shape
-    if B.shape[0] != K or tuple(out.shape) != (M, B.shape[1]):
-        raise ShapeError(f"A {M}x{K}, B {B.shape[0]}x{B.shape[1]} and out "
-                         f"{out.shape[0]}x{out.shape[1]} do not make C = A·B")
-    if not (A.dtype == B.dtype == out.dtype):
-        raise DTypeError(f"A, B and out must have one dtype; got {A.dtype}, {B.dtype}, {out.dtype}")
-    if str(A.dtype).replace("torch.", "") not in DTYPES:
-        raise DTypeError(f"host_matmul takes {', '.join(DTYPES)}, not {A.dtype}")
+    for nm, X, dims in (("A", A, "M×K"), ("B", B, "K×N"), ("out", out, "M×N")):
+        check_tensor(X, nm, who="host_matmul", error=LcmacError)
+        check_device_type(X, nm, "cpu", "host_matmul takes host tensors (operands on the GPUs: "
+                                        "lcmac.distributed.matmul)")
+        check_dims(X, nm, dims)
+    check_matrices(A, B, out, who="host_matmul")
+    dtype = check_one_dtype(A, B, out)
+    check_dtype_in(dtype, DTYPES, "host_matmul")
     refuse_gradients("host_matmul", A, B)
-    if not out.is_contiguous():
-        raise ShapeError("out must be contiguous (row-major): pass torch.empty(M, N, ...)")
+    check_contiguous(out, "out", output=True)
 
 
 def _collective_device(backend, device):

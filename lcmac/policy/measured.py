@@ -1,7 +1,9 @@
-"""The decision that learns: measurements from the tuning log override the model.
+"""The measured decision: the tuning log's measurements override the model.
 
-``decide_by_measurement(M, N, K, dtype, target)`` gathers, per algorithm, the best logged time for this
-shape and hands them to ``lcmac.costmodel.select`` through its ``measurements=`` hook:
+``decide_by_measurement(M, N, K, dtype, target)`` gathers, per algorithm, the best logged time
+for this shape and hands them to ``lcmac.costmodel.select`` (the model's ranking) through its
+``measurements=`` hook, and returns the decision as a ``Plan`` whose ``candidates`` are the
+ranking (``lcmac.policy.plan`` settles what then runs):
 
 - exact shape logged → those times are used as they are;
 - otherwise the nearest logged shape (log-space distance ≤ ``max_distance``) at which the
@@ -26,38 +28,35 @@ reported as worth tuning); otherwise ``select``'s own decision stands — which 
 back to the plain GEMM when no LCMA is predicted to win or the GEMM is memory-bound.
 
 **The vendor GEMM is an option too.**  lcmac's own plain GEMM is not always as fast as the
-vendor library's (on an H200 the TileLang GEMM runs at 0.92–0.96× of cuBLAS), so "fall back
-to GEMM" must be able to mean the vendor's: when the log holds a measurement of the vendor
-GEMM (algorithm ``"vendor"``: torch.matmul = cuBLAS on a GPU, numpy.matmul on a CPU, timed by
-``lcmac tune`` in the same run as the kernels), it is a candidate named ``"vendor"`` and wins
-whenever it is faster than the otherwise chosen kernel.  ``Decision.is_vendor`` says so and
-``vendor_matmul`` is the call to make then.  No LCMA or lcmac kernel is chosen over a faster
-measured vendor GEMM.
+vendor library's, so "fall back to GEMM" must be able to mean the vendor's: when the log
+holds a measurement of the vendor GEMM (algorithm ``"vendor"``: torch.matmul = cuBLAS on a
+GPU, numpy.matmul on a CPU, timed by ``lcmac tune`` in the same run as the kernels), it is a
+candidate named ``"vendor"`` and wins whenever it is faster than the otherwise chosen kernel.
+``Plan.is_vendor`` says so and ``lcmac.runtime.vendor.vendor_matmul`` is the call to make
+then.  No LCMA or lcmac kernel is chosen over a faster measured vendor GEMM.
 
 On CUDA targets a float32 case is priced by the model as ``tfloat32`` (lcmac's CUDA float32
 GEMM multiplies on the TF32 tensor cores; ``costmodel.model_dtype``); the log stays float32.
 
 **Burst or sustained.**  A GPU under a long job runs at its power cap, where kernels rank
-differently than in short bursts (H100, 16384³ bf16: Strassen 1.03× cuBLAS in a burst and
-1.02× sustained).  ``regime="burst"`` (default) decides on the records of ordinary tuning
-runs; ``regime="sustained"`` only on those of ``lcmac tune --sustained S`` (every kernel and
-the vendor GEMM warmed up ≥ ``SUSTAINED_WARM_S`` before timing), falling back to the
-nearest shape or the model where none is logged.  The two kinds of records never compete.
+differently than in short bursts.  ``regime="burst"`` (default) decides on the records of
+ordinary tuning runs; ``regime="sustained"`` only on those of ``lcmac tune --sustained S``
+(every kernel and the vendor GEMM warmed up ≥ ``SUSTAINED_WARM_S`` before timing), falling
+back to the nearest shape or the model where none is logged.  The two kinds of records
+never compete.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
-
-import numpy as np
 
 from lcmac.artifact import tuning_log as _db
 from lcmac.costmodel import gemm_estimate, model_dtype, resolve_profile, select
 from lcmac.costmodel.accuracy import cuda_model_args
 from lcmac.costmodel.decision import Candidate, candidate_names, within_error_budget
 from lcmac.core.dtypes import normalize_model_dtype
-from lcmac.targets import get_target
+from lcmac.policy.plans import AUTO, Plan
+from lcmac.spec.targets import get_target
 
 
 #: records warmed up at least this long before timing are of the sustained regime
@@ -75,37 +74,6 @@ def check_regime(regime) -> str:
 def regime_of(record: dict) -> str:
     """"sustained" for a record of ``lcmac tune --sustained`` (``warm_s`` ≥ 1 s), else "burst"."""
     return "sustained" if float(record.get("warm_s") or 0.0) >= SUSTAINED_WARM_S else "burst"
-
-
-@dataclass
-class Decision:
-    candidate: object                      # lcmac.costmodel.Candidate: the decision
-    candidates: list                       # all, decision first
-    measurements: dict                     # algorithm → seconds handed to select
-    source: str                            # "exact" | "nearest MxNxK (d=…)" | "model"
-    logged_shape: tuple | None = None
-    worth_tuning: list = field(default_factory=list)
-    regime: str = "burst"                  # whose records decided ("burst" | "sustained")
-
-    @property
-    def algorithm(self) -> str:
-        return self.candidate.algorithm
-
-    @property
-    def is_vendor(self) -> bool:
-        """The vendor library's GEMM is the choice (call ``vendor_matmul``)."""
-        return self.candidate.algorithm == _db.VENDOR
-
-    def describe(self) -> str:
-        c = self.candidate
-        src = {"model": "model only (nothing logged)", "exact": "measured at this shape"}.get(
-            self.source, f"measured at the {self.source}")
-        if self.regime == "sustained" and self.source != "model":
-            src += ", sustained records"
-        s = f"{c.algorithm} ({src}; {c.reason})"
-        if self.worth_tuning:
-            s += f"; not measured yet but predicted faster: {', '.join(self.worth_tuning)}"
-        return s
 
 
 def _store_of(db):
@@ -206,12 +174,12 @@ def _strip_decision(c):
 
 
 #: how much faster than the vendor GEMM a kernel must look, on times carried over from the
-#: nearest logged shape, to be chosen over it (burst medians of the same kernel move 2-5 %
-#: between runs on the H100; docs/cuda-experiments.md)
+#: nearest logged shape, to be chosen over it (the medians of one kernel move by a few per
+#: cent between runs)
 TRANSFER_MARGIN = 0.03
-#: the same at the measured shape itself: a kernel whose median is within 2 % of the vendor's
-#: is a tie, and a tie goes to the library (2-core AVX2 VM, 2048³: Strassen tuned 104.0 ms
-#: against numpy's 104.9 ms, then ran 0.96x numpy in the benchmark)
+#: the same at the measured shape itself: a kernel whose median is this close to the
+#: vendor's is a tie, and a tie goes to the library (a kernel tuned a hair ahead of the
+#: vendor can run behind it in the next run)
 EXACT_MARGIN = 0.02
 
 
@@ -234,9 +202,10 @@ class _ReadOnce:
 
 def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
                           db=None, profile=None, max_distance: float = 0.75, vendor: bool = True,
-                          regime: str = "burst", **select_kw) -> Decision:
+                          regime: str = "burst", **select_kw) -> Plan:
     """GEMM, which LCMA, or the vendor GEMM for this shape, preferring logged measurements
-    (module doc; ``lcmac.costmodel.decide_by_model`` is the model's word alone).  ``db``: a
+    (module doc; ``lcmac.costmodel.decide_by_model`` is the model's word alone): a ``Plan``
+    that runs its decision, with the ranking in ``candidates``.  ``db``: a
     ``TuningDB``, its directory, or any object with ``records(target, dtype)``.
     ``vendor=False`` leaves the vendor GEMM out (lcmac's own kernels only).  ``regime``:
     "burst" or "sustained" records (module doc).  ``select_kw`` go to ``costmodel.select``.
@@ -278,7 +247,22 @@ def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_6
         cands = [c if c.algorithm not in carried else dataclasses.replace(c, reason=c.reason.replace(
             "measured; ", f"measured in {other} runs × {carried[c.algorithm]:.4f} (this regime's / "
             f"the {other} times of the kernels measured both ways here); ", 1)) for c in cands]
-    return Decision(cands[0], cands, meas, source, logged, worth, regime)
+    return _decided(cands, meas, source, logged, worth, (M, N, K), dtype, target, regime,
+                    select_kw.get("max_error"))
+
+
+def _decided(cands: list, meas: dict, source: str, logged, worth: list, shape, dtype, target,
+             regime: str, max_error) -> Plan:
+    """The ranking as a ``Plan`` that runs its first candidate."""
+    c = cands[0]
+    speedup = None if c.algorithm == _db.VENDOR else float(c.speedup_vs_gemm)
+    error = None if c.error_ratio is None else float(c.error_ratio)
+    p = Plan(tuple(int(d) for d in shape), normalize_model_dtype(dtype), str(target), AUTO,
+             c.algorithm, c.algorithm, speedup, error, "",
+             max_error=None if max_error is None else float(max_error), regime=regime,
+             source=source, candidates=tuple(cands),
+             measurements=meas, logged_shape=logged, worth_tuning=tuple(worth))
+    return dataclasses.replace(p, why=p.describe())
 
 
 def confirmed_ratio(M, N, K, dtype, target, *, db=None, regime: str = "burst") -> tuple | None:
@@ -313,9 +297,8 @@ def _on_measured_scale(cands: list) -> tuple[list, str]:
     measurements' scale (geometric mean of measured / predicted at this shape), so that a
     prediction never competes with a measurement of another scale.  The model errs alike
     within a kind of kernel (an LCMA's combines and batched GEMM; the plain GEMM's one tile),
-    less so across kinds (H100, 16384³: GEMM ×1.033, the four LCMAs ×1.043–1.071):
-    unmeasured LCMAs take the measured LCMAs' scale, the plain GEMM its own, either falling
-    back on the other."""
+    less so across kinds: unmeasured LCMAs take the measured LCMAs' scale, the plain GEMM its
+    own, either falling back on the other."""
     def scale(ref, label=None):
         ref = [c for c in ref if c.estimate is not None and c.estimate.time_s > 0]
         if not ref:
@@ -411,20 +394,3 @@ def _with_vendor(cands: list, v_time: float, shape, source: str) -> list:
             f"best lcmac kernel ({top.algorithm}, {kind} {top.predicted_time_s * 1e3:.3f} ms)"))
         return [vc] + [_strip_decision(c) for c in cands]
     return [top] + sorted(cands[1:] + [vc], key=lambda c: c.predicted_time_s)
-
-
-def vendor_matmul(A, B, out=None):
-    """The vendor GEMM the ``"vendor"`` decision stands for: ``torch.matmul`` (cuBLAS on CUDA
-    tensors; float32 with TF32 allowed, as measured) for torch tensors, ``numpy.matmul`` (its
-    BLAS) otherwise."""
-    if type(A).__module__.startswith("torch"):
-        import torch        # only for torch operands: numpy callers never load it
-        if not (A.is_cuda and A.dtype == torch.float32):
-            return torch.matmul(A, B, out=out)
-        prev = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = True
-        try:
-            return torch.matmul(A, B, out=out)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = prev
-    return np.matmul(A, B, out=out)

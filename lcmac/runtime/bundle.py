@@ -16,6 +16,7 @@ import threading
 
 from lcmac.artifact.bundle import Bundle, RuleSpec, read_bundle
 from lcmac.core.errors import LcmacError, ShapeError
+from lcmac.core.operands import check_matrices
 from lcmac.runtime import tiled
 
 
@@ -91,12 +92,7 @@ class BundleFunction:
         prepared = B if isinstance(B, PreparedBundleB) else None
         if prepared is not None:
             B = prepared.B
-        if A.ndim != 2 or B.ndim != 2:
-            raise ShapeError(f"a bundle multiplies 2-D A and B; got {tuple(A.shape)} and {tuple(B.shape)}")
-        M, K = (int(d) for d in A.shape)
-        K2, N = (int(d) for d in B.shape)
-        if K != K2:
-            raise ShapeError(f"inner dimensions differ: A is {M}x{K}, B is {K2}x{N}")
+        M, N, K = (int(d) for d in check_matrices(A, B))
         r = self.rule_for(M, N, K)
         if r is None:
             raise ShapeError(f"no rule of the bundle {self.bundle.path} admits {M}x{N}x{K}; it "

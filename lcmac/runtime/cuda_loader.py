@@ -26,9 +26,12 @@ import json
 import os
 
 from lcmac.artifact.manifest import verify_library
-from lcmac.core.errors import ArtifactError, DTypeError, LcmacError, ShapeError, TargetError
-from lcmac.spec.cuda import bsr_shape_why
-from lcmac.targets import TARGETS
+from lcmac.core.errors import ArtifactError, LcmacError, ShapeError, TargetError
+from lcmac.core.operands import (
+    check_aligned, check_contiguous, check_device_type, check_dims, check_dtype_is,
+    check_same_device, check_shape_is, check_tensor)
+from lcmac.spec.cuda.bsr import bsr_shape_why
+from lcmac.spec.target_table import TARGETS
 from lcmac.runtime.cuda_memory import kept_empty
 
 _TORCH_DT = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32",
@@ -138,19 +141,11 @@ class CudaMatmul:
     # -- checking ------------------------------------------------------------------------
     def _check_tensor(self, name, t) -> None:
         """One operand's type, device, dtype, layout and alignment."""
-        import torch
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch tensor, not {type(t).__name__}")
-        if t.device.type != "cuda":
-            raise TargetError(f"{name} is on {t.device}; this artifact runs on CUDA tensors")
-        if str(t.dtype).replace("torch.", "") != _TORCH_DT[self.dtype]:
-            raise DTypeError(f"{name} has dtype {t.dtype}; the artifact was built for {self.dtype}")
-        if not t.is_contiguous():
-            raise ShapeError(f"{name} must be contiguous row-major (strides {t.stride()}); "
-                             f"call .contiguous() first")
-        if t.data_ptr() % 16:
-            raise ShapeError(f"{name} must be 16-byte aligned (TMA); got address "
-                             f"{t.data_ptr():#x}")
+        check_tensor(t, name, error=TypeError)
+        check_device_type(t, name, "cuda", "this artifact runs on CUDA tensors")
+        check_dtype_is(t, name, _TORCH_DT[self.dtype], "the artifact")
+        check_contiguous(t, name, output=name == "out")
+        check_aligned(t, name, 16, "TMA")
 
     def _check_operands(self, named: dict, want: dict, what: str) -> None:
         """Each given operand checked, its shape against ``want``, all on one device."""
@@ -158,11 +153,8 @@ class CudaMatmul:
         for name, t in given.items():
             self._check_tensor(name, t)
         for name, t in given.items():
-            if tuple(t.shape) != want[name]:
-                raise ShapeError(f"{name} has shape {tuple(t.shape)}; this artifact computes {what}")
-        devs = {t.device for t in given.values()}
-        if len(devs) > 1:
-            raise TargetError(f"operands on different devices: {sorted(map(str, devs))}")
+            check_shape_is(t, name, want[name], f"this artifact computes {what}")
+        check_same_device(*given.values(), names=tuple(given))
 
     def check(self, A, B, out=None):
         self._check_operands({"A": A, "B": B, "out": out},
@@ -226,8 +218,7 @@ class CudaMatmul:
             raise ArtifactError("this prepared B was made by another artifact "
                                 f"({Bp.owner!r}); prepare it with this one")
         self.check(A, None, out)
-        if A.device != Bp.device:
-            raise TargetError(f"A is on {A.device}, the prepared B on {Bp.device}")
+        check_same_device(A, Bp.buffer, names=("A", "the prepared B"))
         return self._run(self._prepared_entry(A.device).lcmac_run_prepared, A,
                          Bp.buffer.data_ptr(), out)
 
@@ -266,9 +257,8 @@ class CudaBatchedMatmul(CudaMatmul):
 
     def check(self, A, B, out=None):
         for name, t in (("A", A), ("B", B), ("out", out)):
-            if t is not None and getattr(t, "ndim", None) != 3:
-                raise ShapeError(f"{name} must be 3-D [batch, rows, cols] for a batched artifact, "
-                                 f"not {tuple(getattr(t, 'shape', ()))}")
+            if t is not None:
+                check_dims(t, name, "batch×rows×cols")
         b = A.shape[0]
         self._check_operands({"A": A, "B": B, "out": out},
                              {"A": (b, self.M, self.K), "B": (b, self.K, self.N), "out": (b, self.M, self.N)},

@@ -30,9 +30,14 @@ from pathlib import Path
 
 from lcmac.artifact.bundle import is_bundle
 from lcmac.artifact.manifest import Manifest, find_manifest, verify_library
-from lcmac.core.errors import ArtifactError, DTypeError, ShapeError, TargetError
-from lcmac.targets import aarch64, get_target, x86
-from lcmac.runtime import cuda_loader, qemu_runner, vendor_blas
+from lcmac.core.errors import ArtifactError, TargetError
+from lcmac.core.operands import (
+    check_array, check_contiguous, check_device_type, check_dtype_is, check_no_overlap,
+    check_shape_is, operand_kind)
+from lcmac.spec.cpu import aarch64, x86
+from lcmac.spec.targets import get_target
+from lcmac.targets import aarch64 as aarch64_toolchain
+from lcmac.runtime import amx, cuda_loader, qemu_runner, vendor_blas
 from lcmac.runtime.bundle import load_bundle
 
 _CONTEXT_SYMBOLS = ("TVMBackendParallelLaunch", "TVMBackendAllocWorkspace", "TVMBackendFreeWorkspace",
@@ -73,38 +78,6 @@ def _load_runtime():
             import tvm_ffi  # noqa: F401 - libtvm_ffi.so first: libtvm_runtime links against it
             _runtime = ctypes.CDLL(str(tvm_runtime_path()), mode=ctypes.RTLD_GLOBAL)
         return _runtime
-
-
-def _dims(x):
-    return tuple(int(d) for d in x.shape)
-
-
-class _Array:
-    """What the checks need from a numpy array or torch tensor."""
-
-    def __init__(self, x, what: str):
-        self.x = x
-        self.what = what
-        mod = type(x).__module__.split(".")[0]
-        if mod == "numpy":
-            import numpy as np
-            self.kind = "numpy"
-            self.dtype = str(x.dtype)
-            self.contig = bool(x.flags["C_CONTIGUOUS"])
-            self.device = "cpu"
-            self.ptr = x.__array_interface__["data"][0]
-            self.nbytes = x.nbytes
-            self.np = np
-        elif mod == "torch":
-            self.kind = "torch"
-            self.dtype = str(x.dtype).replace("torch.", "")
-            self.contig = bool(x.is_contiguous())
-            self.device = str(x.device)
-            self.ptr = x.data_ptr()
-            self.nbytes = x.numel() * x.element_size()
-        else:
-            raise DTypeError(f"{what} must be a numpy array or a torch tensor, got {type(x).__name__}")
-        self.shape = _dims(x)
 
 
 class PreparedB:
@@ -168,8 +141,7 @@ class LcmacFunction:
         changes: the prepared form is a copy."""
         m = self.manifest
         prepare, _, spec = self._prepared_entries()
-        b = _Array(B, "B")
-        self._check(b, (m.K, m.N), "B")
+        self._check(B, (m.K, m.N), "B")
         buf = _aligned_empty(spec["shape"], spec["dtype"])
         prepare(B, buf)
         return PreparedB(self, buf, (m.K, m.N))
@@ -179,18 +151,16 @@ class LcmacFunction:
         return (f"<lcmac {m.algorithm['name']} {m.target['name']} {m.dtype} "
                 f"{m.M}x{m.N}x{m.K} from {self.path}>")
 
-    def _check(self, a: _Array, shape, role: str):
+    def _check(self, x, shape, role: str):
+        """One operand against the manifest: an array on the CPU of its dtype and shape,
+        row-major."""
         m = self.manifest
-        if a.device != "cpu":
-            raise TargetError(f"{role} is on {a.device}; this artifact ({m.target['name']}) runs on the CPU")
-        if a.dtype != m.dtype:
-            raise DTypeError(f"{role} has dtype {a.dtype}; the artifact {m.name} was built for {m.dtype}")
-        if a.shape != tuple(shape):
-            raise ShapeError(f"{role} has shape {'x'.join(map(str, a.shape)) or 'scalar'}; the artifact "
-                             f"{m.name} accepts {'x'.join(map(str, shape))} (M={m.M}, N={m.N}, K={m.K})")
-        if not a.contig:
-            raise ShapeError(f"{role} is not C-contiguous (row-major); pass a contiguous copy "
-                             f"(numpy.ascontiguousarray / tensor.contiguous())")
+        check_array(x, role)
+        check_device_type(x, role, "cpu", f"this artifact ({m.target['name']}) runs on the CPU")
+        check_dtype_is(x, role, m.dtype, f"the artifact {m.name}")
+        check_shape_is(x, role, shape, f"the artifact {m.name} accepts {'x'.join(map(str, shape))} "
+                                       f"(M={m.M}, N={m.N}, K={m.K})")
+        check_contiguous(x, role, output=role == "out")
 
     def __call__(self, A, B, out=None):
         if isinstance(B, PreparedB):
@@ -215,22 +185,18 @@ class LcmacFunction:
     def _checked(self, A, B, out):
         """Check A, B and out (allocated here when None) against the manifest; returns out."""
         m = self.manifest
-        a = _Array(A, "A")
-        self._check(a, (m.M, m.K), "A")
-        b = None if B is None else _Array(B, "B")     # None: a prepared B, checked when made
-        if b is not None:
-            self._check(b, (m.K, m.N), "B")
+        self._check(A, (m.M, m.K), "A")
+        if B is not None:                   # None: a prepared B, checked when made
+            self._check(B, (m.K, m.N), "B")
         if out is None:
-            if a.kind == "torch":
+            if operand_kind(A) == "torch":
                 import torch
                 out = torch.empty((m.M, m.N), dtype=A.dtype)
             else:
-                out = a.np.empty((m.M, m.N), dtype=A.dtype)
-        c = _Array(out, "out")
-        self._check(c, (m.M, m.N), "out")
-        for x in (a, b):
-            if x is not None and c.ptr < x.ptr + x.nbytes and x.ptr < c.ptr + c.nbytes:
-                raise ShapeError(f"out overlaps {x.what} in memory; pass a separate output array")
+                import numpy as np
+                out = np.empty((m.M, m.N), dtype=A.dtype)
+        self._check(out, (m.M, m.N), "out")
+        check_no_overlap(out, (("A", A), ("B", B)))
         return out
 
 
@@ -266,7 +232,7 @@ class EmulatedFunction(LcmacFunction):
 
 def _host_view(x):
     """A numpy view of a checked (CPU, contiguous) numpy array or torch tensor."""
-    return x.detach().numpy() if type(x).__module__.split(".")[0] == "torch" else x
+    return x.detach().numpy() if operand_kind(x) == "torch" else x
 
 
 def _check_host(man: Manifest) -> None:
@@ -279,7 +245,7 @@ def _check_host(man: Manifest) -> None:
         # avx512_bf16); without the check such a library dies on an illegal instruction
         x86.check_runnable(man.target["name"], tuple(man.extra.get("cpu_flags", ()) or ()))
         if man.extra.get("gemm_kernel") == "amx":
-            x86.request_amx()       # else the first tile instruction is SIGILL
+            amx.request_amx()       # else the first tile instruction is SIGILL
     elif fam == "aarch64":
         if not aarch64.native_host():
             raise TargetError(f"artifact {man.name} is AArch64 code and this machine is {mach}: "
@@ -319,16 +285,30 @@ def _load_emulated(man: Manifest, man_path: Path, sve_vq) -> EmulatedFunction:
     vq = qemu_runner.check_sve_vq(target, sve_vq)
     lib = verify_library(man, man_path)
     try:
-        aarch64.check_library(str(lib))
+        aarch64_toolchain.check_library(str(lib))
     except ArtifactError:
         raise TargetError(f"artifact {man.name}'s manifest names the AArch64 target "
                           f"{target.name}, but {lib} is not AArch64 code") from None
     # fail here, naming the package, rather than on the first call
-    aarch64.qemu()
-    aarch64.sysroot()
+    aarch64_toolchain.qemu()
+    aarch64_toolchain.sysroot()
     qemu_runner.harness_path()
     threads = int(os.environ.get("LCMAC_NUM_THREADS") or host_cpus())
     return EmulatedFunction(man, lib, man_path, vq, threads)
+
+
+#: manifest backend → loader(manifest, manifest path) of the artifact kinds that packages above
+#: this one add (``register_loader``): bit-matrix artifacts (``lcmac.bits.loader``)
+LOADERS: dict = {}
+#: the backends of bit-matrix artifacts, and the module that registers their loader
+BIT_BACKENDS, BITS_LOADER = ("bits-native", "bits-cuda"), "lcmac.bits.loader"
+
+
+def register_loader(backends, loader) -> None:
+    """``load`` hands a manifest whose backend is one of ``backends`` to ``loader(manifest,
+    manifest path)``."""
+    for b in backends:
+        LOADERS[b] = loader
 
 
 def load(path, *, sve_vq: int | None = None) -> LcmacFunction:
@@ -343,7 +323,7 @@ def load(path, *, sve_vq: int | None = None) -> LcmacFunction:
     A bundle (a directory with ``bundle.json``, ``lcmac.artifact.bundle``) comes back as a
     :class:`~lcmac.runtime.bundle.BundleFunction` serving every shape its rules admit; a
     bit-matrix artifact (``lcmac build --dtype gf2|bool``) as a
-    :class:`~lcmac.runtime.bits.BitsFunction`."""
+    :class:`~lcmac.bits.loader.BitsFunction` (``lcmac.load`` registers its loader)."""
     if is_bundle(path):
         return load_bundle(path, lambda p: load(p, sve_vq=sve_vq))
     man_path = find_manifest(path)
@@ -354,7 +334,9 @@ def load(path, *, sve_vq: int | None = None) -> LcmacFunction:
         return _load_tvm(man, man_path.resolve())
     if man.backend == "tilelang":
         return cuda_loader.load(man, man_path.resolve())
-    if man.backend in ("bits-native", "bits-cuda"):
-        from lcmac.runtime.bits import load_bits
-        return load_bits(man, man_path.resolve())
+    if man.backend in LOADERS:
+        return LOADERS[man.backend](man, man_path.resolve())
+    if man.backend in BIT_BACKENDS:
+        raise ArtifactError(f"{man_path} is a bit-matrix artifact: load it with lcmac.load, or "
+                            f"import {BITS_LOADER} first (it registers their loader)")
     raise ArtifactError(f"no loader for {man.backend!r} artifacts in this lcmac ({man_path})")

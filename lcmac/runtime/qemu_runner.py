@@ -34,7 +34,9 @@ import numpy as np
 from lcmac.artifact.manifest import Manifest, find_manifest, verify_library
 from lcmac.core.cachedir import cache_root
 from lcmac.core.errors import ArtifactError, LcmacError, ShapeError, TargetError
-from lcmac.targets import aarch64 as _arm, get_target
+from lcmac.spec.cpu import aarch64
+from lcmac.spec.targets import get_target
+from lcmac.targets import aarch64 as _arm
 
 HARNESS_SOURCE = Path(__file__).with_name("harness") / "lcmac_run.c"
 
@@ -60,7 +62,7 @@ def cache_dir() -> Path:
 
 
 def native() -> bool:
-    return _arm.native_host()
+    return aarch64.native_host()
 
 
 def harness_path() -> Path:
@@ -156,9 +158,9 @@ def default_sve_vq(target) -> int | None:
     length of ``aarch64-sve256``/``-sve512``; 2 (256 bits, Neoverse V1's width) for the
     vector-length-agnostic ``aarch64-sve``, so that its code runs wider than the 128-bit
     minimum; None (qemu's default CPU) for NEON."""
-    if not _arm.is_sve(target):
+    if not aarch64.is_sve(target):
         return None
-    return _arm.sve_vq(target) if target.vector_bits else 2
+    return aarch64.sve_vq(target) if target.vector_bits else 2
 
 
 def check_sve_vq(target, sve_vq) -> int | None:
@@ -175,7 +177,7 @@ def check_sve_vq(target, sve_vq) -> int | None:
         # relies on it (lcmac.schedules.te_lcma)
         raise TargetError(f"sve_vq={vq} is not one of 1, 2, 4, 8, 16 (SVE vector lengths of "
                           f"128 to 2048 bits, powers of two)")
-    need = _arm.sve_vq(target)
+    need = aarch64.sve_vq(target)
     if need and target.vector_bits and vq < need:
         raise TargetError(f"{target.name} code needs SVE vectors of at least {target.vector_bits} "
                           f"bits: sve_vq ≥ {need}, not {vq}")

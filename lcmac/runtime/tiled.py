@@ -10,11 +10,12 @@ alike, with no host synchronisation (CUDA-graph safe once the kernels are loaded
 from __future__ import annotations
 
 from lcmac.core.errors import ShapeError
+from lcmac.core.operands import check_matrices, check_shape_is, dtype_name, operand_kind, shape_text
 from lcmac.spec.shape_rules import RowPiece, row_pieces, tiles
 
 
 def _is_torch(x) -> bool:
-    return type(x).__module__.split(".")[0] == "torch"
+    return operand_kind(x) == "torch"
 
 
 def zeros(like, shape, dtype=None):
@@ -43,15 +44,12 @@ def assign(dst, src) -> None:
 
 
 def _check(A, B, out, N: int | None, K: int | None):
-    if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
-        raise ShapeError(f"a kernel family multiplies M×K @ K×N; got {tuple(A.shape)} and {tuple(B.shape)}")
-    M, Ka = (int(d) for d in A.shape)
-    Nb = int(B.shape[1])
+    M, Nb, Ka = (int(d) for d in check_matrices(A, B, who="a kernel family"))
     if (N is not None and Nb != N) or (K is not None and Ka != K):
         raise ShapeError(f"this kernel family serves ?x{N}x{K} (any M, N={N}, K={K}); got "
                          f"{M}x{Nb}x{Ka}")
-    if out is not None and tuple(out.shape) != (M, Nb):
-        raise ShapeError(f"out has shape {tuple(out.shape)}; the product is {(M, Nb)}")
+    if out is not None:
+        check_shape_is(out, "out", (M, Nb), f"the product is {shape_text((M, Nb))}")
     return M, Nb, Ka
 
 
@@ -102,7 +100,7 @@ def run_any(A, B, out, ladder, tile, kernel_for):
     tn, tk = (int(t) for t in tile)
     C = out if out is not None else empty(A, (M, N))
     k_tiles = tiles(K, tk)
-    wide = len(k_tiles) > 1 and str(A.dtype).replace("torch.", "") in ("bfloat16", "float16")
+    wide = len(k_tiles) > 1 and dtype_name(A) in ("bfloat16", "float16")
     acc = zeros(A, (M, N), dtype="float32") if wide else C
     pieces = row_pieces(M, ladder)
     b_buf = zeros(B, (tk, tn))

@@ -41,7 +41,7 @@ from fractions import Fraction
 
 from lcmac.core.dtypes import ITEMSIZE
 from lcmac.core.errors import DTypeError, TargetError
-from lcmac.spec.cpu import CpuConfig, tile_for_count
+from lcmac.spec.cpu.config import CpuConfig, tile_for_count
 
 
 def _ceil(a: int, b: int) -> int:

@@ -9,9 +9,8 @@ for each kc chunk it packs its band's rows of A once (``Ab``: the band's mc bloc
 another, in L3), then for every column block a kc × nc chunk of B (``Bc``), and walks the
 band's mc blocks, each of which the micro-kernel pulls into L2 and reuses for every nr
 columns of the block.  Both are packed once per band (A: once in all; B: ``bands`` times):
-with an mc × kc chunk of A packed per column block, A was packed N / nc times, and at
-4096³ single-threaded that packing cost 8 % of the run (the kernel with the packing taken
-out ran 95 GFLOP/s against 87; docs/cpu.md).  The packed layouts are those of
+with an mc × kc chunk of A packed per column block, A would be packed N / nc times, a
+noticeable part of the run (docs/cpu.md).  The packed layouts are those of
 ``cpu_gemm`` (A: mr rows interleaved per k; B: nr columns contiguous per k).
 
 Tasks: ``bands`` row bands, each a whole number ``nic`` of mc blocks (the last band's extra
@@ -49,7 +48,7 @@ from __future__ import annotations
 from contextlib import ExitStack, nullcontext
 
 from lcmac.core.dtypes import ITEMSIZE
-from lcmac.spec.cpu import CpuConfig
+from lcmac.spec.cpu.config import CpuConfig
 from lcmac.schedules.cpu_memory import emit_workspace
 from lcmac.schedules.cpu_gemm import (
     Geometry, Writer, dispatch_per_product, emit_chunk_store, emit_fma_loop, emit_zero_acc,
@@ -171,12 +170,9 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
 def shares_b(g: Geometry, cfg: CpuConfig, R: int, prepared: bool) -> bool:
     """Whether the bands pack each chunk of B̃_r together (``_emit_shared_b_stage``): an LCMA
     with B packed here, one column group and several bands whose kc rows split evenly.  Each
-    band packing all of B̃_r is bound by what one core can fetch (Strassen² at 4096³: 576 MB of
-    B read per band, 30 ms standalone; 17 ms shared).  At 4096³ on the 2-core Sapphire Rapids
-    VM, paired, in two runs (bench/results/cpu-xeon-avx512-float32-4096-shared-b-ab*):
-    Strassen 1.022 → 1.050x and 1.063 → 1.117x numpy, Strassen² 0.994 → 1.000x and 1.038 →
-    1.065x, Winograd² 0.953 → 1.002x and 1.008 → 1.045x.  The plain GEMM keeps a B chunk per
-    band: its packing is 2 % of its run."""
+    band packing all of B̃_r is bound by what one core can fetch, so sharing the packing is
+    faster for the LCMAs (docs/cpu.md).  The plain GEMM keeps a B chunk per band: its packing
+    is a small part of its run."""
     return R > 1 and not prepared and _groups(g, cfg) == 1 and _bands(g, cfg) > 1 and g.KC % _bands(g, cfg) == 0
 
 
@@ -279,7 +275,7 @@ def _emit_pack_b(w: Writer, g: Geometry, cfg: CpuConfig, terms, dtype: str, rows
     """Bc[jr][k][u] = Σ c · B[block rows + kc·KC + k, block cols + tn·NC + jr·nr + u]: row by
     row, each of B's kc rows read as one nc-long run (a stream the prefetcher follows), one
     vector load and store per nr columns.  Panel by panel instead, the kc rows, 4 KB-aliased
-    at square sizes, were fetched a line at a time (3-5 % of the 4096³ GEMM, docs/cpu.md)."""
+    at square sizes, were fetched a line at a time (docs/cpu.md)."""
     nr = cfg.nr
     row, col = f"kc * {g.KC} + k", f"tn * {g.NC} + jr * {nr} + u"
     value = linear_expr(terms, lambda blk: f"B[{_offset(blk[0] * g.BK, row)}, {_offset(blk[1] * g.BN, col)}]",

@@ -18,7 +18,7 @@ from lcmac.schedules.cpu_gemm_blocked import (
 from lcmac.schedules.cpu_combine import (
     emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad, needs_pad)
 from lcmac.schedules import cpu_vendor
-from lcmac.spec.cpu import CpuConfig
+from lcmac.spec.cpu.config import CpuConfig
 from lcmac.schedules.cpu_memory import emit_workspace
 from lcmac.schedules.cpu_gemm import (
     DOT_LANES, DPBF16_LL, Writer, amx_kernel, amx_ll, emit_chunk_store, emit_gemm_stage, geometry,

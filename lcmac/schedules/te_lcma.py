@@ -1,7 +1,8 @@
 """A portable TensorIR lowering of an LCMA, parameterised by vector lanes and register tile.
 
-This is the ARM backend's kernel generator (used by ``lcmac.targets.aarch64``): unfused
-stages, each a TE compute, with the coefficients folded in as literals:
+This is the vector-length-agnostic AArch64 target's kernel generator (``lower_request``, which
+the apache-tvm worker's plug-in for the family calls): unfused stages, each a TE compute,
+with the coefficients folded in as literals:
 
     Ap, Bp        zero-padded copies of A, B (block sizes rounded up to the register tile):
                   a zero fill, then a copy of A/B over static bounds (no guarded loads)
@@ -12,11 +13,15 @@ stages, each a TE compute, with the coefficients folded in as literals:
     C             Combine H fused into the final copy out (one select per block of C)
 
 The plain GEMM is the 1×1×1 algorithm.  Imports apache-tvm: call it only inside a compiler
-process (the apache-tvm worker, through ``lcmac.targets.aarch64.lower``).
+process (the apache-tvm worker, ``lcmac.targets.tvm_plugins``).
 """
 from __future__ import annotations
 
 from fractions import Fraction
+
+from lcmac.ir.algorithm import Algorithm
+from lcmac.spec.cpu.aarch64 import schedule_params
+from lcmac.spec.targets import get_target
 
 
 def _ceil(a: int, b: int) -> int:
@@ -155,3 +160,17 @@ def lcma_prim_func(alg, M: int, K: int, N: int, dtype: str = "float32", *, lanes
             blk = sch.get_sblock(t.op.name)
             sch.decompose_padding(blk, sch.get_loops(blk)[0])
     return tvm.IRModule({name: sch.mod["main"]})
+
+
+def lower_request(request: dict) -> tuple[str, dict]:
+    """A compiler-worker request (``lcmac.build``'s) → (TVMScript source, info) of the
+    vector-length-agnostic kernel: the target's lanes per vscale and register tile
+    (``lcmac.spec.cpu.aarch64.schedule_params``; the request's config may set ``mr``)."""
+    alg = Algorithm.from_dict(request["algorithm"])
+    shp = request["shape"]
+    p = schedule_params(get_target(request["target"]["name"]), request["dtype"])
+    mr = int((request.get("config") or {}).get("mr", p.mr))
+    entry = request.get("entry", "lcmac_matmul")
+    mod = lcma_prim_func(alg, shp["M"], shp["K"], shp["N"], request["dtype"], lanes=p.lanes,
+                         mr=mr, vla=True, name=entry)
+    return mod[entry].script(), {"kernel": "te_vla", "lanes_per_vscale": p.lanes, "mr": mr}

@@ -28,7 +28,7 @@ from typing import Mapping
 
 from lcmac.core.dtypes import normalize_model_dtype
 from lcmac.core.errors import DTypeError, TargetError
-from lcmac.targets import get_target
+from lcmac.spec.targets import get_target
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -249,7 +249,7 @@ def _build() -> dict[str, HardwareProfile]:
             "(bytes moved). bf16/fp16 at 2× fp32 (AVX512-BF16 / AVX512-FP16 dot products; AMX "
             "not modelled). lscpu: 48 KiB L1d, 2 MiB L2 a core; the L3 share of a 2-core VM is a "
             "guess (8 MiB). Efficiencies fitted by lcmac.tune.calibrate to the records of "
-            "2026-11-28 in tuning_logs/x86_64-avx512-float32.jsonl (19 measurements): log-RMS "
+            "2026-11-28 in lcmac/data/tuning_logs/x86_64-avx512-float32.jsonl (19 measurements): log-RMS "
             "error 0.11, mean |error| 8.5 %, where the profile before (2.5 GHz assumed, "
             "efficiencies 0.85 and 1.0) was off by 0.30 and 30 % and put smirnov-3x3x6-r40 ahead "
             "of the GEMM at four LLM layers where it ran 0.64-0.85x numpy.",
@@ -262,7 +262,7 @@ def _build() -> dict[str, HardwareProfile]:
         src="lscpu of a 2-core AMD EPYC VM (AVX2, FMA; 32 KiB L1d and 512 KiB L2 a core, 32 MiB "
             "L3); peak assumes 2 FMA ports × 8 fp32 lanes at ~3 GHz (192 GFLOP/s); numpy's "
             "OpenBLAS measured 159 GFLOP/s at 4096³ and a numpy add ~21 GB/s (docs/cpu.md). "
-            "Efficiencies fitted by lcmac.tune.calibrate to tuning_logs/x86_64-avx2-float32.jsonl "
+            "Efficiencies fitted by lcmac.tune.calibrate to lcmac/data/tuning_logs/x86_64-avx2-float32.jsonl "
             "(16 measurements, 2026-11-27): log-RMS error 0.18, mean |error| 10 %; the generic "
             "32-core profile this target used before was off by 3.1 (log-RMS: ~20x too fast).",
         gemm_efficiency={"default": 0.81, "float32": 0.81}, bandwidth_efficiency=0.23),
@@ -303,7 +303,7 @@ _PROFILE_ALIASES = {"h100-sxm": "h100", "h200-sxm": "h200", "a100-sxm": "a100",
                     "graviton3": "neoverse-v1", "grace": "neoverse-v2", "spr": "spr-2core",
                     "host": "spr-2core"}
 
-#: lcmac target name → default profile (used when lcmac.targets cannot say)
+#: lcmac target name → default profile (used when lcmac.spec.targets cannot say)
 TARGET_PROFILES = {"cuda-sm90a": "h100", "cuda-sm90": "h100", "cuda-sm80": "a100",
                    "x86_64-avx512": "spr-2core", "x86_64-avx2": "epyc-2core",
                    "x86_64": "generic-avx512", "aarch64-neon": "neoverse-v1",
@@ -332,7 +332,7 @@ def profile_for_target(target) -> HardwareProfile:
     ``HardwareProfile`` is accepted too, so callers can aim the model at e.g. ``h20``."""
     if isinstance(target, HardwareProfile):
         return target
-    name = getattr(target, "profile", None)          # an lcmac.targets.Target
+    name = getattr(target, "profile", None)          # an lcmac.spec.target_table.Target
     if name:
         return get_profile(name)
     t = str(target).strip()

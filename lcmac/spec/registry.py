@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from lcmac.spec import cpu as cpu_config
-from lcmac.spec import cuda as cuda_config
+from lcmac.spec.cpu import config as cpu_config
+from lcmac.spec.cuda import config as cuda_config
 
 
 @dataclass(frozen=True)

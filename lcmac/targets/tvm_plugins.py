@@ -22,11 +22,11 @@ from tvm.support import cc as tvm_cc
 from tvm.target import codegen
 
 from lcmac.core.errors import ToolchainError
-from lcmac.ir.algorithm import Algorithm
-from lcmac.schedules import cpu_bits
+from lcmac.schedules import cpu_bits, te_lcma
 from lcmac.schedules.cpu_lcma import lower_request
-from lcmac.schedules.te_lcma import lcma_prim_func
-from lcmac.targets import aarch64, get_target, x86
+from lcmac.spec.cpu import aarch64, x86
+from lcmac.spec.targets import get_target
+from lcmac.targets import aarch64 as aarch64_toolchain
 
 
 # ---- x86-64 -----------------------------------------------------------------------------
@@ -126,26 +126,19 @@ def aarch64_lower(request: dict) -> tuple[str, dict]:
     """TVMScript source of the kernel.  Fixed-width targets: the CPU backend's packed
     template (``x86_lower``, which is target-neutral: the vector width comes from the
     config's nr and the target's vector_bits).  ``aarch64-sve``: the vscale lowering
-    (``lcmac.schedules.te_lcma``), scheduled here and printed as TVMScript."""
-    aarch64.cross_gcc()          # fail before compiling when the linker is missing
+    (``lcmac.schedules.te_lcma``)."""
+    aarch64_toolchain.cross_gcc()          # fail before compiling when the linker is missing
     t = get_target(request["target"]["name"])
     if aarch64.kernel_kind(t) == "cpu_lcma":
         src, info = x86_lower(request)
         return src, {**info, "kernel": "cpu_lcma"}
-    alg = Algorithm.from_dict(request["algorithm"])
-    shp = request["shape"]
-    p = aarch64.schedule_params(t, request["dtype"])
-    mr = int((request.get("config") or {}).get("mr", p.mr))
-    entry = request.get("entry", "lcmac_matmul")
-    mod = lcma_prim_func(alg, shp["M"], shp["K"], shp["N"], request["dtype"], lanes=p.lanes,
-                         mr=mr, vla=True, name=entry)
-    return mod[entry].script(), {"kernel": "te_vla", "lanes_per_vscale": p.lanes, "mr": mr}
+    return te_lcma.lower_request(request)
 
 
 def aarch64_export_library(module, path: str) -> str:
     """Link a compiled TVM module into an AArch64 shared library at ``path`` with the
     cross compiler."""
-    module.export_library(path, fcompile=tvm_cc.cross_compiler(aarch64.cross_gcc(), options=["-O2"]))
+    module.export_library(path, fcompile=tvm_cc.cross_compiler(aarch64_toolchain.cross_gcc(), options=["-O2"]))
     return path
 
 

@@ -1,4 +1,4 @@
-"""lcmac inside torch models: ``lcmac.torch.nn.Linear`` and ``lcmac.optimize(model)``.
+"""lcmac inside torch models: ``lcmac.nn.Linear`` and ``lcmac.optimize(model)``.
 
 ``Linear`` is a ``torch.nn.Linear`` (same parameters, state_dict keys and initialisation)
 whose product runs through ``torch.ops.lcmac.linear``: y = x·Wᵀ + b with W of
@@ -8,14 +8,14 @@ parameters (an optimizer holding them keeps working).
 
 ``optimize(model)`` swaps, in place, the ``nn.Linear`` layers the model predicts a win for
 at a representative row count (``rows``: batch × sequence length) and returns a report of
-what it swapped and why it skipped the others.  The decision at that row count is only what
-the report shows: every call still decides for its own shape (``lcmac.matmul``), and the first
+what it swapped and why it skipped the others.  The decision at that row count
+(``lcmac.policy.plan``, as ``lcmac.matmul`` makes it) is only what the report shows: every call still decides for its own shape (``lcmac.matmul``), and the first
 call that needs a row bucket's kernel compiles it (seconds on a CPU; once per bucket and
 weight shape, ``lcmac.spec.shape_rules``).
 
 **The weight as B.**  The layer calls ``torch.ops.lcmac.linear(x, W)``, which runs
 x·Wᵀ through ``lcmac.matmul`` with a contiguous Wᵀ kept per weight
-(``lcmac.api.matmul.transposed_weight``) and made again only when the weight changes (its storage
+(``lcmac.ops.transposed_weight``) and made again only when the weight changes (its storage
 or version counter: ``optimizer.step()``, ``load_state_dict``, ``.to()``).  The kept Wᵀ is
 marked static: an artifact that can combine B once (``prepare_b``, CUDA and CPU) keeps that
 prepared form per row count.  This happens inside the op at call time, so it holds under
@@ -31,6 +31,7 @@ from torch import nn
 
 from lcmac.api import matmul as ops
 from lcmac.core.errors import DTypeError, TargetError
+from lcmac.policy import VENDOR, plan
 
 __all__ = ["Linear", "optimize", "OptimizeReport", "SwappedLayer", "SkippedLayer"]
 
@@ -194,7 +195,7 @@ def _judge(name: str, layer: nn.Linear, *, rows: int, algo: str, max_error, dtyp
         return None, SkippedLayer(name, shape, reason, why)
     w = layer.weight
     if isinstance(layer, Linear):
-        return skip("kind", "already an lcmac.torch.nn.Linear")
+        return skip("kind", "already an lcmac.nn.Linear")
     if type(layer) is not nn.Linear:
         return skip("kind", f"a {type(layer).__module__}.{type(layer).__qualname__}, not a plain "
                             "torch.nn.Linear (its forward may differ)")
@@ -211,18 +212,18 @@ def _judge(name: str, layer: nn.Linear, *, rows: int, algo: str, max_error, dtyp
     if min(shape) < min_size:
         return skip("too small", f"{min(shape)} features < min_size={min_size}")
     try:
-        p = ops.plan(rows, layer.out_features, layer.in_features, dt, algo=algo,
-                     max_error=max_error, target=target)
+        p = plan(rows, layer.out_features, layer.in_features, dt, target, algo=algo,
+                 max_error=max_error)
     except (DTypeError, TargetError) as e:
         return skip("dtype" if isinstance(e, DTypeError) else "device", str(e))
-    if p.runs == ops.VENDOR:
+    if p.runs == VENDOR:
         return skip("no win", f"at {rows} rows: {p.why}")
     return SwappedLayer(name, shape, dt, target, rows, p.runs, p.speedup, p.error, p.why), None
 
 
 def optimize(model: nn.Module, *, max_error: float | None = None, dtype=None, algo: str = "auto",
              min_size: int = MIN_SIZE, rows: int = ROWS) -> OptimizeReport:
-    """Swap ``model``'s eligible ``nn.Linear`` layers for ``lcmac.torch.nn.Linear``, in place, and
+    """Swap ``model``'s eligible ``nn.Linear`` layers for ``lcmac.nn.Linear``, in place, and
     return an ``OptimizeReport`` (``print(report)``; ``report.why``; ``report.to_dict()``).
 
     Eligible: a plain ``nn.Linear`` on the CPU or a CUDA GPU, of a dtype lcmac takes there
@@ -243,7 +244,7 @@ def optimize(model: nn.Module, *, max_error: float | None = None, dtype=None, al
         if mod is model:
             report.skipped.append(SkippedLayer("", (mod.in_features, mod.out_features), "root",
                                                "the model itself is the layer: use "
-                                               "lcmac.torch.nn.Linear.from_linear(model)"))
+                                               "lcmac.nn.Linear.from_linear(model)"))
             continue
         done, skipped = _judge(name, mod, rows=int(rows), algo=algo, max_error=max_error,
                                dtype=dtype, min_size=min_size)

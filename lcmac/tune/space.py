@@ -28,9 +28,10 @@ from lcmac.artifact import tuning_log as _db
 from lcmac.costmodel.config_estimates import (
     algorithm_of, cuda_config_of, estimate, fit_check, target_object)
 from lcmac.core.dtypes import normalize_dtype
-from lcmac.spec.cuda import Blocking, tma_reduce_why
+from lcmac.spec.cuda.blocking import Blocking
+from lcmac.spec.cuda.support import tma_reduce_why
 from lcmac.spec.registry import FAMILIES
-from lcmac.targets import schedule_family as family
+from lcmac.spec.targets import schedule_family as family
 
 
 # ---- enumeration ---------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from lcmac.costmodel import model_dtype, select
 from lcmac.costmodel.config_estimates import default_block_k, estimate
 from lcmac.costmodel.decision import with_errors
 from lcmac.core.dtypes import normalize_model_dtype
-from lcmac.spec.cuda import NotSupportedYet
+from lcmac.spec.cuda.support import NotSupportedYet
 from lcmac.tune import space as _space
 from lcmac.tune.builders import Builder, Prebuilder, load_prebuilt
 from lcmac.tune.measure import MeasureWorker

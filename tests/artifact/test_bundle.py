@@ -76,7 +76,7 @@ def test_rows_bundle_any_m(tmp_path):
 
 
 def test_bf16_any_rule_accumulates_k_tiles_in_float32(tmp_path):
-    if "bfloat16" not in lcmac.api.matmul.supported_dtypes(lcmac.api.matmul.target_for("cpu")):
+    if "bfloat16" not in lcmac.ops.supported_dtypes(lcmac.ops.target_for("cpu")):
         pytest.skip("this CPU target takes no bfloat16")
     path = build_bundle("strassen", None, "bfloat16", [None], out_dir=tmp_path, rows=(64,), tile=(64, 64))
     A, B = (torch.from_numpy(x) for x in _operands(100, 70, 150))

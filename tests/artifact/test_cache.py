@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import lcmac
-from lcmac.targets import host_target
+from lcmac.spec.targets import host_target
 from lcmac.core import version
 from lcmac.artifact import build as build_mod
-from lcmac.artifact import cache
+from lcmac.artifact import cache, store
 from lcmac.cli.main import main
 from lcmac.core.errors import ArtifactError
 
@@ -258,12 +258,13 @@ def test_damaged_entry_is_rebuilt_not_loaded(pristine, tmp_path, damage, count_c
 def test_a_build_in_progress_keeps_its_scratch_directory(tmp_path):
     root = tmp_path / "kernels"
     root.mkdir()
-    (root / cache.LOCKS).mkdir()
+    (root / store.LOCKS).mkdir()
     busy, dead = "1" * 64, "2" * 64
     for k in (busy, dead):
         (root / f".tmp-{k}-1-x").mkdir()
-    with cache._key_lock(root, busy):              # another build holds this key
-        cache._sweep(root, None)
+    kernels = store.Store(root)
+    with kernels.lock(busy):                       # another build holds this key
+        kernels.sweep()
     assert (root / f".tmp-{busy}-1-x").is_dir() and not (root / f".tmp-{dead}-1-x").exists()
 
 

@@ -1,11 +1,11 @@
-"""`lcmac cache` sees the bit kernels (lcmac.bits' own cache): listed with their kind, a
+"""`lcmac cache` sees the bit kernels (lcmac.bits.cache): listed with their kind, a
 damaged entry marked, and removed by `clear` unless one is being built (its lock held)."""
 import fcntl
 import hashlib
 import json
 import os
 
-from lcmac.bits import native_build
+from lcmac.bits import cache as bit_cache
 from lcmac.cli.main import main as cli
 
 
@@ -20,11 +20,11 @@ def _entry(root, key, fields, good=True):
 
 def test_list_and_clear_bit_kernels(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LCMAC_CACHE_DIR", str(tmp_path))
-    root = native_build.cache_dir()
+    root = bit_cache.cache_dir()
     _entry(root, "a" * 64, {"semiring": "gf2"})
     _entry(root, "cuda-" + "b" * 64, {"arch": "sm_90a"}, good=False)
     _entry(root, "c" * 64, {"semiring": "boolean"})
-    found = {k["key"][:4]: k for k in native_build.cached_kernels()}
+    found = {k["key"][:4]: k for k in bit_cache.cached_kernels()}
     assert found["aaaa"]["kind"] == "native" and found["aaaa"]["for"] == "gf2" and found["aaaa"]["ok"]
     assert found["cuda"]["for"] == "sm_90a" and not found["cuda"]["ok"]
     assert cli(["cache", "list"]) == 0
@@ -37,5 +37,5 @@ def test_list_and_clear_bit_kernels(tmp_path, monkeypatch, capsys):
         assert cli(["cache", "clear", "--yes"]) == 0
     finally:
         os.close(held)
-    assert [k["key"][:4] for k in native_build.cached_kernels()] == ["cccc"]
+    assert [k["key"][:4] for k in bit_cache.cached_kernels()] == ["cccc"]
     assert "removed 2 bit kernels" in capsys.readouterr().out

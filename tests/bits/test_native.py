@@ -10,6 +10,8 @@ import shutil
 import numpy as np
 import pytest
 
+from lcmac.artifact import worker
+from lcmac.bits import cache as bit_cache
 from lcmac.bits import gf2_matmul, boolean_matmul, native, native_build, pack, unpack
 from lcmac.core.errors import ShapeError, ToolchainError
 from lcmac.schedules import cpu_bits
@@ -96,7 +98,7 @@ def test_a_failed_compile_warns_and_falls_back(monkeypatch, tmp_path, fresh_choi
         pytest.skip(native_build.missing_loader())
     monkeypatch.setenv("LCMAC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(native_build, "missing_toolchain", lambda: None)
-    monkeypatch.setattr(native_build, "WORKER", "lcmac.no_such_worker")
+    monkeypatch.setitem(worker.WORKERS, native_build.BACKEND, "lcmac.no_such_worker")
     with pytest.warns(RuntimeWarning, match="using the numpy kernel"):
         assert native.choose_kernel("gf2", "auto", 1 << 40) is None
     with pytest.raises(ToolchainError, match="worker failed"):    # not retried: the reason
@@ -173,5 +175,5 @@ def test_the_cache_entry(kernels, tmp_path):
     copy = tmp_path / key
     shutil.copytree(lib.parent, copy)
     (copy / "kernel.so").write_bytes(b"not a library")
-    assert native_build._valid_library(copy, key) is None
-    assert native_build._valid_library(lib.parent, key) == lib
+    assert bit_cache.valid_library(copy, key) is None
+    assert bit_cache.valid_library(lib.parent, key) == lib

@@ -320,7 +320,7 @@ def test_fp8_operands_are_priced():
     from lcmac.spec.profiles import get_profile
     from lcmac.costmodel.stages import operand_terms
     from lcmac.core.errors import LcmacError
-    from lcmac.spec.cuda import FP8_MAX_COMBINE
+    from lcmac.spec.cuda.operands import FP8_MAX_COMBINE
     o = operand_terms("fp8", "bfloat16")
     assert (o.gemm_dtype, o.op_bytes, o.h_bytes, o.amax, o.accumulators) == ("float8_e4m3", 1, 4, False, 2)
     assert o.slab_epilogue_factor(get_profile("h100")) == pytest.approx(1.46, abs=0.05)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lcmac.targets.x86 import host_supports
+from lcmac.spec.cpu.x86 import host_supports
 
 ROOT = Path(__file__).resolve().parents[2]
 GCC = shutil.which("gcc")

@@ -80,7 +80,7 @@ def test_any_bundle_runs(any_bundle, example, shape):
 def test_any_bundle_bfloat16_accumulates_in_float32(tmp_path, example):
     """K over several tiles: the bf16 products summed in float32, rounded once."""
     from lcmac.artifact.bundle import build_bundle
-    from lcmac.targets import host_target
+    from lcmac.spec.targets import host_target
     if "bfloat16" not in host_target().dtypes:
         pytest.skip(f"this CPU's target ({host_target().name}) has no bfloat16 kernels")
     d = build_bundle("strassen", None, "bfloat16", [None], out_dir=tmp_path, rows=(32,),

@@ -1,6 +1,6 @@
 """A B combined once on the CPU (``f.prepare_b(B)``, ``f(A, prepared)``): the same bits as the
 unprepared call and the float64 reference, with padded and unpadded shapes, for the plain
-GEMM (B packed once) and LCMAs; misuse refused; a real ``lcmac.torch.nn.Linear`` keeps its weight
+GEMM (B packed once) and LCMAs; misuse refused; a real ``lcmac.nn.Linear`` keeps its weight
 prepared and prepares it again when the weight changes."""
 import json
 

@@ -14,7 +14,7 @@ import lcmac
 from lcmac.artifact.build import build_many
 from lcmac.core.errors import ArtifactError, DTypeError, ShapeError, TargetError
 from lcmac.artifact.manifest import Manifest
-from lcmac.targets.x86 import host_supports
+from lcmac.spec.cpu.x86 import host_supports
 
 pytestmark = pytest.mark.skipif(not host_supports("x86_64-avx512"),
                                 reason="needs an AVX-512 x86-64 host to run the artifacts")

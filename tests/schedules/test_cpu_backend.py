@@ -15,9 +15,9 @@ from lcmac.artifact.build import build, build_many
 from lcmac.core.errors import CatalogueError, DTypeError, ShapeError, TargetError
 from lcmac.ir import catalogue
 from lcmac.ir.algorithm import Algorithm
-from lcmac.spec.cpu import CpuConfig
+from lcmac.spec.cpu.config import CpuConfig
 from lcmac.artifact.manifest import Manifest
-from lcmac.targets.x86 import host_supports
+from lcmac.spec.cpu.x86 import host_supports
 
 pytestmark = pytest.mark.skipif(not host_supports("x86_64-avx512"),
                                 reason="needs an AVX-512 x86-64 host to run the artifacts")
@@ -29,7 +29,7 @@ T512 = "x86_64-avx512"
 
 
 BF16_MCPU = "sapphirerapids"
-DOT = {"bf16_dot": True}   # opt-in: the FMA path measured faster on this CPU (cpu_config.py)
+DOT = {"bf16_dot": True}   # opt-in: the FMA path measured faster on this CPU (spec/cpu/config.py)
 BF16_DOT = [  # (key, algorithm, (M, N, K), config)
     ("gemm-bf16dot", "gemm", (77, 51, 93), {**TINY, **DOT}),
     ("gemm-bf16dot-default", "gemm", (128, 96, 200), DOT),
@@ -189,7 +189,7 @@ def test_zero_padding_writes_every_element(shape):
     import types
     from lcmac.ir import get
     from lcmac.schedules.cpu_combine import emit_pad
-    from lcmac.spec.cpu import CpuConfig
+    from lcmac.spec.cpu.config import CpuConfig
     from lcmac.schedules.cpu_gemm import Writer, geometry
     M, N, K = shape
     g = geometry(get("strassen").grid, M, N, K, CpuConfig(mr=8, nr=32, mc=256, nc=512))
@@ -393,7 +393,7 @@ def test_bf16_kernel_follows_target_features(builds):
     assert "vdpbf16ps" not in asm and "vfmadd" in asm
     off = Manifest.read(_get(builds, "gemm-bf16-dot-off"))
     assert off.extra["gemm_kernel"] == "fma" and off.config["bf16_dot"] is False
-    assert CpuConfig().bf16_dot is False           # the default: see cpu_config.py
+    assert CpuConfig().bf16_dot is False           # the default: see spec/cpu/config.py
     nat = _get(builds, "gemm-bf16-native")
     assert Manifest.read(nat).extra["gemm_kernel"] == ("vdpbf16ps" if HOST_BF16 else "fma")
     _check_bf16(nat)                    # built for this host
@@ -452,8 +452,8 @@ def test_no_leftover_temp_files(builds, artdir):
 
 
 def test_config_space_and_roundtrip():
-    from lcmac.spec.cpu import CpuConfig, config_space, default_config
-    from lcmac.targets import get_target
+    from lcmac.spec.cpu.config import CpuConfig, config_space, default_config
+    from lcmac.spec.targets import get_target
     t = get_target(T512)
     space = config_space(t, "float32", (1024, 1024, 1024))
     assert space[0] == default_config(t, "float32", shape=(1024, 1024, 1024)) and len(space) > 50
@@ -492,7 +492,7 @@ try:
     def test_geometry_whole_tiles(M, N, K, grid, scale, mr, nr):
         """Padding (not predication): tiles always divide the padded blocks, cover the
         logical blocks, and pad by less than one register tile per task."""
-        from lcmac.spec.cpu import CpuConfig
+        from lcmac.spec.cpu.config import CpuConfig
         from lcmac.schedules.cpu_gemm import geometry
         cfg = CpuConfig(mr=mr, nr=nr, mc=16 * scale * mr // 2 or mr, nc=64 * scale, kc=32 * scale)
         g = geometry(grid, M, N, K, cfg)

@@ -14,9 +14,9 @@ import pytest
 from lcmac.artifact.build import build, build_many
 from lcmac.artifact.manifest import Manifest
 from lcmac.ir import catalogue
-from lcmac.spec.cpu import CpuConfig, default_config, resolve_config
-from lcmac.targets import get_target
-from lcmac.targets.x86 import host_supports
+from lcmac.spec.cpu.config import CpuConfig, default_config, resolve_config
+from lcmac.spec.targets import get_target
+from lcmac.spec.cpu.x86 import host_supports
 
 from .test_cpu_backend import _get, _guarded
 

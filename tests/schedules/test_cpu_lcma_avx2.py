@@ -16,7 +16,7 @@ import pytest
 
 from lcmac.artifact.build import build_many
 from lcmac.artifact.manifest import Manifest
-from lcmac.targets.x86 import host_supports
+from lcmac.spec.cpu.x86 import host_supports
 
 from .test_cpu_backend import _get, _guarded
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from lcmac.ir import catalogue
-from lcmac.spec.cpu import CpuConfig, default_config
+from lcmac.spec.cpu.config import CpuConfig, default_config
 from lcmac.schedules import cpu_vendor
 from lcmac.schedules.cpu_lcma import generate, programs_for
 from lcmac.schedules.cpu_memory import ADVISE_FN, HUGE_MIN_BYTES
-from lcmac.targets import get_target
-from lcmac.targets.x86 import host_supports
+from lcmac.spec.targets import get_target
+from lcmac.spec.cpu.x86 import host_supports
 
 T512 = "x86_64-avx512"
 

@@ -22,16 +22,18 @@ import pytest
 import lcmac
 from lcmac.artifact.build import build
 from lcmac.core.errors import ArtifactError, DTypeError, ShapeError, TargetError, ToolchainError
-from lcmac.targets import TARGETS
-from lcmac.targets import aarch64 as arm
+from lcmac.spec.cpu import aarch64 as arm
+from lcmac.spec.target_table import TARGETS
+from lcmac.targets import aarch64 as toolchain
 
 
 def _missing() -> str | None:
-    for tool, pkg in ((arm.CROSS_GCC, arm.CROSS_GCC_PACKAGE), (arm.QEMU, arm.QEMU_PACKAGE)):
+    for tool, pkg in ((toolchain.CROSS_GCC, toolchain.CROSS_GCC_PACKAGE),
+                      (toolchain.QEMU, toolchain.QEMU_PACKAGE)):
         if not shutil.which(tool):
             return f"{tool} not installed (Debian package {pkg})"
-    if not os.path.isdir(os.path.join(arm.SYSROOT, "lib")):
-        return f"AArch64 libc missing (Debian package {arm.CROSS_LIBC_PACKAGE})"
+    if not os.path.isdir(os.path.join(toolchain.SYSROOT, "lib")):
+        return f"AArch64 libc missing (Debian package {toolchain.CROSS_LIBC_PACKAGE})"
     try:
         import importlib.util
         if importlib.util.find_spec("tvm") is None:
@@ -112,7 +114,7 @@ def _lib(manifest):
 
 
 def _asm(manifest):
-    return arm.disassemble(_lib(manifest))
+    return toolchain.disassemble(_lib(manifest))
 
 
 @needs_toolchain
@@ -152,7 +154,7 @@ def test_manifest_describes_the_artifact(artifacts):
     assert m["target"]["name"] == "aarch64-sve" and m["dtype"] == "float32"
     assert m["entry_points"][0]["name"] == "lcmac_matmul"
     assert m["extra"]["kernel"] == "te_vla"
-    arm.check_library(_lib(artifacts("gemm-neon")))
+    toolchain.check_library(_lib(artifacts("gemm-neon")))
 
 
 @needs_toolchain
@@ -179,7 +181,7 @@ def test_no_qemu_names_the_package(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("LCMAC_QEMU_AARCH64", raising=False)
     with pytest.raises(ToolchainError, match="qemu-user"):
-        arm.qemu()
+        toolchain.qemu()
 
 
 def test_targets_registered():
@@ -220,7 +222,7 @@ def test_guard_pages_catch_reads_outside_a_buffer(tmp_path):
     from lcmac.runtime import qemu_runner
     src, lib = tmp_path / "span.c", tmp_path / "span.so"
     src.write_text(SPAN_C)
-    subprocess.run([arm.cross_gcc(), "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    subprocess.run([toolchain.cross_gcc(), "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
     x = np.arange(1, 101, dtype=np.float32)
 
     def span(lo, hi, guard):
@@ -397,7 +399,7 @@ def test_aarch64_host_checks(monkeypatch, tmp_path):
 def test_host_target_on_aarch64(monkeypatch, features, bits, want):
     _pretend_aarch64(monkeypatch, features, bits)
     assert arm.host_target().name == want
-    from lcmac.targets import host_target
+    from lcmac.spec.targets import host_target
     assert host_target().name == want   # the registry delegates to the AArch64 detection
 
 

@@ -97,8 +97,8 @@ def test_the_backends_named_configs_come_first_and_are_not_pruned():
     (in the model's order among themselves) and the fit rule does not drop them (Winograd²'s
     AVX-512 default holds a 2.1 MB block of A, over the rule's 2 MiB of L2); the grid follows
     by estimate."""
-    from lcmac.spec.cpu import config_space
-    from lcmac.targets import get_target
+    from lcmac.spec.cpu.config import config_space
+    from lcmac.spec.targets import get_target
     shape = (4096,) * 3
     cfgs = config_space(get_target("x86_64-avx512"), "float32", shape, "winograd^2")
     named = {tdb.config_key(c) for c in cfgs[:cfgs.named]}
@@ -160,7 +160,7 @@ def test_corrupt_and_foreign_lines_are_skipped_with_a_warning(tmp_path):
 
 
 def test_records_of_older_templates_are_ignored_by_builds_and_the_tuner(tmp_path):
-    from lcmac.spec import cpu as cpu_config
+    from lcmac.spec.cpu import config as cpu_config
     store = tdb.TuningDB(tmp_path)
     fresh = rec(t=0.02, cfg={"mr": 4, "nr": 64})
     assert fresh["schedule_version"] == cpu_config.SCHEDULE_VERSION >= 2
@@ -303,7 +303,7 @@ def test_decide_prefers_a_measured_winner_and_falls_back_to_gemm(tmp_path):
 @pytest.mark.slow
 def test_real_cpu_tuning_run(tmp_path):
     pytest.importorskip("tvm")
-    from lcmac.targets import host_target
+    from lcmac.spec.targets import host_target
     here = host_target().name                    # measured: it must run on this machine
     res = tuner.tune("gemm", here, "float32", (256, 256, 256), budget=2, jobs=1, db=tmp_path,
                      repeats=3, min_run_s=0.005)
@@ -313,7 +313,7 @@ def test_real_cpu_tuning_run(tmp_path):
 
 
 def test_cli_tune_parses_and_reports(tmp_path, monkeypatch, capsys):
-    from lcmac.cli.main import main as cli
+    from lcmac import cli
 
     def fake_tune(algo, target, dtype, shape, **kw):
         res = tuner.TuneResult(target, dtype, shape)
@@ -394,7 +394,7 @@ def test_decision_quality_counts_misses_and_vendor_losses():
 
 
 def test_decide_takes_the_vendor_gemm_when_it_is_faster(tmp_path):
-    from lcmac.policy.measured import vendor_matmul
+    from lcmac.runtime.vendor import vendor_matmul
     store = tdb.TuningDB(tmp_path)
     shape = (2048, 2048, 2048)
     vcfg = {"library": "openblas", "api": "numpy.matmul"}
@@ -512,7 +512,7 @@ def test_cuda_float32_is_priced_as_tf32_and_llm_cpu_subset_is_small():
 
 
 def test_cli_tune_dry_run_prints_table_vendor_and_plot(tmp_path, capsys):
-    from lcmac.cli.main import main as cli
+    from lcmac import cli
     code = cli.main(["tune", "--algo", "gemm,strassen", "--target", GPU, "--dtype", "bf16",
                      "--shape", "8192x8192x4096", "--budget", "3", "--dry-run", "--logs", str(tmp_path),
                      "--plot", str(tmp_path / "p.png"), "--compare-default"])
@@ -555,8 +555,8 @@ def test_build_uses_cpu_logs_only_at_the_logged_shape(tmp_path, monkeypatch, cap
     logged at another shape (its blocks were cut for that shape); the shape's own logged
     config is used; CUDA still takes the nearest logged shape's config."""
     from lcmac.artifact import build as lb
-    from lcmac.spec.cpu import default_config
-    from lcmac.targets import get_target
+    from lcmac.spec.cpu.config import default_config
+    from lcmac.spec.targets import get_target
     monkeypatch.setenv("LCMAC_TUNING_LOGS", str(tmp_path))
     tdb.TuningDB(tmp_path).append([rec(shape=(1024, 1024, 1024), t=0.01,
                                        cfg={"mr": 4, "nr": 32, "kc": 128, "mc": 64, "nc": 256})])
@@ -608,7 +608,7 @@ def test_log_lookups_keep_operand_modes_apart(tmp_path, monkeypatch):
     """A faster config of another precision is never the best config of this one: the log's
     best config, lcmac build's default and its operands-only config, and decide_by_measurement()."""
     from lcmac.artifact import build as lb
-    from lcmac.targets import get_target
+    from lcmac.spec.targets import get_target
     monkeypatch.setenv("LCMAC_TUNING_LOGS", str(tmp_path))
     x2 = {"block_m": 128, "block_n": 128, "stages": 2, "operands": "fp16x2"}
     tdb.TuningDB(tmp_path).append([
@@ -626,7 +626,7 @@ def test_log_lookups_keep_operand_modes_apart(tmp_path, monkeypatch):
 
 
 def test_cli_tune_operands_is_a_cuda_option(capsys):
-    from lcmac.cli.main import main as cli
+    from lcmac import cli
     assert cli.main(["tune", "--algo", "gemm", "--target", CPU, "--shape", "256x256x256",
                      "--operands", "fp16", "--dry-run"]) == 2
     assert "CUDA option" in capsys.readouterr().err
@@ -635,7 +635,7 @@ def test_cli_tune_operands_is_a_cuda_option(capsys):
 def test_fp8_tuning_is_refused_with_a_way_out():
     """Tuning operands="fp8" would need cuBLAS's FP8 GEMM as the baseline and an FP8-sized
     correctness check: refused by name, pointing at the build config and the benchmark."""
-    from lcmac.spec.cuda import NotSupportedYet
+    from lcmac.spec.cuda.support import NotSupportedYet
     with pytest.raises(NotSupportedYet, match="operands"):
         tuner.tune("strassen", GPU, "bfloat16", (4096, 4096, 4096), operands="fp8")
 
@@ -713,7 +713,7 @@ def test_a_regime_without_records_falls_back_to_the_model(tmp_path):
 def test_auto_takes_a_regime(tmp_path):
     import lcmac
     mm = lcmac.auto(tmp_path, regime="sustained")
-    assert mm.plan(16384, 16384, 16384, "bfloat16", target="cuda-sm90a").decision.regime == "sustained"
+    assert mm.plan(16384, 16384, 16384, "bfloat16", target="cuda-sm90a").regime == "sustained"
     with pytest.raises(ValueError, match="regime"):
         lcmac.auto(tmp_path, regime="warm")
 
@@ -767,8 +767,8 @@ def test_tuner_measures_the_default_config_unless_given_configs(tmp_path):
     """The default config is what an untuned build runs: a tune measures it beside the
     model's favourites, so the log's best (which builds take) is never a config slower than
     it; a caller's own ``configs`` are measured alone."""
-    from lcmac.spec.cpu import default_config
-    from lcmac.targets import get_target
+    from lcmac.spec.cpu.config import default_config
+    from lcmac.spec.targets import get_target
     dflt = default_config(get_target(CPU), "float32", None, shape=(512, 512, 512)).to_dict()
     seen = []
 

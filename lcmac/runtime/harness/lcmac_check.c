@@ -386,7 +386,7 @@ static int minteger(Mctx* c, int obj, const char* key, const char* name, int64_t
 }
 
 #if defined(__x86_64__)
-/* lcmac/targets/x86.py REQUIRED_FLAGS, for a manifest whose extra.cpu_flags lacks them */
+/* lcmac/spec/cpu/x86.py REQUIRED_FLAGS, for a manifest whose extra.cpu_flags lacks them */
 static const char* const X86_TARGET_FLAGS[][3] = {
   {"x86_64-avx512", "avx512f", NULL}, {"x86_64-avx2", "avx2", "fma"},
 };
@@ -427,7 +427,7 @@ static void note_missing(const char* have, const char* flag, char* missing, size
     snprintf(missing + len, cap - len, "%s%s", len ? " " : "", flag);
 }
 
-/* An AMX kernel (extra.gemm_kernel "amx", lcmac/targets/x86.py request_amx): Linux hands out
+/* An AMX kernel (extra.gemm_kernel "amx", lcmac/runtime/amx.py request_amx): Linux hands out
  * AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), else
  * the first tile instruction is an illegal instruction.  The permission is per process. */
 static int request_amx(Mctx* c, int extra) {

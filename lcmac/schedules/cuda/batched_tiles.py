@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from lcmac.core.dtypes import ITEMSIZE
 from lcmac.core.errors import DTypeError, ShapeError
-from lcmac.spec.cuda import BATCHED_ONLY_DTYPES, SMEM_PER_CTA, batched_only_why
+from lcmac.spec.cuda.dtypes import BATCHED_ONLY_DTYPES, batched_only_why
+from lcmac.spec.cuda.smem import SMEM_PER_CTA
 
 #: largest max(M, N) a batched product runs on the small template under "auto"
 SMALL_TEMPLATE_MAX = 128
@@ -93,8 +94,7 @@ def gemm_batch_tile_defaults(M: int, N: int, K: int, dtype: str, persistent: boo
     ``persistent`` (None: for 2-byte dtypes with rows of 16-byte multiples; float32's TF32
     stage has no persistent grid, nor has sm_80 or a shape whose copies are not TMA's:
     ``persistent_why``): a CTA per SM walking the tiles in one pipeline, so the next tile's loads
-    overlap this one's store (H200, 2026-11-27, 3 rounds: bf16 0.93× torch.bmm at 256³ and
-    1024³ against the grid's 0.91× and 0.87×).  Stages: as many, up to 4, as fit beside the
+    overlap this one's store (faster than the grid: docs/batched.md).  Stages: as many, up to 4, as fit beside the
     persistent grid's C tile in ``arch``'s shared memory (the grid's aliases the drained
     pipeline)."""
     if persistent is None:

@@ -21,8 +21,8 @@ CTA is resident per SM (TileLang's launch bounds give every thread the consumers
 registers, or 168 with two consumer warpgroups), so a CTA with few blocks is mostly latency.
 C's columns beyond N are never written (TMA zero-fills B's, clips C's); rows are whole
 blocks.  The C tile goes through shared memory to the TMA engine (``store_via_smem``, the
-default: whole lines; measured 2.0–2.2× faster in bf16 at 1 % density, where the kernel is
-mostly its stores) or from registers.
+default: whole lines, the faster at low density, where the kernel is mostly its stores) or
+from registers.
 """
 # (no `from __future__ import annotations`: TileLang evaluates the Tensor annotations)
 
@@ -30,7 +30,7 @@ import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
 from lcmac.schedules.cuda.common import ACCUM, emit_names, uses_pdl, warp_policy
-from lcmac.spec.cuda import CudaConfig
+from lcmac.spec.cuda.config import CudaConfig
 
 #: the kernel's arguments in the order of TileLang's launcher: the buffers, then the dynamic
 #: dimensions in the order they first appear in the buffers' shapes

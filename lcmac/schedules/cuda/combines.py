@@ -15,7 +15,9 @@ from tilelang.cuda.language import pdl_sync
 
 from lcmac.schedules.cuda.common import (
     ACCUM, all_of, emit_names, evaluate, extents, keep_params, unrolled, uses_pdl)
-from lcmac.spec.cuda import SPLIT_SHIFT, Blocking, CudaConfig
+from lcmac.spec.cuda.blocking import Blocking
+from lcmac.spec.cuda.config import CudaConfig
+from lcmac.spec.cuda.operands import SPLIT_SHIFT
 from lcmac.schedules.cuda.low_precision import OPERAND_DTYPE, operand_scale
 
 

@@ -15,7 +15,8 @@ import tilelang.language as T
 from tilelang import tvm
 from tvm.script.ir_builder import IRBuilder
 
-from lcmac.spec.cuda import CudaConfig, needs_int64
+from lcmac.spec.cuda.blocking import needs_int64
+from lcmac.spec.cuda.config import CudaConfig
 
 #: accumulator dtype of every template (the tensor cores' fp32 accumulation, fp32 combines)
 ACCUM = "float32"
@@ -135,7 +136,7 @@ def evaluate(prog, inputs):
 def raster(g, gx: int, gy: int, panel: int):
     """Tile position (row, col) of linear group index g >= 0: TileLang's rasterization2DRow
     (the order ``T.use_swizzle`` gives the non-persistent grid), written out for a
-    persistent CTA that walks group indices itself (``config.raster`` computes the same in
+    persistent CTA that walks group indices itself (``spec.cuda.persistent.raster`` computes the same in
     Python).  Truncating division: g is never negative, and floor division of a
     maybe-negative value emits a page of selects."""
     div, mod = T.truncdiv, T.truncmod

@@ -19,8 +19,10 @@ from tilelang.cuda.language import pdl_sync
 
 from lcmac.schedules.cuda.common import (
     ACCUM, GemmTile, all_of, emit_names, extents, raster, scaled, unrolled, uses_pdl)
-from lcmac.spec.cuda import (
-    Blocking, CudaConfig, PersistentPlan, combine_h_steps, first_in_piece, r_order, reduce_groups)
+from lcmac.spec.cuda.blocking import Blocking
+from lcmac.spec.cuda.config import CudaConfig
+from lcmac.spec.cuda.order import combine_h_steps, first_in_piece, r_order, reduce_groups
+from lcmac.spec.cuda.persistent import PersistentPlan
 
 
 def _select(values, s):
@@ -299,7 +301,7 @@ def _fused_persistent(fs: _FusedShape, dtype: str, cfg: CudaConfig, plan: Persis
             if pdl:
                 pdl_sync()
             # the step's indices live in scalar registers: the same values inlined into every
-            # address and epilogue mask made TileLang's passes 5-10x slower
+            # address and epilogue mask made TileLang's passes several times slower
             gv = T.alloc_var(T.int32)
             tv = T.alloc_var(T.int32)
             sv = T.alloc_var(T.int32)
@@ -426,7 +428,7 @@ def reduce_gemm_h(alg, blk: Blocking, dtype: str, cfg: CudaConfig, ctas: int, ar
 
     @T.macro
     def epilogue(C, C_local, C_shared, r, by, bx):
-        # The bulk stores/adds are not waited for where they are issued (targets.cuda.
+        # The bulk stores/adds are not waited for where they are issued (host_source.
         # async_reduce_stores drops the wait TileLang puts after each add), so the next
         # product's K loop runs while the TMA engine works.  Waits instead: all of the
         # previous product's bulk groups complete before this one writes C_shared (an add

@@ -18,7 +18,9 @@ from tilelang.cuda.language import pdl_sync
 
 from lcmac.schedules.cuda.common import (
     ACCUM, GemmTile, emit_names, extents, keep_params, raster, uses_pdl)
-from lcmac.spec.cuda import Blocking, CudaConfig, NotSupportedYet
+from lcmac.spec.cuda.blocking import Blocking
+from lcmac.spec.cuda.config import CudaConfig
+from lcmac.spec.cuda.support import NotSupportedYet
 
 
 @T.macro
@@ -28,7 +30,7 @@ def k_loop(a_slab, b_slab, A_shared, B_shared, C_local, num_k, num_stages: int, 
     accumulators): ``a_slab(ko)``/``b_slab(ko)`` give the global regions of the ko-th A and B
     slabs (B K-major when ``kmajor``).  ``multicast_b``: the CTA pair of a 2-CTA cluster
     shares the B slab, rank 0 loads it into both (the generated loop is completed by
-    ``targets.cuda.cluster_pipeline``)."""
+    ``host_source.cluster_pipeline``)."""
     T.clear(C_local)
     for ko in T.Pipelined(num_k, num_stages=num_stages):
         T.copy(a_slab(ko), A_shared)
@@ -218,7 +220,7 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
     ``views`` ({"A"/"B": {r: input slot}}, ``CudaConfig.direct_views``): those products read
     their operand from A / B in place.  That side is then written against one [R, rows, Q,
     cols] tensor indexed by r alone, whose descriptor the build splits into the input's and
-    the workspace's, each TMA load picking one from a table (``targets.cuda.view_loads``; a
+    the workspace's, each TMA load picking one from a table (``host_source.view_loads``; a
     select chain over r here cost the producer thread more than a k step takes, 49 products
     deep).  The kernel then also takes A and/or B (after H), for that second descriptor."""
     tile = GemmTile.of(cfg, dtype)

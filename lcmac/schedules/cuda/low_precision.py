@@ -21,8 +21,9 @@ from tilelang.cuda.language import pdl_sync
 
 from lcmac.schedules.cuda.common import (
     ACCUM, GemmTile, emit_names, evaluate, extents, keep_params, unrolled, uses_pdl)
-from lcmac.spec.cuda import (
-    FP8_BLOCK, FP8_MAX, FP8_TINY, SCALED_TOP, SPLIT_SHIFT, Blocking, CudaConfig)
+from lcmac.spec.cuda.blocking import Blocking
+from lcmac.spec.cuda.config import CudaConfig
+from lcmac.spec.cuda.operands import FP8_BLOCK, FP8_MAX, FP8_TINY, SCALED_TOP, SPLIT_SHIFT
 from lcmac.schedules.cuda.gemm import k_loop, store_tile
 
 #: storage type of scaled operands

@@ -26,7 +26,8 @@ import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
 from lcmac.schedules.cuda.common import emit_names, uses_pdl, warp_policy
-from lcmac.spec.cuda import CudaConfig, accum_dtype
+from lcmac.spec.cuda.config import CudaConfig
+from lcmac.spec.cuda.dtypes import accum_dtype
 
 
 def _tma_ok(dtype: str) -> bool:

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lcmac.spec.cuda import Blocking, CudaConfig, ceil_div
+from lcmac.spec.cuda.blocking import Blocking, ceil_div
+from lcmac.spec.cuda.config import CudaConfig
 from lcmac.targets.tilelang_worker import SERVE_MARK
 
 ROOT = str(Path(__file__).resolve().parents[3])     # the repository
@@ -77,7 +78,7 @@ def kernel_body(src: str) -> str:
 
 def assert_restrict_pointers(src: str, kname: str, pointers: int) -> None:
     """Both the declaration and the definition of kernel ``kname`` take ``pointers`` pointer
-    parameters, every one ``__restrict__`` (targets.cuda.restrict_pointers)."""
+    parameters, every one ``__restrict__`` (schedules.cuda.host_source.restrict_pointers)."""
     heads = re.findall(r'__global__ void.*?_%s_kernel\(([^)]*)\)' % kname, src)
     assert len(heads) == 2 and all(h.count("__restrict__") == h.count("*") == pointers for h in heads), heads
 
@@ -183,7 +184,7 @@ def split_group_build(tmp_path_factory):
 
 def test_split_group_launch_matches_plan(split_group_build):
     from lcmac.spec.profiles import get_profile
-    from lcmac.spec.cuda import persistent_plan
+    from lcmac.spec.cuda.persistent import persistent_plan
     alg, cfg, r = split_group_build
     M, N, K = r["shape"]
     blk = Blocking(M, N, K, 2, 2, 2, 7)
@@ -436,7 +437,7 @@ def test_scaled_gemm_compiles_with_nvcc(tmp_path):
     f = lcmac.load(path)
     assert f.gemm_precision.startswith("fp16x2") and "fp16x2" in repr(f)
     # the manifest holds the config the worker resolved, every knob (asked: the operand mode)
-    from lcmac.spec.cuda import CudaConfig
+    from lcmac.spec.cuda.config import CudaConfig
     assert set(f.manifest.config) == set(CudaConfig().to_dict())
     assert (f.manifest.config["operands"], f.manifest.config["block_n"]) == ("fp16x2", 128)
     for k, v in f.manifest.extra["ptxas"].items():
@@ -663,7 +664,7 @@ def test_tma_reduce_kernels_and_epilogue(tmp_path):
 
 @needs_tilelang
 def test_fused_rotated_walk_is_refused(tmp_path):
-    # the fused kernel without the cache-aware order hangs on an H100 (research/probe_hang.py):
+    # the fused kernel without the cache-aware order hangs on an H100 (docs/cuda-templates.md):
     # refused by name in every form, and the tuner does not offer it
     from lcmac.tune import space
     for extra in ({"split_group": True, "overlap_epilogue": True}, {"split_group": True},

@@ -1,6 +1,6 @@
 """CUDA back end, the parts that need neither TileLang nor a GPU: the static schedules and
-plans (lcmac.spec.cuda, tilelang_worker.view_plan), the scaled-operand
-arithmetic, and the host-side source rewrites of lcmac.targets.cuda.
+plans (lcmac.spec.cuda, lcmac.schedules.cuda.compose.view_plan), the scaled-operand
+arithmetic, and the host-side source rewrites of lcmac.schedules.cuda.host_source.
 """
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lcmac.spec.cuda import Blocking, CudaConfig
+from lcmac.spec.cuda.blocking import Blocking
+from lcmac.spec.cuda.config import CudaConfig
 
 ROOT = str(Path(__file__).resolve().parents[3])     # the repository
 TR = {"fused": True, "tma_reduce": True, "stages": 3}
@@ -24,7 +25,8 @@ def emulate_persistent(alg, M, N, K, cfg, units=132, seed=0):
     step → (group, product) map, rasterisation, first-write / read-modify-write decisions,
     workspace slots and fixup order.  C and the slots start as NaN, so a read of a value
     nothing wrote shows.  Returns (C, A @ B, plan); integer inputs make both exact."""
-    from lcmac.spec.cuda import combine_h_steps, first_in_piece, persistent_plan, r_order, raster
+    from lcmac.spec.cuda.order import combine_h_steps, first_in_piece, r_order
+    from lcmac.spec.cuda.persistent import persistent_plan, raster
     rng = np.random.default_rng(seed)
     A = rng.integers(-3, 4, (M, K)).astype(np.float64)
     B = rng.integers(-3, 4, (K, N)).astype(np.float64)
@@ -119,7 +121,7 @@ def test_split_group_schedule_emulated(algo, P, ca, swizzle):
 
 
 def persistent_plan_of(alg, M, N, K, P, **kw):
-    from lcmac.spec.cuda import persistent_plan
+    from lcmac.spec.cuda.persistent import persistent_plan
     cfg = CudaConfig(fused=True, split_group=True, block_m=8, block_n=8, persistent_ctas=P, **kw)
     return persistent_plan(Blocking(M, N, K, alg.m, alg.k, alg.n, alg.R), cfg, "bfloat16", 132)
 
@@ -146,11 +148,11 @@ def test_logged_large_n_failures_are_int32_wraps():
     ≈ 1) are exactly the artifacts with a wrapped int32 constant offset; every such buffer is
     now declared with int64 extents (config.int64_buffers)."""
     from lcmac import ir
-    from lcmac.spec.cuda import int64_buffers
+    from lcmac.spec.cuda.blocking import int64_buffers
     algs = {a: ir.get(a) for a in ("strassen", "strassen^2")}
     seen = {"ok": 0, "error": 0}
     for log in ("cuda-sm90a-bfloat16.jsonl", "cuda-sm90a-float32.jsonl"):
-        path = os.path.join(ROOT, "tuning_logs", log)
+        path = os.path.join(ROOT, "lcmac", "data", "tuning_logs", log)
         if not os.path.exists(path):
             continue
         for line in open(path):
@@ -173,7 +175,7 @@ def test_default_stages_fit_the_arch_shared_memory():
     over sm_80's 163 KB, where a kernel compiles and then fails at launch.  With the arch
     known, a config silent on ``stages`` gets the deepest pipeline that fits; an explicit
     value is kept (and checked after lowering: test_sm80_build_fits_shared_memory)."""
-    from lcmac.spec.cuda import SMEM_PER_CTA, persistent_tile_bytes, stage_bytes
+    from lcmac.spec.cuda.smem import SMEM_PER_CTA, persistent_tile_bytes, stage_bytes
 
     # sm_90a bf16: an LCMA's persistent GEMM stage (the default there) keeps its 64 KB output
     # tile beside the pipeline: 3 stages; asked for 4, it stays a grid kernel (which fits 4);
@@ -207,7 +209,7 @@ def test_operand_scale_keeps_every_combined_value_in_fp16_range():
     import numpy as np
 
     from lcmac import ir
-    from lcmac.spec.cuda import SCALED_TOP, bound_exponent, scale_exponent
+    from lcmac.spec.cuda.operands import SCALED_TOP, bound_exponent, scale_exponent
     for name in ("strassen", "winograd", "strassen^2", "laderman"):
         alg = ir.get(name)
         for coeffs in (alg.U, alg.V):
@@ -231,7 +233,7 @@ def test_fp16x2_split_keeps_22_bits():
     lo·hi)) matches the float64 product to about 2⁻²²."""
     import numpy as np
 
-    from lcmac.spec.cuda import SCALED_TOP, SPLIT_SHIFT
+    from lcmac.spec.cuda.operands import SCALED_TOP, SPLIT_SHIFT
     rng = np.random.default_rng(0)
     # |v| from fp16's smallest normal (2⁻¹⁴) to the top: 29 binades
     sign = rng.choice([-1.0, 1.0], 200000)
@@ -252,7 +254,7 @@ def test_fp16x2_split_keeps_22_bits():
 
 
 def test_prepared_b_plan_splits_off_the_kernels_that_read_only_b():
-    from lcmac.targets.cuda import prepared_b_plan
+    from lcmac.schedules.cuda.entry_point import prepared_b_plan
     ws = [("At", 0), ("Bt", 1024), ("H", 3072), ("__end__", 4096)]
     alg1 = [{"name": "combine_a", "args": ["A", "At"]}, {"name": "combine_b", "args": ["B", "Bt"]},
             {"name": "batched_gemm", "args": ["At", "Bt", "H"]}, {"name": "combine_h", "args": ["H", "C"]}]
@@ -274,7 +276,7 @@ def test_prepared_b_plan_splits_off_the_kernels_that_read_only_b():
 
 def test_cluster_pipeline_refuses_an_unknown_loop():
     from lcmac.core.errors import ToolchainError
-    from lcmac.targets.cuda import cluster_pipeline
+    from lcmac.schedules.cuda.host_source import cluster_pipeline
     with pytest.raises(ToolchainError, match="cluster=1"):
         cluster_pipeline("__global__ void k() { __syncthreads(); }", 3, 256)
 
@@ -284,7 +286,7 @@ def test_reduce_groups_add_up_to_combine_h(algo):
     # the epilogue's plan, replayed on random products: the first contribution stores, the
     # rest add, one group per coefficient -- C_ij = sum_r W[r,i,j] H_r exactly (float64)
     from lcmac import ir
-    from lcmac.spec.cuda import reduce_groups
+    from lcmac.spec.cuda.order import reduce_groups
     alg = ir.get(algo)
     W = np.asarray(alg.W, dtype=float)
     H = np.random.default_rng(0).standard_normal((alg.R, 3, 5))
@@ -301,7 +303,7 @@ def test_reduce_groups_add_up_to_combine_h(algo):
 
 
 def test_tma_reduce_refusals_name_the_reason():
-    from lcmac.spec.cuda import tma_reduce_why
+    from lcmac.spec.cuda.support import tma_reduce_why
     ok = CudaConfig.from_dict(TR)
     blk = Blocking(1024, 1024, 1024, 2, 2, 2, 7)
     assert tma_reduce_why(ok, blk, "bfloat16", "sm_90a") is None
@@ -320,7 +322,7 @@ def test_tma_reduce_refusals_name_the_reason():
 
 def test_restrict_pointers_rewrites_both_signatures_or_refuses():
     from lcmac.core.errors import ToolchainError
-    from lcmac.targets.cuda import restrict_pointers
+    from lcmac.schedules.cuda.host_source import restrict_pointers
     decl = 'extern "C" __global__ void k_combine_h_kernel(bfloat16_t* C, const bfloat16_t* H);\n'
     defn = ('extern "C" __global__ void __launch_bounds__(256, 1) k_combine_h_kernel(bfloat16_t* C, '
             'const bfloat16_t* __restrict__ H) {\n}\n')
@@ -333,7 +335,7 @@ def test_restrict_pointers_rewrites_both_signatures_or_refuses():
 
 def test_async_reduce_stores_refuses_an_unknown_epilogue():
     from lcmac.core.errors import ToolchainError
-    from lcmac.targets.cuda import async_reduce_stores
+    from lcmac.schedules.cuda.host_source import async_reduce_stores
     with pytest.raises(ToolchainError, match="tma_reduce=False"):
         async_reduce_stores("__global__ void k() { tl::tma_store_add(d, s, 0, 0); }")
 
@@ -348,7 +350,7 @@ def test_direct_outputs_are_the_single_block_operands(algo, counts):
     from lcmac import ir
     from lcmac.ir.cse import optimized_programs
     from lcmac.ir.program import combine_matrices, direct_outputs, keep_outputs
-    from lcmac.spec.cuda import operand_sources
+    from lcmac.spec.cuda.views import operand_sources
     alg = ir.get(algo)
     progs, mats = optimized_programs(alg), combine_matrices(alg)
     for side, n in zip("AB", counts):
@@ -371,7 +373,7 @@ def test_view_plan_computes_the_product(algo, counts):
     # program carries the sign of every product read from an odd number of −1 blocks
     from lcmac import ir
     from lcmac.ir.cse import optimized_programs
-    from lcmac.targets.tilelang_worker import view_plan
+    from lcmac.schedules.cuda.compose import view_plan
     alg = ir.get(algo)
     m, k, n = alg.grid
     blk = Blocking(m * 4, n * 4, k * 4, m, k, n, alg.R)
@@ -401,7 +403,8 @@ def test_view_plan_computes_the_product(algo, counts):
 
 
 def test_direct_views_refusals_and_auto():
-    from lcmac.spec.cuda import arch_why, direct_views_why, view_sides
+    from lcmac.spec.cuda.support import arch_why, direct_views_why
+    from lcmac.spec.cuda.views import view_sides
     ab = CudaConfig.from_dict({"direct_views": "ab"})
     blk = Blocking(2048, 2048, 2048, 2, 2, 2, 7)
     assert direct_views_why(ab, blk, "bfloat16", "sm_90a") is None
@@ -439,7 +442,7 @@ def test_view_counts_price_the_unwritten_operands():
 
 def test_view_loads_refuses_an_unknown_source():
     from lcmac.core.errors import ToolchainError
-    from lcmac.targets.cuda import view_loads
+    from lcmac.schedules.cuda.host_source import view_loads
     side = {"tensor": "At", "input": "A", "blocks_per_row": 2, "sources": [0, -1], "virtual_dims": [64, 64, 2, 2],
             "virtual_strides": [2, 256, 128, 16384], "view_dims": [64, 64, 2, 2], "ws_dims": [64, 64, 1, 1],
             "ws_strides": [2, 128, 8192, 8192]}

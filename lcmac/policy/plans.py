@@ -1,0 +1,133 @@
+"""``Plan``: what runs for one product C[M×N] = A[M×K]·B[K×N], and why.
+
+Every decision lcmac makes for a product is a ``Plan``: ``lcmac.matmul`` and ``lcmac.ops.plan``,
+``lcmac.auto(...).plan``, ``lcmac.optimize``'s layers, ``lcmac select --measured`` and
+``lcmac export`` all read one.  Two of its fields name algorithms:
+
+- ``decision``: what the decision chose ("vendor", "gemm", an LCMA, or the algorithm asked for);
+- ``runs``: what the caller then runs.  They differ where the chosen kernel cannot run there
+  (``lcmac.auto`` without its artifact), where lcmac's plain GEMM was not measured faster than
+  the vendor's at the shape, or where every row bucket of the shape gives its rows to the
+  vendor GEMM; ``why`` says which.
+
+``kernels`` says where the lcmac kernels that run come from, because ``lcmac.matmul`` and
+``lcmac.auto`` take them from different places (``JIT``: kernels per row bucket, compiled into
+the kernel cache on first use; ``lcmac.auto``: artifacts of the exact shape).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from lcmac.artifact.tuning_log import GEMM, VENDOR
+
+__all__ = ["AUTO", "GEMM", "VENDOR", "JIT", "Piece", "Plan"]
+
+#: ``algo`` for the decision per shape (the tuning logs, else the model)
+AUTO = "auto"
+#: ``Plan.kernels`` of ``lcmac.matmul``: one kernel per row bucket and N×K, compiled on first use
+JIT = "kernels per row bucket, compiled into the kernel cache on first use (lcmac.matmul)"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """``rows`` consecutive rows of A and C, run as one product of ``bucket`` rows (padded
+    where ``rows < bucket``) by ``runs``: the plan's algorithm or "vendor"."""
+    rows: int
+    bucket: int
+    runs: str
+
+    def to_dict(self) -> dict:
+        return {"rows": self.rows, "bucket": self.bucket, "runs": self.runs}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What runs for C[M×N] = A[M×K]·B[K×N] (``shape`` = (M, N, K)) of ``dtype`` on ``target``,
+    asked as ``algo`` ("auto", "vendor", "gemm" or an algorithm) within ``max_error`` (an error
+    budget, × the plain GEMM's error) on the tuning logs' ``regime`` records.
+
+    ``runs``: "vendor" (numpy.matmul / torch.matmul), "gemm" (lcmac's plain GEMM) or an LCMA;
+    ``decision``: the decision's algorithm (module doc); ``speedup``: the predicted speed-up of
+    what runs over lcmac's plain GEMM (the model, rescaled by the logs' measurements; None for
+    the vendor GEMM or where the model does not price it); ``error``: its predicted error ÷ the
+    plain GEMM's (None where not evaluated); ``source``: where the decision's times come from
+    ("exact": measured at this shape; "nearest logged shape …": ratios carried from there;
+    "model…": the model alone; "asked": no decision was made); ``kernels``: where the lcmac
+    kernels come from ("" for a decision alone); ``pieces``: the row pieces, where the rows are
+    cut into buckets (``lcmac.matmul``); ``why``: all of it in words.
+
+    A decision made from the logs and the model also keeps its ranking: ``candidates``
+    (``lcmac.costmodel.Candidate``, the decision first), the ``measurements`` (algorithm →
+    seconds) it used, the ``logged_shape`` they were measured at and the LCMAs ``worth_tuning``
+    (predicted faster than the decision, not measured yet)."""
+    shape: tuple
+    dtype: str
+    target: str
+    algo: str
+    runs: str
+    decision: str
+    speedup: float | None
+    error: float | None
+    why: str
+    max_error: float | None = None
+    regime: str = "burst"
+    source: str = "asked"
+    kernels: str = ""
+    pieces: tuple = ()
+    candidates: tuple = field(default=(), hash=False)
+    measurements: Mapping[str, float] = field(default_factory=dict, hash=False)
+    logged_shape: tuple | None = None
+    worth_tuning: tuple = ()
+
+    @property
+    def candidate(self):
+        """The decision's priced ``Candidate`` (None where no ranking was made)."""
+        return self.candidates[0] if self.candidates else None
+
+    @property
+    def algorithm(self) -> str:
+        """The decision's algorithm (``decision``), named as a ranked ``Candidate`` names it."""
+        return self.decision
+
+    @property
+    def is_vendor(self) -> bool:
+        """The decision is the vendor library's GEMM."""
+        return self.decision == VENDOR
+
+    def describe(self) -> str:
+        """The decision in words: what was chosen, where its times came from, its reason, and
+        what is worth tuning (``why`` adds what runs)."""
+        c = self.candidate
+        if c is None:
+            return self.why
+        src = {"model": "model only (nothing logged)", "exact": "measured at this shape"}.get(
+            self.source, f"measured at the {self.source}")
+        if self.regime == "sustained" and self.source != "model":
+            src += ", sustained records"
+        s = f"{c.algorithm} ({src}; {c.reason})"
+        if self.worth_tuning:
+            s += f"; not measured yet but predicted faster: {', '.join(self.worth_tuning)}"
+        return s
+
+    def kernel_shapes(self) -> list[tuple]:
+        """The (bucket rows, N, K) of the kernels of ``runs`` the pieces run, each once, in
+        order (the whole shape where the rows are not cut); none where the vendor GEMM runs."""
+        if self.runs == VENDOR:
+            return []
+        if not self.pieces:             # JIT kernels come in row pieces; none for no rows
+            return [] if self.kernels == JIT else [tuple(self.shape)]
+        _, N, K = self.shape
+        shapes = []
+        for piece in self.pieces:
+            s = (piece.bucket, N, K)
+            if piece.runs != VENDOR and s not in shapes:
+                shapes.append(s)
+        return shapes
+
+    def to_dict(self) -> dict:
+        return {"shape": list(self.shape), "dtype": self.dtype, "target": self.target,
+                "algo": self.algo, "max_error": self.max_error, "regime": self.regime,
+                "runs": self.runs, "decision": self.decision, "speedup": self.speedup,
+                "error": self.error, "source": self.source, "kernels": self.kernels,
+                "pieces": [p.to_dict() for p in self.pieces], "why": self.why}

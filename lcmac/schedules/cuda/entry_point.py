@@ -1,0 +1,215 @@
+"""The C entry point of a CUDA artifact: one source that chains the kernels of a composition
+(``lcmac.schedules.cuda.compose``) on a stream, with the workspace slices between them.
+
+Entry points of an artifact library:
+
+    int         lcmac_init(void);                       // once per process (smem attributes)
+    int         lcmac_run(const void* A, const void* B, void* C, void* workspace,
+                          void* stream);                // enqueue on the stream, no sync
+    const char* lcmac_last_error(void);
+    long long   lcmac_workspace_bytes(void);
+    long long   lcmac_prepared_b_bytes(void);               // -1: B cannot be prepared
+    int         lcmac_prepare_b(const void* B, void* P, void* stream);   // B-side kernels → P
+    int         lcmac_run_prepared(const void* A, const void* P, void* C, void* workspace,
+                                   void* stream);       // the rest, B̃ read from P
+
+A batched artifact has ``lcmac_run_batched`` and a block-sparse one ``lcmac_run_bsr`` instead
+of ``lcmac_run`` (which then refuses, naming the one to call).  A prepared B
+(``prepared_b_plan``) is the output of the kernels that read B alone — the combines of B into
+B̃ — kept by the caller, so a static B (a weight matrix) is combined once.  Loading the
+library needs only ctypes and the driver (``lcmac.runtime.cuda_loader``).
+"""
+from __future__ import annotations
+
+__all__ = ["prepared_b_plan", "entry_source", "artifact_entry", "SCALAR_ARGS"]
+
+
+def _slice_bytes(workspace: list[tuple[str, int]]) -> dict[str, int]:
+    """{buffer name: bytes} of a workspace layout [(name, offset)] ending in ("__end__", total)."""
+    return {n: nxt - off for (n, off), (_, nxt) in zip(workspace, workspace[1:])}
+
+
+def prepared_b_plan(kernels: list[dict], workspace: list[tuple[str, int]],
+                    zero: list[str] = (), b_bytes: int = 0) -> dict:
+    """Which kernels depend on B alone, so that B can be combined once and reused (static
+    weights): ``{"kernels": [...], "buffers": [[name, offset, bytes]], "bytes": n}``, or
+    ``{"unsupported": reason}``.  A kernel is B-side when it reads B and neither A nor C;
+    its other buffers then live in the caller's prepared-B buffer instead of the workspace,
+    which is only sound when no A-side kernel (one that reads A to write a workspace buffer:
+    not a GEMM stage or Combine H, whose outputs are H or C) touches them.  Where a later
+    kernel reads B itself (the GEMM stage's in-place operands, ``direct_views``), the prepared
+    buffer also holds a copy of B (``b_bytes``), buffer "B"."""
+    bside = [k for k in kernels if "B" in k["args"] and "A" not in k["args"] and "C" not in k["args"]]
+    if not bside:
+        return {"unsupported": "B is read directly by the GEMM (plain GEMM): nothing to prepare"}
+    names = sorted({a for k in bside for a in k["args"] if a != "B"}, key=[n for n, _ in workspace].index)
+    aside = [k for k in kernels if "A" in k["args"] and not {"H", "C"} & set(k["args"])]
+    shared = sorted({a for k in aside for a in k["args"] if a in names} | {n for n in zero if n in names})
+    if shared:
+        return {"unsupported": f"the B-side buffer(s) {', '.join(shared)} are shared with the A "
+                               f"side (e.g. one amax scale slot per operand in operands='fp16'/"
+                               f"'fp16x2')"}
+    size = _slice_bytes(workspace)
+    if any("B" in k["args"] for k in kernels if k not in bside):
+        names, size = names + ["B"], dict(size, B=b_bytes)
+    off, bufs = 0, []
+    for n in names:
+        bufs.append([n, off, size[n]])
+        off += -(-size[n] // 256) * 256
+    return {"kernels": [k["name"] for k in bside], "buffers": bufs, "bytes": off}
+
+
+def _launches(kernels: list[dict]) -> list[str]:
+    """C lines launching ``kernels`` in order on stream ``s`` from ``bufs_<name>`` pointers,
+    each checked (its launcher's error, then the CUDA runtime's)."""
+    lines = []
+    for k in kernels:
+        args = ", ".join(f"bufs_{a}" for a in k["args"])
+        lines.append(f'  if ({k["name"]}_call({args}, s) != 0) {{ snprintf(lcmac_err, sizeof lcmac_err, '
+                     f'"{k["name"]}: %s", {k["name"]}_get_last_error()); return -1; }}')
+        lines.append('  { cudaError_t e = cudaGetLastError(); if (e != cudaSuccess) { '
+                     f'snprintf(lcmac_err, sizeof lcmac_err, "{k["name"]}: %s", cudaGetErrorString(e)); '
+                     'return -2; } }')
+    return lines
+
+
+def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
+                 zero: list[str] = (), prepared: dict | None = None) -> str:
+    """kernels: [{"name", "args": [buffer names in call order]}] in launch order.
+
+    Buffers: A, B, C (user) and workspace slices (name, byte offset); ``zero``: workspace
+    slices cleared (cudaMemsetAsync, same stream) before the first kernel (atomic maxima).
+    ``prepared``: ``prepared_b_plan``'s answer — ``lcmac_prepare_b`` runs the B-side kernels
+    into the caller's buffer P, ``lcmac_run_prepared`` runs the others reading them from P
+    (both return -3 with the reason when the artifact cannot prepare B)."""
+    prepared = prepared or {"unsupported": "not generated"}
+    lines = ['#include <cuda_runtime.h>', '#include <cstdio>', '#include <cstring>', '']
+    for k in kernels:
+        params = ", ".join("int" if a in SCALAR_ARGS else "void*" for a in k["args"])
+        lines.append(f'extern "C" int {k["name"]}_init();')
+        lines.append(f'extern "C" int {k["name"]}_call({params}, cudaStream_t);')
+        lines.append(f'extern "C" const char* {k["name"]}_get_last_error();')
+    total = max([off for _, off in workspace] + [0])
+    lines += ['', 'static char lcmac_err[1024];',
+              'extern "C" const char* lcmac_last_error() { return lcmac_err; }',
+              f'extern "C" long long lcmac_workspace_bytes() {{ return {total}LL; }}',
+              'extern "C" int lcmac_init() {', '  lcmac_err[0] = 0;']
+    for k in kernels:
+        lines.append(f'  if ({k["name"]}_init() != 0) {{ snprintf(lcmac_err, sizeof lcmac_err, '
+                     f'"%s", {k["name"]}_get_last_error()); return -1; }}')
+    lines += ['  return 0;', '}', '']
+
+    def slices(skip=()):
+        return [f'  void* bufs_{name} = (void*)(w + {off}LL);'
+                for name, off in workspace if name != "__end__" and name not in skip]
+
+    size = _slice_bytes(workspace)
+    memsets = [f'  if (cudaMemsetAsync(bufs_{name}, 0, {size[name]}, s) != cudaSuccess) {{ '
+               f'snprintf(lcmac_err, sizeof lcmac_err, "memset {name}: %s", '
+               'cudaGetErrorString(cudaGetLastError())); return -2; }' for name in zero]
+    if any("batch" in k["args"] for k in kernels):
+        return "\n".join(lines + _batched_entry(kernels))
+    if any("nnzb" in k["args"] for k in kernels):
+        return "\n".join(lines + _bsr_entry(kernels))
+    lines += ['extern "C" int lcmac_run(const void* A, const void* B, void* C, void* ws, void* stream) {',
+              '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
+              '  char* w = (char*)ws; (void)w;',
+              '  void* bufs_A = (void*)A; void* bufs_B = (void*)B; void* bufs_C = C;']
+    lines += slices() + memsets + _launches(kernels) + ['  return 0;', '}', '']
+    if "unsupported" in prepared:
+        why = prepared["unsupported"].replace('"', "'")
+        lines += ['extern "C" long long lcmac_prepared_b_bytes() { return -1LL; }',
+                  'extern "C" int lcmac_prepare_b(const void* B, void* P, void* stream) {',
+                  f'  snprintf(lcmac_err, sizeof lcmac_err, "cannot prepare B: %s", "{why}"); return -3;', '}',
+                  'extern "C" int lcmac_run_prepared(const void* A, const void* P, void* C, void* ws, void* stream) {',
+                  f'  snprintf(lcmac_err, sizeof lcmac_err, "cannot prepare B: %s", "{why}"); return -3;', '}', '']
+        return "\n".join(lines)
+    pb = {n: off for n, off, _ in prepared["buffers"]}
+    bnames = set(prepared["kernels"])
+    in_p = {n: f'  void* bufs_{n} = (void*)(p + {off}LL);' for n, off in pb.items()}
+    # where the GEMM stage reads blocks of B in place, P holds a copy of B (buffer "B")
+    copy_b = []
+    if "B" in pb:
+        size_b = next(b for n, _, b in prepared["buffers"] if n == "B")
+        copy_b = [f'  if (cudaMemcpyAsync(p + {pb["B"]}LL, B, {size_b}LL, cudaMemcpyDeviceToDevice, s) != '
+                  'cudaSuccess) { snprintf(lcmac_err, sizeof lcmac_err, "copy of B: %s", '
+                  'cudaGetErrorString(cudaGetLastError())); return -2; }']
+    lines += [f'extern "C" long long lcmac_prepared_b_bytes() {{ return {prepared["bytes"]}LL; }}',
+              'extern "C" int lcmac_prepare_b(const void* B, void* P, void* stream) {',
+              '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
+              '  char* p = (char*)P; void* bufs_B = (void*)B;']
+    lines += ([ln for n, ln in in_p.items() if n != "B"] + _launches([k for k in kernels if k["name"] in bnames])
+              + copy_b + ['  return 0;', '}', ''])
+    lines += ['extern "C" int lcmac_run_prepared(const void* A, const void* P, void* C, void* ws, void* stream) {',
+              '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
+              '  char* w = (char*)ws; (void)w; char* p = (char*)P;',
+              '  void* bufs_A = (void*)A; void* bufs_C = C;']
+    lines += slices(skip=pb) + list(in_p.values()) + memsets + _launches([k for k in kernels if k["name"] not in bnames])
+    lines += ['  return 0;', '}', '']
+    return "\n".join(lines)
+
+
+#: kernel arguments passed as int (TileLang's dynamic dimensions), not as pointers
+SCALAR_ARGS = ("batch", "nnzb", "K", "N", "M")
+
+
+def _refusals(refuse: str) -> list[str]:
+    """``lcmac_run`` and the prepared-B entries of an artifact that has its own entry point,
+    each refusing with ``refuse`` (a C statement setting the error and returning)."""
+    return ['extern "C" int lcmac_run(const void* A, const void* B, void* C, void* ws, void* stream) {',
+            '  (void)A; (void)B; (void)C; (void)ws; (void)stream;', refuse, '}',
+            'extern "C" long long lcmac_prepared_b_bytes() { return -1LL; }',
+            'extern "C" int lcmac_prepare_b(const void* B, void* P, void* stream) {',
+            '  (void)B; (void)P; (void)stream;', refuse, '}',
+            'extern "C" int lcmac_run_prepared(const void* A, const void* P, void* C, void* ws, void* stream) {',
+            '  (void)A; (void)P; (void)C; (void)ws; (void)stream;', refuse, '}', '']
+
+
+def _bsr_entry(kernels: list[dict]) -> list[str]:
+    """``lcmac_run_bsr(A, B, C, row_ptr, col_idx, nnzb, K, N, M, ws, stream)`` for a
+    block-sparse artifact (``CudaConfig.bsr``: A the nnzb blocks sorted by block row, the CSR
+    arrays int32); the sizes are checked for the kernel's int arguments, the shapes against
+    one another by the caller (``runtime.cuda_loader``)."""
+    refuse = ('  snprintf(lcmac_err, sizeof lcmac_err, "this artifact multiplies a block-sparse A: '
+              'call lcmac_run_bsr"); return -3;')
+    return (['extern "C" int lcmac_run_bsr(const void* A, const void* B, void* C, const void* row_ptr, '
+             'const void* col_idx, long long nnzb, long long K, long long N, long long M, void* ws, '
+             'void* stream) {',
+             '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0; (void)ws;',
+             '  if (nnzb < 1 || K < 1 || N < 1 || M < 1 || nnzb > 2147483647LL || K > 2147483647LL || '
+             'M * N > 2147483647LL) { snprintf(lcmac_err, sizeof lcmac_err, "nnzb, K, N and M must be '
+             'positive and M*N, K and nnzb below 2^31 (got %lld, %lld, %lld, %lld)", nnzb, K, N, M); '
+             'return -4; }',
+             '  int bufs_nnzb = (int)nnzb; int bufs_K = (int)K; int bufs_N = (int)N; int bufs_M = (int)M;',
+             '  void* bufs_A = (void*)A; void* bufs_B = (void*)B; void* bufs_C = C;',
+             '  void* bufs_row_ptr = (void*)row_ptr; void* bufs_col_idx = (void*)col_idx;']
+            + _launches(kernels) + ['  return 0;', '}', ''] + _refusals(refuse))
+
+
+def _batched_entry(kernels: list[dict]) -> list[str]:
+    """``lcmac_run_batched(A, B, C, batch, ws, stream)`` for a batched artifact (kernels taking
+    the batch count), and ``lcmac_run`` / prepared-B entries that refuse with the reason."""
+    refuse = ('  snprintf(lcmac_err, sizeof lcmac_err, "this artifact multiplies batches of '
+              'products: call lcmac_run_batched"); return -3;')
+    return (['extern "C" int lcmac_run_batched(const void* A, const void* B, void* C, long long batch, '
+            'void* ws, void* stream) {',
+            '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0; (void)ws;',
+            '  if (batch < 0 || batch > 2147483647LL) { snprintf(lcmac_err, sizeof lcmac_err, '
+            '"batch must be 0 .. 2^31-1, not %lld", batch); return -4; }',
+            '  if (batch == 0) return 0;',
+            '  int bufs_batch = (int)batch;',
+            '  void* bufs_A = (void*)A; void* bufs_B = (void*)B; void* bufs_C = C;']
+            + _launches(kernels) + ['  return 0;', '}', ''] + _refusals(refuse))
+
+
+def artifact_entry(composition, name: str, b_bytes: int) -> tuple[str, dict]:
+    """(entry source, prepared-B plan) of a composition whose kernels are linked as
+    ``<name>_<kernel>``; the plan names its kernels without that prefix, as the manifest
+    records them.  ``b_bytes``: the bytes of B (a prepared buffer may hold a copy)."""
+    klist = [{"name": f"{name}_{k.name}", "args": k.args} for k in composition.kernels]
+    zero = (composition.info or {}).get("zero", [])
+    prepared = prepared_b_plan(klist, composition.workspace, zero, b_bytes=b_bytes)
+    entry = entry_source(klist, composition.workspace, zero=zero, prepared=prepared)
+    if "kernels" in prepared:
+        prepared = dict(prepared, kernels=[k[len(name) + 1:] for k in prepared["kernels"]])
+    return entry, prepared

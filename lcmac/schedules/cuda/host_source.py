@@ -1,0 +1,236 @@
+"""The host-side rewrites of the CUDA that TileLang generates for lcmac's templates.
+
+TileLang lowers each template to CUDA source that already holds a small host launcher (its
+wrapper: TMA descriptors, dynamic shared memory, ``cudaLaunchKernelEx``).  Before the kernels
+of one artifact are linked into one library (``lcmac.schedules.cuda.entry_point`` chains
+them), each source is made ready here (``kernel_source``):
+
+    rename_launcher      unique symbols per kernel, so several link into one ``.so``
+    cluster_pipeline     a 2-CTA multicast pipeline made safe (``CudaConfig.cluster``)
+    async_reduce_stores  the TMA-engine epilogue's reductions left in flight (``tma_reduce``)
+    restrict_pointers    ``__restrict__`` back on the streaming kernels' pointers
+    view_loads           operands read in place through two descriptors (``direct_views``)
+
+Each rewrite checks that the generated source has exactly the form it rewrites and raises
+otherwise (another TileLang version), rather than produce a kernel that races.  Imports
+neither TileLang nor TVM.
+"""
+from __future__ import annotations
+
+import re
+
+from lcmac.core.errors import ToolchainError
+
+__all__ = ["rename_launcher", "cluster_pipeline", "async_reduce_stores", "STREAMING_KERNELS",
+           "restrict_pointers", "view_loads", "launch_info", "kernel_source"]
+
+
+def rename_launcher(code: str, func_name: str, kname: str) -> str:
+    """Give one TileLang-wrapped source unique symbols so several link into one .so."""
+    code = code.replace(f"{func_name}_kernel", f"{kname}_kernel")
+    code = re.sub(r'extern "C" TL_EXPORT const char\* get_last_error\(\)',
+                  f'extern "C" const char* {kname}_get_last_error()', code)
+    code = re.sub(r'extern "C" TL_EXPORT int init\(\)', f'extern "C" int {kname}_init()', code)
+    code = re.sub(r'extern "C" TL_EXPORT int call\(', f'extern "C" int {kname}_call(', code)
+    return code
+
+
+# What TileLang 0.1.15 emits for a pipelined loop whose B slab is a cluster multicast
+# (T.copy_cluster): rank 0 writes each slab into both CTAs' shared memory, but its producer
+# waits only for its *own* consumers to free a stage, no CTA waits for its peer's barriers to
+# be initialised, and a CTA may exit while its peer still signals it.  cluster_pipeline
+# completes that protocol (as CUTLASS's PipelineTmaAsync does for 2x1 clusters).
+_BARRIER_INIT_SYNC = "  tl::fence_barrier_init();\n  __syncthreads();\n"
+_EMPTY_INIT = re.compile(r"mbarrier\[(\d+)\]\.init\((\d+)\);")
+# a consumer's "stage free" arrival: barrier stages + (k mod stages), or stages + k where
+# the loop is no longer than the pipeline
+_RELEASE = (r"(?P<ind>[ ]*)(?P<bar>mbarrier\[\((?:\(\w+ [&%] \d+\)|\w+) \+ {stages}\)\])"
+            r"\.arrive\(\);\n")
+_KERNEL_END = "\n}\n\n#include <cutlass/cuda_host_adapter.hpp>"
+
+
+def cluster_pipeline(code: str, stages: int, consumers: int) -> str:
+    """Make a 2-CTA multicast pipeline (``CudaConfig.cluster``) safe:
+
+    * the barriers are initialised cluster-wide before any CTA loads (cluster_sync instead of
+      __syncthreads), as rank 0's multicast completes transactions on rank 1's barriers;
+    * rank 0's "stage free" barriers also count one arrival per consumer warpgroup of rank 1
+      (their thread 0 arrives remotely after its wgmmas on the stage have retired), so rank 0
+      never overwrites a stage rank 1 is still reading;
+    * both CTAs meet at a cluster_sync before exiting (rank 1 may still be signalling rank
+      0's shared memory).
+
+    ``consumers``: consumer threads per CTA.  The generated source must have exactly the
+    form described above; anything else raises rather than producing a kernel that races."""
+    inits = [(int(i), int(n)) for i, n in _EMPTY_INIT.findall(code)]
+    empty = [i for i, n in inits if n == consumers]
+    release = re.compile(_RELEASE.format(stages=stages))
+    releases = release.findall(code)
+    if (code.count(_BARRIER_INIT_SYNC) != 1 or code.count(_KERNEL_END) != 1 or len(inits) != 2 * stages
+            or empty != list(range(stages, 2 * stages)) or len(releases) != 1
+            or "return;" in code.split(_KERNEL_END)[0]):
+        raise ToolchainError("cluster=2: TileLang's generated GEMM loop for this shape does not have "
+                             "the pipelined multicast form this build completes (a K of one slab, "
+                             "or another TileLang version); build with cluster=1")
+    code = code.replace(_BARRIER_INIT_SYNC, "  tl::fence_barrier_init();\n  tl::cluster_sync();\n")
+    peers = consumers // 128
+    for i in empty:
+        code = code.replace(f"mbarrier[{i}].init({consumers});",
+                            f"mbarrier[{i}].init({consumers} + (tl::block_rank_in_cluster() == 0 ? {peers} : 0));")
+    code = release.sub(lambda m: (f"{m['ind']}{m['bar']}.arrive();\n"
+                                   f"{m['ind']}if (tl::block_rank_in_cluster() == 1 && (((int)threadIdx.x) & 127) == 0) "
+                                   f"{m['bar']}.arrive(0u);\n"), code)
+    return code.replace(_KERNEL_END, "\n  tl::cluster_sync();" + _KERNEL_END)
+
+
+# TileLang 0.1.15 waits for every TMA reduction's reads of shared memory right after issuing
+# it (T.atomic_add(..., use_tma) has no asynchronous form, unlike T.tma_copy for stores)
+_ADD_THEN_WAIT = re.compile(r"(tl::tma_store_add\([^;]*\);\n(?:[ ]*\}\n)?[ ]*tl::tma_store_arrive\(\);\n)"
+                            r"[ ]*tl::tma_store_wait<0, true>\(\);\n")
+
+
+def async_reduce_stores(code: str) -> str:
+    """Drop the wait after each TMA reduction of the epilogue of
+    ``schedules.cuda.fused.reduce_gemm_h``, which waits itself before it writes the shared
+    tile again (and before the CTA exits).
+    The generated source must have that form; anything else raises."""
+    out, n = _ADD_THEN_WAIT.subn(r"\1", code)
+    if n == 0 or n != code.count("tl::tma_store_add("):
+        raise ToolchainError("tma_reduce: TileLang's generated epilogue does not have the form "
+                             "this build makes asynchronous (another TileLang version?); build "
+                             "with tma_reduce=False")
+    return out
+
+
+# A kernel that begins with the PDL wait (cudaGridDependencySynchronize) loses TileLang's
+# __restrict__ on its pointers; without it nvcc may not move a load above an earlier store
+#: the element-wise kernels (name prefixes) whose pointers are always distinct buffers
+STREAMING_KERNELS = ("combine", "transpose_b", "amax", "split_fixup")
+_POINTER_PARAM = re.compile(r"((?:const )?\w+\*)( \w+[,)])")
+
+
+def restrict_pointers(code: str, kname: str) -> str:
+    """Mark every pointer parameter of a streaming kernel (``STREAMING_KERNELS``: combines,
+    amax passes, the split-group fixup) ``__restrict__``: its operands are distinct buffers
+    (the caller's A, B or C and workspace slices), so loads of later elements may be issued
+    before the stores of earlier ones and go through the read-only path (docs/cuda-templates.md
+    has what it gains).  Both the declaration and the definition are rewritten (pointers that
+    have it keep theirs); a source without exactly those two raises."""
+    sig = re.compile(r'(extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?\w*' +
+                     re.escape(kname) + r'_kernel\()([^)]*\))')
+    found = sig.findall(code)
+    if len(found) != 2:
+        raise ToolchainError(f"{kname}: the generated kernel's signature does not have the form "
+                             "restrict_pointers rewrites (another TileLang version?)")
+    return sig.sub(lambda m: m.group(1) + _POINTER_PARAM.sub(r"\1 __restrict__\2", m.group(2)), code)
+
+
+# The batched GEMM with single-block operands read in place (CudaConfig.direct_views) is
+# written against one [R, rows, Q, cols] tensor per view side, indexed by the product r;
+# TileLang makes one TMA descriptor of it.  Here that descriptor becomes two, the input's
+# own block view and the workspace's, and each load looks r up in a table of sources.
+_VIEW_LOAD = """
+// lcmac: product r's operand is workspace slot s >= 0, or block (p, q) of the input, s = -1 - (p*Q + q)
+__constant__ int lcmac_{t}_src[{R}] = {{{table}}};
+template <typename BarrierType>
+__device__ __forceinline__ void lcmac_view_load_{t}(const CUtensorMap& view, const CUtensorMap& ws,
+    BarrierType& bar, void const* const smem, int32_t const& c0, int32_t const& c1,
+    int32_t const& c2, int32_t const& r) {{
+  const int s = lcmac_{t}_src[r];
+  if (s >= 0) {{
+    tl::tma_load(ws, bar, smem, c0, c1, 0, s);
+  }} else {{
+    tl::tma_load(view, bar, smem, c0, c1, (-1 - s) % {Q}, (-1 - s) / {Q});
+  }}
+}}
+"""
+
+
+def _desc_block(code: str, desc: str) -> str:
+    """The host wrapper's lines that build TMA descriptor ``desc`` (exactly one block)."""
+    m = re.findall(r"\tCUtensorMap " + desc + r";\n(?:.*\n)*?\t\}\n", code)
+    if len(m) != 1:
+        raise ToolchainError(f"direct_views: no single descriptor block for {desc} in the generated "
+                             "host code (another TileLang version?); build with direct_views='none'")
+    return m[0]
+
+
+def view_loads(code: str, kname: str, sides: list[dict]) -> str:
+    """Split each view side's descriptor (``sides``: [{"tensor": "At", "input": "A",
+    "blocks_per_row": Q, "sources": per-product source (``lcmac.spec.cuda.operand_sources``),
+    "virtual_dims"/"_strides" (what TileLang made of the tensor it was given), "view_dims",
+    "ws_dims", "ws_strides"}], dims and byte strides innermost first as cuTensorMapEncodeTiled
+    takes them) into the input's descriptor and the workspace's: the device loads go through
+    ``lcmac_view_load_<tensor>``, the kernel and its launch take the second descriptor, the
+    host builds it from the input pointer.  The generated source must have exactly the
+    expected form; anything else raises."""
+    def need(cond, what):
+        if not cond:
+            raise ToolchainError(f"direct_views: {kname}'s generated source does not have the form "
+                                 f"this build rewrites ({what}; another TileLang version?); build "
+                                 "with direct_views='none'")
+
+    helpers = []
+    for sd in sides:
+        t, x = sd["tensor"], sd["input"]
+        td, xd = f"{t}_desc", f"{x}_desc"
+        param = f"__grid_constant__ const CUtensorMap {td}"
+        need(code.count(param + ",") == 2, f"kernel parameter {td}")
+        code = code.replace(param + ",", f"{param}, __grid_constant__ const CUtensorMap {xd},")
+        loads = code.count(f"tl::tma_load({td}, ")
+        need(loads >= 1, f"TMA loads from {td}")
+        code = code.replace(f"tl::tma_load({td}, ", f"lcmac_view_load_{t}({xd}, {td}, ")
+        helpers.append(_VIEW_LOAD.format(t=t, R=len(sd["sources"]), Q=sd["blocks_per_row"],
+                                         table=", ".join(map(str, sd["sources"]))))
+        pre = f"tl::prefetch_tma_descriptor({td});"
+        need(code.count(pre) == 1, f"prefetch of {td}")
+        code = code.replace(pre, f"{pre}\n    tl::prefetch_tma_descriptor({xd});")
+        block = _desc_block(code, td)
+        dim_line = "cuuint64_t {}_globalDim[4]= {{{}}};".format
+        stride_line = "cuuint64_t {}_globalStride[4]= {{{}}};".format
+        address = "void *{}_globalAddress= {};".format
+        csv = lambda v: ",".join(map(str, v))  # noqa: E731
+        virt = [dim_line(td, csv(sd["virtual_dims"])), stride_line(td, csv(sd["virtual_strides"])),
+                address(td, t)]
+        need(all(block.count(line) == 1 for line in virt), f"the 4-D descriptor of {td}")
+        ws = (block.replace(virt[0], dim_line(td, csv(sd["ws_dims"])))
+              .replace(virt[1], stride_line(td, csv(sd["ws_strides"]))))
+        view = (block.replace(virt[0], dim_line(td, csv(sd["view_dims"]))).replace(virt[2], address(td, x))
+                .replace(td, xd))
+        code = code.replace(block, ws + "\n" + view)
+        launch = re.findall(r"cudaLaunchKernelEx\(&config, \w+_kernel, [^;]*" + td + r", ", code)
+        need(len(launch) == 1, f"the launch passing {td}")
+        code = code.replace(launch[0], launch[0] + f"{xd}, ")
+    head = code.index('extern "C" __global__')
+    return code[:head] + "".join(helpers) + "\n" + code[head:]
+
+
+def launch_info(code: str, kname: str) -> dict:
+    """The launch of kernel ``kname`` as its generated host launcher sets it: grid, block and
+    dynamic shared memory."""
+    grid = re.search(r"config\.gridDim = dim3\(([^)]*)\)", code)
+    block = re.search(r"config\.blockDim = dim3\(([^)]*)\)", code)
+    smem = re.search(r"config\.dynamicSmemBytes = (\d+)", code)
+    # a dynamic dimension (a batched kernel's batch count) stays its name
+    tup = (lambda m: [int(x) if x.strip().isdigit() else x.strip() for x in m.group(1).split(",")]
+           if m else None)
+    return {"name": kname, "grid": tup(grid), "block": tup(block),
+            "smem_bytes": int(smem.group(1)) if smem else 0}
+
+
+def kernel_source(code: str, kernel, symbol: str, cfg, clustered: tuple, info: dict | None) -> str:
+    """One lowered kernel (``compose.Kernel``) made ready to link beside the others
+    (``symbol``: its unique name): its launcher renamed, then the rewrites its template
+    needs (``clustered``: the kernels built as 2-CTA clusters; ``info``: the composition's
+    facts, which name the view sides)."""
+    fname = kernel.func.attrs["global_symbol"] if "global_symbol" in kernel.func.attrs else "main"
+    code = rename_launcher(code, str(fname), symbol)
+    if kernel.name in clustered:
+        code = cluster_pipeline(code, cfg.stages, cfg.threads)
+    if kernel.name == "reduce_gemm_h":
+        code = async_reduce_stores(code)
+    if kernel.name.startswith(STREAMING_KERNELS):
+        code = restrict_pointers(code, symbol)
+    if kernel.name == "batched_gemm" and (info or {}).get("view_loads"):
+        code = view_loads(code, symbol, info["view_loads"])
+    return code
