@@ -1,4 +1,4 @@
-"""CPU+GPU co-execution against the GPU alone, in one run (``lcmac.parallel.coexec``).
+"""CPU+GPU co-execution against the GPU alone, in one run (``lcmac.api.coexec``).
 
     python scripts/bench_coexec.py --sizes 4096 8192 16384 --modes bf16 tf32 fp32 fp64 \\
         --inputs host device --out bench/results/h100-coexec.json
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
 
     import lcmac
     from lcmac.artifact.build import resolve_target
-    from lcmac.parallel.coexec import gpu_side, run_split
+    from lcmac.api.coexec import gpu_side, run_split
     from lcmac.policy.split import model_split
     from lcmac.runtime.loader import host_cpus
     from lcmac.tune.coexec_search import search_split
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
     if args.out:
         from lcmac.tune.measure import run_header
-        doc = {**run_header("CPU+GPU co-execution (lcmac.parallel.coexec) vs GPU only", name, __file__, argv),
+        doc = {**run_header("CPU+GPU co-execution (lcmac.api.coexec) vs GPU only", name, __file__, argv),
                "host_cpus": host_cpus(), "torch_threads": torch.get_num_threads(),
                "gpu_algo": args.gpu_algo, "torch": torch.__version__, "results": results}
         with open(args.out, "w") as f:

@@ -1,4 +1,4 @@
-"""CPU+GPU co-execution (lcmac.parallel.coexec) without a GPU: the split models, the row split, the
+"""CPU+GPU co-execution (lcmac.api.coexec) without a GPU: the split models, the row split, the
 split log, and the concurrent run and assembly with two host "devices" standing in for the
 pair (a bundle through the C API with pools of 2 threads and 1; torch's and numpy's GEMM),
 exact on integer-valued inputs."""
@@ -90,7 +90,7 @@ def _numpy_side(a, b, out=None):
 
 @pytest.mark.parametrize("gpu_rows", [0, 64, 100, 333])
 def test_two_host_devices_assemble_the_exact_product(gpu_rows):
-    from lcmac.parallel.coexec import run_split
+    from lcmac.api.coexec import run_split
     A, B = _int_inputs(333, 70, 45)
     want = A @ B                                           # integers: every order is exact
     C = run_split(A, B, gpu_rows, torch.device("cpu"), gpu_matmul=_torch_side,
@@ -103,7 +103,7 @@ def test_two_host_devices_assemble_the_exact_product(gpu_rows):
 
 
 def test_a_failing_side_raises_and_bad_output_is_refused():
-    from lcmac.parallel.coexec import run_split
+    from lcmac.api.coexec import run_split
     from lcmac.core.errors import ShapeError
     A, B = _int_inputs(128, 16, 8)
 
@@ -178,7 +178,7 @@ def test_two_thread_pools_stand_in_for_the_pair(tmp_path):
     import subprocess
 
     from lcmac.artifact.bundle import build_bundle
-    from lcmac.parallel.coexec import run_split
+    from lcmac.api.coexec import run_split
     from lcmac.runtime import c_include_dir, c_source
     if shutil.which("gcc") is None:
         pytest.skip("gcc not installed")

@@ -44,7 +44,7 @@ def test_pageable_host_inputs_and_out():
 def test_pageable_inputs_in_several_pieces(dtype, bound):
     """Large enough for several pieces (PIECE_BYTES of A each): pageable A and C copied piece
     by piece; GPU only and a split."""
-    from lcmac.parallel.coexec import PIECE_BYTES
+    from lcmac.api.coexec import PIECE_BYTES
     K = 2048
     M = 5 * PIECE_BYTES // (K * torch.empty((), dtype=dtype).element_size()) + 100
     A = torch.randn(M, K).to(dtype)

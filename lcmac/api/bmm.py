@@ -37,8 +37,8 @@ import numpy as np
 
 from lcmac.core.errors import LcmacError, ShapeError
 from lcmac.core.operands import (
-    check_array, check_batches, check_dtype_in, check_one_dtype, check_same_device, check_same_kind,
-    dtype_name, operand_kind)
+    check_array, check_batches, check_dtype_in, check_one_dtype, check_same_device,
+    check_same_kind, dtype_name, operand_kind)
 from lcmac.ir import get as get_algorithm
 from lcmac.ir.executor import run_unfused
 from lcmac.api.call_args import LOADED, check_algo, define_op, target_for

@@ -368,7 +368,7 @@ def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None, devices=None, sp
     A [batch, M, K] and B [batch, K, N]: the batch of products (``lcmac.bmm``).
 
     ``devices=("cuda", "cpu")``: one 2-D product split between the GPU and the host's CPU
-    (``lcmac.parallel.coexec``; ``split``: "auto" or the CPU's share of rows); ``algo`` is then the GPU
+    (``lcmac.api.coexec``; ``split``: "auto" or the CPU's share of rows); ``algo`` is then the GPU
     side's choice, the CPU side runs the vendor GEMM.
 
     ``algo``: "auto" (the choice per shape, module doc), "vendor", "gemm" or an algorithm
@@ -385,7 +385,7 @@ def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None, devices=None, sp
         from lcmac.api.bmm import bmm
         return bmm(A, B, algo=algo, out=out)
     if devices is not None:
-        from lcmac.parallel.coexec import split_product
+        from lcmac.api.coexec import split_product
         return split_product(
             A, B, devices, split, out=out,
             gpu_matmul=lambda a, b, out=None: matmul(a, b, algo=algo, max_error=max_error, out=out),

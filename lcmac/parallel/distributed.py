@@ -35,8 +35,8 @@ from lcmac.parallel.stream import DTYPES, acc_dtype, local_matmul, refuse_gradie
 from lcmac.parallel.stream import host_matmul  # noqa: F401  (lcmac.parallel.distributed.host_matmul)
 from lcmac.core.errors import LcmacError, TargetError
 from lcmac.core.operands import (
-    check_device_type, check_dims, check_dtype_in, check_inner, check_one_dtype,
-    check_same_device, check_tensor)
+    check_device_type, check_dims, check_dtype_in, check_inner, check_one_dtype, check_same_device,
+    check_tensor)
 
 
 def _torch():

@@ -1,4 +1,4 @@
-"""How a product shared by the GPU and the host's CPU is split (``lcmac.parallel.coexec``).
+"""How a product shared by the GPU and the host's CPU is split (``lcmac.api.coexec``).
 
 ``choose_split`` gives the CPU's share of C's rows: the one asked for, else the best split
 measured for this case (``lcmac.artifact.split_log``: per target, GPU, dtype, shape, where the

@@ -1,4 +1,4 @@
-"""Measuring the CPU+GPU split (``lcmac.parallel.coexec``): calibrate the model's three rates on this
+"""Measuring the CPU+GPU split (``lcmac.api.coexec``): calibrate the model's three rates on this
 machine, let it predict the split, time the prediction and its neighbours, log the best.
 
 1. Calibration (``calibrate``): the GPU alone, B's copy, and the CPU side of two split runs
@@ -90,7 +90,7 @@ def search_split(A, B, gpu, *, run, gpu_matmul, target: str, mode: str,
                  prior_fraction: float, rounds: int = 3, log: bool = True, root=None,
                  device_name: str = "", host_cpus: int = 0, baselines: dict | None = None) -> dict:
     """Steps 1–4 of the module doc for one case.  ``run(gpu_rows, timings=None)`` computes the
-    whole product with that split (``lcmac.parallel.coexec.run_split``).  ``baselines``: name → a call
+    whole product with that split (``lcmac.api.coexec.run_split``).  ``baselines``: name → a call
     computing the same product another way (e.g. plain torch), timed in the same rounds."""
     import torch
     M, K = A.shape

@@ -32,10 +32,10 @@ from lcmac.ir.program import (
     LinearProgram, combine_matrices, direct_outputs, keep_outputs, naive_program, scale_inputs)
 from lcmac.schedules.cuda.batched_tiles import batched_template, persistent_why
 from lcmac.spec.cuda import (
-    FP8_MAX_COMBINE, SMEM_PER_CTA, Blocking, CudaConfig, NotSupportedYet, PersistentPlan,
-    arch_why, bound_exponent, check_operands, direct_views_why, fp8_combine_size,
-    int64_buffers, needs_int64, operand_sources, persistent_gemm, persistent_plan,
-    side_read_in_place, stage_bytes, tma_reduce_why, view_sides)
+    FP8_MAX_COMBINE, SMEM_PER_CTA, Blocking, CudaConfig, NotSupportedYet, PersistentPlan, arch_why,
+    bound_exponent, check_operands, direct_views_why, fp8_combine_size, int64_buffers, needs_int64,
+    operand_sources, persistent_gemm, persistent_plan, side_read_in_place, stage_bytes,
+    tma_reduce_why, view_sides)
 from lcmac.spec.profiles import get_profile
 
 __all__ = ["Kernel", "Composition", "compose", "view_plan", "gemm_precision"]

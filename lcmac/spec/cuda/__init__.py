@@ -22,8 +22,7 @@ from lcmac.spec.cuda.blocking import (
     INDEX_INT32_MAX, Blocking, buffer_shapes, ceil_div, int64_buffers, needs_int64, round_up)
 from lcmac.spec.cuda.bsr import BSR_BLOCKS, bsr_shape_why, bsr_tile_defaults
 from lcmac.spec.cuda.config import (
-    BATCHED_TEMPLATES, DIRECT_VIEWS, SCHEDULE_VERSION, CudaConfig, default_config,
-    is_lcma)
+    BATCHED_TEMPLATES, DIRECT_VIEWS, SCHEDULE_VERSION, CudaConfig, default_config, is_lcma)
 from lcmac.spec.cuda.dtypes import (
     BATCHED_DTYPES, BATCHED_ONLY_DTYPES, SUPPORTED_DTYPES, accum_dtype, batched_only_why)
 from lcmac.spec.cuda.operands import (
@@ -34,6 +33,6 @@ from lcmac.spec.cuda.order import combine_h_steps, first_in_piece, r_order, redu
 from lcmac.spec.cuda.persistent import PersistentPlan, ctas_per_sm, persistent_plan, raster
 from lcmac.spec.cuda.smem import SMEM_PER_CTA, check_smem, persistent_tile_bytes, stage_bytes
 from lcmac.spec.cuda.support import (
-    NotSupportedYet, arch_why, check_batched_shape, check_shape, cluster_kernels,
-    direct_views_why, persistent_gemm, persistent_why, tma_reduce_why)
+    NotSupportedYet, arch_why, check_batched_shape, check_shape, cluster_kernels, direct_views_why,
+    persistent_gemm, persistent_why, tma_reduce_why)
 from lcmac.spec.cuda.views import operand_sources, side_read_in_place, view_sides
