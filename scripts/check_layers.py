@@ -22,8 +22,8 @@ any lower one, never a higher one):
     bits       bit-matrix products (GF(2), Boolean)
     tune       the tuner
     policy     the decision
-    parallel   co-execution, distributed products
-    api        lcmac.matmul, lcmac.auto, lcmac.bmm, export
+    api        lcmac.matmul (and its co-execution), lcmac.auto, lcmac.bmm, export
+    parallel   products over the ranks of a process group (lcmac.distributed), on lcmac.matmul
     torch      the op registration, lcmac.nn, graph stages
     cli        the command line
     lcmac      the package itself (``__init__``, ``__main__``)
@@ -41,7 +41,7 @@ from pathlib import Path
 
 #: the layers, lowest first: each a folder of lcmac/, the package's own modules last
 LAYERS = ("core", "ir", "spec", "costmodel", "schedules", "targets", "artifact", "runtime",
-          "bits", "tune", "policy", "parallel", "api", "torch", "cli", "lcmac")
+          "bits", "tune", "policy", "api", "parallel", "torch", "cli", "lcmac")
 #: the modules of the top layer, the package itself
 PACKAGE_MODULES = ("lcmac", "lcmac.__main__")
 
