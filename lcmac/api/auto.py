@@ -42,8 +42,8 @@ class AutoMatmul:
     kernels (default: this CPU's for numpy/CPU tensors, ``cuda`` for CUDA tensors).
     ``logs``: a tuning-log directory (default the project's / ``LCMAC_TUNING_LOGS``).
     ``max_error``: an error budget as a multiple of the plain GEMM's error; LCMAs predicted
-    over it are never chosen (``lcmac.costmodel.accuracy``; bf16 Strassen ~3.5×, Strassen²
-    ~7×).  ``regime``: "sustained" decides on the tuning log's sustained records (a GPU at
+    over it are never chosen (``lcmac.costmodel.accuracy``; docs/accuracy.md has the ratios
+    of bf16 Strassen and Strassen²).  ``regime``: "sustained" decides on the tuning log's sustained records (a GPU at
     its power cap in a long job; ``lcmac tune --sustained``), "burst" (default) on the
     ordinary ones."""
 

@@ -364,9 +364,9 @@ class TuningDB:
 def _fastest(records: list[dict]) -> dict:
     """The best of one shape's records: where some were timed in rounds beside the vendor GEMM
     (``vendor_paired_s``, CPU), the one with the best time relative to it, among those, since
-    that ratio does not move with the machine's speed between runs (on the 2-core VM an older
-    record from a fast spell, 115 ms beside numpy's 122, outran a newer config at 122 ms beside
-    numpy's 140); else the fastest."""
+    that ratio does not move with the machine's speed between runs (by raw time an older
+    record from a fast spell of a shared machine outruns a newer, better config); else the
+    fastest."""
     paired = [r for r in records if r.get("vendor_paired_s")]
     if paired:
         return min(paired, key=lambda r: r["time_s"] / r["vendor_paired_s"])

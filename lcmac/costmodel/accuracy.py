@@ -4,9 +4,8 @@ An LCMA is exact in exact arithmetic, but its kernels round where the plain GEMM
 the combined operands Ã_r, B̃_r are stored in the operand dtype, H_r in the output dtype
 (Algorithm 1), and C's partial sums in C's dtype (the fused epilogues).  How much that costs
 depends on the algorithm's coefficients (Winograd's chained sums grow its operands more than
-Strassen's) and on the dtype, and it is large next to the GEMM's own error in 2-byte dtypes:
-the H100 measured 3.5× cuBLAS's error for bf16 Strassen, 7.0× for Strassen², 12.2× for
-Winograd² (bench/results).
+Strassen's) and on the dtype, and it is large next to the GEMM's own error in 2-byte dtypes,
+and larger with each level (docs/accuracy.md has the H100's ratios).
 
 ``error_ratio`` predicts that factor by *simulating the kernels' rounding points* in numpy on
 a thin slice of the product — every block of A and B, with ``block`` rows/columns per
@@ -24,7 +23,7 @@ use):
 
 ``rnd`` is the dtype's rounding: round-to-nearest-even for bfloat16/float16 storage; for
 ``tfloat32`` (the CUDA backend's float32, TF32 tensor cores) the GEMM operands keep 10
-mantissa bits by truncation, as lcmac's kernels do (2.6× cuBLAS-TF32's own error, measured);
+mantissa bits by truncation, as lcmac's kernels do (more error than cuBLAS-TF32's own);
 float32 is plain float32 arithmetic; float64 is simulated in float32 — to first order every
 term of both errors scales with the unit roundoff, so the ratio carries over.  With
 ``operands="fp16"`` (the CUDA backend's scaled fp16 operands) Ã/B̃ are rounded to fp16
@@ -36,14 +35,14 @@ float32 through scaled operands is judged against the plain GEMM on the same ope
 ``operands="fp16"`` rounds Ã/B̃ to fp16; ``"fp16x2"`` splits them into fp16 hi + 2⁻¹¹·lo
 halves whose products are summed per 64-wide K slab and added into fp32
 (``_f16x2_matmul``).  fp16x2's error is accumulation-bound, so it is simulated at the real
-K (up to ``K_CAP_FP16X2``): within 7 % of 38 H100/H200 rows, against 1 % for the
-storage-bound modes.
+K (up to ``K_CAP_FP16X2``); it tracks the GPUs less closely than the storage-bound modes
+(bench/experiments/accuracy.md).
 
-Checked against the H100 (tests/costmodel/test_accuracy.py reads bench/results): within a few percent
-for bf16/fp16 and TF32, whose errors are set by the storage roundings.  float32/float64 on
-CPUs are accumulation-bound, and the CPU kernels sum K in another order than numpy's sgemm:
-there the prediction is indicative (−35 % to +70 % of bench_cpu's measurements, whose ratio
-itself moves by up to 1.4× with the kernels' K blocking).
+Checked against the H100's measurements (tests/costmodel/test_accuracy.py): close for
+bf16/fp16 and TF32, whose errors are set by the storage roundings.  float32/float64 on CPUs
+are accumulation-bound, and the CPU kernels sum K in another order than numpy's sgemm: there
+the prediction is indicative, as the measured ratio itself moves with the kernels' K
+blocking (bench/experiments/accuracy.md).
 """
 from __future__ import annotations
 
@@ -59,10 +58,10 @@ from lcmac.spec.cuda.operands import (
     FP8_BLOCK, FP8_MAX, FP8_TINY, SPLIT_SHIFT, bound_exponent, scale_exponent)
 
 #: K simulated at most, per model dtype: storage-bound errors (2-byte, TF32) do not move with
-#: K (bf16 Strassen² 7.1/7.0/7.1/7.0× at K = 512…4096), accumulation-bound ones grow slowly
+#: K (bf16 Strassen²'s ratio is flat from K = 512 to 4096), accumulation-bound ones grow slowly
 K_CAP = {"bfloat16": 1024, "float16": 1024, "tfloat32": 1024, "float32": 4096, "float64": 4096}
-#: fp16x2's error is set by its fp32 accumulation over the whole K (its ratio moves from
-#: 1.55x at K = 4096 to 1.45x at 8192 for Strassen): simulated at the real K, up to this
+#: fp16x2's error is set by its fp32 accumulation over the whole K (its ratio moves with K):
+#: simulated at the real K, up to this
 K_CAP_FP16X2 = 32768
 
 
@@ -208,7 +207,7 @@ def _roundings(d: str, operands: str) -> _Roundings:
         return _Roundings(_f16, _f32, _f32, _f32, own_gemm=True)
     if operands == "fp16x2" and d == "float32":
         # Ã/B̃ and H in fp32, the GEMM stage split into fp16 halves; against the fp16x2
-        # plain GEMM (0.19x SGEMM's error on the H100)
+        # plain GEMM (itself more accurate than SGEMM)
         return _Roundings(_f32, _f32, _f32, _f32, own_gemm=True, gemm=_f16x2_stage)
     raise ValueError(f"the accuracy model covers operands='native', 'fp16' and 'fp8' for "
                      f"bfloat16 and float16, and 'fp16' and 'fp16x2' for float32; not "
@@ -304,13 +303,11 @@ def error_ratio(algorithm, dtype="bfloat16", *, variant: str = "unfused", operan
 
     The ratio depends on the data: the default inputs are standard normal (zero mean, like
     normalised activations and weights; heavy-tailed ones give about the same), while
-    nonnegative data cancels less and gives much smaller ratios (uniform [0, 1): Strassen
-    2.0× instead of 3.5×, Winograd² 1.1× instead of 12.2×).  ``inputs=(A, B)`` (numpy arrays
+    nonnegative data cancels less and gives much smaller ratios (docs/accuracy.md).  ``inputs=(A, B)`` (numpy arrays
     or CPU tensors, A M×K and B K×N) simulates on a thin sample of those matrices instead:
     ``block`` random rows of each block row of A and columns of each block column of B, and
     the same random offsets within every K block.  ``block`` defaults to 32, and to 16 for
-    fp16x2, which simulates the real K (as close: Strassen² 2.141 vs 2.148 at K = 16384, in a
-    third of the time)."""
+    fp16x2, which simulates the real K (as close as 32, in a third of the time)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
     if block is None:
@@ -334,8 +331,7 @@ def error_ratio(algorithm, dtype="bfloat16", *, variant: str = "unfused", operan
                    operands, ks, samples, block, seed)
 
 
-#: the screen's K for fp16x2: its ratios fall as K grows (Strassen² 2.52× at K = 4096, 2.15×
-#: at 16384), so a screen at a shorter K only overstates, by less than the decision's margin
+#: the screen's K for fp16x2: its ratios fall as K grows, so a screen at a shorter K only overstates, by less than the decision's margin
 SCREEN_K_FP16X2 = 4096
 
 

@@ -19,8 +19,8 @@ for the others.
     full-row warp split and the k slab's row length; bytes from DRAM with L2 reuse across
     the CTAs of a wave (A re-read once per column of CTAs, at L2 speed after the first);
     time = a smooth max (3-norm) of compute and loads + the store of C.  CUDA float32 is
-    priced as TF32 (``model_dtype``).  On an H100 this ranking reached Spearman 0.87 over
-    the 122 configs of the bf16 GEMM space at 8192×8192×4096 (bench/results/tuner-eval.json).
+    priced as TF32 (``model_dtype``).  How well this ranks the configs of a space is in
+    bench/experiments/tuning.md.
   - CPU (Goto/BLIS blocking): the micro-kernel's FMA throughput from its register tile
     (accumulators vs. the FMA latency × ports, loads+broadcasts per k step), parallel
     balance of the outer blocks over the cores (CPU "waves"), padding waste of blocks
@@ -240,8 +240,8 @@ def estimate_gemm_cpu(M, N, K, dtype, p, f: dict) -> dict:
     bw = p.achievable_bw()
     t_mem = dram / bw
     # every mc block of rows re-reads the task's kc×nc B̃ panel: from L2 when it fits there,
-    # from the LLC while it fits in a core's share, else from DRAM (measured on the SPR VM:
-    # mc=32 with a 8 MiB kc×nc panel runs 2x slower than mc=256 with a 2 MiB one)
+    # from the LLC while it fits in a core's share, else from DRAM (a panel that overflows
+    # the caches slows the whole block, bench/experiments/cpu.md)
     l3 = s * K * N * cdiv(M, mc)
     panel = s * kc * nc
     fast = p.l2_bw or 4 * p.mem_bw
@@ -266,9 +266,8 @@ def estimate_gemm_cpu(M, N, K, dtype, p, f: dict) -> dict:
 
 
 _STAGE_EFF = {1: 0.45, 2: 0.8, 3: 0.95, 4: 1.0, 5: 1.0, 6: 0.99, 7: 0.98}
-#: a one-tile CTA's pipeline fill and drain, per wave of tiles (H100, 128x256 tiles: Strassen²'s
-#: 49 products at 16384³, 190 waves, 10.11 → 9.81 ms persistent; Strassen's 7, 109 waves,
-#: 11.19 → 11.00 ms)
+#: a one-tile CTA's pipeline fill and drain, per wave of tiles (what a persistent grid saves
+#: on an H100, bench/experiments/cuda.md)
 GRID_TILE_START_S = 1.7e-6
 
 
@@ -307,7 +306,7 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     if s <= 2:  # 2-byte types: full-row warp split, each warpgroup issues m64·n=block_n wgmma
         if bm // wgs < 64:                  # below one m64 wgmma per warpgroup
             wg_eff *= 0.8
-        wg_eff *= {256: 1.0, 128: 0.93}.get(bn, 0.85)  # m64n256 beat 2× m64n128 by ~9% (notes v3)
+        wg_eff *= {256: 1.0, 128: 0.93}.get(bn, 0.85)  # m64n256 beat 2× m64n128
     k_eff = min(1.0, (bk * s) / 128)  # < 128 B per row of the k slab: more barriers per flop
     per_sm = p.peak_mul(dtype) * p.gemm_eff(dtype) / p.units
     tile_t = 2.0 * bm * bn * K / (per_sm * tile_eff * _STAGE_EFF.get(stages, 0.97) * occ
@@ -317,13 +316,13 @@ def estimate_gemm_gpu(M, N, K, dtype, p, f: dict, *, batch: int = 1, schedule="p
     t_compute = waves * tile_t * ops.products * ops.slab_epilogue_factor(p, bk)
     fused = bool(f.get("fused"))
     if fused and (f.get("split_group") or f.get("persistent")):
-        # TileLang's persistent form of the fused kernel: 13-26% slower per product-time
-        # than the grid kernel with as many waves (H100, bench/experiments/cuda.md; not located)
+        # TileLang's persistent form of the fused kernel is slower per product-time than the
+        # grid kernel with as many waves (H100, bench/experiments/cuda.md; cause not located)
         t_compute *= 1.18
     if not ((f.get("persistent") and not fused) or f.get("tma_reduce")):
         # a grid of one-tile CTAs fills each CTA's pipeline after launch and drains it before
-        # the SM takes the next tile; the unfused persistent kernel overlaps both (H100:
-        # about 1.7 µs per tile wave, bench/results/h100-bfloat16-persistent.json)
+        # the SM takes the next tile; the unfused persistent kernel overlaps both
+        # (bench/experiments/cuda.md)
         t_compute += waves * GRID_TILE_START_S
     t_load = _gpu_load_s(M, N, K, s, halves, p, (bm, bn), batch, f.get("cache_aware"))
     t_store = M * N * (out_bytes or s) * batch / p.achievable_bw()
@@ -348,20 +347,19 @@ def _gpu_load_s(M, N, K, s, halves, p, tile, batch, cache_aware) -> float:
     l2 = a_bytes * gn + b_bytes * gm
     if batch > 1 and cache_aware is False:
         # CTAs resident together read different products' panels: L2 hardly shares them,
-        # every band comes from DRAM (measured on an H100: 2.0-2.3x the cache-aware time,
-        # bench/experiments/cuda.md, which this reproduces at 16384³)
+        # every band comes from DRAM (as the H100 shows, bench/experiments/cuda.md)
         dram = max(dram, l2)
     return max(dram / p.achievable_bw(), l2 / (p.l2_bw or 2.5 * p.mem_bw))
 
 
 #: bandwidth fraction of the fused kernel's read-modify-write epilogue: at 16384³ bf16
-#: Strassen its 12 partial-C RMWs (2.7 GB) cost ~2 ms on the H200 (bench/experiments/cuda.md)
+#: Strassen its 12 partial-C RMWs are paced by this share of DRAM bandwidth on the H200
+#: (bench/experiments/cuda.md)
 FUSED_RMW_BW_FRACTION = 0.45
 #: the same for the TMA-engine epilogue (tma_reduce: stores and cp.reduce.async.bulk adds,
 #: asynchronous, partly absorbed by L2), fitted to its sustained H100 times against the
-#: persistent Algorithm 1 (bench/results/h100-bfloat16-tma-reduce.json).  Time ratio tr ÷
-#: Algorithm 1, model / measured: Strassen 1.011 / 0.982 (8192³), 1.019 / 1.011 (16384³);
-#: Strassen² 1.161 / 1.251, 1.104 / 1.103.  No one constant fits Strassen² at 8192³ too.
+#: persistent Algorithm 1 (bench/experiments/cuda.md, which compares model and measurement).
+#: No one constant fits Strassen² at 8192³ too.
 TMA_RMW_BW_FRACTION = 1.5
 
 

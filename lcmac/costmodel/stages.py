@@ -326,8 +326,8 @@ class OperandTerms:
     def slab_epilogue_factor(self, p, bk: int = 0) -> float:
         """GEMM-stage time multiplier of that epilogue: ~one fp32 op per output element per
         slab, serialized after the slab's products (2·bm·bn·bk tensor flops each), so
-        1 + peak_mul / (products · bk · peak_add).  fp8 on an H100: 1.46, against 1.55
-        measured (its GEMM stage at 763 vs cuBLAS's FP8 at 1183 TFLOP/s)."""
+        1 + peak_mul / (products · bk · peak_add).  For fp8 on an H100 this is a little under
+        what its GEMM stage costs against cuBLAS's FP8 (bench/experiments/cuda.md)."""
         if not self.slab_k:
             return 1.0
         bk = bk or self.slab_k
@@ -355,10 +355,10 @@ def operand_terms(mode: str, d: str) -> OperandTerms:
 
 
 def _epilogue(o: OperandTerms, p) -> float:
-    """The per-slab epilogue in this model's GEMM stage: fp8's scaling (measured 1.55x on an
-    H100, priced 1.46x).  fp16x2's adds are left out here: measured, its GEMM took 3.06x the
-    fp16 GEMM's time (192 vs 588 TFLOP/s at 16384³), closer to the bare 3 products than to
-    the 3.46x with them (the tuner, ranking tiles of one mode, keeps the term)."""
+    """The per-slab epilogue in this model's GEMM stage: fp8's scaling.  fp16x2's adds are
+    left out here: its GEMM's time against the fp16 GEMM's is closer to the bare 3 products
+    than to the 3 products with the adds (bench/experiments/cuda.md; the tuner, ranking tiles
+    of one mode, keeps the term)."""
     return o.slab_epilogue_factor(p) if o.mode == "fp8" else 1.0
 
 

@@ -187,7 +187,7 @@ def onchip_fit(profile, dtype, config: dict) -> FitReport:
     reg_limit = int(p.regs_per_unit * CPU_ACC_REG_FRACTION)
     l1 = kc * nr * s
     # The B micro-panel is re-read for every mr rows; it may outgrow L1 and stream from L2
-    # with prefetch: measured on the SPR VM, kc=512–1024 × nr=32 (64–128 KiB) beat kc ≤ 192.
+    # with prefetch, and the longer kc still wins on AVX-512 (bench/experiments/cpu.md).
     l1_limit = int(max(p.onchip_per_unit * CPU_L1_FRACTION, p.l2_bytes * CPU_PANEL_L2_FRACTION))
     l2 = mc * kc * s
     l2_limit = int(p.l2_bytes * CPU_L2_FRACTION)

@@ -61,7 +61,7 @@ def run_rows(A, B, out, ladder, kernel_for, *, N: int, K: int, vendor=None, b_fo
     M, _, _ = _check(A, B, out, N, K)
     C = out if out is not None else empty(A, (M, N))
     # adjacent pieces the vendor takes run as one call: one large GEMM is faster than its
-    # pieces (at 4000 rows, five vendor calls ran 0.94x the one)
+    # pieces (docs/pytorch.md)
     vendor_from = None
     for p in row_pieces(M, ladder):
         # the vendor takes padded rows where there is one: their kernel is not even looked up

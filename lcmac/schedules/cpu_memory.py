@@ -8,8 +8,8 @@ transparent huge pages only to memory that asked for them (``madvise``) unless T
 lcmac's passes walked 4 KiB ones, each new page a TLB miss.  Each large workspace is
 therefore advised right after it is allocated, before anything touches it (pages already
 faulted in as 4 KiB stay so; the pool keeps and reuses them, advised, from call to call).
-At 4096³ float32 on the 2-core Xeon VM Winograd² ran 1.10-1.11 → 1.15-1.16x numpy, each
-build timed in its own process (docs/cpu.md, "Huge pages").
+The LCMA passes gain most at the large shapes where they walk the most pages (docs/cpu.md,
+bench/experiments/cpu.md).
 
 The advice is a hint: where it is refused (another kernel, qemu-user) nothing changes.
 """

@@ -43,8 +43,8 @@ CPU_M = (512,)
 
 def llm_cpu_shapes(ms=None, max_gflop: float = 80.0, limit: int | None = None):
     """The LLM layers small enough to tune on a small CPU: at each M (default 512) the
-    distinct (N, K) with 2·M·N·K ≤ ``max_gflop`` GFLOP (one GEMM ≤ ~0.4 s at 200 GFLOP/s on
-    this 2-core VM, so a config's build + check + timed repeats stay within seconds; the
+    distinct (N, K) with 2·M·N·K ≤ ``max_gflop`` GFLOP (one GEMM well under a second on a
+    2-core CPU, so a config's build + check + timed repeats stay within seconds; the
     vocabulary projections and the 18432-wide MLPs are left out)."""
     out = [(lab, s) for lab, s in llm_shapes(ms if ms is not None else CPU_M)
            if 2.0 * s[0] * s[1] * s[2] <= max_gflop * 1e9]

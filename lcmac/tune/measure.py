@@ -131,8 +131,8 @@ def _inner_calls(run, sync, min_run_s: float, max_inner: int) -> tuple[int, floa
 
 
 #: paired rounds warm a side (one untimed call after the pause) whose call is shorter: its
-#: threads' wake-up (about 0.5 ms on the 2-core VM) is under 0.2 % of a longer call, which a
-#: warm call would make twice as long to time
+#: threads' wake-up is a negligible share of a longer call, which a warm call would make twice
+#: as long to time (docs/tuning.md)
 WARM_BELOW_S = 0.25
 
 
@@ -141,9 +141,8 @@ def time_paired(run, vendor, *, warmup: int = 2, repeats: int = 5, min_run_s: fl
     """``time_callable``'s result for ``run()``, timed in rounds alternating with
     ``vendor()`` (the order flips every round; ``pause`` seconds of quiet before each side:
     OpenBLAS's threads spin for ~0.1 s after a call, then, for calls under ``WARM_BELOW_S``,
-    one untimed call, since threads parked by the pause take time to wake: on the 2-core VM
-    a 768³ numpy call took 6.1 ms after 0.3 s of quiet and 5.5 ms right after another,
-    lcmac's 6.9 and 6.8 ms), plus
+    one untimed call, since threads parked by the pause take time to wake, and numpy's calls
+    pay for it more than lcmac's (docs/cpu.md, "Benchmarking")), plus
     ``vendor_paired_s``, the vendor's median over the same rounds, and ``paired_ratio``, the
     median of vendor / run per round."""
     def nothing():

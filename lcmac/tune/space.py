@@ -185,8 +185,8 @@ def ranked_space(target, dtype, algorithm, shape, *, profile=None, configs=None,
     # the backend's named configs (the default and its one-knob variants) are measured before
     # the model-ranked grid, and never pruned: they differ in knobs the model does not price,
     # which it cannot order against the grid, and its fit rule (an mc × kc block of A in L2)
-    # is not how they use the caches (Winograd² at 4096³ on the AVX-512 VM: its default,
-    # 2.1 MB of A block, pruned; the grid's top six ran 2.1-2.5x slower than it)
+    # is not how they use the caches (on AVX-512 the rule would prune Winograd²'s default,
+    # which beats the grid's best, docs/tuning.md)
     named = {_db.config_key(c) for c in configs[:getattr(configs, "named", 0)]}
     ranked, pruned, seen = [], [], set()
     for c in configs:

@@ -75,8 +75,8 @@ class SearchOptions:
     configs: Any = None                 # configs to rank instead of the backend's space
     # also measure the backend's default config; None: unless ``configs`` replaces the space.
     # The default is what an untuned build runs: a tune that measured only the model's
-    # favourites logged configs slower than it (2-core AVX2 VM, 4096³: Strassen² at kc=1024
-    # 0.94-1.0 s, its default 0.69 s), and builds and the decision take the log's best
+    # favourites could log configs slower than it (docs/tuning.md), and builds and
+    # the decision take the log's best
     measure_default: bool | None = None
     vendor: bool = False                # also time the vendor GEMM as the baseline
     reuse_log: bool = True              # configs logged for this case count, not re-run
@@ -383,8 +383,8 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, **options) -> Tu
       artifact path | None`` (artifacts built ahead: ``Prebuilder``, ``load_prebuilt``);
     - measure: ``repeats``, ``warmup``, ``min_run_s``, ``sustained_s`` (GPUs: warm each
       kernel up for that many seconds of back-to-back calls before timing it, so that it is
-      measured at the GPU's power cap, as long runs see it; an H100 settles within ~0.2 s at
-      700 W; the default warm-up is 0.15 s), ``measure_fn(point)`` (replaces build+measure:
+      measured at the GPU's power cap, as long runs see it (docs/tuning.md); the default
+      warm-up is 0.15 s), ``measure_fn(point)`` (replaces build+measure:
       tests), ``worker`` (a ``MeasureWorker`` shared between calls, kept open);
     - log: ``db`` (a ``TuningDB`` or its directory), ``log``, ``tag`` (stored in every
       record), ``progress``."""

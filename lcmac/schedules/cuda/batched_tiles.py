@@ -33,14 +33,14 @@ def batched_template(template: str | None, M: int, N: int, dtype: str | None = N
 def small_tile_defaults(M: int, N: int, K: int, dtype: str, policy: str | None = None,
                         template: str | None = None, persistent: bool | None = None,
                         arch: str = "sm_90a") -> dict:
-    """The tile of a batched small product (``CudaConfig.batched``), as measured on the H100
-    (bf16, 10 000 products, docs/batched.md): up to 64 per side the smallest of 16², 32²
+    """The tile of a batched small product (``CudaConfig.batched``), the fastest on the H100
+    for bf16 (bench/experiments/batched.md): up to 64 per side the smallest of 16², 32²
     (one warp, mma) and 64² (a warpgroup, wgmma) covering max(M, N), 16 products per CTA in
-    one pipeline (1.57× torch.bmm at 16³, where one product per CTA ran at 0.59×); 128² one
+    one pipeline (faster than one product per CTA at 16³); 128² one
     product per CTA.  Beyond 128 per side the production GEMM template's tile
     (``gemm_batch_tile_defaults`` for ``arch``, ``persistent`` as asked); on the small
     template (``template="small"``) 128×256 tiles with two consumer warpgroups and 3 stages
-    (0.76× torch.bmm at 256³ where 128² tiles ran at 0.60×).  The K slab the whole K up to
+    (faster than 128² tiles from 256³).  The K slab the whole K up to
     64 (32 for float32), in 16s; two stages where K has more than one slab or several
     products share the CTA."""
     if policy == "splitk":

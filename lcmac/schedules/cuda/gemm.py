@@ -311,8 +311,8 @@ def batched_products(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: 
     persistent walk is refused there, ``batched_tiles.persistent_why``).
 
     Not done: float32 multiplies on TF32 mma.sync (cuBLAS's TF32 wgmma needs B K-major, a
-    transpose this kernel does not make), which runs at 0.63–0.72× torch.bmm from 384³ on the
-    H200; the persistent grid is sized for the target profile's SMs (132), not the device's;
+    transpose this kernel does not make), which runs behind torch.bmm from 384³ on the H200
+    (docs/batched.md); the persistent grid is sized for the target profile's SMs (132), not the device's;
     a 2-CTA cluster (multicast) is not tried.  batch·tiles must stay below 2³¹ (the memory
     of such a batch does not exist on today's GPUs)."""
     tile = GemmTile.of(cfg, dtype)

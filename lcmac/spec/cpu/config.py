@@ -11,9 +11,9 @@ Pure Python (no compiler import): build.py, the manifest and the tuner use it.
               then a separate Combine H pass (Algorithm 1)
     bf16_dot  bfloat16 only, where the LLVM target has AVX512-BF16: True packs Ã/B̃ as bf16
               k pairs and multiplies with vdpbf16ps; False widens them to fp32 and uses FMAs.
-              (Measured on this Sapphire Rapids: one vdpbf16ps, 32 MACs, costs as much as
-              3.5–4.5 fp32 FMAs of 16 MACs each: bf16 GEMM 83 vs 127 GFLOP/s at 2048³.  So
-              the default is False and the tuner measures both for bfloat16.)
+              (On Sapphire Rapids one vdpbf16ps, 32 MACs, costs more than two fp32 FMAs of
+              16 MACs each, so the bf16 GEMM runs slower on it (docs/cpu.md).  So the default
+              is False and the tuner measures both for bfloat16.)
     amx       bfloat16 only, where the LLVM target has AMX-BF16 and AMX-TILE: the GEMM stage
               on Intel AMX tiles (``tdpbf16ps``), Ã/B̃ rounded to bf16 once when packed, fp32
               accumulation; needs mr = nr = 32 (four 16 × 16 fp32 C tiles) and walks k in
@@ -68,7 +68,7 @@ PACKED_OTHERWISE = ("vendor_base", "bands", "amx", "bf16_dot")
 
 #: knobs that a tuned record logged before they existed keeps at their field default (what
 #: it measured), where others take today's default: its nc was cut for the other tile order
-#: (a 1024-wide chunk of B walked row by row overflows L2: 0.79x numpy at 4096³, scratch run)
+#: (a 1024-wide chunk of B walked row by row overflows L2 and runs slower)
 AS_MEASURED = ("tiles_by_row",)
 
 # bits of the *compute* type per lane: bf16 inputs are computed in fp32
@@ -191,8 +191,8 @@ def _balanced_tiles(BM: int, BN: int, mr: int, nr: int, mc: int, nc: int,
                     threads: int) -> tuple[int, int]:
     """(mc, nc) near the wanted sizes whose task count (tiles of a C block) keeps every thread
     busy: a multiple of ``threads``, or at least 8 per thread (then the last round wastes at
-    most 1/8).  Measured on the 2-core VM: Strassen at 4096 with 3 tasks of 684×2048 ran
-    at 0.8x numpy, the same tiles cut into an even count at 1.1x.  Among the balanced
+    most 1/8): on two cores an odd task count leaves one core idle for the last round
+    (bench/experiments/cpu.md).  Among the balanced
     choices: least padding (in 2% steps), then fewest tasks."""
     best = None
     cm0, cn0 = _ceil(BM, mc), _ceil(BN, nc)
@@ -232,21 +232,21 @@ def _band_tile(M: int, mr: int, bands: int, want: int) -> int:
 def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
                    threads: int | None = None) -> CpuConfig:
     """Defaults per target.  An accumulator tile that fills most of the register file; cache
-    blocks measured on the 2-core Sapphire Rapids VM (noisy, ±10%).
+    blocks chosen by measurement on a 2-core Sapphire Rapids VM (bench/experiments/cpu.md).
 
     AVX-512: 6 × 4 vectors (24 accumulators, 4 B̃ loads and 6 broadcasts per 24 FMAs) with
-    large blocks (mc ≈ 1000, nc ≈ 2048, kc = 512): 1.0x numpy at 4096 where 8 × 2 vectors
-    with 256 × 512 blocks ran at 0.85-0.9x.  Given ``shape`` = (M, N, K), mc and nc are
+    large blocks (mc ≈ 1000, nc ≈ 2048, kc = 512), faster than 8 × 2 vectors with 256 × 512
+    blocks.  Given ``shape`` = (M, N, K), mc and nc are
     cut so the parallel tasks divide over ``threads`` (default: ``default_threads()``), and
     float32 packs per block (``bands``, below) except for LCMAs that sum many blocks.
 
     For an LCMA a long kc matters most, since the fused epilogue updates every C block a
-    product feeds once per kc chunk (kc=128 cost 25% on strassen^2 at 4096)."""
+    product feeds once per kc chunk."""
     lanes = lanes_for(target, dtype)
     lcma = algorithm is not None and getattr(algorithm, "R", 1) > 1
     # Fused Combine H keeps a task's tile of every C block cache-resident only while there
     # are few C blocks; with many (strassen^2: 16) the fused epilogue's C traffic costs more
-    # than storing H once (measured at 4096: unfused 1.15x numpy, fused 0.97x).
+    # than storing H once (docs/cpu.md).
     fused = not lcma or algorithm.m * algorithm.n <= 4
     if _registers(target) >= 32 and getattr(target, "family", "x86") == "x86":
         mr, nr, mc, nc = 6, 4 * lanes, 1008, 2048
@@ -261,23 +261,21 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
             return CpuConfig(mr=mr, nr=nr, mc=mc, nc=nc, kc=512, ku=4, fused=fused)
         # float32 packs per block in one row band per thread, one-level LCMAs too (their sums
         # fused into the packing), with the k loop unrolled 8 deep and, for an LCMA, whole
-        # 1024-deep k chunks. On the 2-core Sapphire Rapids VM at 4096³
-        # (bench/results/cpu-xeon-avx512-*): GEMM 0.96 → 1.00-1.03x numpy, Strassen 0.94 →
-        # 1.02-1.04x against packing ahead without streaming. LCMAs whose products sum more
+        # 1024-deep k chunks: faster than packing ahead without streaming for the GEMM and
+        # Strassen (bench/experiments/cpu.md). LCMAs whose products sum more
         # than two blocks (Strassen², Winograd²) pack ahead again, streamed
         # (``_sums_many_blocks``). kc 1024 for the plain GEMM was no faster and its
-        # error 1.4x larger (a longer sum in registers). Packed per block, one level stores H
-        # and combines it after where its C blocks are large: at 4096³ (2048² blocks)
-        # Strassen 1.02 → 1.08x and Winograd 0.96 → 1.04x stored, in one run (Winograd's
-        # Combine H has its shared sums); at 2048³ fused stayed ahead, 1.09 against 1.06x.
+        # error larger (a longer sum in registers). Packed per block, one level stores H
+        # and combines it after where its C blocks are large (2048² and more: storing H once
+        # beats the fused epilogue's C traffic; Winograd's Combine H has its shared sums);
+        # below, fused stays ahead.
         knobs = banded(algorithm, shape, mr, mc, threads)
         if lcma and _sums_many_blocks(algorithm) and _packed_bytes(dtype, algorithm, shape) <= AHEAD_MAX_BYTES:
             knobs.update(bands=0, stream=True)
         if not lcma:
             # the plain GEMM walks its tiles row by row over an L2-sized B chunk
-            # (``_l2_chunk_cols``): 1.00-1.03 → 1.08-1.14x numpy at the six benchmark shapes
-            # (bench/results/cpu-xeon-avx512-float32-shapes-tile-order-ab-2026-11-29.json); the
-            # LCMAs measured no faster so (scratch runs, docs/cpu.md)
+            # (``_l2_chunk_cols``), faster at every benchmark shape; the LCMAs measured no
+            # faster so (docs/cpu.md)
             knobs.update(tiles_by_row=True, nc=_l2_chunk_cols(target, BN, nr, 512, dtype))
         return CpuConfig(**{"mr": mr, "nr": nr, "nc": nc, "kc": 1024 if lcma else 512, "ku": 8,
                             "fused": fused and BM * BN < 2048 * 2048, **knobs})
@@ -285,11 +283,10 @@ def default_config(target, dtype: str = "float32", algorithm=None, shape=None,
         return CpuConfig(mr=8, nr=2 * lanes, mc=256, nc=512, kc=1024 if lcma else 512, ku=4,
                          fused=fused)
     # 16 registers: 6 × 2 vectors = 12 accumulators + 2 B + 1 broadcast (the classic AVX2 kernel).
-    # Blocks from a short, unrecorded sweep of six configs at 4096³ on a 2-core AMD EPYC (AVX2)
-    # VM, where kc=512 did not help LCMAs (unlike AVX-512); with them Strassen² ran 1.20x,
-    # Winograd² 1.17x and the GEMM 0.91x numpy (bench/results/cpu-epyc-avx2-float32-4096-*.json).
-    # The plain GEMM packs per cache block in one row band per thread (cpu_gemm_blocked): on
-    # that VM 1.01-1.02x numpy at 4096³ where packing ahead ran 0.90x (docs/cpu.md)
+    # Blocks from a short sweep of configs on a 2-core AMD EPYC (AVX2) VM, where kc=512 did
+    # not help LCMAs (unlike AVX-512; bench/experiments/cpu.md).
+    # The plain GEMM packs per cache block in one row band per thread (cpu_gemm_blocked):
+    # faster than packing ahead on that VM (docs/cpu.md)
     bands = 0 if lcma or getattr(target, "family", "x86") != "x86" else (threads or default_threads())
     mc = _band_tile(shape[0], 6, bands, 192) if bands and shape is not None else 192
     stream = lcma and shape is not None and _packed_exceeds_llc(target, dtype, algorithm, shape)
@@ -314,21 +311,17 @@ def _sums_many_blocks(alg) -> bool:
     """Whether an LCMA's products sum more than two blocks of B on average (Strassen²: 2.9,
     Winograd²: 4; Strassen: 1.7, Winograd: 2).  Packed per block, each such sum reads every
     block of B that many times, and of A alike; combined ahead, the group-parallel combines
-    read A and B once and stream Ã and B̃ out.  On the 2-core Sapphire Rapids VM
-    (bench/results/cpu-xeon-avx512-float32-*-2026-11-29.json, 7 rounds a run), per block →
-    ahead, streamed: at 4096³ Strassen² 1.085 → 1.151x numpy (b-ahead-ab), Winograd² 1.049 →
-    1.175x (b-ahead-ab, ahead-stream-ab); Strassen 1.085 → 1.090x, Winograd 1.080 → 1.073x
-    (ahead-stream-ab), so one level stays per block; at 2048³ and four LLM layers two levels
-    ahead were faster at every shape (shapes-ahead-stream-ab)."""
+    read A and B once and stream Ã and B̃ out.  On AVX-512 two levels packed ahead, streamed,
+    beat packing per block at every shape measured, while one level gained nothing, so it
+    stays per block (bench/experiments/cpu.md)."""
     nnz = getattr(alg, "nnz", None)
     return nnz is not None and nnz()["V"] > 2 * alg.R
 
 
 #: the most packed Ã + B̃ (bytes) an AVX-512 float32 LCMA that sums many blocks packs ahead;
-#: beyond, per block.  Strassen² at 4096³ (392 MB) ran 1.151x numpy ahead against 1.085x per
-#: block, at 8192³ (1.57 GB) 1.151x against 1.233x per block (3 rounds,
-#: bench/results/cpu-xeon-avx512-float32-8192-ahead-ab-2026-11-29.json), which also needs
-#: 0.8 GiB of workspace instead of 2.3; the bound lies between the two, untested in between
+#: beyond, per block.  Strassen² packs ahead faster at 4096³ (392 MB) and per block faster at
+#: 8192³ (1.57 GB), which also needs less workspace (bench/experiments/cpu.md); the bound
+#: lies between the two, untested in between
 AHEAD_MAX_BYTES = 512 * 2 ** 20
 
 
@@ -342,9 +335,8 @@ def _packed_bytes(dtype: str, alg, shape) -> int:
 def _packed_exceeds_llc(target, dtype: str, alg, shape) -> bool:
     """Whether an LCMA's packed Ã and B̃ (R products' blocks) outgrow the target's last-level
     cache, where streaming them out (knob ``stream``) saves the reads for ownership without
-    pushing out lines the GEMM stage would have found.  Measured on the 2-core AMD EPYC VM
-    (32 MiB L3), Strassen² at 4096³ (205 MB a side): Combines A and B alone 23 → 17 and
-    27 → 17 ms (docs/cpu.md)."""
+    pushing out lines the GEMM stage would have found (Strassen²'s combines on the AVX2 VM,
+    docs/cpu.md)."""
     llc = _cache_bytes(target, "l3_bytes")
     return bool(llc) and _packed_bytes(dtype, alg, shape) > llc
 
@@ -390,9 +382,8 @@ def config_space(target, dtype: str, shape, algorithm=None) -> list[CpuConfig]:
         chunk = None if base.bands or base.tiles_by_row else _l2_chunk_cols(target, base.nc, base.nr, base.kc, dtype)
         if chunk is not None and chunk < base.nc:
             # packed ahead with a task's B wider than L2: its columns in L2-sized chunks, row by
-            # row (at 4096³ Winograd² 1.084 → 1.107x numpy, Strassen² and dps-4x4x4-r48 no
-            # faster: bench/results/cpu-xeon-avx512-float32-4096-chunk-cols-ab-2026-11-29.json),
-            # so the tuner's to try, not a default
+            # row (it helped Winograd² but not Strassen² or dps-4x4x4-r48,
+            # bench/experiments/cpu.md), so the tuner's to try, not a default
             out.append(CpuConfig(**{**base.to_dict(), "tiles_by_row": True, "chunk_cols": chunk}))
     # packing ahead or per block (an LCMA's combination fused into the packing)
     if base.bands:

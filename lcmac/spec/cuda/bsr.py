@@ -16,9 +16,8 @@ def bsr_tile_defaults(bs: int, dtype: str) -> dict:
     64 rows (wgmma; TF32 mma.sync for float32), 256 columns but 128 for float32 128-blocks;
     16- and 32-blocks: four warps side by side over 128 columns (mma.sync).
     The K slab: the whole block up to 64 (32 for float32); stages: as many as fit, up to 4;
-    the C tile stored through shared memory by TMA.  Measured on the H100 (A 8192×8192 at
-    1–20 %, B 8192×4096, docs/batched.md): the TMA store 2.0–2.2× faster than stores from
-    registers at 1 % in bf16, 1.1–1.3× at 20 %; 256 columns 6–19 % ahead of 128 at 20 %
+    the C tile stored through shared memory by TMA.  Both won on the H100 (docs/batched.md):
+    the TMA store over stores from registers, most at low density; 256 columns over 128
     (bf16 64- and 128-blocks, float32 64-blocks)."""
     if bs not in BSR_BLOCKS:
         raise ShapeError(f"the fused block-sparse kernel takes blocks of {BSR_BLOCKS}, not {bs}")
