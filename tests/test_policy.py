@@ -123,3 +123,11 @@ def test_planning_compiles_nothing_and_every_decision_is_a_plan(ran, monkeypatch
         (2048, 2048, "strassen"), (512, 512, "strassen"), (256, 256, "strassen"),
         (184, 256, "strassen")]       # a forced algorithm pads the last rows into its bucket
     assert plans[0].pieces[-1].runs == VENDOR        # "auto" gives them to the vendor GEMM
+
+
+def test_the_public_names_reach_one_plan():
+    import lcmac
+    import lcmac.ops
+    from lcmac.policy import Plan
+    assert lcmac.plan is lcmac.ops.plan
+    assert isinstance(lcmac.plan(64, 64, 64, target="x86_64-avx512"), Plan)
