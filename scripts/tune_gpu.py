@@ -17,6 +17,10 @@ Campaigns (``CAMPAIGNS``):
   llm-<dtype>-<M>        every distinct (N, K) of bench/llm_shapes.json at token count M:
                          the vendor GEMM (cuBLAS), the default config, then GEMM (budget 3),
                          Strassen (2) and Strassen² (1) in the model's order (tag "llm")
+  lcma-<dtype>-<M>       the same shapes, for a new device's decision: the vendor GEMM and
+                         the model's first config of Strassen² and Winograd² (tag "lcma")
+  llama70b-<dtype>-<M>   the MLP layers of a 70B-class Llama (hidden 8192, intermediate
+                         28672: N,K = 28672,8192 and 8192,28672) as lcma-, tag "llama70b"
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ sys.path.insert(0, ROOT)
 
 EXHAUSTIVE_SHAPE = (8192, 8192, 4096)
 LLM_BUDGETS = (("gemm", 3), ("strassen", 2), ("strassen^2", 1))
+LCMA_BUDGETS = (("strassen^2", 1), ("winograd^2", 1))
+LLAMA70B_NK = (("llama70b/gate_or_up", (28672, 8192)), ("llama70b/down", (8192, 28672)))
 
 
 def campaign(name: str):
@@ -50,6 +56,12 @@ def campaign(name: str):
                 out.append((label, shape, algo, budget,
                             dict(tag="llm", vendor=i == 0, measure_default=True)))
         return dtype, out
+    if kind in ("lcma", "llama70b"):
+        M = int(rest[0])
+        shapes = (llm_shapes(ms=[M]) if kind == "lcma"
+                  else [(label, (M, n, k)) for label, (n, k) in LLAMA70B_NK])
+        return dtype, [(label, shape, algo, budget, dict(tag=kind, vendor=i == 0))
+                       for label, shape in shapes for i, (algo, budget) in enumerate(LCMA_BUDGETS)]
     raise SystemExit(f"unknown campaign {name!r}")
 
 

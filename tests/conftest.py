@@ -1,10 +1,37 @@
 """The test session never reads or writes the user's lcmac caches: LCMAC_CACHE_DIR (CSE
 results, compiled kernels) points into pytest's base temporary directory unless the caller
-set it; a test that needs another value sets its own.  ``lcmac_cache`` is that directory."""
+set it; a test that needs another value sets its own.  ``lcmac_cache`` is that directory, one
+for all pytest-xdist workers of a run (the store is safe for concurrent processes), so a kernel
+that several test files build compiles once."""
 import os
 from pathlib import Path
 
 import pytest
+
+
+#: files whose tests each compile their own kernel: spread over the workers test by test
+INDEPENDENT = {"tests/schedules/cuda/test_cuda_codegen.py"}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    # `-n 2` alone distributes test by test ("load"): schedule by group instead; a worker
+    # parses `-n 2` itself, so it is told to name its tests' groups
+    if getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "loadgroup"
+    if hasattr(config, "workerinput"):
+        config.option.loadgroup = True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """One xdist group per test file, so the kernels a file's module fixtures build are built
+    by one worker (``pytest_configure`` turns ``-n``'s test-by-test scheduling into groups)."""
+    root = Path(str(config.rootpath))
+    for item in items:
+        rel = Path(str(item.path)).relative_to(root).as_posix()
+        if rel not in INDEPENDENT and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(rel))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -12,7 +39,8 @@ def lcmac_cache(tmp_path_factory) -> Path:
     if "LCMAC_CACHE_DIR" in os.environ:
         yield Path(os.environ["LCMAC_CACHE_DIR"])
         return
-    root = tmp_path_factory.getbasetemp() / "lcmac-cache"
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "lcmac-cache"
     os.environ["LCMAC_CACHE_DIR"] = str(root)
     try:
         yield root
