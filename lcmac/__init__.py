@@ -2,10 +2,15 @@
 import importlib
 import importlib.abc
 import importlib.util
+import logging
 import sys
 
 from lcmac.core.errors import LcmacError
 from lcmac.core.version import __version__
+
+# lcmac's modules log under the "lcmac" logger; a library stays quiet unless the application
+# configures logging (the `lcmac` command shows INFO on stderr)
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # lcmac.nn, lcmac.ops, lcmac.optimize and lcmac.distributed are public too, left out of
 # __all__ because they import torch (``from lcmac import *`` stays free of it)

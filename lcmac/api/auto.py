@@ -14,7 +14,8 @@ kernels (``Plan.kernels``).
 
 ``plan(M, N, K, dtype)`` decides (cached per shape and dtype) without compiling or running
 anything; ``artifact(plan)`` finds, or builds, the artifact a plan runs; a call does both.
-Operands are checked by the loaded artifact as for ``lcmac.load``.
+Operands are checked by the loaded artifact as for ``lcmac.load``, but may have any layout
+(a strided one is copied row-major for the artifact, as ``lcmac.matmul`` does).
 """
 from __future__ import annotations
 
@@ -25,11 +26,13 @@ from lcmac import policy
 from lcmac.artifact.build import build as build_artifact
 from lcmac.artifact.cache import cached_build
 from lcmac.artifact.manifest import Manifest
-from lcmac.costmodel.decision import check_error_budget
+from lcmac.costmodel.error_budget import check_budget_arg
 from lcmac.core.dtypes import normalize_dtype
 from lcmac.core.errors import ArtifactError
-from lcmac.core.operands import check_alike, check_matrices, check_same_device, is_cuda
+from lcmac.core.operands import (
+    check_alike, check_matrices, check_out, check_same_device, is_contiguous, is_cuda, row_major)
 from lcmac.runtime.loader import load
+from lcmac.runtime.tiled import assign
 from lcmac.spec.targets import get_target
 from lcmac.policy import VENDOR, Plan, check_regime
 from lcmac.runtime.vendor import vendor_matmul
@@ -55,9 +58,7 @@ class AutoMatmul:
         self.logs = logs
         self.build = build
         self.vendor = vendor
-        if max_error is not None:
-            max_error = check_error_budget(max_error)
-        self.max_error = max_error
+        self.max_error = check_budget_arg(max_error)     # None: the default budget; inf: none
         self.regime = check_regime(regime)
         self._plans: dict[tuple, Plan] = {}
         self._fns: dict[tuple, object] = {}      # kernel key → the loaded artifact
@@ -161,7 +162,13 @@ class AutoMatmul:
         p = self.plan(M, N, K, dtype, target=self._target_for(is_cuda(A)))
         if p.runs == VENDOR:
             return vendor_matmul(A, B, out=out)
-        return self._kernel(p)(A, B, out=out)
+        # the artifact reads and writes row-major memory: strided operands are copied
+        fn, A, B = self._kernel(p), row_major(A), row_major(B)
+        if out is None or is_contiguous(out):
+            return fn(A, B, out=out)
+        check_out(out, A, (M, N), any_layout=True)
+        assign(out, fn(A, B))
+        return out
 
     def __repr__(self):
         budget = "" if self.max_error is None else f" max_error={self.max_error:g}"

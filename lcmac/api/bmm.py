@@ -44,6 +44,7 @@ from lcmac.ir.executor import run_unfused
 from lcmac.api.call_args import LOADED, check_algo, define_op, target_for
 from lcmac.policy.batched import choose_batched
 from lcmac.schedules.cuda.batched_tiles import batched_template
+from lcmac.spec.precision import allows_tf32, torch_precision
 
 __all__ = ["bmm", "register", "BMM_SCHEMA"]
 
@@ -163,15 +164,15 @@ def _auto_kernel(target: str, dtype: str, shape, config: dict | None):
 
 
 def _auto_config(A, M: int, N: int, K: int, batch: int) -> dict | None:
-    """``choose_batched`` for a CUDA tensor A (TF32 counts as allowed where torch allows it),
+    """``choose_batched`` for a CUDA tensor A (TF32 counts as allowed where torch's float32
+    precision class allows it, ``lcmac.spec.precision``),
     kept per case: "auto" runs on every call, where a small batch takes only microseconds."""
     if target_for("cuda") != "cuda-sm90a":
         return None         # the rule's wins were measured on Hopper (TMA); elsewhere torch.bmm
     dt = dtype_name(A)
     tf32 = False
-    if dt == "float32":             # the flag is read only where it matters (a few µs a read)
-        import torch
-        tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+    if dt == "float32":             # the class is read only where it matters
+        tf32 = allows_tf32(torch_precision("cuda"))
     key = (dt, M, N, K, batch, tf32)
     hit = _auto_choices.get(key, key)
     if hit is key:

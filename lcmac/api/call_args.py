@@ -1,5 +1,6 @@
-"""The arguments every lcmac product call shares: the ``algo`` names and the target of a
-device; the kernels loaded in this process; and how its torch ops are defined.  (Their own
+"""The arguments every lcmac product call shares: the ``algo`` names, the target of a
+device and the float32 precision class of the operands; the kernels loaded in this process;
+and how its torch ops are defined.  (Their own
 module so that ``lcmac.ops`` and ``lcmac.api.bmm`` both use them without importing
 each other.)"""
 from __future__ import annotations
@@ -8,8 +9,10 @@ import threading
 
 from lcmac.artifact.build import resolve_algorithm
 from lcmac.artifact.cache import cached_build
-from lcmac.core.errors import CatalogueError, TargetError
+from lcmac.core.errors import CatalogueError, LcmacError, TargetError
+from lcmac.core.operands import device_type, operand_kind
 from lcmac.runtime.loader import load
+from lcmac.spec.precision import DEFAULT_PRECISION, check_precision, torch_precision
 from lcmac.spec.targets import get_target
 
 AUTO, VENDOR, GEMM = "auto", "vendor", "gemm"
@@ -41,6 +44,27 @@ def check_algo(algo) -> str:
 
 #: algorithm names that resolved once (a name the catalogue knows stays known)
 _resolved: set[str] = set()
+
+
+def float32_precision(A, dtype: str, precision=None) -> str | None:
+    """The float32 precision class (``lcmac.spec.precision``) a product of operands like
+    ``A`` of ``dtype`` runs under; None for other dtypes.  Torch tensors: torch's own
+    setting, which lcmac never changes, so an explicit ``precision`` must be the same (a
+    pin: lcmac refuses rather than run another class); numpy arrays: ``precision``, default
+    "highest"."""
+    if precision is not None:
+        check_precision(precision)
+    if dtype != "float32":
+        return None
+    if operand_kind(A) != "torch":
+        return precision or DEFAULT_PRECISION
+    own = torch_precision(device_type(A))
+    if precision is not None and precision != own:
+        raise LcmacError(f"precision={precision!r} was asked, but torch's float32 matmul "
+                         f"precision is {own!r}: for torch tensors lcmac runs torch's class "
+                         f"and never changes it; call torch.set_float32_matmul_precision"
+                         f"({precision!r}) first, or leave precision= out")
+    return own
 
 
 def define_op(name: str, impl, schema: str, fake, backward, setup_context):

@@ -32,18 +32,18 @@ from lcmac.core.operands import (
     check_matrices, check_one_dtype, check_out, check_same_device, check_tensor)
 from lcmac.policy.split import choose_split
 from lcmac.runtime.loader import host_cpus
+from lcmac.spec.precision import allows_tf32, torch_precision
 
 GPU_MODES = {"bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 PIECE_BYTES = 32 << 20          # the least of A's bytes a pipelined piece carries
 
 
 def gpu_mode(dtype) -> str:
-    """The GPU's number format for a torch dtype: float32 is "tf32" when torch lets matmuls use
-    TF32 (``torch.backends.cuda.matmul.allow_tf32``), else "fp32"."""
-    import torch
+    """The GPU's number format for a torch dtype: float32 is "tf32" where torch's float32
+    precision class lets matmuls use TF32 (``lcmac.spec.precision``), else "fp32"."""
     name = str(dtype).replace("torch.", "")
     if name == "float32":
-        return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+        return "tf32" if allows_tf32(torch_precision("cuda")) else "fp32"
     if name not in GPU_MODES:
         raise LcmacError(f"CPU+GPU products take bfloat16, float16, float32 or float64, not {name}")
     return GPU_MODES[name]
@@ -51,10 +51,10 @@ def gpu_mode(dtype) -> str:
 
 def gpu_side(dtype, lcmac_matmul):
     """The GPU side's GEMM: ``lcmac_matmul`` where lcmac has CUDA kernels for the format
-    (bf16, fp16, TF32), else ``torch.matmul`` in the caller's precision (float64; float32 with
-    TF32 disallowed, which lcmac's CUDA GEMM, TF32, would not honour)."""
+    (bf16, fp16, float32 in TF32 or, where TF32 is not allowed, fp16x2 operands: lcmac.matmul
+    keeps to torch's class), else ``torch.matmul`` (float64)."""
     import torch
-    if gpu_mode(dtype) in ("fp32", "fp64"):
+    if gpu_mode(dtype) == "fp64":
         return lambda a, b, out=None: torch.matmul(a, b, out=out)
     return lcmac_matmul
 

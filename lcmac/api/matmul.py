@@ -4,6 +4,7 @@ op ``torch.ops.lcmac.matmul`` behind it for torch tensors.
     C = lcmac.matmul(A, B)                          # …×M×K @ K×N → …×M×N
     C = lcmac.matmul(A, B, algo="strassen")         # that kernel, whatever the model says
     C = lcmac.matmul(A, B, max_error=4.0)           # only LCMAs predicted within 4× the GEMM's error
+    C = lcmac.matmul(A, B, precision="high")        # numpy float32: TF32-class products allowed
 
 A's leading dimensions are flattened into the rows: the product runs as one (∏…·M)×K @ K×N.
 
@@ -15,6 +16,13 @@ vendor's by more than a tie, else the vendor GEMM (``lcmac.policy.planner``).
 ``algo="gemm"`` forces lcmac's plain GEMM, ``algo="vendor"`` the vendor GEMM, any catalogue
 name or expression (``"strassen"``, ``"winograd^2"``) that LCMA; ``plan()`` tells what runs
 for a shape and why, without running it.
+
+**The terms of the choice.**  An error budget (``max_error``, × the plain GEMM's error)
+bounds "auto": by default the dtype's (``lcmac.costmodel.error_budget``), ``inf`` lifts it.
+float32 runs under a precision class (``lcmac.spec.precision``): torch's own setting for
+torch tensors (``torch.set_float32_matmul_precision``), ``precision=`` for numpy arrays,
+default "highest" (no TF32: on CUDA lcmac's kernels then multiply through fp16x2 operands
+and the vendor GEMM is SGEMM).
 
 **Kernels per N×K, not per shape.**  Kernels are compiled for fixed sizes, so the rows are
 cut by a ladder of bucket row counts (``lcmac.spec.shape_rules.JIT_ROWS``: 4096…256 on CPUs,
@@ -33,12 +41,16 @@ a forced algorithm raises.
 traces it without a graph break, and an autograd formula whose two products run through the
 op again (dA = dC·Bᵀ, dB = Aᵀ·dC: an LCMA may serve those shapes too).  It is registered when
 this module is imported with torch already imported, on the first ``lcmac.matmul`` of a torch
-tensor, or by ``register()``; ``import lcmac`` never imports torch.  The op copies
-non-contiguous operands; ``lcmac.matmul`` refuses them instead, so that no copy is hidden.
+tensor, or by ``register()``; ``import lcmac`` never imports torch.
+
+**Any layout**, as numpy and torch take it: a transposed, Fortran-ordered, sliced or reversed
+operand runs on a row-major copy where a kernel reads it (the vendor GEMM takes it as it is),
+and a strided ``out`` receives the kernel's result by a copy.
 
 **A B that does not change** (a layer's weight): ``mark_static(B)`` lets an artifact that
 can combine B once (``prepare_b``: CUDA artifacts and CPU artifacts built by this lcmac) keep
-the prepared form, per artifact, until B's version counter or storage changes.
+the prepared form, per artifact, until a write reaches B's memory (``lcmac.api.tensor_watch``:
+writes through ``.data`` too, which the version counter misses).
 """
 import sys
 import threading
@@ -49,18 +61,20 @@ from dataclasses import dataclass
 
 from lcmac import policy
 from lcmac.api.call_args import AUTO, GEMM, VENDOR, check_algo, define_op, target_for  # noqa: F401 (ops.* names)
-from lcmac.api.call_args import LOADED
+from lcmac.api.call_args import LOADED, float32_precision
+from lcmac.api.tensor_watch import Snapshot, memory_key, snapshot
 from lcmac.artifact.bundle import backend_kind
-from lcmac.costmodel.decision import check_error_budget
+from lcmac.costmodel.error_budget import check_budget_arg
 from lcmac.core.dtypes import normalize_dtype
 from lcmac.core.errors import DTypeError, LcmacError, ShapeError
 from lcmac.core.operands import (
-    check_array, check_contiguous, check_matrices, check_one_dtype, check_out, check_real,
-    check_same_device, check_same_kind, device_type, operand_kind)
+    check_array, check_matrices, check_one_dtype, check_out, check_real, check_same_device,
+    check_same_kind, device_type, dtype_name, is_contiguous, operand_kind, row_major)
 from lcmac.runtime.cuda_memory import kept_empty
-from lcmac.runtime.tiled import empty, run_rows
+from lcmac.runtime.tiled import assign, empty, run_rows
 from lcmac.policy import Plan
 from lcmac.runtime.vendor import vendor_matmul
+from lcmac.spec.precision import torch_precision
 from lcmac.spec.shape_rules import JIT_ROWS
 from lcmac.spec.targets import get_target
 
@@ -122,8 +136,9 @@ class _Operands:
     kernels: bool = True  # False: the target's kernels do not take the dtype (the vendor GEMM runs)
 
 
-def check_operands(A, B, *, contiguous: bool = True, vendor: bool = False) -> _Operands:
-    """Check A (…×M×K) and B (K×N) for lcmac.matmul; errors name the problem.  ``vendor``:
+def check_operands(A, B, *, vendor: bool = False) -> _Operands:
+    """Check A (…×M×K) and B (K×N) for lcmac.matmul; errors name the problem.  Any layout
+    passes (a kernel gets row-major copies, ``lcmac.core.operands.row_major``).  ``vendor``:
     the call may run the vendor GEMM ("auto", "vendor"), so a dtype the target's kernels do not
     take (bfloat16 on a CPU without AVX-512 BF16, say) is accepted, marked ``kernels=False``."""
     kind = check_array(A, "A")
@@ -136,37 +151,49 @@ def check_operands(A, B, *, contiguous: bool = True, vendor: bool = False) -> _O
     check_same_device(A, B, fix="move both to one device")
     target = target_for(device_type(A))
     dtype = _check_dtype(dtype, target, vendor=vendor)
-    if contiguous:
-        check_contiguous(A, "A")
-        check_contiguous(B, "B")
     rows = tuple(int(d) for d in A.shape[:-1])
     return _Operands(kind, dtype, target, rows, M, N, K, dtype in supported_dtypes(target))
 
 
 def check_budget(max_error):
-    """``max_error`` as a float (None stays None); ValueError unless positive and finite."""
-    return None if max_error is None else check_error_budget(max_error)
+    """``max_error`` as a float (None, the default budget, stays None; ``inf`` lifts the
+    budget); ValueError unless positive."""
+    return check_budget_arg(max_error)
+
+
+def _plan_precision(target: str, dtype: str, precision):
+    """The class ``plan`` decides a float32 product under: ``precision``, else on CUDA torch's
+    setting (CUDA operands are torch tensors), else None (the policy's default, "highest")."""
+    if precision is not None or dtype != "float32" or not target.startswith("cuda"):
+        return precision
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch_precision("cuda")
 
 
 # ---- the decision -----------------------------------------------------------------------------
 def plan(M: int, N: int, K: int, dtype="float32", *, algo: str = AUTO, max_error=None,
-         target: str | None = None) -> Plan:
+         target: str | None = None, precision: str | None = None) -> Plan:
     """What ``lcmac.matmul`` runs for C[M×N] = A[M×K]·B[K×N] (rows flattened), and why,
     without compiling or running anything: ``lcmac.policy.plan`` for lcmac.matmul's kernels,
-    for a dtype lcmac.matmul takes on ``target`` (default this CPU's)."""
+    for a dtype lcmac.matmul takes on ``target`` (default this CPU's).  ``precision``: the
+    float32 class (module doc; default: torch's setting on a CUDA target, else "highest")."""
     algo, max_error = check_algo(algo), check_budget(max_error)
     target = target or target_for("cpu")
     dtype = _check_dtype(str(dtype).replace("torch.", ""), target, "they")
-    return policy.plan(M, N, K, dtype, target, algo=algo, max_error=max_error)
+    return policy.plan(M, N, K, dtype, target, algo=algo, max_error=max_error,
+                       precision=_plan_precision(target, dtype, precision))
 
 
 # ---- kernels ----------------------------------------------------------------------------------
-def kernel(algo: str, target: str, dtype: str, shape):
-    """The loaded kernel of ``algo`` for (M, N, K) = ``shape``: from this process's table,
-    else from the kernel cache (``lcmac.artifact.cache.cached_build``: compiled there on a
-    miss, once whatever the threads and processes asking)."""
+def kernel(algo: str, target: str, dtype: str, shape, operands: str = "native"):
+    """The loaded kernel of ``algo`` for (M, N, K) = ``shape`` whose products run in the CUDA
+    operand mode ``operands``: from this process's table, else from the kernel cache
+    (``lcmac.artifact.cache.cached_build``: compiled there on a miss, once whatever the
+    threads and processes asking)."""
     key = (algo, target, dtype, tuple(int(d) for d in shape))
-    return _kernels.get(key, key)
+    if operands == "native":
+        return _kernels.get(key, key)
+    return _kernels.get((*key, operands), key, {"config": {"operands": operands}})
 
 
 def release_kernels() -> None:
@@ -181,31 +208,37 @@ def release_kernels() -> None:
 
 
 # ---- static B (weights) -----------------------------------------------------------------------
+# What is kept for a weight is kept while no write has reached its memory: lcmac.api.tensor_watch
+# sees writes through any tensor on it (``.data`` included), which the version counter does not.
 class _Static:
-    __slots__ = ("ref", "version", "shape", "dtype", "device", "prepared")
+    __slots__ = ("ref", "snapshot", "prepared")
 
-    def __init__(self, ref, B):
-        self.ref, self.version = ref, B._version
-        self.shape, self.dtype, self.device = tuple(B.shape), B.dtype, B.device
+    def __init__(self, ref, snap: Snapshot):
+        self.ref, self.snapshot = ref, snap
         self.prepared: dict = {}      # kernel → prepared B, or None where it cannot prepare
 
 
-_static: dict[int, _Static] = {}
+#: memory_key of a static B → what is kept for it
+_static: dict[tuple, _Static] = {}
 
 
 def mark_static(B) -> None:
-    """Declare the torch tensor ``B`` constant while its version counter stays as it is now:
-    artifacts with ``prepare_b`` keep its prepared form, one per artifact (at most
-    ``MAX_PREPARED``), and drop it when B changes or is freed."""
-    ptr = B.data_ptr()
+    """Declare the torch tensor ``B`` constant: artifacts with ``prepare_b`` keep its prepared
+    form, one per artifact (at most ``MAX_PREPARED``), while no write reaches B's memory
+    (``lcmac.api.tensor_watch``); after one, or once B is freed, it is dropped and B runs
+    unprepared until marked again.  A B whose writes cannot be seen is not kept."""
+    snap = snapshot(B)
+    if snap is None:
+        return
+    key = memory_key(B)
 
-    def drop(ref, ptr=ptr):
+    def drop(ref, key=key):
         with _lock:
-            e = _static.get(ptr)
+            e = _static.get(key)
             if e is not None and e.ref is ref:
-                del _static[ptr]
+                del _static[key]
     with _lock:
-        _static[ptr] = _Static(weakref.ref(B, drop), B)
+        _static[key] = _Static(weakref.ref(B, drop), snap)
 
 
 def _b_for(fn, B, kind: str):
@@ -213,57 +246,69 @@ def _b_for(fn, B, kind: str):
     prepare = getattr(fn, "prepare_b", None)
     if prepare is None or kind != "torch":
         return B
-    e = _static.get(B.data_ptr())
-    if e is None or e.ref() is None or B._version != e.version or e.ref()._version != e.version \
-            or (tuple(B.shape), B.dtype, B.device) != (e.shape, e.dtype, e.device):
+    key = memory_key(B)
+    e = _static.get(key)
+    if e is None:
+        return B
+    if not e.snapshot.unchanged(B):
+        with _lock:
+            if _static.get(key) is e:
+                del _static[key]
         return B
     if fn not in e.prepared:
         try:
             p = prepare(B)
         except LcmacError:            # the plain GEMM, scaled operand modes: nothing to keep
             p = None
+        # preparing read B through its address, which torch counts as a write: B is unchanged
+        # up to here (checked above), so watch it from here on
+        snap = snapshot(B)
         with _lock:
             while len(e.prepared) >= MAX_PREPARED:
                 e.prepared.pop(next(iter(e.prepared)))
             e.prepared[fn] = p
+            if snap is not None:
+                e.snapshot = snap
+            elif _static.get(key) is e:
+                del _static[key]
+        return B if p is None else p
     p = e.prepared.get(fn)
     return B if p is None else p
 
 
 class _Transposed:
-    __slots__ = ("weight", "version", "wt")
+    __slots__ = ("weight", "snapshot", "wt")
 
-    def __init__(self, weight, version: int, wt):
-        self.weight, self.version, self.wt = weight, version, wt
+    def __init__(self, weight, snap: Snapshot, wt):
+        self.weight, self.snapshot, self.wt = weight, snap, wt
 
 
-#: (data pointer, shape, strides, dtype, device) of a weight → its kept transpose.  The entry
-#: holds the weight (detached: same storage and version counter), so no other tensor can take
-#: its memory, and so its address, while the entry lives.
+#: memory_key of a weight → its kept transpose.  The entry holds the weight (detached: the same
+#: storage), so that its storage, whose identity the key names, lives as long as the entry.
 _transposed: "OrderedDict[tuple, _Transposed]" = OrderedDict()
 
 
 def transposed_weight(weight):
-    """Wᵀ (in × out, contiguous) of an ``nn.Linear`` weight W (out × in), kept while W's
-    storage and version counter stay as they are (an optimizer step, ``load_state_dict`` or
-    any in-place change makes it again) and marked static, so an artifact that can combine B
-    once (``prepare_b``) keeps that form too.  This runs inside ``torch.ops.lcmac.linear``
-    at call time, under ``torch.compile`` as in eager mode."""
+    """Wᵀ (in × out, contiguous) of an ``nn.Linear`` weight W (out × in), kept while no write
+    reaches W's memory (``lcmac.api.tensor_watch``: an optimizer step, ``load_state_dict``,
+    ``w.data.mul_(…)`` or any in-place change makes it again) and marked static, so an
+    artifact that can combine B once (``prepare_b``) keeps that form too.  A weight whose
+    writes cannot be seen is transposed on each call.  This runs inside
+    ``torch.ops.lcmac.linear`` at call time, under ``torch.compile`` as in eager mode."""
     import torch
     if weight.is_cuda and torch.cuda.is_current_stream_capturing():
         # a CUDA graph replays without Python: a kept copy would go stale when the weight
         # changes, so the capture records the transpose itself (and B is combined in the kernel)
         return weight.t().contiguous()
-    try:
-        version = weight._version
-    except RuntimeError:                # an inference-mode tensor has no version counter
-        return weight.t().contiguous()
-    key = (weight.data_ptr(), tuple(weight.shape), tuple(weight.stride()), weight.dtype, weight.device)
+    key = memory_key(weight)
     with _lock:
         e = _transposed.get(key)
-        if e is not None and e.version == version:
+        if e is not None and e.snapshot.unchanged(weight):
             _transposed.move_to_end(key)
             return e.wt
+    snap = snapshot(weight)
+    if snap is None:
+        return weight.t().contiguous()
     # outside inference mode: the kept copy may meet autograd later (a frozen weight)
     with torch.inference_mode(False), torch.no_grad():
         # kept across calls: not from a CUDA graph's pool (runtime.cuda_memory)
@@ -271,7 +316,7 @@ def transposed_weight(weight):
         wt.copy_(weight.detach().t())
     mark_static(wt)
     with _lock:
-        _transposed[key] = _Transposed(weight.detach(), version, wt)
+        _transposed[key] = _Transposed(weight.detach(), snap, wt)
         _transposed.move_to_end(key)
         while len(_transposed) > MAX_TRANSPOSED:
             _transposed.popitem(last=False)
@@ -280,12 +325,19 @@ def transposed_weight(weight):
 
 # ---- the product ------------------------------------------------------------------------------
 def kernel_keys(M: int, N: int, K: int, dtype="float32", *, algo: str = AUTO, max_error=None,
-                target: str | None = None) -> list[tuple]:
-    """The kernels ``lcmac.matmul`` runs for C[M×N] = A[M×K]·B[K×N], as ``kernel``'s keys
-    (algorithm, target, dtype, bucket shape), without compiling anything: its row pieces'
-    buckets (``lcmac.spec.shape_rules``), less those the vendor GEMM takes under "auto"."""
-    p = plan(M, N, K, dtype, algo=algo, max_error=max_error, target=target)
-    return [(p.runs, p.target, p.dtype, shape) for shape in p.kernel_shapes()]
+                target: str | None = None, precision: str | None = None) -> list[tuple]:
+    """The kernels ``lcmac.matmul`` runs for C[M×N] = A[M×K]·B[K×N], as ``kernel``'s
+    arguments (algorithm, target, dtype, bucket shape, and the operand mode where it is not
+    native), without compiling anything: its row pieces' buckets
+    (``lcmac.spec.shape_rules``), less those the vendor GEMM takes under "auto"."""
+    p = plan(M, N, K, dtype, algo=algo, max_error=max_error, target=target, precision=precision)
+    return [_kernel_key(p, p.dtype, shape) for shape in p.kernel_shapes()]
+
+
+def _kernel_key(p: Plan, dtype: str, shape) -> tuple:
+    """``kernel``'s arguments for the plan's kernel at ``shape``."""
+    mode = () if p.operands == "native" else (p.operands,)
+    return (p.runs, p.target, dtype, tuple(shape), *mode)
 
 
 def _kernel_for(p: Plan, o: _Operands):
@@ -296,7 +348,7 @@ def _kernel_for(p: Plan, o: _Operands):
     buckets = {piece.bucket for piece in p.pieces if piece.runs != VENDOR}
 
     def kernel_for(shape):
-        key = (p.runs, o.target, o.dtype, tuple(shape))
+        key = _kernel_key(p, o.dtype, shape)
         if not forced and (key in _failed or shape[0] not in buckets):
             return None
         try:
@@ -317,42 +369,52 @@ def _run_lcmac(p: Plan, A, B, out, o: _Operands):
     """Run the plan's algorithm on row pieces of the JIT ladder (lcmac.spec.shape_rules): bucket
     kernels on slices of A and C; with an automatic choice the vendor GEMM takes the rows
     under the smallest bucket and any piece where the decision prefers it; a forced
-    algorithm pads them into its smallest bucket instead."""
-    C = out if out is not None else empty(A, (*o.rows, o.N))
+    algorithm pads them into its smallest bucket instead.  Kernels read and write row-major
+    memory: a strided A or B is copied, a strided ``out`` receives the result afterwards."""
+    A, B = row_major(A), row_major(B)
+    C = out if out is not None and is_contiguous(out) else empty(A, (*o.rows, o.N))
     run_rows(A.reshape(o.M, o.K), B, C.reshape(o.M, o.N), JIT_ROWS[backend_kind(o.target)],
              _kernel_for(p, o),
              N=o.N, K=o.K, vendor=None if p.algo != AUTO else vendor_matmul,
              b_for=lambda fn, b: _b_for(fn, b, o.kind))
+    if out is not None and C is not out:
+        assign(out, C)
+        return out
     return C
 
 
-#: torch calls whose plan is the vendor GEMM, by (shapes, dtype, devices, algo, budget): a
-#: repeat goes straight to it.  The checks and the plan cost microseconds of Python a call,
-#: which small products on a GPU feel.
+#: torch calls whose plan is the vendor GEMM, by (shapes, dtype, devices, algo, budget,
+#: precision class): a repeat goes straight to it.  The checks and the plan cost
+#: microseconds of Python a call, which small products on a GPU feel.
 _vendor_calls: set = set()
 _VENDOR_CALLS_MAX = 4096
 
 
-def _call_key(A, B, algo, max_error):
+def _call_key(A, B, algo, max_error, precision):
     """The key of a torch call with contiguous operands, else None."""
     torch = sys.modules.get("torch")
     if torch is None or type(A) is not torch.Tensor or type(B) is not torch.Tensor:
         return None
     if not (A.is_contiguous() and B.is_contiguous()):
         return None
-    return (A.shape, B.shape, A.dtype, B.dtype, A.device, B.device, algo, max_error)
+    # torch's class is read on each call: the user may change it between calls
+    own = torch_precision(A.device.type) if A.dtype == torch.float32 else None
+    return (A.shape, B.shape, A.dtype, B.dtype, A.device, B.device, algo, max_error, precision,
+            own)
 
 
-def compute(A, B, algo: str = AUTO, max_error=None, out=None):
+def compute(A, B, algo: str = AUTO, max_error=None, out=None, precision=None):
     """The product with no autograd: what the op runs, and ``lcmac.matmul`` on numpy."""
-    key = _call_key(A, B, algo, max_error) if out is None else None
+    key = _call_key(A, B, algo, max_error, precision) if out is None else None
     if key is not None and key in _vendor_calls:
         return vendor_matmul(A, B)
     o = check_operands(A, B, vendor=algo in (AUTO, VENDOR))
+    prec = float32_precision(A, o.dtype, precision)
     if out is not None:
-        check_out(out, A, (*o.rows, o.N))
+        check_out(out, A, (*o.rows, o.N), any_layout=True)
     if algo != VENDOR and o.kernels and 0 not in (o.M, o.N, o.K):
-        p = plan(o.M, o.N, o.K, o.dtype, algo=algo, max_error=max_error, target=o.target)
+        p = plan(o.M, o.N, o.K, o.dtype, algo=algo, max_error=max_error, target=o.target,
+                 precision=prec)
         if p.runs != VENDOR:
             return _run_lcmac(p, A, B, out, o)
     if key is not None:
@@ -362,7 +424,8 @@ def compute(A, B, algo: str = AUTO, max_error=None, out=None):
     return vendor_matmul(A, B, out=out)
 
 
-def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None, devices=None, split="auto"):
+def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None, precision=None, devices=None,
+           split="auto"):
     """C = A @ B for numpy arrays or torch tensors (CPU; CUDA where present), A of …×M×K
     (leading dimensions flattened into the rows) and B of K×N; C is …×M×N, new or ``out``.
     A [batch, M, K] and B [batch, K, N]: the batch of products (``lcmac.bmm``).
@@ -373,30 +436,39 @@ def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None, devices=None, sp
 
     ``algo``: "auto" (the choice per shape, module doc), "vendor", "gemm" or an algorithm
     name or expression.  ``max_error``: an error budget for "auto", as a multiple of the
-    plain GEMM's error (a forced algorithm predicted over it is refused).  Torch tensors go
-    through ``torch.ops.lcmac.matmul`` (autograd and torch.compile work) unless ``out`` is
-    given, which records no gradient, and in eager mode when nothing needs a gradient (the
-    same computation without the op's dispatch).  Operands must be contiguous and of one
-    dtype and device; errors name the problem."""
+    plain GEMM's error (a forced algorithm predicted over it is refused; default: the
+    dtype's, ``lcmac.costmodel.error_budget``; ``float("inf")`` lifts it).  ``precision``:
+    float32's class, "highest" (default for numpy arrays), "high" or "medium"; torch tensors
+    run under torch's own setting, which an explicit ``precision`` must match (module doc).
+    Torch tensors go through ``torch.ops.lcmac.matmul`` (autograd and torch.compile work)
+    unless ``out`` is given, which records no gradient, and in eager mode when nothing needs
+    a gradient (the same computation without the op's dispatch).  Operands may have any
+    layout (module doc) and must be of one dtype and device; errors name the problem."""
     algo, max_error = check_algo(algo), check_budget(max_error)
     if getattr(B, "ndim", 2) == 3:             # a batch of products: lcmac.bmm
         if devices is not None or max_error is not None:
             raise LcmacError("a batched product (3-D B) takes neither devices= nor max_error=")
         from lcmac.api.bmm import bmm
+        if precision is not None:              # checked: lcmac.bmm runs torch's class
+            float32_precision(A, dtype_name(A), precision)
         return bmm(A, B, algo=algo, out=out)
     if devices is not None:
         from lcmac.api.coexec import split_product
         return split_product(
             A, B, devices, split, out=out,
-            gpu_matmul=lambda a, b, out=None: matmul(a, b, algo=algo, max_error=max_error, out=out),
-            cpu_matmul=lambda a, b, out=None: matmul(a, b, algo=VENDOR, out=out))
+            gpu_matmul=lambda a, b, out=None: matmul(a, b, algo=algo, max_error=max_error,
+                                                     precision=precision, out=out),
+            cpu_matmul=lambda a, b, out=None: matmul(a, b, algo=VENDOR, precision=precision,
+                                                     out=out))
     if operand_kind(A) == "torch" or operand_kind(B) == "torch":
-        return _torch_matmul(A, B, algo, max_error, out)
-    return compute(A, B, algo, max_error, out)
+        return _torch_matmul(A, B, algo, max_error, out, precision)
+    return compute(A, B, algo, max_error, out, precision)
 
 
-def _torch_matmul(A, B, algo, max_error, out):
+def _torch_matmul(A, B, algo, max_error, out, precision=None):
     import torch
+    if precision is not None:       # a pin on torch's own class: checked here, then torch's runs
+        float32_precision(A, dtype_name(A), precision)
     grad = torch.is_grad_enabled() and (getattr(A, "requires_grad", False) or
                                         getattr(B, "requires_grad", False))
     if out is not None:
@@ -449,11 +521,14 @@ def _linear_impl(x, weight, algo=AUTO, max_error=None):
     return compute(x.contiguous(), transposed_weight(weight), algo, max_error)
 
 
-def linear(x, weight, algo: str = AUTO, max_error=None):
+def linear(x, weight, algo: str = AUTO, max_error=None, precision=None):
     """y = x·Wᵀ as ``lcmac.nn.Linear`` computes it: through ``torch.ops.lcmac.linear``
     (autograd, torch.compile), or, in eager mode with nothing to differentiate (inference
-    under ``torch.no_grad``), the same computation without the op's dispatch."""
+    under ``torch.no_grad``), the same computation without the op's dispatch.  It runs under
+    torch's float32 precision class; ``precision``, where given, must be that class."""
     import torch
+    if precision is not None:
+        float32_precision(x, dtype_name(x), precision)
     register()
     if not torch.compiler.is_compiling() and not (
             torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):

@@ -53,6 +53,7 @@ from lcmac.core.operands import (
     check_one_dtype, check_same_device, check_same_kind, dtype_name, operand_kind)
 from lcmac.spec.cuda.bsr import BSR_BLOCKS, bsr_shape_why
 from lcmac.spec.cuda.dtypes import SUPPORTED_DTYPES
+from lcmac.spec.precision import allows_tf32, torch_precision
 
 __all__ = ["lowrank_matmul", "lowrank_order", "bsr_matmul", "prepare_bsr", "PreparedBSR", "BSR",
            "bsr_spgemm", "bsr_csr", "bsr_kernel", "fused_wins"]
@@ -262,7 +263,8 @@ def bsr_csr(rows, cols, block_rows: int):
 def fused_wins(dtype: str, tf32: bool = False) -> bool:
     """``bsr_matmul(algo="auto")``'s rule on a Hopper GPU, for a product the fused kernel
     takes: bf16 and fp16 always, float32 where the caller lets it run as TF32 (torch's
-    ``allow_tf32``; the batched path keeps float32 products in float32 otherwise).  Measured
+    float32 precision class, ``lcmac.spec.precision``; the batched path keeps float32
+    products in float32 otherwise).  Measured
     on the H100 (docs/batched.md: A 8192×8192 at 1–20 % in 64- and 128-blocks, B 8192×4096),
     the whole call against the batched path, the fused kernel won for bf16 and for float32
     (TF32 both) at every density; fp16 takes bf16's rule untimed (the same kernel on the same tensor cores)."""
@@ -305,7 +307,7 @@ def _takes_fused(blocks, B, M: int, N: int, bs: int, algo: str) -> bool:
     if algo == FUSED:
         return True
     import torch
-    tf32 = B.dtype == torch.float32 and bool(torch.backends.cuda.matmul.allow_tf32)
+    tf32 = B.dtype == torch.float32 and allows_tf32(torch_precision("cuda"))
     return fused_wins(dtype_name(B), tf32)
 
 

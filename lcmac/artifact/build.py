@@ -41,9 +41,9 @@ C written in full.  Workspaces are the library's business.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -67,6 +67,9 @@ from lcmac.artifact import tuning_log as db
 from lcmac.artifact.manifest import Manifest, sha256_file
 from lcmac.artifact.worker import raise_error, run_worker
 
+#: what the tuning log says of a build's config (silent unless the application shows lcmac's
+#: log, as the ``lcmac`` command does)
+log = logging.getLogger(__name__)
 
 
 def resolve_algorithm(algo, levels: int = 1):
@@ -97,7 +100,7 @@ def build_config(t, dtype: str, config, alg, plain: bool, shape, notes: list | N
                  mcpu: str | None = None):
     """The config a build of this case uses: ``config`` (a dict or JSON text) completed as the
     backend does, else the tuning log's record.  What the log says about it goes to ``notes``
-    (a list) when one is given, else to stderr.  bfloat16 for an ``mcpu`` with AMX runs the
+    (a list) when one is given, else to this module's logger (INFO).  bfloat16 for an ``mcpu`` with AMX runs the
     GEMM stage on AMX unless the config picks a kernel (``amx`` or ``bf16_dot``)."""
     if isinstance(config, str):
         try:
@@ -145,7 +148,7 @@ def build_config(t, dtype: str, config, alg, plain: bool, shape, notes: list | N
 
 def _note(msg: str, notes: list | None) -> None:
     if notes is None:
-        print(msg, file=sys.stderr)
+        log.info(msg)
     else:
         notes.append(msg)
 

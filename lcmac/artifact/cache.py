@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
-import sys
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +41,10 @@ from lcmac.artifact import build as _build
 from lcmac.artifact.manifest import Manifest, verify_library
 from lcmac.artifact.store import ENTRY_FILE, CacheWarning, Spec, Store, dir_bytes
 from lcmac.artifact.tuning_log import device_name
+
+#: what the tuning log says of a config, when that config is compiled (silent unless the
+#: application shows lcmac's log, as the ``lcmac`` command does)
+log = logging.getLogger(__name__)
 
 KEY_FORMAT = "lcmac-kernel-cache/1"
 COMPILER_PACKAGES = {"tvm": "apache-tvm", "tilelang": "tilelang"}
@@ -90,7 +94,7 @@ class _Request:
     spec: Spec
     name: str
     build_kw: dict
-    notes: str
+    notes: tuple[str, ...]
 
     @property
     def key(self) -> str:
@@ -178,7 +182,7 @@ def _request(algo, target, dtype, shape, config, levels: int, mcpu) -> _Request:
     kw = {"algo": algo, "target": t, "dtype": dtype, "shape": (M, N, K), "levels": levels,
           "config": cfg, "mcpu": mcpu}
     what = f"{name} {t.name} {dtype} {fields['shape_rule']}"
-    return _Request(Spec(fields, what=what), name, kw, "".join(n + "\n" for n in notes))
+    return _Request(Spec(fields, what=what), name, kw, tuple(notes))
 
 
 def cache_key(algo, target=None, dtype="float32", shape=None, *, config=None, levels: int = 1,
@@ -218,8 +222,8 @@ def _compile(request: _Request):
     """The store's build step for one request: ``build`` into the scratch directory."""
     def build(jobs: list) -> list[dict]:
         [(_, tmp)] = jobs
-        if request.notes:
-            sys.stderr.write(request.notes)
+        for note in request.notes:
+            log.info(note)
         man_path = Path(_build.build(**request.build_kw, out_dir=str(tmp), keep_source=False))
         return [{"algorithm": request.name, "manifest": man_path.name}]
     return build

@@ -30,18 +30,22 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
 import shutil
-import sys
-import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable
 
 from lcmac.core.errors import ArtifactError
+from lcmac.core.user_warning import warn_user
+
+#: says when this process waits for another one building the same entry (silent unless the
+#: application shows lcmac's log, as the ``lcmac`` command does)
+log = logging.getLogger(__name__)
 
 ENTRY_FILE = "entry.json"
 LOCKS = ".locks"
@@ -175,8 +179,8 @@ class Store:
                     if not blocking:
                         yield False
                         return
-                    print(f"lcmac cache: waiting for another process building {what or key[:12]}",
-                          file=sys.stderr)
+                    log.info("lcmac cache: waiting for another process building %s",
+                             what or key[:12])
                     fcntl.flock(fd, fcntl.LOCK_EX)
                 try:
                     same = os.stat(path).st_ino == os.fstat(fd).st_ino
@@ -244,8 +248,8 @@ class Store:
                             found[s.key] = Got(s, entry, self.read(s, check), False)  # built meanwhile
                             continue
                         except ArtifactError as e:
-                            warnings.warn(f"lcmac {self.what}: the entry {entry} for {s.label} is "
-                                          f"damaged ({e}); rebuilding it", CacheWarning, stacklevel=3)
+                            warn_user(f"lcmac {self.what}: the entry {entry} for {s.label} is "
+                                      f"damaged ({e}); rebuilding it", CacheWarning)
                             self._move_aside(entry, s.key)
                             repaired.add(s.key)
                     build_now.append(s)

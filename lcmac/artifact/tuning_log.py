@@ -7,7 +7,8 @@ Layout (human-readable and diffable)::
 Every line is a record of one measurement, written with sorted keys::
 
     {"algorithm": "strassen^2", "algorithm_hash": "…", "config": {...}, "date": "2025-…Z",
-     "device": "Intel(R) Xeon(R) …", "dtype": "float32", "lcmac_version": "0.1.0",
+     "device": "Intel(R) Xeon(R) …", "device_id": {"name": "Intel(R) Xeon(R) …", "cores": 2,
+     …}, "dtype": "float32", "lcmac_version": "0.1.0",
      "predicted_s": 0.0123, "repeats": 5, "schema": "lcmac-tune/1", "shape": [M, N, K],
      "spread": 0.02, "status": "ok", "target": "x86_64-avx512", "time_s": 0.0119}
 
@@ -28,6 +29,11 @@ exists — so builds, the tuner and ``scripts/eval_tuner.py`` never act on them
 (``include_stale=True`` reads them); vendor records are timings of the vendor library and
 never go stale this way.
 
+``device`` names the device measured on; ``device_id`` (records since device identities,
+``lcmac.spec.device``) adds what tells devices of one name apart (SM count, clocks, power
+limit; a CPU's cores and instruction-set flags).  ``records(..., device=identity)`` reads only
+the records measured on one device; a record without ``device_id`` counts by its name.
+
 Reading never crashes a build: a line that is not JSON, or not an lcmac-tune record, or a
 record for another target/dtype, is skipped with ``warnings.warn``.
 
@@ -43,7 +49,6 @@ import datetime as _dt
 import json
 import math
 import os
-import platform
 import re
 import warnings
 from dataclasses import dataclass
@@ -54,6 +59,7 @@ from typing import Iterable, Iterator
 from lcmac.core.cachedir import cache_root
 from lcmac.core.errors import ArtifactError
 from lcmac.ir import catalogue
+from lcmac.spec.device import DeviceIdentity, cpu_identity, measuring_device
 from lcmac.spec.registry import FAMILIES
 from lcmac.spec.targets import schedule_family
 from lcmac.core.version import __version__
@@ -112,20 +118,17 @@ def log_path(root: str | os.PathLike, target: str, dtype: str) -> Path:
 # ---- what --------------------------------------------------------------------------------
 def device_name(target: str = "") -> str:
     """A human-readable name of the device measurements run on (CPU model or GPU name)."""
-    if str(target).startswith("cuda"):
-        try:
-            import torch
-            if torch.cuda.is_available():
-                return torch.cuda.get_device_name(0)
-        except Exception:  # noqa: BLE001 - no torch/cuda: fall back to the host name
-            pass
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip() + f" ({os.cpu_count()} cpus)"
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return (measuring_device(target) or cpu_identity()).name
+
+
+def _device_fields(target: str, device: str | None) -> dict:
+    """``device`` and, where the device is the one measuring here, ``device_id`` of a new
+    record (a caller naming another device gets the name alone)."""
+    here = measuring_device(target)
+    if not device:
+        device = here.name if here is not None else cpu_identity().name
+    return {"device": device, **({"device_id": here.to_dict()}
+                                 if here is not None and here.name == device else {})}
 
 
 def algo_identity(algo) -> tuple[str, str]:
@@ -172,7 +175,7 @@ def make_record(*, target: str, dtype: str, algorithm: str, algorithm_hash: str,
            "config": config_to_dict(config), "time_s": None if time_s is None else float(time_s),
            "spread": None if spread is None else round(float(spread), 4), "repeats": int(repeats),
            "predicted_s": None if predicted_s is None else float(predicted_s),
-           "status": status, "device": device or device_name(target),
+           "status": status, **_device_fields(target, device),
            "lcmac_version": __version__, "schedule_version": current_schedule(target),
            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     if error:
@@ -272,9 +275,11 @@ class TuningDB:
         return [f for d in self.roots if d.is_dir() for f in sorted(d.glob("*.jsonl"))]
 
     def records(self, target: str | None = None, dtype: str | None = None, *,
-                include_errors: bool = False, include_stale: bool = False) -> Iterator[dict]:
+                include_errors: bool = False, include_stale: bool = False,
+                device: DeviceIdentity | None = None) -> Iterator[dict]:
         """Every valid record (of one target/dtype when given); bad lines warn and are skipped,
-        records of older templates (``is_stale``) are skipped unless ``include_stale``."""
+        records of older templates (``is_stale``) are skipped unless ``include_stale``;
+        ``device``: only the records measured on it (``DeviceIdentity.measured_on``)."""
         current = {}
         if target is not None and dtype is not None:
             paths = [log_path(d, target, dtype) for d in self.roots]
@@ -306,6 +311,8 @@ class TuningDB:
                                           TuningLogWarning, stacklevel=2)
                         continue
                     if rec["status"] != "ok" and not include_errors:
+                        continue
+                    if device is not None and not device.measured_on(rec):
                         continue
                     if not include_stale:
                         if rec["target"] not in current:

@@ -74,8 +74,8 @@ def missing_toolchain() -> str | None:
 @functools.lru_cache(maxsize=1)
 def _host_cpu() -> dict:
     model, flags = platform.processor() or platform.machine(), ""
-    with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo"):
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
+        for line in info:
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
             elif line.startswith("flags"):

@@ -6,19 +6,19 @@ from __future__ import annotations
 from lcmac.artifact.build import resolve_algorithm, resolve_target
 from lcmac.costmodel.distributed import GLOO_BW, NVLINK_BW, plan_products
 from lcmac.spec.profiles import get_profile
+from lcmac.cli.exit_codes import UsageError
 from lcmac.cli.output import dump_json, table
 from lcmac.core.dtypes import normalize_dtype
-from lcmac.core.errors import LcmacError
 
 
 def cmd_distribute(args) -> int:
     M, N, K = args.shape
     if args.ranks < 1:
-        raise LcmacError(f"--ranks must be at least 1, got {args.ranks}")
+        raise UsageError(f"--ranks must be at least 1, got {args.ranks}")
     for nm in ("src", "dst"):
         v = getattr(args, nm)
         if v is not None and not 0 <= v < args.ranks:
-            raise LcmacError(f"--{nm} must be a rank in 0..{args.ranks - 1}, got {v}")
+            raise UsageError(f"--{nm} must be a rank in 0..{args.ranks - 1}, got {v}")
     target = resolve_target(args.target)
     profile = get_profile(target.profile)
     dtype = normalize_dtype(args.dtype)

@@ -9,65 +9,45 @@ written MxKxN.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import math
+import json
 import os
 import sys
-import tempfile
 import time
+from pathlib import Path
 
 from lcmac.bits.artifact import BIT_DTYPES, build_bits, is_bit_dtype
 from lcmac.artifact.build import build, resolve_target
 from lcmac.artifact.bundle import build_bundle, read_bundle
 from lcmac.artifact.manifest import Manifest
-from lcmac.artifact.tuning_log import TuningDB
-from lcmac.api.export import cases_from_json, export
-from lcmac.costmodel import gemm_estimate, model_dtype, resolve_profile, select
+from lcmac.api.export import cases_from_json, export, export_report, report_from_json
+from lcmac.costmodel import model_dtype, select
 from lcmac.costmodel.accuracy import cuda_model_args, error_ratio
 from lcmac.costmodel.decision import with_errors
-from lcmac.core.dtypes import CANONICAL
-from lcmac.core.errors import LcmacError, ShapeError
+from lcmac.core.errors import LcmacError
 from lcmac.ir import catalogue
 from lcmac.ir.basis_search import addition_report
 from lcmac.ir.cse import optimized_programs
-from lcmac.ir.gf2 import GF2Algorithm, gf2_failures
+from lcmac.ir.gf2 import CHECK_RINGS, check_ring
 from lcmac.ir.importers import load_file
 from lcmac.ir.program import stage_names
 from lcmac.ir.summary import summarize
-from lcmac.ir.verify import brent_failures
 from lcmac.runtime import c_cmake_dir, c_include_dir, c_source
 from lcmac.spec.cuda.operands import OPERAND_MODES
-from lcmac.spec.shape_rules import check_ladder, parse_rule
-from lcmac.core.shapes import SHAPE_HELP, parse_shape
-from lcmac.spec.target_table import TARGETS
-from lcmac.spec.targets import schedule_family
-from lcmac.tune import tuner
+from lcmac.spec.shape_rules import parse_rule
+from lcmac.core.shapes import SHAPE_HELP
 from lcmac.policy import REGIMES, EveryKernel, plan
-from lcmac.tune.plot import plot_predicted_vs_measured
-from lcmac.tune.llm_shapes import llm_cpu_shapes, llm_shapes
+from lcmac.cli.arguments import (
+    DTYPE_HELP, TARGET_NAMES, attach_dashed_values, grid_arg, ladder_arg, rule_arg, shape_arg,
+    target_name, tile_arg)
 from lcmac.cli.cache import add_cache_parser
 from lcmac.cli.distribute import add_distribute_parser
-from lcmac.cli.output import dump_json, table
+from lcmac.cli.exit_codes import EPILOG, FAILURE, USAGE, UsageError, exit_code
+from lcmac.cli.output import add_json_argument, dump_json, table
+from lcmac.cli.output_dir import writable_output_dir
+from lcmac.cli.tune import add_tune_parser
+from lcmac.cli.precision import (
+    BUDGET_HELP, add_precision_argument, budget_for, build_config, operands_for, precision_of)
 from lcmac.core.version import __version__
-
-GRID_HELP = ("MxKxN: an algorithm's grid <m,k,n>, an m×k block of A times a k×n block of B "
-             "(e.g. 2x2x3)")
-
-
-def shape_arg(text: str) -> tuple[int, int, int]:
-    """``--shape``: ``lcmac.core.shapes.parse_shape``, its error reported as argparse's."""
-    try:
-        return parse_shape(text)
-    except ShapeError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def grid_arg(text: str) -> tuple[int, int, int]:
-    """``--grid``: three positive integers written as a shape is, meaning <m,k,n>."""
-    try:
-        return parse_shape(text)
-    except ShapeError:
-        raise argparse.ArgumentTypeError(f"grid {text!r} must be {GRID_HELP}") from None
 
 
 # ---- list / show / verify ---------------------------------------------------------------
@@ -153,56 +133,79 @@ def cmd_verify(args) -> int:
         algs = [catalogue.get(args.target)]
     results = []
     for a in algs:
-        ring = "gf2" if isinstance(a, GF2Algorithm) else "rationals"
-        fails = gf2_failures(a) if ring == "gf2" else brent_failures(a)
-        results.append({"name": a.name, "grid": [a.m, a.k, a.n], "rank": a.R, "exact": not fails,
-                        "ring": ring, "failures": [str(f) for f in fails[:10]],
-                        "n_failures": len(fails)})
+        c = check_ring(a, args.field)
+        results.append({"name": a.name, "grid": [a.m, a.k, a.n], "rank": a.R,
+                        "exact": not c.failures, "ring": _VERIFY_RING[c.ring],
+                        "failures": [str(f) for f in c.failures[:10]],
+                        "n_failures": len(c.failures), "n_rational_failures": c.rational_failures})
     ok = all(r["exact"] for r in results)
     if args.json:
-        dump_json("verify", {"ok": ok, "results": results})
+        dump_json("verify", {"ok": ok, "field": args.field, "results": results})
     else:
         for r in results:
-            g = "x".join(map(str, r["grid"]))
-            if r["exact"]:
-                how = "modulo 2 (a GF(2)-only scheme)" if r["ring"] == "gf2" else "exactly"
-                print(f"OK    {r['name']} <{g};{r['rank']}>: all {r['grid'][0]*r['grid'][1]}·"
-                      f"{r['grid'][1]*r['grid'][2]}·{r['grid'][0]*r['grid'][2]} Brent equations hold {how}")
-            else:
-                print(f"FAIL  {r['name']} <{g};{r['rank']}>: {r['n_failures']} Brent equation(s) fail")
-                for f in r["failures"][:3]:
-                    print(f"      {f}")
-    return 0 if ok else 1
+            _print_verified(r, args.field)
+    return 0 if ok else FAILURE
+
+
+# lcmac-verify/1 names the rational ring "rationals"
+_VERIFY_RING = {"rational": "rationals", "gf2": "gf2"}
+
+
+def _print_verified(r: dict, field: str) -> None:
+    g = "x".join(map(str, r["grid"]))
+    mod2 = r["ring"] == "gf2"
+    if not r["exact"]:
+        print(f"FAIL  {r['name']} <{g};{r['rank']}>: {r['n_failures']} Brent equation(s) fail"
+              + (" modulo 2" if mod2 else ""))
+        for f in r["failures"][:3]:
+            print(f"      {f}" + (" (mod 2)" if mod2 else ""))
+        return
+    if r["n_rational_failures"]:
+        how = (f"modulo 2 only ({r['n_rational_failures']} fail over the rationals): a GF(2) "
+               f"scheme, for bit matrices; --field rational requires the rationals")
+    else:
+        how = ("exactly" if not mod2 else "modulo 2" if field == "gf2" else
+               "modulo 2 (a GF(2)-only scheme)")
+    m, k, n = r["grid"]
+    print(f"OK    {r['name']} <{g};{r['rank']}>: all {m * k}·{k * n}·{m * n} Brent equations "
+          f"hold {how}")
 
 
 # ---- select -----------------------------------------------------------------------------
 def cmd_select(args) -> int:
+    args.target = target_name(args.target)
     M, N, K = args.shape
     source = "model"
     dt = args.dtype
+    precision = precision_of(args)
+    args.operands = operands_for(args.target, args.dtype, precision, args.operands)
+    budget = budget_for(args, args.operands)
     mdt = model_dtype(args.target, args.dtype, args.operands)
     if args.measured:               # the decision itself, whatever kernels would run it
         p = plan(M, N, K, args.dtype, args.target, logs=args.logs, static_b=args.static_b,
-                 max_error=args.max_error, regime=args.regime, kernels=EveryKernel())
+                 max_error=args.max_error, precision=precision, regime=args.regime,
+                 kernels=EveryKernel())
         cands, source = list(p.candidates), p.source
     else:
         cands = select(M, N, K, mdt, args.target, static_b=args.static_b, operands=args.operands,
-                       max_error=args.max_error)
+                       max_error=budget.max_error)
         if args.operands == "native":
             dt = mdt                        # shown as the GEMM stage's (CUDA float32: TF32)
     errors = args.error or args.max_error is not None
     if errors:                              # rows within the budget (if any), errors filled in
-        shown = with_errors(cands, mdt, args.operands, K, args.max_error, args.top)
+        shown = with_errors(cands, mdt, args.operands, K, budget.max_error, args.top)
     else:
         shown = cands[: args.top]
     best = shown[0] if shown else cands[0]
     if args.json:
         dump_json("select", {"shape": {"M": M, "N": N, "K": K}, "dtype": args.dtype,
-                         "operands": args.operands, "max_error": args.max_error,
+                         "operands": args.operands, "max_error": budget.max_error,
+                         "budget": budget.describe(), "precision": precision,
                          "target": args.target, "static_b": args.static_b, "source": source,
                          "decision": best.to_dict(), "candidates": [c.to_dict() for c in shown]})
         return 0
     _print_selection(args, shown, best, source, dt, errors)
+    print(f"{budget.describe()}" + (f"; float32 precision {precision}" if precision else ""))
     return 0
 
 
@@ -238,12 +241,15 @@ def _print_selection(args, shown, best, source: str, dt: str, errors: bool) -> N
 # ---- build ---------------------------------------------------------------------------------
 def _build_bits(args, t) -> int:
     if args.shape.kind != "any" or args.rows or args.tile or args.config:
-        raise LcmacError("--dtype gf2|bool builds kernels that take any shape: drop --shape, "
+        raise UsageError("--dtype gf2|bool builds kernels that take any shape: drop --shape, "
                          "--rows, --tile and --config")
     t0 = time.perf_counter()
     path = build_bits(args.algo, t, args.dtype, levels=args.levels, out_dir=args.output,
                       name=args.name)
     m = Manifest.read(path)
+    if args.json:
+        dump_json("build", _artifact_doc("bits", m, path, time.perf_counter() - t0))
+        return 0
     levels = m.algorithm["levels"]
     print(f"built {m.algorithm['name']} over {BIT_DTYPES[m.dtype]} (levels "
           f"{'auto' if levels is None else levels}) for {m.target['name']}, any shape, in "
@@ -255,6 +261,7 @@ def _build_bits(args, t) -> int:
 
 def cmd_build(args) -> int:
     t = resolve_target(args.target)
+    writable_output_dir(args.output)     # before minutes of compiling, not after
     if is_bit_dtype(args.dtype):
         return _build_bits(args, t)
     if args.levels is None:
@@ -263,10 +270,15 @@ def cmd_build(args) -> int:
         return _build_bundle(args, t)
     args.shape = (args.shape.M, args.shape.N, args.shape.K)
     t0 = time.perf_counter()
-    path = build(args.algo, t, args.dtype, args.shape, levels=args.levels, config=args.config,
-                 out_dir=args.output, name=args.name, mcpu=args.mcpu)
+    path = build(args.algo, t, args.dtype, args.shape, levels=args.levels,
+                 config=build_config(t, args), out_dir=args.output, name=args.name, mcpu=args.mcpu)
     dt = time.perf_counter() - t0
     m = Manifest.read(path)
+    if args.json:
+        dump_json("build", {**_artifact_doc("artifact", m, path, dt),
+                            "gemm_precision": (m.extra or {}).get("gemm_precision"),
+                            "predicted_error": _error_prediction(m)})
+        return 0
     print(f"built {m.algorithm['name']} (<{','.join(map(str, m.algorithm['grid']))};"
           f"{m.algorithm['rank']}>, levels {m.algorithm['levels']}) for {m.target['name']} "
           f"{m.dtype} {m.M}x{m.N}x{m.K} in {dt:.1f} s")
@@ -276,8 +288,8 @@ def cmd_build(args) -> int:
     if precision:                      # CUDA: what the GEMM stage multiplies in
         print(f"  GEMM stage {precision}")
         if precision == "tf32":
-            print("  (float32 at fp32-level error on the tensor cores: --config "
-                  "'{\"operands\": \"fp16x2\"}'; README, precision of the CUDA GEMM stage)")
+            print("  (float32 at fp32-level error on the tensor cores: --precision highest; "
+                  "docs/cuda.md, operand precision)")
     views = ((m.extra or {}).get("extra") or {}).get("direct_views")
     if views:                          # CUDA: single-block operands the GEMM reads in place
         rank = m.algorithm["rank"]
@@ -292,12 +304,17 @@ def cmd_build(args) -> int:
 def _build_bundle(args, t) -> int:
     """``lcmac build`` of a shape rule (no --shape: any shape; ?xNxK: any M): a bundle."""
     if args.name:
-        raise LcmacError("--name names one artifact; a shape rule builds a bundle (bundle.json "
+        raise UsageError("--name names one artifact; a shape rule builds a bundle (bundle.json "
                          "plus one artifact per bucket kernel): leave --name out")
     t0 = time.perf_counter()
     path = build_bundle(args.algo, t, args.dtype, [args.shape], out_dir=args.output,
-                        rows=args.rows, tile=args.tile, levels=args.levels, config=args.config,
-                        mcpu=args.mcpu, progress=lambda text: print(f"compiling {text}", flush=True))
+                        rows=args.rows, tile=args.tile, levels=args.levels,
+                        config=build_config(t, args),
+                        mcpu=args.mcpu, progress=lambda text: _progress(f"compiling {text}"))
+    if args.json:
+        doc = _bundle_doc(path, time.perf_counter() - t0)
+        dump_json("build", {"kind": "bundle", "algorithm": doc["rules"][0]["algorithm"], **doc})
+        return 0
     b = read_bundle(path)
     r = b.rules[0]
     print(f"built {r.algorithm} for {b.target['name']} {b.dtype}, shape rule {r.rule}, "
@@ -309,18 +326,39 @@ def _build_bundle(args, t) -> int:
     return 0
 
 
+def _progress(text: str) -> None:
+    """A progress line: stderr, so that stdout holds only the result (with --json, one
+    JSON object)."""
+    print(text, file=sys.stderr, flush=True)
+
+
 def cmd_export(args) -> int:
     t = resolve_target(args.target)
     cases = list(args.shapes or [])
-    if args.from_json:
+    report = report_from_json(args.from_json) if args.from_json else None
+    if report is not None and (cases or args.algo or args.rows):
+        raise UsageError("lcmac export --from an lcmac.optimize report builds the kernels it "
+                         "names: give it no shapes, --algo or --rows")
+    if args.from_json and report is None:
         cases += cases_from_json(args.from_json)
-    if not cases:
-        raise LcmacError("lcmac export needs shapes: MxNxK or ?xNxK on the command line, or "
+    if not cases and report is None:
+        raise UsageError("lcmac export needs shapes: MxNxK or ?xNxK on the command line, or "
                          "--from FILE.json")
+    writable_output_dir(args.output)
     t0 = time.perf_counter()
-    path = export(cases, t, args.dtype, args.output, rows=args.rows, algo=args.algo,
-                  max_error=args.max_error, regime=args.regime,
-                  progress=lambda text: print(text, flush=True))
+    if report is not None:
+        path = export_report(report, args.output, target=args.target, dtype=args.dtype,
+                             progress=_progress)
+    else:
+        path = export(cases, t, args.dtype or "float32", args.output, rows=args.rows,
+                      algo=args.algo, max_error=args.max_error, precision=args.precision,
+                      regime=args.regime, progress=_progress)
+    if args.json:
+        decisions = json.loads(Path(path).read_text()).get("decisions")
+        dump_json("export", {**_bundle_doc(path, time.perf_counter() - t0),
+                             "header": str(Path(path).parent / "lcmac.h"),
+                             "decisions": decisions})
+        return 0
     b = read_bundle(path)
     print(f"exported {len(b.rules)} shape(s), {len(b.kernels)} kernels for {b.target['name']} "
           f"{b.dtype} in {time.perf_counter() - t0:.1f} s")
@@ -347,36 +385,11 @@ def cmd_capi(args) -> int:
     return 0
 
 
-def rule_arg(text: str):
-    """``--shape``: a shape or a shape rule (``lcmac.spec.shape_rules``), errors as argparse's."""
-    try:
-        return parse_rule(text)
-    except ShapeError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def ladder_arg(text: str) -> tuple:
-    try:
-        return check_ladder(p for p in text.replace("x", ",").split(",") if p.strip())
-    except ShapeError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def tile_arg(text: str) -> tuple:
-    try:
-        tile = tuple(int(p) for p in text.replace("x", ",").split(","))
-    except ValueError:
-        tile = ()
-    if len(tile) != 2 or min(tile) < 1:
-        raise argparse.ArgumentTypeError(f"tile {text!r} must be NxK, two positive integers")
-    return tile
-
-
-def _predicted_error(m) -> str:
-    """The accuracy model's word on a built LCMA ('' for the plain GEMM or an unmodelled
+def _error_prediction(m) -> dict | None:
+    """The accuracy model's word on a built LCMA (None for the plain GEMM or an unmodelled
     operand mode): its error as a multiple of the plain GEMM's, on normal inputs."""
     if m.algorithm["rank"] <= 1:
-        return ""
+        return None
     cfg = m.config or {}
     if m.target.get("family") == "cuda":
         dtype, variant, operands = cuda_model_args(m.dtype, cfg)
@@ -385,152 +398,41 @@ def _predicted_error(m) -> str:
     try:
         e = error_ratio(m.algorithm["name"], dtype, variant=variant, operands=operands, K=m.K)
     except (ValueError, TypeError):
-        return ""                      # a dtype / operand pair the model does not cover
+        return None                    # a dtype / operand pair the model does not cover
     # float32/float64 errors come from the order K is summed in, which the model does not follow
-    rough = ", indicative only" if dtype in ("float32", "float64") else ""
-    return (f"{e.ratio:.2f}x the plain GEMM's, predicted on normal inputs ({e.precision}, "
-            f"{variant} Combine H{rough}; lcmac.costmodel.accuracy)")
+    return {"ratio": e.ratio, "precision": e.precision, "variant": variant,
+            "indicative_only": dtype in ("float32", "float64")}
 
 
-# ---- tune ----------------------------------------------------------------------------------
-def _tune_cases(args) -> list | None:
-    if args.shapes in ("llm", "llm-cpu"):
-        fn = llm_shapes if args.shapes == "llm" else llm_cpu_shapes
-        return fn(ms=args.m, limit=args.limit)
-    if args.shape:
-        return [("", args.shape)]
-    return None
+def _predicted_error(m) -> str:
+    """``_error_prediction`` as a line for people ('' where there is none)."""
+    e = _error_prediction(m)
+    if e is None:
+        return ""
+    rough = ", indicative only" if e["indicative_only"] else ""
+    return (f"{e['ratio']:.2f}x the plain GEMM's, predicted on normal inputs ({e['precision']}, "
+            f"{e['variant']} Combine H{rough}; lcmac.costmodel.accuracy)")
 
 
-def _dry_measure(target, dtype, shape, seed: int = 0):
-    """--dry-run: no compiler, no kernel — the model's estimate × a deterministic ±15 %
-    'measurement' (the vendor: the cost model's plain-GEMM time × the same noise), to try the
-    command's flow."""
-    def fake(pt):
-        h = int(hashlib.sha1(f"{seed}|{shape}|{pt.algorithm}|{pt.key}".encode()).hexdigest()[:8], 16)
-        noise = 0.85 + 0.3 * (h / 0xFFFFFFFF)
-        t = pt.predicted_s
-        if pt.algorithm == "vendor":
-            p, d = resolve_profile(target, model_dtype(target, dtype), None)
-            t = gemm_estimate(*shape, d, p).time_s
-        if t is None or not math.isfinite(t):
-            return None
-        return t * noise, 0.01
-    return fake
+def _artifact_doc(kind: str, m, path, seconds: float) -> dict:
+    """A built artifact's fields in ``lcmac-build/1`` (kind "artifact" or "bits")."""
+    return {"kind": kind, "algorithm": m.algorithm["name"], "target": m.target["name"],
+            "dtype": m.dtype, "seconds": round(seconds, 3), "manifest": str(path),
+            "library": str(m.library_path(path)), "bytes": m.library["bytes"],
+            "sha256": m.library["sha256"], "grid": m.algorithm.get("grid"),
+            "rank": m.algorithm.get("rank"), "levels": m.algorithm.get("levels"),
+            "shape": dict(m.shape) if m.shape else None}
 
 
-def _tune_refusal(args, gpu: bool) -> str:
-    """Why these options cannot be tuned together ('' when they can)."""
-    if args.sustained is not None and not gpu:
-        return ("--sustained is a GPU measurement (the power-capped steady state); CPU timings "
-                "are taken as they are")
-    if args.operands != "native" and not gpu:
-        return "--operands is a CUDA option (scaled fp16 operands)"
-    if args.dry_run and (args.build_only or args.prebuilt):
-        return "--dry-run does not combine with --build-only/--prebuilt"
-    return ""
-
-
-def _tune_options(args, gpu: bool, store) -> dict:
-    """``tuner.tune``'s keyword options from the command line."""
-    kw = dict(budget=args.budget, patience=args.patience, db=store, top_lcmas=args.top_lcmas,
-              repeats=args.repeats or (15 if gpu else 5), progress=not args.quiet,
-              measure_default=args.compare_default, exhaustive=args.exhaustive, tag=args.tag,
-              vendor=args.vendor, max_error=args.max_error)
-    if args.sustained is not None:
-        kw["sustained_s"] = args.sustained
-    if args.operands != "native":
-        kw["operands"] = args.operands
-    if gpu:
-        kw.update(min_run_s=0.01, warmup=3)
-    return kw
-
-
-def _result_rows(r, rate: float) -> list[list]:
-    """The summary table's rows of one shape's ``TuneResult`` (``rate``: 1e3 for TFLOP/s)."""
-    rows = []
-    best = r.best
-    shape = "x".join(map(str, r.shape))
-    vendor_best = bool(r.vendor_time and best is not None and r.vendor_time < best.time_s)
-    for row in r.summary_rows():
-        rows.append([shape, row["algorithm"], row["trials"],
-                     f"{row['best_ms']:.3f}", f"{row['gflops'] / rate:.1f}", f"{row['predicted_ms']:.3f}",
-                     "-" if row["spearman"] != row["spearman"] or row["trials"] < 3
-                     else f"{row['spearman']:.2f}",
-                     "-" if row["default_ms"] != row["default_ms"] else f"{row['default_ms'] / row['best_ms']:.2f}x",
-                     "-" if row["vs_vendor"] != row["vs_vendor"] else f"{row['vs_vendor']:.3f}x",
-                     "*" if best is not None and row["algorithm"] == best.point.algorithm
-                     and not vendor_best else ""])
-    if r.vendor_time:
-        M, N, K = r.shape
-        rows.append([shape, f"vendor ({r.vendor_config.get('library', '?')})", 1,
-                     f"{r.vendor_time * 1e3:.3f}", f"{2 * M * N * K / r.vendor_time / 1e9 / rate:.1f}",
-                     "-", "-", "-", "1.000x",
-                     "*" if best is None or r.vendor_time < best.time_s else ""])
-    if best is None:
-        rows.append([shape, "(all failed)", len(r.trials), "-", "-", "-", "-", "-", "-", ""])
-        for t in r.trials[:3]:
-            print(f"  failed: {t.error}", file=sys.stderr)
-    return rows
-
-
-def cmd_tune(args) -> int:
-    cases = _tune_cases(args)
-    gpu = schedule_family(args.target) == "cuda"
-    why = "give --shape MxNxK or --shapes llm|llm-cpu" if not cases else _tune_refusal(args, gpu)
-    if why:
-        print(f"lcmac tune: error: {why}", file=sys.stderr)
-        return 2
-    algo = args.algo if "," not in args.algo else [a.strip() for a in args.algo.split(",")]
-    logs = args.logs
-    if args.dry_run and logs is None:
-        logs = tempfile.mkdtemp(prefix="lcmac-dry-run-")
-    store = TuningDB(logs)
-    kw = _tune_options(args, gpu, store)
-    results, rows = [], []
-
-    def add_rows(label, r):
-        results.append(r)
-        rows.extend(_result_rows(r, 1e3 if gpu else 1.0))   # GFLOP/s on CPUs, TFLOP/s on GPUs
-
-    if args.build_only or args.prebuilt or (gpu and not args.dry_run and args.jobs > 1 and len(cases) > 1):
-        for i, (label, shape) in enumerate(cases, 1):
-            print(f"[{i}/{len(cases)}] {label + ' ' if label else ''}{'x'.join(map(str, shape))} "
-                  f"{args.dtype} on {args.target}", file=sys.stderr)
-        tuner.tune_many(cases, algo, args.target, args.dtype, jobs=args.jobs,
-                        prebuilt=args.prebuilt, build_dir=args.build_only or args.build_dir,
-                        build_only=bool(args.build_only), on_result=add_rows, **kw)
-        if args.build_only:
-            print(f"built into {args.build_only} (index.jsonl); measure elsewhere with "
-                  f"`lcmac tune ... --prebuilt {args.build_only}`")
-            return 0
-    else:
-        for i, (label, shape) in enumerate(cases, 1):
-            fake = _dry_measure(args.target, args.dtype, shape) if args.dry_run else None
-            print(f"[{i}/{len(cases)}] tuning {label + ' ' if label else ''}{'x'.join(map(str, shape))} "
-                  f"{args.dtype} on {args.target}", file=sys.stderr)
-            add_rows(label, tuner.tune(algo, args.target, args.dtype, shape, jobs=args.jobs,
-                                       measure_fn=fake, **kw))
-    print(table(rows, ["shape", "algorithm", "trials", "best ms", "TFLOP/s" if gpu else "GFLOP/s",
-                        "model ms", "spearman", "vs default", "vs vendor", "best"]))
-    print(f"\nlogged to {store.root}" + ("  (dry run: model × noise, nothing built)" if args.dry_run
-                                          else "  (`lcmac build` uses the best logged config for a shape)"))
-    if args.plot:
-        try:
-            trials = [t for r in results for t in r.trials]
-            print(f"plot: {plot_predicted_vs_measured(trials, args.plot, f'{args.target} {args.dtype}')}")
-        except RuntimeError as e:
-            print(f"lcmac tune: {e}", file=sys.stderr)
-    return 0 if results and all(r.best is not None for r in results) else 1
+def _bundle_doc(path, seconds: float) -> dict:
+    """A bundle's fields in ``lcmac-build/1`` and ``lcmac-export/1``."""
+    b = read_bundle(path)
+    return {"target": b.target["name"], "dtype": b.dtype, "seconds": round(seconds, 3),
+            "bundle": str(path), "rules": [r.to_dict() for r in b.rules],
+            "kernels": sorted(b.kernels)}
 
 
 # ---- the command line ----------------------------------------------------------------------
-TARGET_NAMES = ", ".join(TARGETS)
-DTYPE_HELP = (f"element type: {', '.join(CANONICAL)}, or an alias (bf16, fp16, fp32, fp64, "
-              f"fp8); default float32; build also takes gf2 and bool (bit matrices: "
-              f"docs/bits.md)")
-
-
 def _add_list(sub) -> None:
     s = sub.add_parser("list", help="list the algorithm catalogue",
                        description="The catalogue: each algorithm's grid <m,k,n>, rank R, "
@@ -562,11 +464,16 @@ def _add_show(sub) -> None:
 
 def _add_verify(sub) -> None:
     s = sub.add_parser("verify", help="check an algorithm exactly against the Brent equations",
-                       description="Exact (rational) check of every Brent equation; exit status "
-                                   "1 when one fails.")
+                       description="Exact check of every Brent equation, over the rationals or "
+                                   "modulo 2 (--field); exit status 1 when one fails.")
     s.add_argument("target", metavar="FILE_OR_NAME",
                    help="a catalogue name, or a file: AlphaTensor .npz, FastMatrixMultiplication "
                         "JSON, lcmac JSON")
+    s.add_argument("--field", default="auto", choices=CHECK_RINGS,
+                   help="where the equations must hold: rational (integer and rational schemes), "
+                        "gf2 (modulo 2: AlphaTensor's factorizations_f2.npz, bit matrices), or "
+                        "auto (default): over the rationals, and where that fails, modulo 2, "
+                        "saying so")
     s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-verify/1)")
     s.set_defaults(func=cmd_verify)
 
@@ -578,7 +485,9 @@ def _add_select(sub) -> None:
                                    "error, and its decision (--measured: the tuning log's "
                                    "measurements first, as lcmac.auto decides at run time).")
     s.add_argument("--shape", required=True, type=shape_arg, metavar="MxNxK", help=SHAPE_HELP)
-    s.add_argument("--target", required=True, help=f"one of {TARGET_NAMES}")
+    s.add_argument("--target", default=None,
+                   help=f"one of {TARGET_NAMES}, a model-only profile, 'cuda' (the GPU present) "
+                        "or 'host' (default: this CPU, as lcmac build)")
     s.add_argument("--dtype", default="float32", help=DTYPE_HELP)
     s.add_argument("--top", type=int, default=10, help="rows to print (default 10)")
     s.add_argument("--static-b", action="store_true",
@@ -592,12 +501,11 @@ def _add_select(sub) -> None:
     s.add_argument("--regime", default="burst", choices=REGIMES,
                    help="with --measured: decide on the log's burst records (default) or on its "
                         "sustained ones (lcmac tune --sustained: a GPU at its power cap)")
-    s.add_argument("--operands", default="native", choices=OPERAND_MODES,
-                   help="CUDA operand precision to price (CudaConfig.operands; default native: "
-                        "the dtype itself, float32 as TF32)")
-    s.add_argument("--max-error", type=float, default=None, metavar="X",
-                   help="error budget: leave out LCMAs whose predicted error exceeds X times the "
-                        "plain GEMM's in this dtype (e.g. 4 admits bf16 Strassen at ~3.5x)")
+    s.add_argument("--operands", default=None, choices=OPERAND_MODES,
+                   help="CUDA operand precision to price (CudaConfig.operands; default: the "
+                        "dtype itself, float32 the mode its --precision runs)")
+    add_precision_argument(s)
+    s.add_argument("--max-error", type=float, default=None, metavar="X", help=BUDGET_HELP)
     s.add_argument("--error", action=argparse.BooleanOptionalAction, default=True,
                    help="show each printed row's predicted error, x the plain GEMM's (default; "
                         "--no-error skips the accuracy model, about 0.3 s a row)")
@@ -634,9 +542,13 @@ def _add_build(sub) -> None:
                         "'{\"operands\": \"fp16x2\"}' (float32 at fp32-level error on fp16 tensor "
                         "cores), '{\"operands\": \"fp16\"}' (scaled fp16 Ã/B̃: bf16 LCMAs at "
                         "cuBLAS-level error; float32 at TF32-class error)")
+    add_precision_argument(s)
     s.add_argument("--mcpu", default=None, help="LLVM CPU name for CPU targets ('native' = this host)")
     s.add_argument("--name", default=None, help="artifact name (default: derived)")
-    s.add_argument("-o", "--output", default=".", metavar="DIR", help="output directory (default .)")
+    s.add_argument("-o", "--output", default=".", metavar="DIR",
+                   help="output directory, created if missing and checked writable before "
+                        "compiling (default .)")
+    add_json_argument(s, "build")
     s.set_defaults(func=cmd_build)
 
 
@@ -651,81 +563,21 @@ def _add_export(sub) -> None:
     s.add_argument("shapes", nargs="*", type=rule_arg, metavar="SHAPE",
                    help="MxNxK or ?xNxK (a weight of K×N, any M)")
     s.add_argument("--from", dest="from_json", metavar="FILE.json",
-                   help="shapes from JSON: a list, {\"shapes\": [...]}, or lcmac.optimize's "
-                        "report (report.to_dict()), whose layers become ?xNxK")
+                   help="shapes from JSON: a list or {\"shapes\": [...]}; or an lcmac.optimize "
+                        "report (report.save(path)): exactly the kernels it names")
     s.add_argument("--target", default=None, help=f"one of {TARGET_NAMES}; default this CPU")
-    s.add_argument("--dtype", default="float32", help=DTYPE_HELP)
+    s.add_argument("--dtype", default=None, help=DTYPE_HELP + "; with --from a report, its own")
     s.add_argument("--algo", default=None, help="one algorithm for every shape (default: decided per shape)")
-    s.add_argument("--max-error", type=float, default=None, help="error budget (× the plain GEMM's)")
+    s.add_argument("--max-error", type=float, default=None, metavar="X", help=BUDGET_HELP)
+    add_precision_argument(s)
     s.add_argument("--regime", default="burst", choices=REGIMES, help="which tuning-log records decide")
     s.add_argument("--rows", type=ladder_arg, default=None, metavar="P,P,...",
                    help="row buckets of the ?xNxK rules (default as lcmac build)")
-    s.add_argument("-o", "--output", required=True, metavar="DIR", help="the bundle's directory")
+    s.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="the bundle's directory, created if missing and checked writable before "
+                        "compiling")
+    add_json_argument(s, "export")
     s.set_defaults(func=cmd_export)
-
-
-def _add_tune(sub) -> None:
-    s = sub.add_parser("tune", help="measure configs (model-ranked) and log the best per shape",
-                       description="Measure configs in the cost model's order and log every "
-                                   "measurement (tuning_logs/<target>-<dtype>.jsonl); prints a "
-                                   "progress bar, a summary table and optionally a "
-                                   "predicted-vs-measured plot.")
-    s.add_argument("--algo", default="auto",
-                   help="gemm, a catalogue expression (strassen, strassen^2), a comma list, or auto "
-                        "(GEMM + the cost model's best LCMAs; the default)")
-    s.add_argument("--target", required=True, help=f"one of {TARGET_NAMES}")
-    s.add_argument("--dtype", default="float32", help=DTYPE_HELP)
-    g = s.add_mutually_exclusive_group(required=True)
-    g.add_argument("--shape", type=shape_arg, metavar="MxNxK", help=f"one shape, {SHAPE_HELP}")
-    g.add_argument("--shapes", choices=["llm", "llm-cpu"],
-                   help="a shape list: llm = the LLM linear layers (every distinct N,K) at each "
-                        "--m; llm-cpu = those a 2-core CPU tunes in minutes (M=512, ≤ 80 GFLOP)")
-    s.add_argument("--m", type=int, nargs="+", default=None, metavar="M",
-                   help="token counts for --shapes (default: llm 8192 16384, llm-cpu 512)")
-    s.add_argument("--limit", type=int, default=None, help="at most this many shapes of --shapes")
-    s.add_argument("--budget", type=int, default=8, help="configs measured per algorithm (default 8)")
-    s.add_argument("--exhaustive", action="store_true",
-                   help="measure every fitting config (for the search metrics; slow)")
-    s.add_argument("--operands", default="native", choices=OPERAND_MODES,
-                   help="CUDA: search the configs of this operand precision (CudaConfig.operands, "
-                        "logged with it; `lcmac build --config '{\"operands\": \"fp16x2\"}'` "
-                        "then takes the best logged config of that mode)")
-    s.add_argument("--patience", type=int, default=4,
-                   help="stop after this many measurements without improvement (default 4)")
-    s.add_argument("--jobs", type=int, default=2, help="parallel compile processes (default 2)")
-    s.add_argument("--top-lcmas", type=int, default=2, help="LCMAs tuned by --algo auto (default 2)")
-    s.add_argument("--max-error", type=float, default=None, metavar="X",
-                   help="with --algo auto: only LCMAs predicted within X times the plain GEMM's "
-                        "error (lcmac select --max-error)")
-    s.add_argument("--sustained", type=float, default=None, metavar="S",
-                   help="GPU: warm each kernel up for S seconds before timing it, so it is timed "
-                        "at the power cap (the default warm-up is 0.15 s: burst timings)")
-    s.add_argument("--repeats", type=int, default=None,
-                   help="timed repeats per config (default 5 on CPUs, 15 on GPUs)")
-    s.add_argument("--no-default", dest="compare_default", action="store_false", default=None,
-                   help="do not measure the backend's default config (measured by default: the "
-                        "baseline a tuned config must beat, and the tuned-vs-default column)")
-    s.add_argument("--compare-default", dest="compare_default", action="store_true",
-                   help=argparse.SUPPRESS)   # the default now; kept so older commands still run
-    s.add_argument("--no-vendor", dest="vendor", action="store_false",
-                   help="do not time the vendor GEMM (cuBLAS via torch.matmul / numpy.matmul) "
-                        "as the same-run baseline")
-    s.add_argument("--tag", default=None, help="a label stored in every record (e.g. exhaustive)")
-    s.add_argument("--logs", default=None, metavar="DIR",
-                   help="tuning-log directory to write (default $LCMAC_TUNING_LOGS, else "
-                        "$LCMAC_CACHE_DIR/tuning_logs, ~/.cache/lcmac/tuning_logs by default)")
-    s.add_argument("--plot", default=None, metavar="FILE", help="write predicted-vs-measured plot (PNG)")
-    s.add_argument("--build-only", default=None, metavar="DIR",
-                   help="compile the configs the tuner would measure into DIR (with index.jsonl) "
-                        "and stop; measure them on another machine with --prebuilt DIR")
-    s.add_argument("--prebuilt", default=None, metavar="DIR",
-                   help="use the artifacts of an earlier --build-only DIR (others are built here)")
-    s.add_argument("--build-dir", default=None, metavar="DIR", help=argparse.SUPPRESS)
-    s.add_argument("--dry-run", action="store_true",
-                   help="build and run nothing: 'measure' the model's estimate with ±15%% noise "
-                        "(logs to a temporary directory unless --logs), to try the flow")
-    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    s.set_defaults(func=cmd_tune)
 
 
 def _add_capi(sub) -> None:
@@ -742,30 +594,36 @@ def _add_capi(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lcmac", description=__doc__,
+    p = argparse.ArgumentParser(prog="lcmac", description=__doc__, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"lcmac {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_list, _add_show, _add_verify, _add_select, _add_build, _add_export, _add_tune,
-                add_cache_parser, _add_capi):
+    for add in (_add_list, _add_show, _add_verify, _add_select, _add_build, _add_export,
+                add_tune_parser, add_cache_parser, _add_capi):
         add(sub)
     add_distribute_parser(sub, shape_arg, SHAPE_HELP, DTYPE_HELP)
+    from lcmac.cli.calibrate import add_calibrate_parser   # beside tune: measures this device
+    add_calibrate_parser(sub)
     return p
 
 
 def main(argv=None) -> int:
     p = build_parser()
-    args = p.parse_args(argv)
+    args = p.parse_args(attach_dashed_values(list(sys.argv[1:] if argv is None else argv)))
     if not getattr(args, "func", None):
         p.print_help()
-        return 2
+        return USAGE
     try:
         return args.func(args)
     except LcmacError as e:
         print(f"lcmac {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return exit_code(e)
     except BrokenPipeError:  # `lcmac list | head`
         return 0
+    except OSError as e:     # the file system refused: one line naming the path, not a traceback
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"lcmac {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return FAILURE
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ another one.
 
 Duck-typed: neither numpy nor torch is imported here.  An operand is read through its
 ``.shape``, ``.dtype``, ``.device``, ``.flags`` (numpy) or ``.is_contiguous()`` (torch) and
-its data pointer.
+its data pointer, and copied row-major through ``.copy(order="C")`` / ``.contiguous()``.
 """
 from __future__ import annotations
 
@@ -268,6 +268,15 @@ def check_contiguous(x, what: str, *, output: bool = False) -> None:
         raise ShapeError(f"{what} is not contiguous (row-major) with shape {shape_of(x)}; {fix}")
 
 
+def row_major(x):
+    """``x`` itself where it is row-major with no gaps, else a row-major copy of it: what a
+    kernel reads.  A transposed, Fortran-ordered, sliced or reversed view multiplies as its
+    copy does, so numpy's and torch's product calls take them."""
+    if is_contiguous(x):
+        return x
+    return x.copy(order="C") if operand_kind(x) == NUMPY else x.contiguous()
+
+
 def check_aligned(x, what: str, align: int, why: str) -> None:
     """``x``'s data starts on an ``align``-byte boundary (``why``: what reads it so)."""
     ptr = memory_span(x)[0]
@@ -287,10 +296,11 @@ def check_no_overlap(out, named) -> None:
 
 
 # ---- the output -------------------------------------------------------------------------------
-def check_out(out, like, shape, *, summary: bool = False) -> None:
+def check_out(out, like, shape, *, summary: bool = False, any_layout: bool = False) -> None:
     """``out`` fit to receive C of ``shape``: the kind, dtype and device of ``like`` (A),
-    row-major.  The first problem is said on its own; with ``summary`` one message says all
-    that out must be."""
+    row-major unless ``any_layout`` (the caller copies the result into a strided ``out``).
+    The first problem is said on its own; with ``summary`` one message says all that out
+    must be."""
     kind = operand_kind(like)
     noun = "array" if kind == NUMPY else "tensor"
     if summary:
@@ -306,4 +316,5 @@ def check_out(out, like, shape, *, summary: bool = False) -> None:
     if dtype_name(out) != dtype_name(like):
         raise DTypeError(f"out has dtype {dtype_name(out)}; A and B are {dtype_name(like)}")
     check_same_device(out, like, names=("out", "A"), fix="pass an out on A's device")
-    check_contiguous(out, "out", output=True)
+    if not any_layout:
+        check_contiguous(out, "out", output=True)

@@ -33,7 +33,8 @@ from lcmac.ir.verify import BrentFailure, brent_failures, verify
 RINGS = ("rational", "gf2")
 
 __all__ = ["GF2Algorithm", "RINGS", "reduce_mod2", "mod2", "gf2_failures", "verify_gf2",
-           "verify_over", "ring_of", "require_rational", "gf2_from_fmm", "load_gf2"]
+           "verify_over", "ring_of", "require_rational", "gf2_from_fmm", "load_gf2",
+           "CHECK_RINGS", "RingCheck", "check_ring"]
 
 
 def mod2(x, where: str = "coefficient") -> int:
@@ -185,6 +186,41 @@ def verify_gf2(alg):
 def verify_over(alg):
     """Verify in the ring the scheme is declared for: GF(2) or the rationals."""
     return verify_gf2(alg) if ring_of(alg) == "gf2" else verify(alg)
+
+
+#: what ``check_ring`` takes: a ring, or "auto" (the ring the scheme holds in)
+CHECK_RINGS = ("auto", *RINGS)
+
+
+@dataclass(frozen=True)
+class RingCheck:
+    """The ring a scheme's Brent equations were checked in and the ones failing there;
+    ``rational_failures`` counts those that failed over the rationals first, where "auto"
+    went on to GF(2)."""
+    ring: str
+    failures: list
+    rational_failures: int | None = None
+
+
+def check_ring(alg, ring: str = "auto") -> RingCheck:
+    """Every Brent equation of ``alg`` checked exactly in ``ring``: "rational", "gf2"
+    (modulo 2), or "auto": a GF(2)-only scheme in GF(2), any other over the rationals and,
+    only where that fails, modulo 2.  A scheme that holds over the rationals holds modulo 2
+    too (with odd denominators), so "auto" never calls a rational scheme GF(2)-only; one with
+    an even denominator has no image modulo 2 and keeps its rational failures."""
+    if ring not in CHECK_RINGS:
+        raise AlgorithmError(f"ring {ring!r} is not one of {', '.join(CHECK_RINGS)}")
+    if ring == "gf2" or (ring == "auto" and ring_of(alg) == "gf2"):
+        return RingCheck("gf2", gf2_failures(alg))
+    fails = brent_failures(alg.integer_image() if ring_of(alg) == "gf2" else alg)
+    if ring == "rational" or not fails:
+        return RingCheck("rational", fails)
+    try:
+        if gf2_failures(alg, limit=1):
+            return RingCheck("rational", fails)
+    except AlgorithmError:          # an even denominator: nothing to read modulo 2
+        return RingCheck("rational", fails)
+    return RingCheck("gf2", [], rational_failures=len(fails))
 
 
 def gf2_from_fmm(d: dict, name: str = "", source: str = "") -> GF2Algorithm:

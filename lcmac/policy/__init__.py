@@ -6,8 +6,9 @@ LCMA), the tuning logs measure (``lcmac.artifact.tuning_log``), and policy decid
 - ``plans``: ``Plan``, what runs for one product and why (every decision below returns one);
 - ``measured``: the decision from the logs' measurements, the model filling the gaps
   (``decide_by_measurement``);
-- ``planner``: ``plan(M, N, K, dtype, target, algo=, max_error=, regime=)``, the decision settled
-  for the caller's kernels: what ``lcmac.matmul``, ``lcmac.auto``, ``lcmac.optimize``,
+- ``planner``: ``plan(M, N, K, dtype, target, algo=, max_error=, precision=, regime=)``, the
+  decision settled for the caller's kernels, within an error budget (by default the dtype's)
+  and float32's precision class: what ``lcmac.matmul``, ``lcmac.auto``, ``lcmac.optimize``,
   ``lcmac select`` and ``lcmac export`` run;
 - ``split``: the CPU's share of a product split between the GPU and the CPU;
 - ``batched``: which batched GEMM ``lcmac.bmm(algo="auto")`` runs.

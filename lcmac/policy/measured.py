@@ -37,6 +37,10 @@ then.  No LCMA or lcmac kernel is chosen over a faster measured vendor GEMM.
 
 On CUDA targets a float32 case is priced by the model as ``tfloat32`` (lcmac's CUDA float32
 GEMM multiplies on the TF32 tensor cores; ``costmodel.model_dtype``); the log stays float32.
+**One precision at a time.**  Only records of the operand mode decided in (``operands``) take
+part, and with a float32 ``precision`` class (``lcmac.spec.precision``) only vendor records
+measured as that class runs them: TF32 where it allows TF32, SGEMM where it does not (the
+record's ``"tf32"``).
 
 **Burst or sustained.**  A GPU under a long job runs at its power cap, where kernels rank
 differently than in short bursts.  ``regime="burst"`` (default) decides on the records of
@@ -44,6 +48,10 @@ ordinary tuning runs; ``regime="sustained"`` only on those of ``lcmac tune --sus
 (every kernel and the vendor GEMM warmed up ≥ ``SUSTAINED_WARM_S`` before timing), falling
 back to the nearest shape or the model where none is logged.  The two kinds of records
 never compete.
+
+**The device at hand.**  Only records measured on the device decided for count
+(``lcmac.policy.devices``); a device with none is priced by a profile fitted to it, and its
+vendor GEMM at the rate that fit measured.
 """
 from __future__ import annotations
 
@@ -55,7 +63,9 @@ from lcmac.costmodel import gemm_estimate, model_dtype, resolve_profile, select
 from lcmac.costmodel.accuracy import cuda_model_args
 from lcmac.costmodel.decision import Candidate, candidate_names, within_error_budget
 from lcmac.core.dtypes import normalize_model_dtype
+from lcmac.policy.devices import AT_HAND, basis_for
 from lcmac.policy.plans import AUTO, Plan
+from lcmac.spec.precision import allows_tf32
 from lcmac.spec.targets import get_target
 
 
@@ -82,8 +92,21 @@ def _store_of(db):
     return db if hasattr(db, "records") else _db.TuningDB(db)
 
 
+def same_precision(record: dict, operands: str = "native", precision: str | None = None) -> bool:
+    """Whether ``record`` was measured in the precision decided in: an lcmac kernel or vendor
+    baseline of the operand mode ``operands``, and a vendor baseline that records whether it
+    ran TF32 (CUDA float32) ran it as ``precision`` lets torch.matmul (None: either)."""
+    cfg = record.get("config") or {}
+    if _db.operands_of(cfg) != operands:
+        return False
+    if precision is None or record.get("algorithm") != _db.VENDOR or "tf32" not in cfg:
+        return True
+    return bool(cfg["tf32"]) == allows_tf32(precision)
+
+
 def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
-           profile=None, regime: str = "burst") -> tuple[dict, str, tuple | None, dict, dict]:
+           profile=None, regime: str = "burst", operands: str = "native",
+           precision: str | None = None) -> tuple[dict, str, tuple | None, dict, dict]:
     """(measurements for select, source, logged shape, Combine-H variant of each measured
     LCMA's best config, carried) from the tuning log's records of ``regime``.  The variants
     are those of the records the times come from (CUDA targets; a build from the log takes
@@ -96,8 +119,8 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
     by_regime: dict[str, dict[tuple, dict[str, float]]] = {g: {} for g in REGIMES}
     cfgs: dict[tuple, dict[str, dict]] = {}
     for r in store.records(str(target), d):
-        if _db.operands_of(r["config"]) != "native":
-            continue        # another precision (CUDA scaled operands): not what is decided here
+        if not same_precision(r, operands, precision):
+            continue        # another precision: not what is decided here
         g = regime_of(r)    # burst and sustained times never compete directly
         per = by_regime[g].setdefault(tuple(r["shape"]), {})
         a = r["algorithm"]
@@ -202,23 +225,34 @@ class _ReadOnce:
 
 def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_64-avx512", *,
                           db=None, profile=None, max_distance: float = 0.75, vendor: bool = True,
-                          regime: str = "burst", **select_kw) -> Plan:
+                          regime: str = "burst", precision: str | None = None,
+                          device=AT_HAND, **select_kw) -> Plan:
     """GEMM, which LCMA, or the vendor GEMM for this shape, preferring logged measurements
     (module doc; ``lcmac.costmodel.decide_by_model`` is the model's word alone): a ``Plan``
     that runs its decision, with the ranking in ``candidates``.  ``db``: a
     ``TuningDB``, its directory, or any object with ``records(target, dtype)``.
     ``vendor=False`` leaves the vendor GEMM out (lcmac's own kernels only).  ``regime``:
-    "burst" or "sustained" records (module doc).  ``select_kw`` go to ``costmodel.select``.
+    "burst" or "sustained" records (module doc).  ``precision``: the float32 class whose
+    vendor records count (module doc; None: any).  ``select_kw`` go to ``costmodel.select``
+    (``operands``: the operand mode priced, and the one whose records count).  ``device``:
+    whose records decide (``lcmac.policy.devices``): the device at hand, a
+    ``lcmac.spec.device.DeviceIdentity``, or None for every device's.
 
     With the plain GEMM measured at this shape, an LCMA that was not measured is judged by
     the model's time × (measured / predicted GEMM time here), so that a prediction is never
     compared with a measurement on different scales; algorithms that only ever failed at
     this shape are left out."""
     check_regime(regime)
-    db = _ReadOnce(_store_of(db))
+    basis = basis_for(_ReadOnce(_store_of(db)), target, dtype, device, profile)
+    db, profile = basis.records, basis.profile or profile
     meas, source, logged, tuned_variants, carried = gather(
-        M, N, K, dtype, target, db=db, max_distance=max_distance, profile=profile, regime=regime)
+        M, N, K, dtype, target, db=db, max_distance=max_distance, profile=profile, regime=regime,
+        operands=select_kw.get("operands", "native"), precision=precision)
     v_time = meas.pop(_db.VENDOR, None)
+    native = select_kw.get("operands", "native") == "native"
+    if basis.fitted and v_time is None and not meas and native:
+        # the fitted profile's plain GEMM runs at the vendor's rate measured on this device
+        v_time = gemm_estimate(M, N, K, model_dtype(target, dtype), profile).time_s
     confirmed = confirmed_ratio(M, N, K, dtype, target, db=db, regime=regime) if source == "exact" else None
     if confirmed is not None and meas and v_time is not None:
         # the vendor on the kernels' scale: as far behind (ahead of) the best logged kernel
@@ -240,13 +274,17 @@ def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_6
         cands = _within_budget_again(cands, float(select_kw["max_error"]), mdt, operands, K)
     cands, worth = _judged_by_measurement(cands, carried, scaled_by)
     if vendor and v_time is not None:
-        cands = _with_vendor(cands, v_time, (M, N, K), source)
-        meas[_db.VENDOR] = v_time
+        cands = _with_vendor(cands, v_time, (M, N, K), source, priced=basis.fitted)
+        if not basis.fitted:
+            meas[_db.VENDOR] = v_time
     if carried:
         other = REGIMES[1 - REGIMES.index(regime)]
         cands = [c if c.algorithm not in carried else dataclasses.replace(c, reason=c.reason.replace(
             "measured; ", f"measured in {other} runs × {carried[c.algorithm]:.4f} (this regime's / "
             f"the {other} times of the kernels measured both ways here); ", 1)) for c in cands]
+    if basis.note:
+        top = cands[0]
+        cands = [dataclasses.replace(top, reason=f"{top.reason}; {basis.note}"), *cands[1:]]
     return _decided(cands, meas, source, logged, worth, (M, N, K), dtype, target, regime,
                     select_kw.get("max_error"))
 
@@ -378,19 +416,24 @@ def _judged_by_measurement(cands: list, carried: dict, scaled_by: str) -> tuple[
     return [top] + [_strip_decision(c) for c in cands if c.algorithm != top.algorithm], worth
 
 
-def _with_vendor(cands: list, v_time: float, shape, source: str) -> list:
+def _with_vendor(cands: list, v_time: float, shape, source: str, priced: bool = False) -> list:
     """The measured vendor GEMM among the candidates: first when it is faster than the
     decision (times carried over from another shape are ratios measured there: an lcmac
     kernel must beat the vendor GEMM by more than their noise, ``TRANSFER_MARGIN``; at the
-    shape itself by ``EXACT_MARGIN``)."""
+    shape itself by ``EXACT_MARGIN``).  ``priced``: its time is a fitted profile's, whose
+    rate was measured on the device (``lcmac.policy.devices``), not measured at the shape."""
     gc = next(c for c in cands if c.is_gemm)
     vc = _vendor_candidate(v_time, *shape, gc)
+    if priced:
+        vc = dataclasses.replace(vc, measured=False, reason="priced by the device's fitted "
+                                 "profile; the vendor library's GEMM (cuBLAS / numpy's BLAS)")
     top = cands[0]
     margin = EXACT_MARGIN if source == "exact" else TRANSFER_MARGIN
     if v_time < top.predicted_time_s * (1.0 + margin):
         kind = "measured" if top.measured else "predicted"
         vc = dataclasses.replace(vc, reason=(
-            f"decision: the vendor GEMM — measured {v_time * 1e3:.3f} ms, faster than the "
+            f"decision: the vendor GEMM — {'priced' if priced else 'measured'} "
+            f"{v_time * 1e3:.3f} ms, faster than the "
             f"best lcmac kernel ({top.algorithm}, {kind} {top.predicted_time_s * 1e3:.3f} ms)"))
         return [vc] + [_strip_decision(c) for c in cands]
     return [top] + sorted(cands[1:] + [vc], key=lambda c: c.predicted_time_s)

@@ -20,8 +20,15 @@
     exact shape; the chosen one runs where the source has it, else the vendor GEMM.
 
 Both ask the same decision with the same defaults (the logs lcmac ships and the user's, the
-burst regime, the vendor GEMM among the options, no error budget); the ``Plan``'s
-``kernels`` says which kind of kernels its ``runs`` is about.  Planning never compiles.
+burst regime, the vendor GEMM among the options, the default error budget of
+``lcmac.costmodel.error_budget``, float32 precision "highest"); the ``Plan``'s ``kernels``
+says which kind of kernels its ``runs`` is about.  Planning never compiles.
+
+**Precision** (``lcmac.spec.precision``): a float32 plan decides among kernels and tuning-log
+records of its precision class only.  On CUDA, "highest" prices lcmac's kernels in the fp16x2
+operand mode and compares them with SGEMM records of the vendor GEMM (``"tf32": false``);
+"high" and "medium" with the native (TF32) kernels and TF32 records.  A TF32 record never
+stands in for SGEMM, nor the reverse.
 """
 from __future__ import annotations
 
@@ -35,11 +42,15 @@ from lcmac.artifact.bundle import backend_kind
 from lcmac.core.dtypes import normalize_model_dtype
 from lcmac.core.errors import LcmacError
 from lcmac.costmodel import model_dtype, select
-from lcmac.costmodel.decision import check_error_budget, with_errors
+from lcmac.costmodel.decision import with_errors
+from lcmac.costmodel.error_budget import ErrorBudget, check_budget_arg, error_budget
+from lcmac.policy.devices import decision_state
 from lcmac.policy.measured import EXACT_MARGIN, check_regime, decide_by_measurement
 from lcmac.policy.plans import AUTO, GEMM, JIT, VENDOR, Piece, Plan
+from lcmac.spec.cuda.operands import OPERAND_MODES
+from lcmac.spec.precision import DEFAULT_PRECISION, allows_tf32, check_precision, operand_modes
 from lcmac.spec.shape_rules import JIT_ROWS, row_pieces
-from lcmac.spec.targets import get_target
+from lcmac.spec.targets import get_target, schedule_family
 
 __all__ = ["plan", "KernelSource", "EveryKernel", "gemm_beats_vendor"]
 
@@ -49,6 +60,9 @@ class KernelSource(Protocol):
 
     #: in words, for ``Plan.kernels``
     kernel_source: str
+    #: (optional) the CUDA operand modes its kernels come in; without it, native only: a
+    #: decision in another mode (float32 under precision "highest") then runs the vendor GEMM
+    operand_modes: tuple
 
     def missing_kernel(self, algorithm: str, target: str, dtype: str, shape: tuple) -> str | None:
         """Why that kernel cannot run here (and how to get it), or None where it can.  Never
@@ -60,6 +74,7 @@ class EveryKernel:
     """A source with every kernel a decision may choose: a bundle compiled for its decisions,
     or a decision read on its own (``kernel_source`` "")."""
     kernel_source: str = ""
+    operand_modes = OPERAND_MODES
 
     def missing_kernel(self, algorithm, target, dtype, shape):
         return None
@@ -71,43 +86,75 @@ _plans: dict[tuple, Plan] = {}
 
 
 def plan(M: int, N: int, K: int, dtype="float32", target: str | None = None, *,
-         algo: str = AUTO, max_error=None, regime: str = "burst", logs=None, vendor: bool = True,
-         static_b: bool = False, kernels=JIT) -> Plan:
+         algo: str = AUTO, max_error=None, precision: str | None = None, regime: str = "burst",
+         logs=None, vendor: bool = True, static_b: bool = False, kernels=JIT) -> Plan:
     """What runs for C[M×N] = A[M×K]·B[K×N] (module doc), without compiling or running
     anything.  ``target``: default this CPU's.  ``max_error``: an error budget, × the plain
-    GEMM's error.  ``regime``: "burst" or "sustained" tuning-log records.  ``logs``: a
-    tuning-log directory or ``TuningDB`` (default: the logs lcmac ships and the user's own).
+    GEMM's error (None: the dtype's default, ``lcmac.costmodel.error_budget``; ``inf``: no
+    budget).  ``precision``: the float32 precision class (``lcmac.spec.precision``; default
+    "highest"; other dtypes have none).  ``regime``: "burst" or "sustained" tuning-log
+    records.  ``logs``: a tuning-log directory or ``TuningDB`` (default: the logs lcmac ships
+    and the user's own).
     ``vendor=False`` leaves the vendor GEMM out of the decision.  ``static_b``: B is a weight
     combined offline.  ``kernels``: ``JIT`` (``lcmac.matmul``'s) or a ``KernelSource``."""
     target = target or get_target("host").name
     dtype = normalize_model_dtype(str(dtype).replace("torch.", ""))
-    max_error = None if max_error is None else check_error_budget(max_error)
+    max_error = check_budget_arg(max_error)
+    precision = _precision_of(dtype, precision)
+    operands = operand_modes(target, dtype, precision)[0]
+    budget = error_budget(max_error, model_dtype(target, dtype, operands))
     check_regime(regime)
-    ask = dict(max_error=max_error, regime=regime, logs=logs, vendor=vendor, static_b=static_b)
-    key = (int(M), int(N), int(K), dtype, target, algo, max_error, regime, vendor, static_b)
+    ask = dict(max_error=max_error, precision=precision, regime=regime, logs=logs, vendor=vendor,
+               static_b=static_b)
+    key = (int(M), int(N), int(K), dtype, target, algo, budget, precision, regime, vendor,
+           static_b)
     jit = kernels == JIT
     cached = logs is None and jit
     if cached:
+        key += (decision_state(target, dtype),)    # records added since: decided again
         hit = _plans.get(key)
         if hit is not None:
             return hit
     shape = key[:3]
     if algo == VENDOR:
         p = Plan(shape, dtype, target, algo, VENDOR, VENDOR, None, 1.0,
-                 "the vendor GEMM, as asked (algo=\"vendor\")", max_error=max_error,
-                 regime=regime, kernels="" if jit else kernels.kernel_source)
+                 "the vendor GEMM, as asked (algo=\"vendor\")", regime=regime,
+                 kernels="" if jit else kernels.kernel_source)
     elif algo != AUTO:
-        p = _plan_forced(shape, dtype, target, algo, max_error, regime)
+        p = _plan_forced(shape, dtype, target, algo, budget, regime, operands)
         p = _with_pieces(p, ask) if jit else \
             dataclasses.replace(p, kernels=kernels.kernel_source)
     else:
         dec = decide_by_measurement(*shape, dtype, target, db=logs, vendor=vendor,
-                                    max_error=max_error, regime=regime, static_b=static_b)
+                                    max_error=budget.max_error, regime=regime, static_b=static_b,
+                                    operands=operands, precision=precision)
+        dec = dataclasses.replace(dec, operands=operands)
         p = _plan_jit(dec, ask) if jit else _plan_from_source(dec, kernels)
+    p = _with_terms(p, budget, precision, operands)
     if not cached:
         return p
     with _lock:
         return _plans.setdefault(key, p)
+
+
+def _precision_of(dtype: str, precision) -> str | None:
+    """The float32 class a plan decides under (None for other dtypes, which have none)."""
+    if precision is not None:
+        check_precision(precision)
+    return (precision or DEFAULT_PRECISION) if dtype == "float32" else None
+
+
+def _with_terms(p: Plan, budget: ErrorBudget, precision, operands: str) -> Plan:
+    """``p`` with the terms it was decided under: the error budget in force and the float32
+    precision class, in its fields and, where they bound the choice, at the end of ``why``."""
+    terms = [] if p.algo == VENDOR else [budget.describe()]
+    if precision is not None and schedule_family(p.target) == "cuda":
+        vendor = "TF32 allowed" if allows_tf32(precision) else "no TF32: the vendor GEMM is SGEMM"
+        terms.append(f"float32 precision {precision!r} ({vendor}; lcmac's kernels in {operands} "
+                     f"operands)")
+    why = "; ".join([p.why] + terms)
+    return dataclasses.replace(p, max_error=budget.max_error, budget=budget.describe(),
+                               precision=precision, operands=operands, why=why)
 
 
 def gemm_beats_vendor(dec: Plan) -> bool:
@@ -135,7 +182,8 @@ def _plan_jit(dec: Plan, ask: dict) -> Plan:
         return dataclasses.replace(base, runs=VENDOR, speedup=None, error=1.0,
                                    why=f"vendor GEMM: {what}: {dec.describe()}")
     chosen = dataclasses.replace(base, speedup=float(c.speedup_vs_gemm),
-                                 error=_error_of(c, dec.target, dec.dtype, dec.shape[2]))
+                                 error=_error_of(c, dec.target, dec.dtype, dec.shape[2],
+                                                 dec.operands))
     return _vendor_if_every_piece_is(_with_pieces(chosen, ask))
 
 
@@ -144,7 +192,11 @@ def _plan_from_source(dec: Plan, source: KernelSource) -> Plan:
     base = dataclasses.replace(dec, kernels=source.kernel_source)
     if dec.is_vendor:
         return base
-    missing = source.missing_kernel(dec.decision, dec.target, dec.dtype, dec.shape)
+    if dec.operands not in getattr(source, "operand_modes", ("native",)):
+        missing = (f"its kernels there are native-operand ones, not {dec.operands} ones, which "
+                   f"this float32 precision needs")
+    else:
+        missing = source.missing_kernel(dec.decision, dec.target, dec.dtype, dec.shape)
     if missing is None:
         return base
     return dataclasses.replace(base, runs=VENDOR, speedup=None,
@@ -188,38 +240,43 @@ def _vendor_if_every_piece_is(p: Plan) -> Plan:
 
 
 # ---- a forced algorithm -------------------------------------------------------------------------
-def _error_of(cand, target: str, dtype: str, K: int) -> float | None:
+def _error_of(cand, target: str, dtype: str, K: int, operands: str) -> float | None:
     if cand.error_ratio is not None:
         return float(cand.error_ratio)
     try:
-        return float(with_errors([cand], model_dtype(target, dtype), "native", K)[0].error_ratio)
+        return float(with_errors([cand], model_dtype(target, dtype, operands), operands,
+                                 K)[0].error_ratio)
     except (LcmacError, ValueError, TypeError):
         return None           # a dtype or operand mode the accuracy model does not cover
 
 
-def _plan_forced(shape, dtype, target, algo, max_error, regime) -> Plan:
-    """The algorithm asked for, priced by the model; refused over the error budget."""
+def _plan_forced(shape, dtype, target, algo, budget: ErrorBudget, regime, operands: str) -> Plan:
+    """The algorithm asked for, priced by the model in ``operands``; refused over the error
+    budget."""
     M, N, K = shape
     _, plain, name = resolve_algorithm(algo)
     if plain:
         return Plan(shape, dtype, target, algo, GEMM, GEMM, 1.0, 1.0,
-                    "lcmac's plain GEMM, as asked (algo=\"gemm\")", max_error=max_error,
-                    regime=regime)
+                    "lcmac's plain GEMM, as asked (algo=\"gemm\")", regime=regime)
     speedup = error = None
     note = "the model does not price it at this shape"
     try:
-        cands = select(M, N, K, model_dtype(target, dtype), target, algorithms=[name])
+        cands = select(M, N, K, model_dtype(target, dtype, operands), target, algorithms=[name],
+                       operands=operands)
         c = next((c for c in cands if c.algorithm == name), None)
     except (LcmacError, ValueError):
         c = None
     if c is not None:
-        speedup, error = float(c.speedup_vs_gemm), _error_of(c, target, dtype, K)
+        speedup, error = float(c.speedup_vs_gemm), _error_of(c, target, dtype, K, operands)
         note = f"model: {speedup:.3f}× the plain GEMM"
         if error is not None:
             note += f", predicted error {error:.2f}× the GEMM's"
-    if max_error is not None and error is not None and error > max_error:
+    limit = budget.max_error
+    if limit is not None and error is not None and error > limit:
+        which = " (the default budget)" if budget.source == "default" else ""
         raise LcmacError(f"{name} is predicted at {error:.2f}× the plain GEMM's error at "
-                         f"{M}x{N}x{K} {dtype}, over max_error={max_error:g}; pass algo=\"auto\" "
-                         f"to choose within the budget, or no max_error")
+                         f"{M}x{N}x{K} {dtype}, over max_error={limit:g}{which}; pass "
+                         f"algo=\"auto\" to choose within the budget, or max_error=float(\"inf\") "
+                         f"to lift it")
     return Plan(shape, dtype, target, algo, name, name, speedup, error,
-                f"{name}, as asked (algo={algo!r}); {note}", max_error=max_error, regime=regime)
+                f"{name}, as asked (algo={algo!r}); {note}", regime=regime)

@@ -44,8 +44,11 @@ class Piece:
 @dataclass(frozen=True)
 class Plan:
     """What runs for C[M×N] = A[M×K]·B[K×N] (``shape`` = (M, N, K)) of ``dtype`` on ``target``,
-    asked as ``algo`` ("auto", "vendor", "gemm" or an algorithm) within ``max_error`` (an error
-    budget, × the plain GEMM's error) on the tuning logs' ``regime`` records.
+    asked as ``algo`` ("auto", "vendor", "gemm" or an algorithm) within ``max_error`` (the
+    error budget in force, × the plain GEMM's error; None: none, lifted by ``max_error=inf``;
+    ``budget``: the same in words) on the tuning logs' ``regime`` records, under the float32
+    precision class ``precision`` ("highest", "high", "medium"; None for other dtypes), its
+    lcmac kernels multiplying in ``operands`` (the CUDA operand mode, ``CudaConfig.operands``).
 
     ``runs``: "vendor" (numpy.matmul / torch.matmul), "gemm" (lcmac's plain GEMM) or an LCMA;
     ``decision``: the decision's algorithm (module doc); ``speedup``: the predicted speed-up of
@@ -79,6 +82,9 @@ class Plan:
     measurements: Mapping[str, float] = field(default_factory=dict, hash=False)
     logged_shape: tuple | None = None
     worth_tuning: tuple = ()
+    precision: str | None = None
+    operands: str = "native"
+    budget: str = ""
 
     @property
     def candidate(self):
@@ -127,7 +133,8 @@ class Plan:
 
     def to_dict(self) -> dict:
         return {"shape": list(self.shape), "dtype": self.dtype, "target": self.target,
-                "algo": self.algo, "max_error": self.max_error, "regime": self.regime,
+                "algo": self.algo, "max_error": self.max_error, "budget": self.budget,
+                "precision": self.precision, "operands": self.operands, "regime": self.regime,
                 "runs": self.runs, "decision": self.decision, "speedup": self.speedup,
                 "error": self.error, "source": self.source, "kernels": self.kernels,
                 "pieces": [p.to_dict() for p in self.pieces], "why": self.why}

@@ -11,16 +11,11 @@ import numpy as np
 
 
 def vendor_matmul(A, B, out=None):
-    """A·B by the vendor library: ``torch.matmul`` for torch tensors (CUDA float32 with TF32
-    allowed, as the tuning logs measured it), ``numpy.matmul`` otherwise."""
+    """A·B by the vendor library: ``torch.matmul`` for torch tensors, in torch's own float32
+    precision class (cuBLAS runs TF32 only where ``torch.set_float32_matmul_precision``
+    allows it; lcmac never changes that setting), ``numpy.matmul`` otherwise (float32 in
+    float32)."""
     if type(A).__module__.startswith("torch"):
         import torch        # only for torch operands: numpy callers never load it
-        if not (A.is_cuda and A.dtype == torch.float32):
-            return torch.matmul(A, B, out=out)
-        prev = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = True
-        try:
-            return torch.matmul(A, B, out=out)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = prev
+        return torch.matmul(A, B, out=out)
     return np.matmul(A, B, out=out)

@@ -6,17 +6,24 @@ whose product runs through ``torch.ops.lcmac.linear``: y = x·Wᵀ + b with W of
 ``torch.nn.Linear`` does, in autocast's dtype (input, weight and bias cast to it).  ``Linear.from_linear(layer)`` shares the layer's
 parameters (an optimizer holding them keeps working).
 
-``optimize(model)`` swaps, in place, the ``nn.Linear`` layers the model predicts a win for
-at a representative row count (``rows``: batch × sequence length) and returns a report of
-what it swapped and why it skipped the others.  The decision at that row count
-(``lcmac.policy.plan``, as ``lcmac.matmul`` makes it) is only what the report shows: every call still decides for its own shape (``lcmac.matmul``), and the first
-call that needs a row bucket's kernel compiles it (seconds on a CPU; once per bucket and
-weight shape, ``lcmac.spec.shape_rules``).
+``optimize(model)`` finds, for each eligible ``nn.Linear``, its crossover: the smallest row
+count (batch × sequence length) of a grid up to ``max_rows`` at which the planner
+(``lcmac.ops.plan``, as ``lcmac.matmul`` decides; planning never compiles) runs an lcmac
+kernel (``lcmac.torch.crossover``).  It swaps, in place, every layer that has one and returns
+a report of the crossovers, the predicted gains above them and why it skipped the others.
+A swapped layer's ``crossover`` splits its calls: fewer rows run
+``torch.nn.functional.linear`` itself, with no lcmac code on the way (a plain comparison,
+which ``torch.compile`` turns into a guard), so decode and short prompts keep torch's
+speed; more rows decide for their own shape (``lcmac.matmul``), and the first call that needs
+a row bucket's kernel compiles it (seconds on a CPU; once per bucket and weight shape,
+``lcmac.spec.shape_rules``) unless ``optimize(warmup=rows)`` or ``warm_up`` compiled it
+before.  A forced algorithm has crossover 0: it runs at every row count.
 
 **The weight as B.**  The layer calls ``torch.ops.lcmac.linear(x, W)``, which runs
 x·Wᵀ through ``lcmac.matmul`` with a contiguous Wᵀ kept per weight
-(``lcmac.ops.transposed_weight``) and made again only when the weight changes (its storage
-or version counter: ``optimizer.step()``, ``load_state_dict``, ``.to()``).  The kept Wᵀ is
+(``lcmac.ops.transposed_weight``) and made again only when a write reaches the weight's
+memory (``lcmac.api.tensor_watch``: ``optimizer.step()``, ``load_state_dict``,
+``weight.data.mul_(…)``; a new tensor, ``.to()``).  The kept Wᵀ is
 marked static: an artifact that can combine B once (``prepare_b``, CUDA and CPU) keeps that
 prepared form per row count.  This happens inside the op at call time, so it holds under
 ``torch.compile`` too.  The kept copy costs the weight's
@@ -24,26 +31,38 @@ memory once more.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from lcmac.api import matmul as ops
-from lcmac.core.errors import DTypeError, TargetError
-from lcmac.policy import VENDOR, plan
+from lcmac.api.export import REPORT_SCHEMA
+from lcmac.api.tensor_watch import snapshot
+from lcmac.core.errors import DTypeError, LcmacError, TargetError
+from lcmac.costmodel.error_budget import budget_words
+from lcmac.torch import crossover as xo
+from lcmac.torch.fast_path import attention_projections, call_swapped_layers
+from lcmac.torch.warmup import compile_kernels, layer_kernels
 
-__all__ = ["Linear", "optimize", "OptimizeReport", "SwappedLayer", "SkippedLayer"]
+__all__ = ["Linear", "optimize", "warm_up", "OptimizeReport", "SwappedLayer", "SkippedLayer"]
 
 #: layers with fewer input or output features are not considered (``optimize(min_size=)``)
 MIN_SIZE = 256
-#: the row count (batch × sequence) ``optimize`` decides at by default
-ROWS = 4096
+#: the largest row count (batch × sequence) ``optimize`` searches for a crossover by default
+MAX_ROWS = 32768
 
 
 class Linear(nn.Linear):
     """``torch.nn.Linear`` computed by ``lcmac.matmul`` (module doc).  ``algo`` and
-    ``max_error`` as for ``lcmac.matmul``."""
+    ``max_error`` as for ``lcmac.matmul``; calls of fewer rows than ``crossover`` run
+    ``torch.nn.functional.linear`` instead (``optimize`` sets it)."""
+
+    #: calls with fewer rows (the input's leading dimensions multiplied) run torch's own linear
+    crossover: int = 0
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
                  dtype=None, *, algo: str = "auto", max_error: float | None = None):
@@ -66,9 +85,12 @@ class Linear(nn.Linear):
 
     def extra_repr(self) -> str:
         budget = "" if self.max_error is None else f", max_error={self.max_error:g}"
-        return f"{super().extra_repr()}, algo={self.algo!r}{budget}"
+        rows = f", crossover={self.crossover}" if self.crossover else ""
+        return f"{super().extra_repr()}, algo={self.algo!r}{budget}{rows}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.crossover and _rows(x) < self.crossover:   # lcmac cannot win there: torch's own
+            return F.linear(x, self.weight, self.bias)
         x2 = x.unsqueeze(0) if x.dim() == 1 else x
         weight, bias = self.weight, self.bias
         dt = _autocast_dtype(x2)
@@ -83,17 +105,27 @@ class Linear(nn.Linear):
 
     def _weight_in(self, dtype) -> torch.Tensor:
         """The weight cast to autocast's dtype.  With no gradient to record (inference) the cast
-        is kept while the weight is unchanged, so that the kept Wᵀ and its prepared form (module
-        doc) stay valid across calls; otherwise it is cast on each call, as autocast does."""
+        is kept while no write reaches the weight's memory, so that the kept Wᵀ and its prepared
+        form (module doc) stay valid across calls; otherwise, or where its writes cannot be
+        seen (``lcmac.api.tensor_watch``), it is cast on each call, as autocast does."""
         w = self.weight
         if torch.compiler.is_compiling() or (torch.is_grad_enabled() and w.requires_grad):
             return w.to(dtype)
-        key = (w.data_ptr(), w._version, dtype)
-        kept = getattr(self, "_autocast_weight", None)
-        if kept is None or kept[0] != key:
-            kept = (key, w.detach().to(dtype))
-            self._autocast_weight = kept
-        return kept[1]
+        kept = getattr(self, "_autocast_weight", None)      # ((snapshot of w, dtype), cast)
+        if kept is not None and kept[0][1] == dtype and kept[0][0].unchanged(w):
+            return kept[1]
+        snap = snapshot(w)
+        cast = w.detach().to(dtype)
+        self._autocast_weight = None if snap is None else ((snap, dtype), cast)
+        return cast
+
+
+def _rows(x: torch.Tensor) -> int:
+    """The rows of the product a linear layer makes of ``x``: its leading dimensions."""
+    rows = 1
+    for d in x.shape[:-1]:
+        rows *= d
+    return rows
 
 
 def _autocast_dtype(x: torch.Tensor):
@@ -109,27 +141,46 @@ def _autocast_dtype(x: torch.Tensor):
 # ---- optimize -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SwappedLayer:
-    """A layer ``optimize`` swapped: its shape (in, out), the decision at ``rows`` rows."""
+    """A layer ``optimize`` swapped: its shape (in, out) and, from ``crossover`` rows on (0:
+    every row count, as a forced algorithm runs), lcmac.  ``algorithm``, ``speedup`` (predicted,
+    over lcmac's plain GEMM), ``error`` (predicted, ÷ the plain GEMM's) and ``why`` are the
+    decision at ``rows`` rows: the crossover, or with a forced algorithm the largest row count
+    searched.  ``decisions``: the plan at each row count searched from the crossover up
+    (``lcmac.torch.crossover.RowDecision``); ``kernels``: ``lcmac.ops.kernel``'s keys of what
+    it runs at the warm-up row counts, else at the row counts searched."""
     name: str
     shape: tuple              # (in_features, out_features) = (K, N)
     dtype: str
     target: str
     rows: int
-    algorithm: str            # what runs at ``rows`` rows
-    speedup: float | None     # predicted, over the plain GEMM
-    error: float | None       # predicted error ÷ the plain GEMM's
-    why: str                  # the decision in words
+    algorithm: str
+    speedup: float | None
+    error: float | None
+    why: str
+    crossover: int = 0
+    decisions: tuple = ()
+    kernels: tuple = ()
 
     def to_dict(self) -> dict:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
-                "target": self.target, "rows": self.rows, "algorithm": self.algorithm,
-                "speedup": self.speedup, "error": self.error, "why": self.why}
+                "target": self.target, "crossover": self.crossover, "rows": self.rows,
+                "algorithm": self.algorithm, "speedup": self.speedup, "error": self.error,
+                "why": self.why, "decisions": [d.to_dict() for d in self.decisions],
+                "kernels": [_key_dict(k) for k in self.kernels]}
+
+
+def _key_dict(key: tuple) -> dict:
+    algo, target, dtype, shape, *mode = key
+    d = {"algorithm": algo, "target": target, "dtype": dtype, "shape": list(shape)}
+    return {**d, "operands": mode[0]} if mode else d
 
 
 @dataclass(frozen=True)
 class SkippedLayer:
     """A layer ``optimize`` left alone; ``reason``: "too small", "dtype", "device",
-    "no win", "kind" (not a plain nn.Linear), "root" (the model itself)."""
+    "no win", "kind" (not a plain nn.Linear), "not effective" (PyTorch multiplies its
+    weight without calling it: nn.MultiheadAttention's projections), "root" (the model
+    itself)."""
     name: str
     shape: tuple
     reason: str
@@ -141,16 +192,30 @@ class SkippedLayer:
 
 @dataclass
 class OptimizeReport:
-    """What ``optimize`` did: ``swapped`` and ``skipped`` layers, in the model's order."""
-    rows: int
+    """What ``optimize`` did: the row counts it searched (``grid``), the ``swapped`` and
+    ``skipped`` layers in the model's order, the encoder layers whose fused path it turned off
+    (``fast_path_off``) and the kernels it loaded for the ``warmup`` row counts (``warmed``)."""
+    grid: tuple
     algo: str
     max_error: float | None
     swapped: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
+    fast_path_off: list = field(default_factory=list)
+    warmup: tuple = ()
+    warmed: list = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        """The largest row count searched."""
+        return max(self.grid)
 
     @property
     def changed(self) -> bool:
         return bool(self.swapped)
+
+    def kernels(self) -> list[tuple]:
+        """Every swapped layer's kernels (``SwappedLayer.kernels``), each once."""
+        return list(dict.fromkeys(k for s in self.swapped for k in s.kernels))
 
     @property
     def why(self) -> str:
@@ -169,93 +234,219 @@ class OptimizeReport:
         return s
 
     def __str__(self) -> str:
-        lines = [f"lcmac.optimize: {self.why}; decided at {self.rows} rows, algo={self.algo!r}"
-                 + ("" if self.max_error is None else f", max_error={self.max_error:g}")]
-        for s in self.swapped:
-            sp = "?" if s.speedup is None else f"{s.speedup:.3f}x"
-            er = "?" if s.error is None else f"{s.error:.2f}x"
-            lines.append(f"  swapped {s.name} ({s.shape[0]}->{s.shape[1]}, {s.dtype}): {s.algorithm}, "
-                         f"predicted speed-up {sp}, error {er} the GEMM's")
-        for k in self.skipped:
-            lines.append(f"  skipped {k.name or '(model)'} ({k.shape[0]}->{k.shape[1]}): "
-                         f"{k.reason}: {k.why}")
+        lines = [f"lcmac.optimize: {self.why}; searched {_span(self.grid)} rows, "
+                 f"algo={self.algo!r}, {budget_words(self.max_error)}"]
+        if self.swapped:
+            table = [["swapped", "in->out", "dtype", "from rows", "at rows", "algorithm",
+                      "speed-up", "error", "at the other end searched"]]
+            for s in self.swapped:
+                table.append([s.name, f"{s.shape[0]}->{s.shape[1]}", s.dtype,
+                              str(s.crossover) if s.crossover else "all", str(s.rows), s.algorithm,
+                              _times(s.speedup), _times(s.error),
+                              _other_end(s)])
+            lines += _aligned(table)
+            lines.append("  (speed-up: predicted, over lcmac's plain GEMM; error: predicted, "
+                         "÷ the plain GEMM's; fewer rows than 'from rows' run torch's linear)")
+        if self.skipped:
+            head = ["skipped", "in->out", "reason", "why (in full: report.skipped[i].why)"]
+            lines += _aligned([head] + [[k.name or "(model)", f"{k.shape[0]}->{k.shape[1]}",
+                                         k.reason, _clip(k.why)] for k in self.skipped])
+        if self.fast_path_off:
+            lines.append(f"  PyTorch's fused encoder path turned off in "
+                         f"{', '.join(self.fast_path_off)}: it multiplies linear1 and linear2's "
+                         "weights without calling them")
+        if self.warmup:
+            lines.append(f"  warmed up for {', '.join(map(str, self.warmup))} rows: "
+                         f"{len(self.warmed)} kernels loaded")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {"rows": self.rows, "algo": self.algo, "max_error": self.max_error,
-                "why": self.why, "swapped": [s.to_dict() for s in self.swapped],
-                "skipped": [k.to_dict() for k in self.skipped]}
+        return {"schema": REPORT_SCHEMA, "rows": self.rows, "grid": list(self.grid),
+                "algo": self.algo, "max_error": self.max_error, "why": self.why,
+                "swapped": [s.to_dict() for s in self.swapped],
+                "skipped": [k.to_dict() for k in self.skipped],
+                "fast_path_off": list(self.fast_path_off), "warmup": list(self.warmup)}
+
+    def to_json(self) -> str:
+        """``to_dict()`` as JSON (what ``lcmac export --from`` reads)."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def save(self, path) -> Path:
+        """Write ``to_json()`` to ``path``; returns it."""
+        path = Path(path)
+        path.write_text(self.to_json())
+        return path
 
 
-def _judge(name: str, layer: nn.Linear, *, rows: int, algo: str, max_error, dtype, min_size):
-    """(SwappedLayer, None) or (None, SkippedLayer) for one layer."""
+def _span(grid) -> str:
+    return str(grid[0]) if len(grid) == 1 else f"{grid[0]}-{grid[-1]}"
+
+
+def _times(x) -> str:
+    return "?" if x is None else f"{x:.3f}x"
+
+
+def _other_end(s: SwappedLayer) -> str:
+    """The decision at the end of the searched rows ``s`` is not stated at (its largest row
+    count, or, where that is its ``rows``, its smallest)."""
+    if not s.decisions:
+        return ""
+    d = s.decisions[-1] if s.decisions[-1].rows != s.rows else s.decisions[0]
+    if d.rows == s.rows:
+        return ""
+    return f"{d.rows}: " + ("vendor GEMM" if not d.wins else f"{d.runs} {_times(d.speedup)}")
+
+
+#: the longest reason a printed report shows in full
+WHY_WIDTH = 120
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= WHY_WIDTH else text[:WHY_WIDTH - 1] + "…"
+
+
+def _aligned(table: list[list[str]]) -> list[str]:
+    """Rows of cells, indented, each column as wide as its widest cell."""
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+
+
+def _eligible(layer: nn.Linear, *, dtype, min_size):
+    """(target, dtype name) where lcmac may take ``layer``, else (reason, why) of the skip."""
     shape = (layer.in_features, layer.out_features)
-
-    def skip(reason, why):
-        return None, SkippedLayer(name, shape, reason, why)
     w = layer.weight
     if isinstance(layer, Linear):
-        return skip("kind", "already an lcmac.nn.Linear")
+        return None, ("kind", "already an lcmac.nn.Linear")
     if type(layer) is not nn.Linear:
-        return skip("kind", f"a {type(layer).__module__}.{type(layer).__qualname__}, not a plain "
-                            "torch.nn.Linear (its forward may differ)")
+        return None, ("kind", f"a {type(layer).__module__}.{type(layer).__qualname__}, not a plain "
+                              "torch.nn.Linear (its forward may differ)")
     try:
         target = ops.target_for(w.device.type)
     except TargetError as e:
-        return skip("device", str(e))
+        return None, ("device", str(e))
     dt = str(w.dtype).replace("torch.", "")
     if dtype is not None and w.dtype != dtype:
-        return skip("dtype", f"weight is {dt}; asked for {str(dtype).replace('torch.', '')}")
+        return None, ("dtype", f"weight is {dt}; asked for {str(dtype).replace('torch.', '')}")
     if dt not in ops.supported_dtypes(target):
-        return skip("dtype", f"weight is {dt}; lcmac.matmul takes "
-                             f"{', '.join(ops.supported_dtypes(target))} on {target}")
+        return None, ("dtype", f"weight is {dt}; lcmac.matmul takes "
+                               f"{', '.join(ops.supported_dtypes(target))} on {target}")
     if min(shape) < min_size:
-        return skip("too small", f"{min(shape)} features < min_size={min_size}")
-    try:
-        p = plan(rows, layer.out_features, layer.in_features, dt, target, algo=algo,
-                 max_error=max_error)
-    except (DTypeError, TargetError) as e:
-        return skip("dtype" if isinstance(e, DTypeError) else "device", str(e))
-    if p.runs == VENDOR:
-        return skip("no win", f"at {rows} rows: {p.why}")
-    return SwappedLayer(name, shape, dt, target, rows, p.runs, p.speedup, p.error, p.why), None
+        return None, ("too small", f"{min(shape)} features < min_size={min_size}")
+    return (target, dt), None
+
+
+def _grid(rows, max_rows):
+    """target → the row counts to search: exactly ``rows`` where given, else ``row_grid`` up
+    to ``max_rows`` from the target's smallest row bucket."""
+    if rows is not None:
+        if max_rows is not None:
+            raise LcmacError("optimize takes rows= (decide at exactly these row counts) or "
+                             "max_rows= (search up to it), not both")
+        fixed = tuple(sorted({xo.check_rows(r, "rows") for r in _row_list(rows)}))
+        if not fixed:
+            raise LcmacError("optimize(rows=) needs at least one row count")
+        return lambda target: fixed
+    bound = xo.check_rows(MAX_ROWS if max_rows is None else max_rows, "max_rows")
+    return lambda target: xo.row_grid(bound, xo.smallest_bucket(target))
+
+
+def _row_list(rows) -> list:
+    return [rows] if isinstance(rows, int) else list(rows)
+
+
+def _swap(name, layer, target, dt, found: xo.Search, *, algo, max_error, rows) -> tuple:
+    """(the lcmac.nn.Linear for ``layer``, its SwappedLayer); ``rows``: the row counts whose
+    kernels the report names."""
+    new = Linear.from_linear(layer, algo=algo, max_error=max_error)
+    new.crossover = found.crossover
+    stated = found.first_win() if algo == ops.AUTO else found.decisions[-1]
+    above = tuple(d for d in found.decisions if d.rows >= found.crossover)
+    keys = tuple(dict.fromkeys(k for r in rows for k in layer_kernels(new, r)))
+    return new, SwappedLayer(name, (layer.in_features, layer.out_features), dt, target,
+                             stated.rows, stated.runs, stated.speedup, stated.error, stated.why,
+                             found.crossover, above, keys)
 
 
 def optimize(model: nn.Module, *, max_error: float | None = None, dtype=None, algo: str = "auto",
-             min_size: int = MIN_SIZE, rows: int = ROWS) -> OptimizeReport:
+             min_size: int = MIN_SIZE, max_rows: int | None = None, rows=None, warmup=None,
+             workers: int | None = None) -> OptimizeReport:
     """Swap ``model``'s eligible ``nn.Linear`` layers for ``lcmac.nn.Linear``, in place, and
-    return an ``OptimizeReport`` (``print(report)``; ``report.why``; ``report.to_dict()``).
+    return an ``OptimizeReport`` (``print(report)``; ``report.why``; ``report.save(path)``).
 
     Eligible: a plain ``nn.Linear`` on the CPU or a CUDA GPU, of a dtype lcmac takes there
     (and of ``dtype``, when given), with at least ``min_size`` input and output features,
-    for which ``algo`` at ``rows`` rows runs an lcmac kernel: with "auto" (default), an LCMA
-    the tuning logs and the model predict faster than the GEMM (within ``max_error``, an
-    error budget as a multiple of the GEMM's error); with an algorithm name, that algorithm.
-    A model with no eligible layer is left unchanged, and the report says why."""
+    which PyTorch calls (not nn.MultiheadAttention's projections), and with a crossover
+    (module doc) among the row counts searched: powers of two and their midpoints up to
+    ``max_rows`` (default ``MAX_ROWS``), or exactly ``rows`` (one row count or several).
+    With ``algo="auto"`` an lcmac kernel wins where the tuning logs and the model predict it
+    faster than the vendor GEMM (within ``max_error``, an error budget as a multiple of the
+    GEMM's error); a forced algorithm runs at every row count.  Encoder layers whose linears
+    were swapped leave PyTorch's fused path (``lcmac.torch.fast_path``).  ``warmup``: row
+    counts whose kernels are compiled now, ``workers`` at a time (``warm_up``).  A model
+    with no eligible layer is left unchanged, and the report says why."""
     algo = ops.check_algo(algo)
     max_error = ops.check_budget(max_error)
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise DTypeError(f"dtype must be a torch.dtype (torch.float32, ...), got {dtype!r}")
-    report = OptimizeReport(int(rows), algo, max_error)
+    grid_for = _grid(rows, max_rows)
+    warm = tuple(xo.check_rows(r, "warmup") for r in _row_list(warmup or ()))
+    report = OptimizeReport(grid_for(ops.target_for("cpu")), algo, max_error, warmup=warm)
+    searches: dict[tuple, xo.Search] = {}
+    bypassed: dict[int, str] = {}
     swaps = []
     for name, mod in model.named_modules():
+        if isinstance(mod, nn.MultiheadAttention):
+            for pname, shape, why, layer in attention_projections(name, mod):
+                if layer is None:
+                    report.skipped.append(SkippedLayer(pname, shape, "not effective", why))
+                else:
+                    bypassed[id(layer)] = why
         if not isinstance(mod, nn.Linear):
             continue
+        shape = (mod.in_features, mod.out_features)
         if mod is model:
-            report.skipped.append(SkippedLayer("", (mod.in_features, mod.out_features), "root",
-                                               "the model itself is the layer: use "
-                                               "lcmac.nn.Linear.from_linear(model)"))
+            report.skipped.append(SkippedLayer("", shape, "root", "the model itself is the layer: "
+                                               "use lcmac.nn.Linear.from_linear(model)"))
             continue
-        done, skipped = _judge(name, mod, rows=int(rows), algo=algo, max_error=max_error,
-                               dtype=dtype, min_size=min_size)
-        if skipped is not None:
-            report.skipped.append(skipped)
-        else:
-            report.swapped.append(done)
-            swaps.append(name)
-    for name in swaps:
+        if id(mod) in bypassed:
+            report.skipped.append(SkippedLayer(name, shape, "not effective", bypassed[id(mod)]))
+            continue
+        ok, skip = _eligible(mod, dtype=dtype, min_size=min_size)
+        if skip is not None:
+            report.skipped.append(SkippedLayer(name, shape, *skip))
+            continue
+        target, dt = ok
+        grid = report.grid = grid_for(target)
+        key = (mod.out_features, mod.in_features, dt, target)
+        if key not in searches:
+            searches[key] = xo.search(*key, grid, algo=algo, max_error=max_error)
+        found = searches[key]
+        if found.crossover is None:
+            top = found.decisions[-1]
+            report.skipped.append(SkippedLayer(
+                name, shape, "no win", f"no lcmac kernel is predicted to win at {_span(grid)} "
+                                       f"rows; at {top.rows}: {top.why}"))
+            continue
+        new, done = _swap(name, mod, target, dt, found, algo=algo, max_error=max_error,
+                          rows=warm or grid)
+        report.swapped.append(done)
+        swaps.append((name, new))
+    for name, new in swaps:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Linear.from_linear(getattr(parent, child), algo=algo,
-                                                  max_error=max_error))
+        setattr(parent, child, new)
+    report.fast_path_off = call_swapped_layers(model, lambda m: isinstance(m, Linear))
+    if warm:
+        report.warmed = warm_up(model, warm, workers=workers)
     return report
+
+
+def warm_up(model: nn.Module, rows, *, workers: int | None = None) -> list[tuple]:
+    """Compile (into the kernel cache) and load every kernel the ``lcmac.nn.Linear`` layers of
+    ``model`` run at each row count of ``rows``, in the weights' dtypes, up to ``workers``
+    compiles at a time (default one per CPU core), so that forwards of those row counts
+    compile nothing; the kernels' keys (``lcmac.ops.kernel``)."""
+    counts = [xo.check_rows(r, "warm-up rows") for r in _row_list(rows)]
+    keys = [k for m in model.modules() if isinstance(m, Linear) for r in counts
+            for k in layer_kernels(m, r)]
+    return compile_kernels(keys, workers)

@@ -133,6 +133,9 @@ def calibrate(records, target, dtype, *, profile=None,
     return Calibration(prof, vals, errors(pts, d, p0), errors(pts, d, prof), len(pts))
 
 
-def calibrate_from_db(target, dtype, *, db=None, **kw) -> Calibration:
+def calibrate_from_db(target, dtype, *, db=None, device=None, **kw) -> Calibration:
+    """``calibrate`` on the log's records of ``target`` and ``dtype``; ``device``: only those
+    measured on it (a ``lcmac.spec.device.DeviceIdentity``; None: every device's)."""
     store = db if isinstance(db, _db.TuningDB) else _db.TuningDB(db)
-    return calibrate(list(store.records(str(target), normalize_model_dtype(dtype))), target, dtype, **kw)
+    recs = store.records(str(target), normalize_model_dtype(dtype), device=device)
+    return calibrate(list(recs), target, dtype, **kw)

@@ -45,6 +45,7 @@ import sys
 import time
 
 from lcmac.runtime.loader import load
+from lcmac.spec.precision import torch_precision_set
 
 CHECK_ROWS = 32
 
@@ -331,7 +332,8 @@ def _measure_gpu(call, dtype: str, shape, *, warmup, repeats, min_run_s, check,
 
 def _vendor_tf32(dtype: str, operands: str) -> bool:
     """cuBLAS in the precision lcmac's kernels of this operand mode compare with: TF32 for
-    float32 native (TF32 GEMM stage) and fp16 (TF32-class), true fp32 SGEMM for fp16x2."""
+    float32 native (TF32 GEMM stage) and fp16 (TF32-class), true fp32 SGEMM for fp16x2.  The
+    record's ``"tf32"`` says which ran (``lcmac.policy.measured.same_precision``)."""
     return dtype == "float32" and operands != "fp16x2"
 
 
@@ -365,9 +367,11 @@ def measure_vendor(target: str, dtype: str, shape, *, warmup: int = 2, repeats: 
     timed first at each shape, after an idle gap."""
     if str(target).startswith("cuda"):
         import torch
-        torch.backends.cuda.matmul.allow_tf32 = _vendor_tf32(dtype, operands)
-        out = _measure_gpu(lambda A, B, C: torch.matmul(A, B, out=C), dtype, shape, warmup=warmup,
-                           repeats=repeats, min_run_s=min_run_s, check=check, warm_s=warm_s)
+        # torch's class set for the measurement only: the record says which one ran
+        with torch_precision_set("high" if _vendor_tf32(dtype, operands) else "highest"):
+            out = _measure_gpu(lambda A, B, C: torch.matmul(A, B, out=C), dtype, shape,
+                               warmup=warmup, repeats=repeats, min_run_s=min_run_s, check=check,
+                               warm_s=warm_s)
     else:
         import numpy as np
         A, B, _ = make_inputs(target, dtype, shape)

@@ -36,8 +36,8 @@ of building anything.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import math
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field, fields, replace
@@ -54,6 +54,9 @@ from lcmac.tune import space as _space
 from lcmac.tune.builders import Builder, Prebuilder, load_prebuilt
 from lcmac.tune.measure import MeasureWorker
 from lcmac.tune.metrics import spearman
+
+#: the progress lines of a run asked to show them with no stream of its own
+log = logging.getLogger(__name__)
 
 __all__ = ["BuildOptions", "LogOptions", "MeasureOptions", "Progress", "SearchOptions",
            "SearchPlan", "Trial", "TuneOptions", "TuneResult", "auto_algorithms", "exhaustive",
@@ -113,7 +116,7 @@ class LogOptions:
     db: Any = None                      # a TuningDB or its directory (default: the project's)
     log: bool = True                    # append every measurement to the log
     tag: str | None = None              # stored in every record
-    progress: Any = False               # a progress bar on stderr (or a Progress)
+    progress: Any = False               # True: lines to the log; a stream: a bar on it; a Progress
 
 
 @dataclass(frozen=True)
@@ -214,13 +217,23 @@ class TuneResult:
 
 
 class Progress:
-    """A plain-text progress bar on stderr (no dependency); silent when ``enabled`` is False."""
+    """A plain-text progress bar (no dependency) on ``stream`` (redrawn in place on a
+    terminal), or, with no stream, one INFO line per step to this module's logger: a library
+    call shows nothing unless its application shows lcmac's log.  Silent when ``enabled`` is
+    False."""
 
     def __init__(self, total: int, enabled: bool = True, width: int = 24, stream=None):
         self.total, self.n, self.enabled, self.width = max(total, 1), 0, enabled, width
-        self.stream = stream or sys.stderr
+        self.stream = stream
         self.t0 = time.time()
         self.tty = getattr(self.stream, "isatty", lambda: False)()
+
+    @classmethod
+    def of(cls, progress, total: int) -> "Progress":
+        """The bar ``LogOptions.progress`` asks for: none (False, None), lines to the log
+        (True), a bar on a stream, or a new bar on a given ``Progress``'s stream."""
+        stream = progress if hasattr(progress, "write") else getattr(progress, "stream", None)
+        return cls(total, enabled=progress is not None and progress is not False, stream=stream)
 
     def update(self, msg: str = "", n: int = 1):
         self.n += n
@@ -229,6 +242,9 @@ class Progress:
         frac = min(1.0, self.n / self.total)
         bar = "#" * int(frac * self.width) + "." * (self.width - int(frac * self.width))
         line = f"[{bar}] {self.n}/{self.total} {time.time() - self.t0:5.0f}s {msg}"
+        if self.stream is None:
+            log.info(line)
+            return
         if self.tty:
             self.stream.write("\r\033[K" + line[:160])
         else:
@@ -459,7 +475,7 @@ class _TuningRun:
                  + (len(plan.algorithms) if s.with_default else 0) + (1 if s.vendor else 0)
                  + (1 if s.vendor and _space.family(target) != "cuda" else 0))    # the confirmation
         progress = opts.log.progress
-        self.bar = progress if isinstance(progress, Progress) else Progress(total, enabled=bool(progress))
+        self.bar = progress if isinstance(progress, Progress) else Progress.of(progress, total)
         self.device = _db.device_name(target)
         self.worker, self.own_worker = m.worker, m.worker is None
         self.builder = Builder(b.jobs) if (m.measure_fn is None and b.build_fn is None) else None
@@ -724,7 +740,7 @@ def tune_many(cases, algo, target: str, dtype: str, budget: int = 8, *, prebuilt
                 if old is None or old(pt, target, dtype, shape) is None:
                     pre.submit(pt, target, dtype, shape)
         if build_only:
-            bar = Progress(len(pre.futs), enabled=opts.log.progress is not False)
+            bar = Progress.of(opts.log.progress, len(pre.futs))
             for _ in cf.as_completed(list(pre.futs.values())):
                 bar.update(f"built ({pre.failed} failed)")
             bar.close()
