@@ -7,13 +7,16 @@ Compiled means each decoder layer compiled (``--compile-how``, ``compiled``).
 The model is built from a config with random weights (no download): by default 70B-class
 layers (hidden 8192, MLP 28672, 64 heads with 8 KV heads), ``--layers`` of them, bf16.  Timed
 is the stack's forward over one sequence of each ``--tokens`` length (``LlamaModel``: the
-layers and the final norm; the LM head of a prefill reads one token and is left out), CUDA
-events over ``--repeats`` calls after warm-up: median and spread.  ``lcmac.optimize`` swaps
-the linear layers the decision picks an LCMA for at the longest prefill; a swapped layer
-decides again per call shape (cuBLAS where no LCMA wins) and keeps its weight prepared, eager
-and compiled.  The
-kernels are compiled before timing, in parallel, into the kernel cache.  Error: relative Frobenius norm of the final hidden states against the same model
-run in float32 (TF32 off), on the last ``--check-tokens`` positions.
+layers and the final norm; the LM head of a prefill reads one token and is left out), and a
+decode step's layers (``--decode-rows``: that many sequences of one token), CUDA events in
+``--repeats`` interleaved rounds (the first place in a round rotates; ``--sustained S`` adds
+each variant back to back for S seconds): median and spread.  ``lcmac.optimize`` runs as a
+user calls it (its default decision and budget, ``--algo``/``--max-error``/``--rows`` to
+change them) with ``warmup`` = the lengths and decode rows timed, so its kernels compile there,
+in parallel; the kernels compiled while timing are counted (none is the aim).  A swapped
+layer decides per call shape (``F.linear`` below its crossover) and keeps its weight
+prepared, eager and compiled.  Error: relative Frobenius norm of the final hidden states
+against the same model run in float32 (TF32 off), on the last ``--check-tokens`` positions.
 
 ``--train`` (default on a GPU) also times one training step of one layer, the stack's first
 decoder layer, at each ``--train-tokens`` length (default: the shortest ``--tokens``: a
@@ -127,29 +130,88 @@ def time_forward(fn, ids, repeats: int, warmup: int) -> list[float]:
     return out
 
 
-def bench_tokens(T: int, runs: dict, args) -> dict:
+class CompileCounter:
+    """Counts the kernels compiled (into lcmac's kernel cache) while it is active: a timed
+    forward after ``lcmac.optimize(..., warmup=...)`` must compile none."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __enter__(self):
+        from lcmac.artifact import cache
+        self._cache, self._compile = cache, cache._compile
+
+        def counted(request):
+            self.count += 1
+            return self._compile(request)
+        cache._compile = counted
+        return self
+
+    def __exit__(self, *exc):
+        self._cache._compile = self._compile
+
+
+def interleaved(variants: dict, ids, rounds: int, calls: int, warmup: int,
+                sustained_s: float) -> tuple[dict, dict]:
+    """Seconds per call of each variant (name → fn(ids)) over ``rounds`` interleaved rounds
+    of ``calls`` calls (the first place in a round rotates; ``gpu_rounds``), and with
+    ``sustained_s`` each variant's back-to-back figure; the wall clock off the GPU."""
     import torch
-    g = torch.Generator(device=args.device).manual_seed(T)
-    ids = torch.randint(0, args.vocab, (1, T), device=args.device, generator=g)
-    built = prebuild(runs["lcmac eager"], T)
-    row = {"tokens": T, "kernels": built, "variants": {}}
-    with torch.no_grad():
+    for fn in variants.values():
+        for _ in range(warmup):
+            fn(ids)
+    if ids.is_cuda:
+        from lcmac.tune.measure import gpu_rounds
+        torch.cuda.synchronize()
+        return gpu_rounds([(n, lambda fn=fn: fn(ids)) for n, fn in variants.items()], rounds,
+                          calls, sustained_s=sustained_s)
+    names, times = list(variants), {n: [] for n in variants}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                variants[n](ids)
+            times[n].append((time.perf_counter() - t0) / calls)
+    return times, {}
+
+
+def bench_tokens(T: int, runs: dict, args, batch: int = 1, calls: int = 1,
+                 decode: bool = False) -> dict:
+    """The stack's forward on ``batch`` sequences of ``T`` tokens (a decode step's layers see
+    ``batch`` rows with ``T`` = 1) for every variant of ``runs``, interleaved; the error of
+    each against the float32 reference."""
+    import torch
+    g = torch.Generator(device=args.device).manual_seed(T * 1000 + batch)
+    ids = torch.randint(0, args.vocab, (batch, T), device=args.device, generator=g)
+    rows = batch * T
+    row = {"tokens": T, "batch": batch, "rows": rows, "decode": decode, "variants": {}}
+    check = slice(-min(args.check_tokens, T), None)
+    with torch.no_grad(), CompileCounter() as compiled_kernels:
         with fp32_attention(ids.is_cuda):
-            ref = args.reference(ids).last_hidden_state[0, -args.check_tokens:].float()
-        for name, m in runs.items():
-            fn = (lambda x, m=m: m(x).last_hidden_state)
-            h = fn(ids)[0, -args.check_tokens:].float()
-            err = ((h - ref).norm() / ref.norm()).item()
-            ts = time_forward(fn, ids, args.repeats, args.warmup)
-            row["variants"][name] = {"median_s": statistics.median(ts), "seconds": ts, "rel_error": err}
-    base = {k: row["variants"][f"torch {k}"]["median_s"] for k in ("eager", "compiled") if f"torch {k}" in row["variants"]}
-    print(f"\n{T} tokens; lcmac kernels: {', '.join(built) or 'none (every layer runs cuBLAS)'}")
+            ref = args.reference(ids).last_hidden_state[:, check].float()
+        fns = {name: (lambda x, m=m: m(x).last_hidden_state) for name, m in runs.items()}
+        for name, fn in fns.items():
+            h = fn(ids)[:, check].float()
+            row["variants"][name] = {"rel_error": ((h - ref).norm() / ref.norm()).item()}
+        times, sustained = interleaved(fns, ids, args.repeats, calls, args.warmup, args.sustained)
+    row["kernels_compiled"] = compiled_kernels.count
+    for name, ts in times.items():
+        v = row["variants"][name]
+        v.update(median_s=statistics.median(ts), seconds=ts)
+        if name in sustained:
+            v["sustained_s"] = sustained[name]
+    what = f"decode step, {batch} sequence(s) of 1 token" if decode else f"{T} tokens"
+    print(f"\n{what}; kernels compiled while running: {compiled_kernels.count}")
     for name, v in row["variants"].items():
-        mode = name.split()[1]
-        v["vs_torch_same_mode"] = base[mode] / v["median_s"]
+        base = row["variants"][f"torch {name.split()[1]}"]
+        v["vs_torch_same_mode"] = base["median_s"] / v["median_s"]
+        if "sustained_s" in v:
+            v["sustained_vs_torch_same_mode"] = base["sustained_s"] / v["sustained_s"]
         spread = (max(v["seconds"]) - min(v["seconds"])) / v["median_s"]
-        print(f"  {name:16s} {v['median_s'] * 1e3:9.2f} ms  spread {spread * 100:5.1f}%  "
-              f"vs torch {v['vs_torch_same_mode']:.3f}x  error {v['rel_error']:.2e}")
+        sus = (f"  sustained {v['sustained_vs_torch_same_mode']:.3f}x"
+               if "sustained_vs_torch_same_mode" in v else "")
+        print(f"  {name:16s} {v['median_s'] * 1e3:9.3f} ms  spread {spread * 100:5.1f}%  "
+              f"vs torch {v['vs_torch_same_mode']:.3f}x{sus}  error {v['rel_error']:.2e}")
     return row
 
 
@@ -267,7 +329,16 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=32000, help="embedding rows (the LM head is not run)")
     ap.add_argument("--algo", default="auto", help="lcmac.optimize's algo (auto: the decision per layer)")
     ap.add_argument("--max-error", type=float, default=None, help="lcmac.optimize's error budget")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rows", type=int, nargs="+", default=None,
+                    help="lcmac.optimize(rows=): decide at these row counts only (default: each "
+                         "layer's crossover up to optimize's max_rows)")
+    ap.add_argument("--decode-rows", type=int, nargs="*", default=[1, 16, 64],
+                    help="a decode step: the stack's forward on this many sequences of one token "
+                         "(its linear layers see that many rows)")
+    ap.add_argument("--decode-calls", type=int, default=10, help="calls per round of a decode step")
+    ap.add_argument("--sustained", type=float, default=0.0, metavar="S",
+                    help="also run each variant back to back for S seconds (GPU)")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--check-tokens", type=int, default=1024, help="positions compared with float32")
     ap.add_argument("--no-compile", dest="compile", action="store_false", help="eager only")
@@ -300,13 +371,20 @@ def main(argv=None) -> int:
     print(f"# {name}, torch {torch.__version__}; {args.layers} Llama layers, hidden {args.hidden}, "
           f"MLP {args.intermediate}, {args.heads}/{args.kv_heads} heads, bf16")
     from lcmac.torch.nn import optimize
-    report = optimize(lcmac_model, algo=args.algo, max_error=args.max_error, rows=max(args.tokens))
+    t0 = time.perf_counter()
+    report = optimize(lcmac_model, algo=args.algo, max_error=args.max_error,
+                      warmup=[T for T in args.tokens if T > 0] + list(args.decode_rows),
+                      **({"rows": args.rows} if args.rows else {}))
+    optimize_s = time.perf_counter() - t0
     print(report)
+    print(f"optimize with warm-up: {optimize_s:.1f} s")
     runs = {"torch eager": plain, "lcmac eager": lcmac_model}
     if args.compile:
         runs["torch compiled"] = compiled(plain, args.compile_how)
         runs["lcmac compiled"] = compiled(lcmac_model, args.compile_how)
     results = [bench_tokens(T, runs, args) for T in args.tokens]
+    decode = [bench_tokens(1, runs, args, batch=b, calls=args.decode_calls, decode=True)
+              for b in args.decode_rows]
     train_results = []
     if args.train:
         args.plain = plain
@@ -329,7 +407,8 @@ def main(argv=None) -> int:
                "torch": torch.__version__, "config": {k: getattr(args, k) for k in (
                    "layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "algo", "max_error",
                    "compile_how")},
-               "optimize": report.to_dict(), "results": results,
+               "optimize": report.to_dict(), "optimize_s": optimize_s, "results": results,
+               "decode": decode, "rounds": args.repeats, "sustained_s": args.sustained,
                "train": {"layer": "layers.0", "loss": "mean(layer(h).float()**2)",
                          "grad_param": GRAD_PARAM, "tokens": args.train_tokens,
                          "results": train_results} if args.train else None}

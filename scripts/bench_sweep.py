@@ -18,25 +18,54 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import copyreg
 import json
 import statistics
 import sys
 import time
+import types
+
+# plans hold read-only mappings; they travel from the deciding processes as plain dicts
+def _read_only(d: dict):
+    return types.MappingProxyType(d)
+
+
+copyreg.pickle(types.MappingProxyType, lambda m: (_read_only, (dict(m),)))
 
 #: FalconGEMM's operator sweep, eight of its row counts
 M_SWEEP = (512, 1024, 2048, 4096, 8192, 12288, 16384, 20480)
 CHECK_ROWS = 512
 
 
-def decide(shapes, dtype: str, target: str) -> dict:
-    """shape → (plan, kernel keys) as ``lcmac.matmul`` would decide it (no compile)."""
+def _decide_some(shapes, dtype: str, target: str) -> tuple[list, dict]:
+    """(shape, plan, kernel keys) for each shape, as ``lcmac.matmul`` would decide it (no
+    compile), and the planner's cache entries those decisions made."""
     import lcmac
     from lcmac.api import matmul as ops
-    out = {}
+    from lcmac.policy import planner
+    out = []
     for M, N, K in shapes:
         p = lcmac.plan(M, N, K, dtype=dtype, target=target)
         keys = [] if p.is_vendor else ops.kernel_keys(M, N, K, dtype, algo="auto", target=target)
-        out[(M, N, K)] = (p, keys)
+        out.append(((M, N, K), p, keys))
+    return out, dict(planner._plans)
+
+
+def decide(shapes, dtype: str, target: str, jobs: int = 1) -> dict:
+    """shape → (plan, kernel keys), decided in ``jobs`` processes at once (a first decision
+    at a large shape takes seconds of Python); the plans go into this process's planner cache,
+    so ``lcmac.matmul`` here runs them without deciding again."""
+    import multiprocessing
+
+    from lcmac.policy import planner
+    parts = [shapes[i::jobs] for i in range(jobs)]
+    ctx = multiprocessing.get_context("spawn")     # no CUDA state forked into the workers
+    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        done = list(pool.map(_decide_some, parts, [dtype] * jobs, [target] * jobs))
+    out = {}
+    for rows, plans in done:
+        planner._plans.update(plans)
+        out.update({s: (p, keys) for s, p, keys in rows})
     return out
 
 
@@ -122,6 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sustained", type=float, default=0.0, metavar="S")
     ap.add_argument("--jobs", type=int, default=16, help="kernels compiled in parallel")
     ap.add_argument("--build-s", type=float, default=300.0, help="seconds of compiling at most")
+    ap.add_argument("--plan-jobs", type=int, default=16, help="processes deciding in parallel")
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", default=None, metavar="PNG")
     args = ap.parse_args(argv)
@@ -138,7 +168,8 @@ def main(argv=None) -> int:
     nks = [s[1:] for s in shapes][:args.limit]
     shapes = [(m, n, k) for m in args.m for n, k in nks]
     t0 = time.time()
-    decisions = decide(shapes, dtype, target)
+    decisions = decide(shapes, dtype, target, args.plan_jobs)
+    print(f"decided {len(shapes)} shapes in {time.time() - t0:.0f} s", flush=True)
     lcma = [s for s, (p, _) in decisions.items() if not p.is_vendor]
     print(f"{torch.cuda.get_device_name(0)}: {len(shapes)} shapes, an LCMA or lcmac's GEMM "
           f"decided at {len(lcma)}", flush=True)

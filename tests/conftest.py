@@ -30,6 +30,8 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """One xdist group per test file, so the kernels a file's module fixtures build are built
     by one worker (``pytest_configure`` turns ``-n``'s test-by-test scheduling into groups)."""
+    if not config.pluginmanager.hasplugin("xdist"):          # -p no:xdist: no groups to name
+        return
     root = Path(str(config.rootpath))
     for item in items:
         rel = Path(str(item.path)).relative_to(root).as_posix()

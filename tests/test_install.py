@@ -21,6 +21,9 @@ from lcmac.core.errors import ToolchainError
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = (4096, 4096, 4096)           # logged in the shipped x86_64-avx512 float32 log
 CPU = "x86_64-avx512"
+#: the machine that log was measured on: decisions read only the records of the device they
+#: decide for, so the probe names it (on any other CPU those records are not used)
+LOGGED_ON = "Intel(R) Xeon(R) Processor (2 cpus)"
 
 #: run by the virtual environment's python, isolated (-I), from a directory outside the checkout
 PROBE = textwrap.dedent("""
@@ -74,6 +77,7 @@ def test_an_installed_wheel_decides_with_the_shipped_logs(tmp_path):
     py = venv / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "LCMAC_"))}
     env["LCMAC_CACHE_DIR"] = str(tmp_path / "cache")          # the user's own logs: none yet
+    env["LCMAC_DEVICE"] = LOGGED_ON
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     _run([py, "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "-q",
           str(wheel)], env=env)

@@ -12,6 +12,7 @@ import lcmac
 from lcmac.api import auto as auto_mod
 from lcmac.api import call_args, matmul as ops
 from lcmac.artifact import build as build_mod
+from lcmac.artifact.tuning_log import TuningDB, algo_identity, make_record
 from lcmac.policy import JIT, VENDOR, Plan, decide_by_measurement, planner
 
 TARGET = "x86_64-avx512"
@@ -133,3 +134,34 @@ def test_the_public_names_reach_one_plan():
     from lcmac.policy import Plan
     assert lcmac.plan is lcmac.ops.plan
     assert isinstance(lcmac.plan(64, 64, 64, target="x86_64-avx512"), Plan)
+
+def _rec(shape, t, algo, cfg=None):
+    """A tuning record of the CPU target in float32 (the vendor's config names its library)."""
+    name, h = algo_identity(algo)
+    return make_record(target=TARGET, dtype="float32", algorithm=name, algorithm_hash=h,
+                       shape=shape, config=cfg or {"mr": 8, "nr": 32}, time_s=t, spread=0.01,
+                       repeats=5, device="test")
+
+
+def test_measured_lcma_beside_the_vendor_decides_and_its_ratio_carries(tmp_path):
+    """The vendor GEMM and one LCMA measured (no plain GEMM): the measured LCMA is the decision,
+    an unmeasured LCMA the model ranks first is only worth tuning; at a shape nearby the
+    LCMA's ratio to the vendor carries over (the vendor is the baseline measured there)."""
+    from lcmac.costmodel import select
+    shape = (2048, 2048, 2048)
+    model = {c.algorithm: c.predicted_time_s for c in select(*shape, "float32", TARGET)}
+    lcmas = sorted((t, a) for a, t in model.items() if a not in ("gemm", "strassen"))
+    best_unmeasured = lcmas[0][1]
+    assert lcmas[0][0] < model["strassen"]          # the model puts another LCMA ahead
+    store = TuningDB(tmp_path)
+    store.append([_rec(shape=shape, algo="strassen", t=0.8 * model["gemm"]),
+                  _rec(shape=shape, algo="vendor", t=model["gemm"],
+                      cfg={"library": "openblas", "api": "numpy.matmul"})])
+    d = decide_by_measurement(*shape, "float32", TARGET, db=store)
+    assert d.algorithm == "strassen" and "fastest measured" in d.why
+    assert best_unmeasured in d.worth_tuning
+    near = decide_by_measurement(2048, 2048, 2560, "float32", TARGET, db=store)
+    assert "nearest logged shape 2048x2048x2048" in near.why and near.algorithm == "strassen"
+    s = next(c for c in near.candidates if c.algorithm == "strassen")
+    v = next(c for c in near.candidates if c.algorithm == "vendor")
+    assert s.measured and s.predicted_time_s / v.predicted_time_s == pytest.approx(0.8)

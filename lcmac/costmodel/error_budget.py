@@ -2,9 +2,11 @@
 
 Every decision that picks an LCMA on its own (``lcmac.matmul``, ``lcmac.nn.Linear``,
 ``lcmac.optimize``, ``lcmac select``, ``lcmac export``) has one.  Unless the caller gives
-one, an LCMA may lose at most ``DEFAULT_BUDGET_BITS`` bits against the plain GEMM of its
-dtype: the predicted error at most 2**bits = ``DEFAULT_MAX_ERROR`` times the GEMM's.  What is
-left is still more precise than the next cheaper format a user could pick instead
+one, an LCMA may lose at most ``DEFAULT_BUDGET_BITS[dtype]`` bits against the plain GEMM of
+its dtype: the predicted error at most 2**bits = ``DEFAULT_MAX_ERROR[dtype]`` times the GEMM's.
+The rule: never less precise than the next cheaper format a user could pick instead.  A 16-bit
+format is picked for speed, and its next step is fp8 E4M3, which loses 4 bits: so 4 bits for
+bf16 and fp16.  float32 and float64 are picked for accuracy: 2 bits, far from TF32 or float32
 (docs/accuracy.md gives the numbers per dtype).  ``max_error=float("inf")`` lifts the budget;
 any other value must be a positive number.
 """
@@ -16,12 +18,14 @@ from dataclasses import dataclass
 from lcmac.core.dtypes import normalize_model_dtype
 from lcmac.costmodel.decision import check_error_budget
 
-#: bits of precision an LCMA may lose against the plain GEMM of its dtype, by default
-DEFAULT_BUDGET_BITS = 2
-#: the default budget per dtype the models price, × the plain GEMM's error in that dtype
+#: bits of precision an LCMA may lose against the plain GEMM of its dtype, by default (module
+#: doc: the 16-bit formats as many as fp8 E4M3 would lose, the wide formats 2)
 #: ("tfloat32": CUDA float32 where TF32 products are allowed)
-DEFAULT_MAX_ERROR = {d: 2.0 ** DEFAULT_BUDGET_BITS
-                     for d in ("bfloat16", "float16", "tfloat32", "float32", "float64")}
+DEFAULT_BUDGET_BITS = {"bfloat16": 4, "float16": 4, "tfloat32": 2, "float32": 2, "float64": 2}
+#: the default budget per dtype the models price, × the plain GEMM's error in that dtype
+DEFAULT_MAX_ERROR = {d: 2.0 ** bits for d, bits in DEFAULT_BUDGET_BITS.items()}
+#: a dtype the table does not name (the narrowest budget)
+_FALLBACK = min(DEFAULT_MAX_ERROR.values())
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ class ErrorBudget:
 
 def default_max_error(dtype) -> float:
     """The budget a decision for ``dtype`` keeps to when the caller gives none."""
-    return DEFAULT_MAX_ERROR.get(normalize_model_dtype(dtype), 2.0 ** DEFAULT_BUDGET_BITS)
+    return DEFAULT_MAX_ERROR.get(normalize_model_dtype(dtype), _FALLBACK)
 
 
 def check_budget_arg(max_error):

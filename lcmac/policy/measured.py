@@ -148,7 +148,10 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
                 if a not in (_db.GEMM, _db.VENDOR)}
     if shape in best:
         return dict(best[shape]), "exact", shape, variants(shape), carried_at.get(shape, {})
-    near = sorted((_db.shape_distance(shape, s), s) for s, per in best.items() if _db.GEMM in per)
+    # the ratios carry from a shape where a baseline was measured: lcmac's plain GEMM, else
+    # the vendor GEMM (put at the model's GEMM time here: their ratios are what transfers)
+    near = sorted((_db.shape_distance(shape, s), s) for s, per in best.items()
+                  if _db.GEMM in per or _db.VENDOR in per)
     p, md = resolve_profile(target, model_dtype(target, d), profile)
     if not near or near[0][0] > max_distance:
         # nothing logged nearby: the model decides among lcmac's kernels, but whether the
@@ -166,7 +169,8 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
     dist, s = near[0]
     g_model = gemm_estimate(M, N, K, md, p).time_s
     per = best[s]
-    meas = {a: g_model * t / per[_db.GEMM] for a, t in per.items()}
+    ref = per[_db.GEMM] if _db.GEMM in per else per[_db.VENDOR]
+    meas = {a: g_model * t / ref for a, t in per.items()}
     return (meas, f"nearest logged shape {s[0]}x{s[1]}x{s[2]} (log-distance {dist:.2f})", s,
             variants(s), carried_at.get(s, {}))
 
@@ -272,7 +276,8 @@ def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_6
     cands, scaled_by = _on_measured_scale(cands)
     if select_kw.get("max_error") is not None:
         cands = _within_budget_again(cands, float(select_kw["max_error"]), mdt, operands, K)
-    cands, worth = _judged_by_measurement(cands, carried, scaled_by)
+    cands, worth = _judged_by_measurement(cands, carried, scaled_by,
+                                          vendor_measured=v_time is not None and not basis.fitted)
     if vendor and v_time is not None:
         cands = _with_vendor(cands, v_time, (M, N, K), source, priced=basis.fitted)
         if not basis.fitted:
@@ -375,19 +380,24 @@ def _within_budget_again(cands: list, max_error: float, mdt: str, operands: str,
     return [c if c.is_gemm else ok[c.algorithm] for c in cands if c.is_gemm or c.algorithm in ok]
 
 
-def _judged_by_measurement(cands: list, carried: dict, scaled_by: str) -> tuple[list, list]:
-    """(candidates with the decision first, LCMAs worth tuning): with the GEMM and an LCMA
-    measured, the fastest measured one; with LCMAs measured but not the GEMM, the fastest of
-    the measurements and the rescaled model; with only the GEMM measured, an LCMA only on
-    the rescaled model's word; with nothing measured, ``select``'s own decision."""
+def _judged_by_measurement(cands: list, carried: dict, scaled_by: str,
+                           vendor_measured: bool = False) -> tuple[list, list]:
+    """(candidates with the decision first, LCMAs worth tuning): with a baseline (the GEMM,
+    or the vendor GEMM: ``vendor_measured``) and an LCMA measured, the fastest measured one
+    (an unmeasured LCMA the model likes, often of another kind — more products, unfused
+    combines — is only worth tuning); with LCMAs measured but no baseline, the fastest of the
+    measurements and the rescaled model; with only the GEMM measured, an LCMA only on the
+    rescaled model's word; with nothing measured, ``select``'s own decision."""
     g = next(c for c in cands if c.is_gemm)
     measured = [c for c in cands if c.measured]
     worth: list = []
-    if any(c.is_gemm for c in measured) and any(not c.is_gemm for c in measured):
+    judged = any(c.is_gemm for c in measured) or vendor_measured
+    if judged and any(not c.is_gemm for c in measured):
         top = min(measured, key=lambda c: c.predicted_time_s)
         worth = [c.algorithm for c in cands if not c.measured and not c.is_gemm
                  and c.predicted_time_s < top.predicted_time_s][:3]
-        g_how = "measured" if _db.GEMM not in carried else "carried over from the other regime"
+        g_how = ("predicted" if not g.measured else "measured" if _db.GEMM not in carried
+                 else "carried over from the other regime")
         why = (f"decision: fastest measured ({top.predicted_time_s * 1e3:.3f} ms; plain GEMM "
                f"{g.predicted_time_s * 1e3:.3f} ms {g_how})")
         prev = top.reason.replace("decision: ", "").replace("measured; ", "")

@@ -550,7 +550,7 @@ def test_decide_skips_failed_algorithms_and_uses_the_global_vendor_ratio(tmp_pat
     assert d.is_vendor and "ratio" in d.source
 
 
-def test_build_uses_cpu_logs_only_at_the_logged_shape(tmp_path, monkeypatch, capsys):
+def test_build_uses_cpu_logs_only_at_the_logged_shape(tmp_path, monkeypatch, caplog):
     """lcmac build without a config: on a CPU the shape-aware default wins over a config
     logged at another shape (its blocks were cut for that shape); the shape's own logged
     config is used; CUDA still takes the nearest logged shape's config."""
@@ -561,10 +561,11 @@ def test_build_uses_cpu_logs_only_at_the_logged_shape(tmp_path, monkeypatch, cap
     tdb.TuningDB(tmp_path).append([rec(shape=(1024, 1024, 1024), t=0.01,
                                        cfg={"mr": 4, "nr": 32, "kc": 128, "mc": 64, "nc": 256})])
     t = get_target(CPU)
+    caplog.set_level("INFO", logger="lcmac")        # the note is logged, not printed
     got = lb.build_config(t, "float32", None, None, True, (1000, 1024, 1024))
     want = default_config(t, "float32", None, shape=(1000, 1024, 1024)).to_dict()
     assert got == want
-    assert "only at other shapes (nearest 1024x1024x1024)" in capsys.readouterr().err
+    assert "only at other shapes (nearest 1024x1024x1024)" in caplog.text
     exact = lb.build_config(t, "float32", None, None, True, (1024, 1024, 1024))
     assert (exact["mr"], exact["mc"], exact["kc"]) == (4, 64, 128)
     tdb.TuningDB(tmp_path).append([{**rec(shape=(1024, 1024, 1024), t=0.01,
