@@ -380,6 +380,12 @@ def main(argv=None) -> int:
     print(f"optimize with warm-up: {optimize_s:.1f} s")
     runs = {"torch eager": plain, "lcmac eager": lcmac_model}
     if args.compile:
+        # both models' layers share one code object: a graph per layer, length and model must
+        # fit dynamo's cache, or the later lengths would run eager
+        cfg = torch._dynamo.config
+        limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        need = 2 * args.layers * (len(args.tokens) + len(args.decode_rows)) + 8
+        setattr(cfg, limit, max(getattr(cfg, limit), need))
         runs["torch compiled"] = compiled(plain, args.compile_how)
         runs["lcmac compiled"] = compiled(lcmac_model, args.compile_how)
     results = [bench_tokens(T, runs, args) for T in args.tokens]
