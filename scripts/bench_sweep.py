@@ -118,6 +118,31 @@ def bench_shape(shape, args, dtype) -> dict:
     return row
 
 
+def paired_records(rows, target: str, dtype: str, device: str, torch_version: str) -> list:
+    """Tuning records of the shapes where an lcmac kernel ran: the vendor GEMM's time and the
+    kernel's as a ``confirm`` record with ``vendor_paired_s`` (timed in the same rounds of the
+    same process), so that the decision puts the vendor at the paired ratio to the logged
+    kernels there (``lcmac.policy.measured.confirmed_ratio``)."""
+    from lcmac.artifact import tuning_log as tdb
+    out = []
+    for r in rows:
+        if r["plan"] == "vendor" or not r.get("built", True):
+            continue
+        shape, n = r["shape"], r.get("rounds", 0)
+        name, h = tdb.algo_identity(r["plan"])
+        out.append(tdb.make_record(
+            target=target, dtype=dtype, algorithm=tdb.VENDOR, algorithm_hash=tdb.VENDOR,
+            shape=shape, config={"api": "torch.matmul", "library": "cublas", "tf32": False,
+                                 "torch": torch_version},
+            time_s=r["torch_s"], spread=r["spread"]["torch.matmul"], repeats=n, device=device,
+            tag="sweep"))
+        out.append(tdb.make_record(
+            target=target, dtype=dtype, algorithm=name, algorithm_hash=h, shape=shape,
+            config={}, time_s=r["lcmac_s"], spread=r["spread"]["lcmac.matmul"], repeats=n,
+            device=device, tag="sweep", confirm=True, vendor_paired_s=r["torch_s"]))
+    return out
+
+
 def plot(rows, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -153,6 +178,9 @@ def main(argv=None) -> int:
     ap.add_argument("--build-s", type=float, default=300.0, help="seconds of compiling at most")
     ap.add_argument("--plan-jobs", type=int, default=16, help="processes deciding in parallel")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--logs", default=None, metavar="DIR",
+                    help="append paired records of the shapes an lcmac kernel ran at to the "
+                         "tuning logs in DIR (lcmac's decision then reads the paired ratio)")
     ap.add_argument("--plot", default=None, metavar="PNG")
     args = ap.parse_args(argv)
     import torch
@@ -179,7 +207,7 @@ def main(argv=None) -> int:
         for s in shapes:
             p, keys = decisions[s]
             row = bench_shape(s, args, tdtype)
-            row.update(plan=p.runs, why=p.why, built=s in ready or not keys)
+            row.update(plan=p.runs, why=p.why, built=s in ready or not keys, rounds=args.rounds)
             rows.append(row)
             print(f"{'x'.join(map(str, s)):>20s} {p.runs:>14s} {row['ratio']:6.3f}x "
                   f"(spread {max(row['spread'].values()) * 100:4.1f}%)"
@@ -198,6 +226,11 @@ def main(argv=None) -> int:
             json.dump(doc, f, indent=1)
     if args.plot:
         plot(rows, args.plot)
+    if args.logs:
+        from lcmac.artifact.tuning_log import TuningDB
+        recs = paired_records(rows, target, dtype, torch.cuda.get_device_name(0), torch.__version__)
+        TuningDB(args.logs).append(recs)
+        print(f"{len(recs)} records appended to {args.logs}")
     return 0
 
 

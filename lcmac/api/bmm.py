@@ -31,11 +31,11 @@ through the op.
 from __future__ import annotations
 
 import threading
-import warnings
 
 import numpy as np
 
 from lcmac.core.errors import LcmacError, ShapeError
+from lcmac.core.user_warning import warn_user
 from lcmac.core.operands import (
     check_array, check_batches, check_dtype_in, check_one_dtype, check_same_device,
     check_same_kind, dtype_name, operand_kind)
@@ -157,9 +157,8 @@ def _auto_kernel(target: str, dtype: str, shape, config: dict | None):
     except LcmacError as e:
         _unbuildable[key] = str(e)
         M, N, K = shape
-        warnings.warn(f"lcmac.bmm: the batched kernel for {M}x{N}x{K} {dtype} could not be built "
-                      f"({str(e).splitlines()[0][:200]}); algo='auto' runs torch.bmm instead",
-                      stacklevel=3)
+        warn_user(f"lcmac.bmm: the batched kernel for {M}x{N}x{K} {dtype} could not be built "
+                  f"({str(e).splitlines()[0][:200]}); algo='auto' runs torch.bmm instead")
         return None
 
 

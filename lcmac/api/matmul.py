@@ -32,7 +32,10 @@ process) into the kernel cache (``lcmac.artifact.cache``: ``$LCMAC_CACHE_DIR/ker
 ``~/.cache/lcmac/kernels``); later calls, in this process or another, load it: at most one
 kernel per bucket and N×K, whatever the row counts seen.  With "auto" the rows under the
 smallest bucket, and any piece the decision at its bucket gives to the vendor, run on the
-vendor GEMM; a forced algorithm pads them into its smallest bucket.  With
+vendor GEMM; a forced algorithm pads them into its smallest bucket.  On CUDA with
+``LCMAC_DYNAMIC_ROWS=1``, one kernel per N×K whose row count is a run-time value
+(``lcmac.schedules.cuda.rows``) runs those pieces instead, adjacent ones as one call and
+nothing padded, where its template has that form (else the bucket kernels).  With
 ``LCMAC_CACHE_DIR=off`` nothing is compiled: "auto" runs the vendor GEMM (with a warning),
 a forced algorithm raises.
 
@@ -52,10 +55,11 @@ can combine B once (``prepare_b``: CUDA artifacts and CPU artifacts built by thi
 the prepared form, per artifact, until a write reaches B's memory (``lcmac.api.tensor_watch``:
 writes through ``.data`` too, which the version counter misses).
 """
+import logging
+import os
 import sys
 import threading
 from collections import OrderedDict
-import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -67,11 +71,12 @@ from lcmac.artifact.bundle import backend_kind
 from lcmac.costmodel.error_budget import check_budget_arg
 from lcmac.core.dtypes import normalize_dtype
 from lcmac.core.errors import DTypeError, LcmacError, ShapeError
+from lcmac.core.user_warning import warn_user
 from lcmac.core.operands import (
     check_array, check_matrices, check_one_dtype, check_out, check_real, check_same_device,
     check_same_kind, device_type, dtype_name, is_contiguous, operand_kind, row_major)
 from lcmac.runtime.cuda_memory import kept_empty
-from lcmac.runtime.tiled import assign, empty, run_rows
+from lcmac.runtime.tiled import assign, empty, run_row_ranges, run_rows
 from lcmac.policy import Plan
 from lcmac.runtime.vendor import vendor_matmul
 from lcmac.spec.precision import torch_precision
@@ -93,6 +98,12 @@ MAX_TRANSPOSED = 256
 #: prepared forms kept per static B (one per bucket kernel)
 MAX_PREPARED = 8
 
+#: kernel()'s ``rows`` for one kernel per N×K whose row count is a run-time value
+DYNAMIC_ROWS = "dynamic_rows"
+#: the environment switch for them in the JIT on CUDA (docs/shape-rules.md)
+DYNAMIC_ROWS_ENV = "LCMAC_DYNAMIC_ROWS"
+
+log = logging.getLogger(__name__)
 _lock = threading.RLock()     # re-entrant: a weakref callback (mark_static) may fire under it
 _kernels = LOADED             # shared with lcmac.bmm's batched kernels
 _failed: dict[tuple, str] = {}
@@ -185,12 +196,16 @@ def plan(M: int, N: int, K: int, dtype="float32", *, algo: str = AUTO, max_error
 
 
 # ---- kernels ----------------------------------------------------------------------------------
-def kernel(algo: str, target: str, dtype: str, shape, operands: str = "native"):
+def kernel(algo: str, target: str, dtype: str, shape, operands: str = "native", rows: str = "static"):
     """The loaded kernel of ``algo`` for (M, N, K) = ``shape`` whose products run in the CUDA
     operand mode ``operands``: from this process's table, else from the kernel cache
     (``lcmac.artifact.cache.cached_build``: compiled there on a miss, once whatever the
-    threads and processes asking)."""
+    threads and processes asking).  ``rows=DYNAMIC_ROWS``: the CUDA kernel whose row count is
+    a run-time value (``CudaConfig.dynamic_rows``; M the most rows a launch takes)."""
     key = (algo, target, dtype, tuple(int(d) for d in shape))
+    if rows == DYNAMIC_ROWS:
+        config = {"dynamic_rows": True} if operands == "native" else {"operands": operands, "dynamic_rows": True}
+        return _kernels.get((*key, operands, rows), key, {"config": config})
     if operands == "native":
         return _kernels.get(key, key)
     return _kernels.get((*key, operands), key, {"config": {"operands": operands}})
@@ -331,7 +346,41 @@ def kernel_keys(M: int, N: int, K: int, dtype="float32", *, algo: str = AUTO, ma
     native), without compiling anything: its row pieces' buckets
     (``lcmac.spec.shape_rules``), less those the vendor GEMM takes under "auto"."""
     p = plan(M, N, K, dtype, algo=algo, max_error=max_error, target=target, precision=precision)
-    return [_kernel_key(p, p.dtype, shape) for shape in p.kernel_shapes()]
+    shapes = p.kernel_shapes()
+    if shapes and _dynamic_rows(p) and _rows_key(p, p.dtype) not in _failed:
+        return [_rows_key(p, p.dtype)]
+    return [_kernel_key(p, p.dtype, shape) for shape in shapes]
+
+
+def _dynamic_rows(p: Plan) -> bool:
+    """Whether the JIT runs the plan's rows on one kernel whose row count is a run-time value
+    (``lcmac.schedules.cuda.rows``) rather than on bucket kernels: on CUDA, native operands,
+    with LCMAC_DYNAMIC_ROWS=1 (docs/shape-rules.md); where that kernel cannot be built, the
+    bucket kernels run."""
+    return (os.environ.get(DYNAMIC_ROWS_ENV, "0") == "1" and p.operands == "native"
+            and backend_kind(p.target) == "cuda")
+
+
+def _rows_key(p: Plan, dtype: str) -> tuple:
+    """``kernel``'s arguments for the plan's run-time-rows kernel: M the largest JIT bucket
+    (the most rows a launch takes; more run as several launches)."""
+    _, N, K = p.shape
+    return (p.runs, p.target, dtype, (JIT_ROWS[backend_kind(p.target)][0], N, K), p.operands, DYNAMIC_ROWS)
+
+
+def _rows_kernel(p: Plan, dtype: str):
+    """The plan's run-time-rows kernel, or None where it cannot be built (remembered; the
+    bucket kernels run instead)."""
+    key = _rows_key(p, dtype)
+    if key in _failed:
+        return None
+    try:
+        return kernel(*key)
+    except LcmacError as e:
+        _failed[key] = str(e)
+        log.info("lcmac.matmul: no run-time-rows kernel of %s for ?x%dx%d %s (%s: %s); bucket "
+                 "kernels run instead", p.runs, key[3][1], key[3][2], dtype, type(e).__name__, e)
+        return None
 
 
 def _kernel_key(p: Plan, dtype: str, shape) -> tuple:
@@ -357,10 +406,10 @@ def _kernel_for(p: Plan, o: _Operands):
             if forced:
                 raise
             _failed[key] = str(e)
-            warnings.warn(f"lcmac.matmul: {p.runs} was chosen for {o.M}x{o.N}x{o.K} {o.dtype} but "
-                          f"its {'x'.join(map(str, shape))} kernel could not be built "
-                          f"({type(e).__name__}: {e}); the vendor GEMM runs those rows instead",
-                          RuntimeWarning, stacklevel=6)
+            warn_user(f"lcmac.matmul: {p.runs} was chosen for {o.M}x{o.N}x{o.K} {o.dtype} but "
+                      f"its {'x'.join(map(str, shape))} kernel could not be built "
+                      f"({type(e).__name__}: {e}); the vendor GEMM runs those rows instead",
+                      RuntimeWarning)
             return None
     return kernel_for
 
@@ -373,10 +422,17 @@ def _run_lcmac(p: Plan, A, B, out, o: _Operands):
     memory: a strided A or B is copied, a strided ``out`` receives the result afterwards."""
     A, B = row_major(A), row_major(B)
     C = out if out is not None and is_contiguous(out) else empty(A, (*o.rows, o.N))
-    run_rows(A.reshape(o.M, o.K), B, C.reshape(o.M, o.N), JIT_ROWS[backend_kind(o.target)],
-             _kernel_for(p, o),
-             N=o.N, K=o.K, vendor=None if p.algo != AUTO else vendor_matmul,
-             b_for=lambda fn, b: _b_for(fn, b, o.kind))
+    fn = _rows_kernel(p, o.dtype) if _dynamic_rows(p) else None
+    if fn is not None:
+        # the plan's pieces say which rows the vendor GEMM takes; the others run as one call
+        ranges = [(x.rows, x.runs != VENDOR) for x in p.pieces] or [(o.M, True)]
+        run_row_ranges(A.reshape(o.M, o.K), B, C.reshape(o.M, o.N), fn, ranges, N=o.N, K=o.K,
+                       vendor=vendor_matmul, b_for=lambda fn, b: _b_for(fn, b, o.kind))
+    else:
+        run_rows(A.reshape(o.M, o.K), B, C.reshape(o.M, o.N), JIT_ROWS[backend_kind(o.target)],
+                 _kernel_for(p, o),
+                 N=o.N, K=o.K, vendor=None if p.algo != AUTO else vendor_matmul,
+                 b_for=lambda fn, b: _b_for(fn, b, o.kind))
     if out is not None and C is not out:
         assign(out, C)
         return out

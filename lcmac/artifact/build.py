@@ -210,7 +210,7 @@ def check_dtype(t, dtype: str, config: dict | None = None) -> None:
 
 def _prepare(algo, target=None, dtype="float32", shape=None, levels: int = 1, config=None,
              out_dir=".", name: str | None = None, mcpu: str | None = None,
-             keep_source: bool = True) -> dict:
+             keep_source: bool = True, piece: bool = False) -> dict:
     t0 = time.perf_counter()
     t = resolve_target(target)
     dtype = normalize_dtype(dtype)
@@ -226,8 +226,8 @@ def _prepare(algo, target=None, dtype="float32", shape=None, levels: int = 1, co
         progs = None
     else:
         progs = {s: p.to_dict() for s, p in programs_for(alg).items()}
-    if name is None:
-        name = _slug(f"{alg_name}-{t.name}-{dtype}-{M}x{N}x{K}")
+    if name is None:        # a piece kernel's beside an ordinary kernel of its shape
+        name = _slug(f"{alg_name}-{t.name}-{dtype}-{M}x{N}x{K}" + ("-piece" if piece else ""))
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     tmp_lib = out / f".{name}.{os.getpid()}.so.tmp"
@@ -239,6 +239,8 @@ def _prepare(algo, target=None, dtype="float32", shape=None, levels: int = 1, co
                "mcpu": mcpu, "dtype": dtype, "shape": {"M": M, "N": N, "K": K}, "config": cfg,
                "entry": "lcmac_matmul", "library": str(tmp_lib),
                "source": str(tmp_src) if keep_source else None}
+    if piece:       # a CPU piece kernel: strided views and an accumulate flag (cpu_lcma.generate)
+        request["piece"] = True
     return {"t0": t0, "t": t, "alg": alg, "plain": plain, "alg_name": alg_name, "name": name,
             "out": out, "tmp_lib": tmp_lib, "tmp_src": tmp_src, "request": request,
             "keep_source": keep_source, "named_knobs": set(named)}
@@ -264,6 +266,13 @@ def _prepared_entry_points(resp: dict, args: list) -> list:
              "arguments": [B, {**P, "role": "output"}]},
             {"name": pb["run"], "kind": "matmul_prepared", "signature": "C = A @ B, B given by P",
              "arguments": [A, {**P, "role": "input"}, C]}]
+
+
+def _piece_entry_points(entry: str, args: list) -> list:
+    """A piece kernel's one entry: A, B, C as row-strided views, C written or added into."""
+    flag = {"name": "accumulate", "role": "input", "dtype": "int32", "layout": "scalar: 0 C = A @ B, 1 C += A @ B"}
+    return [{"name": entry, "kind": "matmul_piece", "signature": "C (+)= A @ B on row-strided views",
+             "arguments": [{**a, "layout": "row-strided"} for a in args] + [flag]}]
 
 
 def _finish(job: dict, resp: dict) -> Path:
@@ -295,7 +304,8 @@ def _finish(job: dict, resp: dict) -> Path:
             # name only some); backends that do not report one resolved it here (CPU)
             dtype=dtype, shape={"M": M, "N": N, "K": K}, config=resp.get("config", req["config"]),
             entry_points=[{"name": entry, "kind": "matmul", "signature": "C = A @ B",
-                           "arguments": args}] + _prepared_entry_points(resp, args),
+                           "arguments": args}] + _prepared_entry_points(resp, args)
+            if not (resp.get("info") or {}).get("piece") else _piece_entry_points(entry, args),
             library={"file": lib_path.name, "sha256": sha256_file(tmp_lib),
                      "bytes": tmp_lib.stat().st_size},
             lcmac_version=__version__,

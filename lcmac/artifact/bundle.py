@@ -8,18 +8,28 @@
 (``lcmac.spec.shape_rules``: ``?xNxK`` → a row ladder of N×K kernels; ``?x?x?`` → a row ladder of
 T_N×T_K tiles; ``MxNxK`` → that kernel) with one compiler process, then writes the index.
 ``lcmac build`` without ``--shape`` writes a bundle of the any-shape rule; with ``--shape
-?xNxK`` one of that rule.  ``lcmac.load(DIR)`` runs it (``lcmac.runtime.bundle``).
+?xNxK`` one of that rule.  ``lcmac.load(DIR)`` runs it (``lcmac.runtime.bundle``).  For a CPU
+in float32 or float64 the any-shape rule is served by *piece* kernels instead of copied
+tiles: one per (P_M, P_N, P_K) of a ladder per dimension, taking views of A, B and C
+(``lcmac.spec.shape_rules.plan_pieces``, ``lcmac.runtime.bundle_pieces``); such a bundle has
+format ``lcmac-bundle/2`` (the rule's ``pieces``, the kernels' ``piece``), which readers of
+``lcmac-bundle/1`` refuse by its format.
 
-Index fields (format ``lcmac-bundle/1``):
+Index fields (format ``lcmac-bundle/1``; ``/2`` adds ``pieces`` and ``piece``):
 
     format, lcmac_version, created
     target          {name, family, backend}
     dtype
     rules           [{rule, algorithm, rows: [P...], tile: [T_N, T_K] | null,
-                      kernels: [kernel name...]}]     in the order the runtime tries them
+                      kernels: [kernel name...], dynamic_rows: true (only where set: one
+                      kernel of run-time M, rows[0] a launch),
+                      pieces: {M: [P...], N: [P...], K: [P...]} (only where set: the any
+                      rule's piece ladders; rows [] and tile null)}]
+                                                  in the order the runtime tries them
     kernels         [{name, algorithm: {name, hash}, shape: {M, N, K}, config, entry,
-                      manifest, library, sha256, bytes}]   (library sha256 and size: as in
-                     the kernel's manifest, so a reader can check a library before loading it)
+                      manifest, library, sha256, bytes, piece: true (only where set)}]
+                     (library sha256 and size: as in the kernel's manifest, so a reader can
+                     check a library before loading it)
 """
 from __future__ import annotations
 
@@ -28,14 +38,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from lcmac.core.dtypes import normalize_dtype
 from lcmac.core.errors import ArtifactError, LcmacError
 from lcmac.spec.shape_rules import (
-    ANY_ROWS, ANY_TILE, BUILD_ROWS, ShapeRule, bucket_shapes, check_ladder, parse_rule)
+    ANY_ROWS, ANY_TILE, BUILD_ROWS, PIECE_DTYPES, ShapeRule, bucket_shapes, check_ladder, parse_rule,
+    piece_ladders, piece_shapes)
 from lcmac.core.version import __version__
-from lcmac.artifact.build import build_many, resolve_target
+from lcmac.artifact.build import build_many, resolve_algorithm, resolve_target
 from lcmac.artifact.manifest import Manifest, atomic_write_bytes
 
 FORMAT = "lcmac-bundle/1"
+#: the format of a bundle with piece kernels (a rule's ``pieces``)
+PIECES_FORMAT = "lcmac-bundle/2"
 INDEX = "bundle.json"
 
 
@@ -47,10 +61,24 @@ class RuleSpec:
     rows: tuple = ()
     tile: tuple | None = None
     kernels: tuple = ()
+    dynamic_rows: bool = False      # rows rule: one CUDA kernel of run-time M (rows[0] a launch)
+    pieces: dict | None = None      # any rule on a CPU: {"M", "N", "K"} piece ladders
 
     def to_dict(self) -> dict:
-        return {"rule": self.rule.text, "algorithm": self.algorithm, "rows": list(self.rows),
-                "tile": list(self.tile) if self.tile else None, "kernels": list(self.kernels)}
+        d = {"rule": self.rule.text, "algorithm": self.algorithm, "rows": list(self.rows),
+             "tile": list(self.tile) if self.tile else None, "kernels": list(self.kernels)}
+        if self.pieces:
+            d["pieces"] = {dim: list(self.pieces[dim]) for dim in "MNK"}
+        return dict(d, dynamic_rows=True) if self.dynamic_rows else d
+
+    def shapes(self) -> list[tuple[int, int, int]]:
+        """The (M, N, K) of the rule's kernels: its buckets, or for ``dynamic_rows`` the one
+        kernel taking up to the largest bucket's rows a launch."""
+        if self.dynamic_rows:
+            return [(self.rows[0], self.rule.N, self.rule.K)]
+        if self.pieces:
+            return piece_shapes(self.pieces)
+        return bucket_shapes(self.rule, self.rows, self.tile)
 
 
 @dataclass
@@ -72,13 +100,22 @@ def backend_kind(target) -> str:
     return "cuda" if resolve_target(target).backend == "tilelang" else "cpu"
 
 
-def plan_rule(rule, algorithm: str, kind: str, rows=None, tile=None) -> RuleSpec:
-    """The rule with its ladder and tile (defaults per backend kind)."""
+def plan_rule(rule, algorithm: str, kind: str, rows=None, tile=None, dynamic_rows: bool = False,
+              pieces: dict | None = None) -> RuleSpec:
+    """The rule with its ladder and tile (defaults per backend kind); ``dynamic_rows``: the
+    rows rule served by one CUDA kernel whose row count is a run-time value
+    (``lcmac.schedules.cuda.rows``), a launch taking up to the ladder's largest bucket;
+    ``pieces``: the any rule served by piece kernels of these ladders ({"M", "N", "K"})."""
     rule = parse_rule(rule)
+    if pieces and rule.kind == "any":
+        return RuleSpec(rule, algorithm, pieces={dim: check_ladder(pieces[dim]) for dim in "MNK"})
+    if dynamic_rows and (rule.kind != "rows" or kind != "cuda"):
+        raise ArtifactError(f"dynamic_rows serves the ?xNxK rule on CUDA targets, not {rule} on "
+                            f"a {kind} target")
     if rule.kind == "exact":
         return RuleSpec(rule, algorithm)
     if rule.kind == "rows":
-        return RuleSpec(rule, algorithm, check_ladder(rows or BUILD_ROWS[kind]))
+        return RuleSpec(rule, algorithm, check_ladder(rows or BUILD_ROWS[kind]), dynamic_rows=dynamic_rows)
     tile = tuple(int(t) for t in (tile or ANY_TILE[kind]))
     if len(tile) != 2 or min(tile) < 1:
         raise ArtifactError(f"the any-shape tile must be two positive sizes (N, K); got {tile}")
@@ -87,15 +124,22 @@ def plan_rule(rule, algorithm: str, kind: str, rows=None, tile=None) -> RuleSpec
 
 def build_bundle(algo: str, target=None, dtype="float32", rules=(None,), *, out_dir=".",
                  rows=None, tile=None, levels: int = 1, config=None, mcpu=None,
-                 progress=None) -> Path:
+                 progress=None, dynamic_rows: bool = False) -> Path:
     """Compile the bucket kernels of ``rules`` (each a rule text, shape or None = any shape)
     for ``algo`` into ``out_dir`` and write its index; returns the index path.
     ``rows``: the row ladder (default per backend, ``lcmac.spec.shape_rules.BUILD_ROWS`` /
     ``ANY_ROWS``); ``tile``: the any-shape rule's (T_N, T_K).  ``progress(text)`` hears of
-    each kernel before it is compiled.  A failed kernel raises and writes no index."""
+    each kernel before it is compiled.  ``dynamic_rows``: the ?xNxK rules as one kernel of
+    run-time M each (``plan_rule``).  A failed kernel raises and writes no index."""
     t = resolve_target(target)
     kind = backend_kind(t)
-    specs = [plan_rule(r, algo, kind, rows, tile) for r in rules]
+    # the any rule on piece kernels where they run (a CPU, float32/float64) and no row ladder
+    # or tile asks for copied tiles
+    pieces = None
+    if kind == "cpu" and rows is None and tile is None and normalize_dtype(dtype) in PIECE_DTYPES:
+        pieces = piece_ladders(resolve_algorithm(algo, levels)[0].grid)
+    specs = [plan_rule(r, algo, kind, rows, tile, dynamic_rows and parse_rule(r).kind == "rows", pieces)
+             for r in rules]
     return build_specs(specs, t, dtype, out_dir=out_dir, levels=levels, config=config, mcpu=mcpu,
                        progress=progress)
 
@@ -105,37 +149,45 @@ def build_specs(specs, target, dtype, *, out_dir=".", levels: int = 1, config=No
     """``build_bundle`` for planned rules, each with its own algorithm (``lcmac export``);
     ``extra``: fields added to the index (e.g. what each rule was decided from)."""
     t = resolve_target(target)
-    wanted: list = []                        # (algorithm, bucket shape), each once
+    wanted: list = []                        # (algorithm, kernel shape, run-time M, piece), each once
     for s in specs:
-        for shp in bucket_shapes(s.rule, s.rows, s.tile):
-            if (s.algorithm, shp) not in wanted:
-                wanted.append((s.algorithm, shp))
+        for shp in s.shapes():
+            if (s.algorithm, shp, s.dynamic_rows, bool(s.pieces)) not in wanted:
+                wanted.append((s.algorithm, shp, s.dynamic_rows, bool(s.pieces)))
     out = Path(out_dir).resolve()
     if progress:
-        for i, (a, shp) in enumerate(wanted, 1):
-            progress(f"[{i}/{len(wanted)}] {a} {t.name} {dtype} {'x'.join(map(str, shp))}")
-    jobs = [dict(algo=a, target=t, dtype=dtype, shape=shp, levels=levels, config=config,
-                 out_dir=str(out), mcpu=mcpu) for a, shp in wanted]
+        for i, (a, shp, dyn, piece) in enumerate(wanted, 1):
+            progress(f"[{i}/{len(wanted)}] {a} {t.name} {dtype} {'x'.join(map(str, shp))}"
+                     + (" (run-time M)" if dyn else "") + (" (piece)" if piece else ""))
+    if isinstance(config, str):
+        config = json.loads(config)
+    jobs = [dict(algo=a, target=t, dtype=dtype, shape=shp, levels=levels,
+                 config=dict(config or {}, dynamic_rows=True) if dyn else
+                 _piece_config(config) if piece else config,
+                 out_dir=str(out), mcpu=mcpu, **({"piece": True} if piece else {}))
+            for a, shp, dyn, piece in wanted]
     results = build_many(jobs)
-    for (a, shp), r in zip(wanted, results):
+    for (a, shp, _, _), r in zip(wanted, results):
         if isinstance(r, BaseException):
             if isinstance(r, LcmacError):
                 raise type(r)(f"building the {a} {'x'.join(map(str, shp))} kernel of the bundle: {r}")
             raise r
     built = {w: Manifest.read(p) for w, p in zip(wanted, results)}
     kernels = []
-    for man in built.values():
+    for (_, _, _, piece), man in built.items():
         kernels.append({"name": man.name, "algorithm": {"name": man.algorithm["name"],
                                                          "hash": man.algorithm.get("hash")},
                         "shape": dict(man.shape), "config": man.config, "entry": man.entry,
                         "manifest": f"{man.name}.json", "library": man.library["file"],
-                        "sha256": man.library["sha256"], "bytes": man.library["bytes"]})
+                        "sha256": man.library["sha256"], "bytes": man.library["bytes"],
+                        **({"piece": True} if piece else {})})
     rule_dicts = []
     for s in specs:
-        mans = [built[(s.algorithm, shp)] for shp in bucket_shapes(s.rule, s.rows, s.tile)]
+        mans = [built[(s.algorithm, shp, s.dynamic_rows, bool(s.pieces))] for shp in s.shapes()]
         rule_dicts.append(RuleSpec(s.rule, mans[0].algorithm["name"], s.rows, s.tile,
-                                   tuple(m.name for m in mans)).to_dict())
-    index = {"format": FORMAT, "lcmac_version": __version__,
+                                   tuple(m.name for m in mans), s.dynamic_rows, s.pieces).to_dict())
+    index = {"format": PIECES_FORMAT if any(s.pieces for s in specs) else FORMAT,
+             "lcmac_version": __version__,
              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
              "target": {"name": t.name, "family": t.family, "backend": t.backend},
              "dtype": next(iter(built.values())).dtype, "rules": rule_dicts, "kernels": kernels,
@@ -143,6 +195,12 @@ def build_specs(specs, target, dtype, *, out_dir=".", levels: int = 1, config=No
     path = out / INDEX
     atomic_write_bytes(path, (json.dumps(index, indent=2) + "\n").encode())
     return path
+
+
+def _piece_config(config):
+    """A piece kernel's config: the caller's knobs, Combine H fused (the piece writes C only
+    from its tile stores: cpu_lcma.generate)."""
+    return {**(config or {}), "fused": True}
 
 
 def is_bundle(path) -> bool:
@@ -160,15 +218,17 @@ def read_bundle(path) -> Bundle:
         d = json.loads(index.read_text())
     except (OSError, ValueError) as e:
         raise ArtifactError(f"bundle index {index} cannot be read: {e}") from None
-    if not isinstance(d, dict) or d.get("format") != FORMAT:
+    if not isinstance(d, dict) or d.get("format") not in (FORMAT, PIECES_FORMAT):
         got = d.get("format") if isinstance(d, dict) else None
-        raise ArtifactError(f"{index} has format {got!r}; this lcmac reads {FORMAT}")
+        raise ArtifactError(f"{index} has format {got!r}; this lcmac reads {FORMAT} and {PIECES_FORMAT}")
     try:
         kernels = {k["name"]: k for k in d["kernels"]}
         rules = []
         for r in d["rules"]:
             spec = RuleSpec(parse_rule(r["rule"]), r["algorithm"], tuple(r.get("rows") or ()),
-                            tuple(r["tile"]) if r.get("tile") else None, tuple(r["kernels"]))
+                            tuple(r["tile"]) if r.get("tile") else None, tuple(r["kernels"]),
+                            bool(r.get("dynamic_rows", False)),
+                            {dim: check_ladder(r["pieces"][dim]) for dim in "MNK"} if r.get("pieces") else None)
             missing = [k for k in spec.kernels if k not in kernels]
             if missing or not spec.kernels:
                 raise ArtifactError(f"{index}: rule {spec.rule} names kernels not in the bundle: {missing}")

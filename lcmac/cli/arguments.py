@@ -4,6 +4,7 @@ what is wrong with it."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 
 from lcmac.artifact.build import resolve_target
@@ -78,6 +79,31 @@ def tile_arg(text: str) -> tuple:
     return tile
 
 
+def config_arg(text: str) -> dict:
+    """``--config``: schedule knobs, a JSON object (read here, so that a typo is a usage error
+    before any compiling, whatever the target)."""
+    try:
+        config = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({e}); give the knobs as a JSON "
+                                         f"object, e.g. '{{\"mc\": 128}}'") from None
+    if not isinstance(config, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is JSON but not an object; give the knobs "
+                                         f"as one, e.g. '{{\"mc\": 128}}'")
+    return config
+
+
+def positive_int(text: str) -> int:
+    """A count that must be at least 1 (--top, --jobs, --budget, ...)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return value
+
+
 def target_name(name: str | None) -> str:
     """``--target`` as a name the model looks up: none (this CPU), 'host' and 'cuda' become
     the target ``lcmac build`` would pick; other names (profiles included) pass as given."""
@@ -86,6 +112,22 @@ def target_name(name: str | None) -> str:
 
 _OPTIONS_WITH_DASHED_VALUES = ("--shape", "--rows", "--tile")
 _DASHED_VALUE = re.compile(r"-\d")
+# -5x3x3, -5x?x3: three dimensions, the first negative (a negative number alone is a value)
+_DASHED_SHAPE = re.compile(r"-\d+\s*[xX×,]\s*(\d+|\?)\s*[xX×,]")
+
+
+def dashed_shape_error(argv: list[str]) -> str:
+    """The message for a shape that begins with '-' standing alone (``lcmac export -5x3x3``),
+    which argparse would take for an unknown option; '' when there is none.  Options'
+    values are attached first (``attach_dashed_values``)."""
+    for word in argv:
+        if word == "--":                 # what follows is positional: the type checks it
+            return ""
+        if _DASHED_SHAPE.match(word):
+            what = _dimension_error(word, rule=True) or f"shape {word!r} is not {SHAPE_HELP}"
+            return (f"{what}; beginning with '-', it is read as an option (pass it as "
+                    f"--shape={word}, or after '--' where a SHAPE word goes)")
+    return ""
 
 
 def attach_dashed_values(argv: list[str]) -> list[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,151 +23,26 @@ from lcmac.costmodel import model_dtype, select
 from lcmac.costmodel.accuracy import cuda_model_args, error_ratio
 from lcmac.costmodel.decision import with_errors
 from lcmac.core.errors import LcmacError
-from lcmac.ir import catalogue
-from lcmac.ir.basis_search import addition_report
-from lcmac.ir.cse import optimized_programs
-from lcmac.ir.gf2 import CHECK_RINGS, check_ring
-from lcmac.ir.importers import load_file
-from lcmac.ir.program import stage_names
-from lcmac.ir.summary import summarize
 from lcmac.runtime import c_cmake_dir, c_include_dir, c_source
 from lcmac.spec.cuda.operands import OPERAND_MODES
 from lcmac.spec.shape_rules import parse_rule
 from lcmac.core.shapes import SHAPE_HELP
 from lcmac.policy import REGIMES, EveryKernel, plan
 from lcmac.cli.arguments import (
-    DTYPE_HELP, TARGET_NAMES, attach_dashed_values, grid_arg, ladder_arg, rule_arg, shape_arg,
-    target_name, tile_arg)
+    DTYPE_HELP, TARGET_NAMES, attach_dashed_values, config_arg, dashed_shape_error, ladder_arg,
+    positive_int, rule_arg, shape_arg, target_name, tile_arg)
 from lcmac.cli.cache import add_cache_parser
+from lcmac.cli.catalogue import add_catalogue_parsers
 from lcmac.cli.distribute import add_distribute_parser
 from lcmac.cli.exit_codes import EPILOG, FAILURE, USAGE, UsageError, exit_code
+from lcmac.cli.library_log import library_log_on_stderr
 from lcmac.cli.output import add_json_argument, dump_json, table
-from lcmac.cli.output_dir import writable_output_dir
+from lcmac.cli.output_dir import run_cleaning_created_dirs, writable_output_dir
 from lcmac.cli.tune import add_tune_parser
 from lcmac.cli.precision import (
-    BUDGET_HELP, add_precision_argument, budget_for, build_config, operands_for, precision_of)
+    BUDGET_HELP, add_precision_argument, budget_for, build_config, max_error_arg, operands_for,
+    precision_of)
 from lcmac.core.version import __version__
-
-
-# ---- list / show / verify ---------------------------------------------------------------
-def cmd_list(args) -> int:
-    # GF(2)-only schemes are listed too (ring "gf2"); `catalogue.get` refuses them
-    algs = catalogue.all_algorithms(include_naive=args.naive) + catalogue.gf2_algorithms()
-    if args.grid:
-        want = sorted(args.grid)
-        algs = [a for a in algs if sorted(a.grid) == want]
-    rows = [{**summarize(a), "ring": getattr(a, "ring", "rational")} for a in algs]
-    ab = {}
-    if args.alternative_basis:          # a quick search per scheme (heuristic beyond 4x4)
-        for a, r in zip(algs, rows):
-            try:
-                ab[r["name"]] = addition_report(a, ring=args.alternative_basis, effort=0,
-                                                polish=30, evaluations=5000)
-            except LcmacError:          # e.g. a scheme with halves has no GF(2) image
-                ab[r["name"]] = None
-            r["alternative_basis"] = ab[r["name"]]
-    if args.json:
-        dump_json("list", {"algorithms": rows})
-        return 0
-
-    def ab_cols(name):
-        rep = ab.get(name)
-        return ["–", "–"] if rep is None else [rep["additions"]["core"], rep["additions"]["basis_changes"]]
-    extra = ["AB core", "AB basis"] if args.alternative_basis else []
-    print(table([[r["name"], "x".join(map(str, r["grid"])), r["rank"],
-                   f"{100 * r['saving']:.1f}%",
-                   f"{r['nnz']['U']}/{r['nnz']['V']}/{r['nnz']['W']}",
-                   r["additions"]["naive"]["total"], r["additions"]["reduced"]["total"],
-                   *(ab_cols(r["name"]) if args.alternative_basis else []),
-                   r["source"][:48]] for r in rows],
-                 ["name", "grid", "R", "saved", "nnz U/V/W", "adds", "adds(CSE)", *extra, "source"]))
-    print(f"\n{len(rows)} algorithms; composed ones are written a*b, a^L, a@MxKxN (see `lcmac show`).")
-    return 0
-
-
-def cmd_show(args) -> int:
-    alg = catalogue.get(args.name)
-    s = summarize(alg)
-    progs = optimized_programs(alg)
-    names = stage_names(alg)
-    # the error this scheme adds, by dtype (Algorithm 1's roundings; lcmac.costmodel.accuracy)
-    native = {dt: round(error_ratio(alg, dt).ratio, 2) for dt in ("bfloat16", "float16", "tfloat32")}
-    # the scaled operand modes, against the plain GEMM on the same operands (fp16x2's ratio
-    # moves with K: shown at K = 8192)
-    scaled = {"fp8": round(error_ratio(alg, "bfloat16", operands="fp8").ratio, 2),
-              "fp16x2": round(error_ratio(alg, "float32", operands="fp16x2", K=8192).ratio, 2)}
-    errors = {**native, **scaled}
-    if args.json:
-        dump_json("show", {"algorithm": {**s, **{k: v for k, v in alg.to_dict().items()
-                                               if k in ("U", "V", "W")}},
-                       "programs": {st: p.to_dict() for st, p in progs.items()},
-                       "predicted_error_ratio": errors})
-        return 0
-    print(f"{alg.name}  <{alg.m},{alg.k},{alg.n};{alg.R}>  (naive {alg.naive_rank}, "
-          f"{100 * alg.saving:.1f}% fewer block products)")
-    print(f"source: {alg.source}\nhash:   {alg.hash}\nnnz:    U {s['nnz']['U']}, V {s['nnz']['V']}, W {s['nnz']['W']}")
-    a = s["additions"]
-    print(f"additions: naive {a['naive']['total']} (A {a['naive']['A']}, B {a['naive']['B']}, H {a['naive']['H']}), "
-          f"after CSE {a['reduced']['total']} (A {a['reduced']['A']}, B {a['reduced']['B']}, H {a['reduced']['H']})")
-    print("error:  " + ", ".join(f"{dt} {e:.2f}x" for dt, e in native.items())
-          + " the plain GEMM's (predicted, Algorithm 1; TF32 = the CUDA float32)")
-    print(f"        fp8 operands {scaled['fp8']:.2f}x, fp16x2 {scaled['fp16x2']:.2f}x (K = 8192) the "
-          f"plain GEMM's on the same operands")
-    if alg.R > args.max_rank and not args.full:
-        print(f"\n(R = {alg.R}: combine programs omitted; pass --full to print them)")
-        return 0
-    for st, title in (("A", "Combine A"), ("B", "Combine B"), ("H", "Combine H")):
-        print(f"\n# {title}: {progs[st].additions} additions")
-        print(progs[st].pretty(*names[st]))
-    return 0
-
-
-def cmd_verify(args) -> int:
-    if os.path.exists(args.target):
-        algs = load_file(args.target, check=False)
-        algs = algs if isinstance(algs, list) else [algs]
-    elif args.target.split("@")[0] in catalogue.gf2_names():
-        algs = [catalogue.get_gf2(args.target)]        # valid only mod 2: verified there
-    else:
-        algs = [catalogue.get(args.target)]
-    results = []
-    for a in algs:
-        c = check_ring(a, args.field)
-        results.append({"name": a.name, "grid": [a.m, a.k, a.n], "rank": a.R,
-                        "exact": not c.failures, "ring": _VERIFY_RING[c.ring],
-                        "failures": [str(f) for f in c.failures[:10]],
-                        "n_failures": len(c.failures), "n_rational_failures": c.rational_failures})
-    ok = all(r["exact"] for r in results)
-    if args.json:
-        dump_json("verify", {"ok": ok, "field": args.field, "results": results})
-    else:
-        for r in results:
-            _print_verified(r, args.field)
-    return 0 if ok else FAILURE
-
-
-# lcmac-verify/1 names the rational ring "rationals"
-_VERIFY_RING = {"rational": "rationals", "gf2": "gf2"}
-
-
-def _print_verified(r: dict, field: str) -> None:
-    g = "x".join(map(str, r["grid"]))
-    mod2 = r["ring"] == "gf2"
-    if not r["exact"]:
-        print(f"FAIL  {r['name']} <{g};{r['rank']}>: {r['n_failures']} Brent equation(s) fail"
-              + (" modulo 2" if mod2 else ""))
-        for f in r["failures"][:3]:
-            print(f"      {f}" + (" (mod 2)" if mod2 else ""))
-        return
-    if r["n_rational_failures"]:
-        how = (f"modulo 2 only ({r['n_rational_failures']} fail over the rationals): a GF(2) "
-               f"scheme, for bit matrices; --field rational requires the rationals")
-    else:
-        how = ("exactly" if not mod2 else "modulo 2" if field == "gf2" else
-               "modulo 2 (a GF(2)-only scheme)")
-    m, k, n = r["grid"]
-    print(f"OK    {r['name']} <{g};{r['rank']}>: all {m * k}·{k * n}·{m * n} Brent equations "
-          f"hold {how}")
 
 
 # ---- select -----------------------------------------------------------------------------
@@ -319,9 +193,13 @@ def _build_bundle(args, t) -> int:
     r = b.rules[0]
     print(f"built {r.algorithm} for {b.target['name']} {b.dtype}, shape rule {r.rule}, "
           f"{len(b.kernels)} kernels in {time.perf_counter() - t0:.1f} s")
-    print(f"  row buckets {', '.join(map(str, r.rows))}"
-          + (f"; N×K tile {r.tile[0]}x{r.tile[1]} (tiles copied, the last padded)" if r.tile else
-             "; rows under the smallest bucket are padded into it"))
+    if r.pieces:
+        print("  pieces " + "; ".join(f"{dim} {', '.join(map(str, r.pieces[dim]))}" for dim in "MNK")
+              + " (views of A, B and C; small or thin products on numpy/torch)")
+    else:
+        print(f"  row buckets {', '.join(map(str, r.rows))}"
+              + (f"; N×K tile {r.tile[0]}x{r.tile[1]} (tiles copied, the last padded)" if r.tile else
+                 "; rows under the smallest bucket are padded into it"))
     print(f"  bundle   {path}  (lcmac.load('{b.path}') serves every shape the rule admits)")
     return 0
 
@@ -334,7 +212,7 @@ def _progress(text: str) -> None:
 
 def cmd_export(args) -> int:
     t = resolve_target(args.target)
-    cases = list(args.shapes or [])
+    cases = list(args.shapes or []) + list(args.shape_options or [])
     report = report_from_json(args.from_json) if args.from_json else None
     if report is not None and (cases or args.algo or args.rows):
         raise UsageError("lcmac export --from an lcmac.optimize report builds the kernels it "
@@ -433,51 +311,6 @@ def _bundle_doc(path, seconds: float) -> dict:
 
 
 # ---- the command line ----------------------------------------------------------------------
-def _add_list(sub) -> None:
-    s = sub.add_parser("list", help="list the algorithm catalogue",
-                       description="The catalogue: each algorithm's grid <m,k,n>, rank R, "
-                                   "saving over the naive m·k·n products, nonzeros of U/V/W and "
-                                   "additions before and after common-subexpression elimination.")
-    s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-list/1)")
-    s.add_argument("--naive", action="store_true", help="include the naive <m,k,n;mkn> schemes")
-    s.add_argument("--alternative-basis", nargs="?", const="rational", choices=["rational", "gf2"],
-                   help="also search an alternative basis per scheme (Karstadt-Schwartz; over GF(2) "
-                        "with 'gf2'): the core's additions and the basis changes' "
-                        "(docs/alternative-basis.md; slow on the whole catalogue, use --grid)")
-    s.add_argument("--grid", type=grid_arg, metavar="MxKxN",
-                   help="only algorithms of this grid <m,k,n>, written MxKxN, in any order of "
-                        "m, k, n (e.g. 2x2x3: a grid, not a shape)")
-    s.set_defaults(func=cmd_list)
-
-
-def _add_show(sub) -> None:
-    s = sub.add_parser("show", help="one algorithm in full, with its combine programs",
-                       description="One algorithm: its source, hash, nonzeros, additions, the "
-                                   "error it is predicted to add per dtype, and the straight-line "
-                                   "programs of Combine A, B and H.")
-    s.add_argument("name", help="catalogue name or expression: strassen, strassen^2, a*b, a@MxKxN")
-    s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-show/1)")
-    s.add_argument("--full", action="store_true", help="print combine programs even for large R")
-    s.add_argument("--max-rank", type=int, default=64, help=argparse.SUPPRESS)
-    s.set_defaults(func=cmd_show)
-
-
-def _add_verify(sub) -> None:
-    s = sub.add_parser("verify", help="check an algorithm exactly against the Brent equations",
-                       description="Exact check of every Brent equation, over the rationals or "
-                                   "modulo 2 (--field); exit status 1 when one fails.")
-    s.add_argument("target", metavar="FILE_OR_NAME",
-                   help="a catalogue name, or a file: AlphaTensor .npz, FastMatrixMultiplication "
-                        "JSON, lcmac JSON")
-    s.add_argument("--field", default="auto", choices=CHECK_RINGS,
-                   help="where the equations must hold: rational (integer and rational schemes), "
-                        "gf2 (modulo 2: AlphaTensor's factorizations_f2.npz, bit matrices), or "
-                        "auto (default): over the rationals, and where that fails, modulo 2, "
-                        "saying so")
-    s.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-verify/1)")
-    s.set_defaults(func=cmd_verify)
-
-
 def _add_select(sub) -> None:
     s = sub.add_parser("select", help="rank GEMM and every applicable LCMA for a shape",
                        description="The cost model's ranking of the plain GEMM and every "
@@ -489,7 +322,7 @@ def _add_select(sub) -> None:
                    help=f"one of {TARGET_NAMES}, a model-only profile, 'cuda' (the GPU present) "
                         "or 'host' (default: this CPU, as lcmac build)")
     s.add_argument("--dtype", default="float32", help=DTYPE_HELP)
-    s.add_argument("--top", type=int, default=10, help="rows to print (default 10)")
+    s.add_argument("--top", type=positive_int, default=10, help="rows to print (default 10)")
     s.add_argument("--static-b", action="store_true",
                    help="B is a static weight: Combine B is done once, offline")
     s.add_argument("--measured", action="store_true",
@@ -505,7 +338,7 @@ def _add_select(sub) -> None:
                    help="CUDA operand precision to price (CudaConfig.operands; default: the "
                         "dtype itself, float32 the mode its --precision runs)")
     add_precision_argument(s)
-    s.add_argument("--max-error", type=float, default=None, metavar="X", help=BUDGET_HELP)
+    s.add_argument("--max-error", type=max_error_arg, default=None, metavar="X", help=BUDGET_HELP)
     s.add_argument("--error", action=argparse.BooleanOptionalAction, default=True,
                    help="show each printed row's predicted error, x the plain GEMM's (default; "
                         "--no-error skips the accuracy model, about 0.3 s a row)")
@@ -537,7 +370,7 @@ def _add_build(sub) -> None:
     s.add_argument("--levels", type=int, default=None,
                    help="recursion levels of the algorithm (default 1; gf2: as many as keep the "
                         "kernel's threshold)")
-    s.add_argument("--config", default=None, metavar="JSON",
+    s.add_argument("--config", type=config_arg, default=None, metavar="JSON",
                    help="schedule knobs as JSON, e.g. '{\"mc\": 128}'; CUDA operand precision: "
                         "'{\"operands\": \"fp16x2\"}' (float32 at fp32-level error on fp16 tensor "
                         "cores), '{\"operands\": \"fp16\"}' (scaled fp16 Ã/B̃: bf16 LCMAs at "
@@ -562,13 +395,16 @@ def _add_export(sub) -> None:
                                    "from Python with no compiler installed.")
     s.add_argument("shapes", nargs="*", type=rule_arg, metavar="SHAPE",
                    help="MxNxK or ?xNxK (a weight of K×N, any M)")
+    s.add_argument("--shape", dest="shape_options", action="append", type=rule_arg,
+                   default=None, metavar="SHAPE", help="a SHAPE as the other commands take it "
+                                                       "(repeatable; beside the SHAPE words)")
     s.add_argument("--from", dest="from_json", metavar="FILE.json",
                    help="shapes from JSON: a list or {\"shapes\": [...]}; or an lcmac.optimize "
                         "report (report.save(path)): exactly the kernels it names")
     s.add_argument("--target", default=None, help=f"one of {TARGET_NAMES}; default this CPU")
     s.add_argument("--dtype", default=None, help=DTYPE_HELP + "; with --from a report, its own")
     s.add_argument("--algo", default=None, help="one algorithm for every shape (default: decided per shape)")
-    s.add_argument("--max-error", type=float, default=None, metavar="X", help=BUDGET_HELP)
+    s.add_argument("--max-error", type=max_error_arg, default=None, metavar="X", help=BUDGET_HELP)
     add_precision_argument(s)
     s.add_argument("--regime", default="burst", choices=REGIMES, help="which tuning-log records decide")
     s.add_argument("--rows", type=ladder_arg, default=None, metavar="P,P,...",
@@ -598,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"lcmac {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_list, _add_show, _add_verify, _add_select, _add_build, _add_export,
+    for add in (add_catalogue_parsers, _add_select, _add_build, _add_export,
                 add_tune_parser, add_cache_parser, _add_capi):
         add(sub)
     add_distribute_parser(sub, shape_arg, SHAPE_HELP, DTYPE_HELP)
@@ -609,12 +445,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     p = build_parser()
-    args = p.parse_args(attach_dashed_values(list(sys.argv[1:] if argv is None else argv)))
+    argv = attach_dashed_values(list(sys.argv[1:] if argv is None else argv))
+    dashed = dashed_shape_error(argv)
+    if dashed:                  # argparse would say only "unrecognized arguments"
+        command = next((w for w in argv if not w.startswith("-")), None)
+        print(f"lcmac{' ' + command if command else ''}: error: {dashed}", file=sys.stderr)
+        return USAGE
+    args = p.parse_args(argv)
     if not getattr(args, "func", None):
         p.print_help()
         return USAGE
     try:
-        return args.func(args)
+        with library_log_on_stderr():
+            return run_cleaning_created_dirs(args.func, args)
     except LcmacError as e:
         print(f"lcmac {args.command}: error: {e}", file=sys.stderr)
         return exit_code(e)

@@ -15,11 +15,16 @@ from lcmac.spec.targets import schedule_family
 from lcmac.tune import tuner
 from lcmac.tune.llm_shapes import llm_cpu_shapes, llm_shapes
 from lcmac.tune.plot import plot_predicted_vs_measured
-from lcmac.cli.arguments import DTYPE_HELP, TARGET_NAMES, shape_arg, target_name
+from lcmac.cli.arguments import DTYPE_HELP, TARGET_NAMES, positive_int, shape_arg, target_name
 from lcmac.cli.exit_codes import FAILURE, UsageError
 from lcmac.cli.output import add_json_argument, dump_json, table
 from lcmac.cli.output_dir import writable_output_dir
+from lcmac.cli.precision import max_error_arg
 from lcmac.core.shapes import SHAPE_HELP
+
+
+#: the longest warm-up ``tuner.tune`` takes (its sustained_s)
+MAX_SUSTAINED_S = 60
 
 
 def _tune_cases(args) -> list | None:
@@ -53,6 +58,8 @@ def _tune_refusal(args, gpu: bool) -> str:
     if args.sustained is not None and not gpu:
         return ("--sustained is a GPU measurement (the power-capped steady state); CPU timings "
                 "are taken as they are")
+    if args.sustained is not None and not 0 < args.sustained <= MAX_SUSTAINED_S:
+        return f"--sustained must be seconds in (0, {MAX_SUSTAINED_S}], got {args.sustained:g}"
     if args.operands != "native" and not gpu:
         return "--operands is a CUDA option (scaled fp16 operands)"
     if args.dry_run and (args.build_only or args.prebuilt):
@@ -202,8 +209,8 @@ def add_tune_parser(sub) -> None:
                         "--m; llm-cpu = those a 2-core CPU tunes in minutes (M=512, ≤ 80 GFLOP)")
     s.add_argument("--m", type=int, nargs="+", default=None, metavar="M",
                    help="token counts for --shapes (default: llm 8192 16384, llm-cpu 512)")
-    s.add_argument("--limit", type=int, default=None, help="at most this many shapes of --shapes")
-    s.add_argument("--budget", type=int, default=8, help="configs measured per algorithm (default 8)")
+    s.add_argument("--limit", type=positive_int, default=None, help="at most this many shapes of --shapes")
+    s.add_argument("--budget", type=positive_int, default=8, help="configs measured per algorithm (default 8)")
     s.add_argument("--exhaustive", action="store_true",
                    help="measure every fitting config (for the search metrics; slow)")
     s.add_argument("--operands", default="native", choices=OPERAND_MODES,
@@ -212,15 +219,15 @@ def add_tune_parser(sub) -> None:
                         "then takes the best logged config of that mode)")
     s.add_argument("--patience", type=int, default=4,
                    help="stop after this many measurements without improvement (default 4)")
-    s.add_argument("--jobs", type=int, default=2, help="parallel compile processes (default 2)")
+    s.add_argument("--jobs", type=positive_int, default=2, help="parallel compile processes (default 2)")
     s.add_argument("--top-lcmas", type=int, default=2, help="LCMAs tuned by --algo auto (default 2)")
-    s.add_argument("--max-error", type=float, default=None, metavar="X",
+    s.add_argument("--max-error", type=max_error_arg, default=None, metavar="X",
                    help="with --algo auto: only LCMAs predicted within X times the plain GEMM's "
                         "error (lcmac select --max-error)")
     s.add_argument("--sustained", type=float, default=None, metavar="S",
                    help="GPU: warm each kernel up for S seconds before timing it, so it is timed "
                         "at the power cap (the default warm-up is 0.15 s: burst timings)")
-    s.add_argument("--repeats", type=int, default=None,
+    s.add_argument("--repeats", type=positive_int, default=None,
                    help="timed repeats per config (default 5 on CPUs, 15 on GPUs)")
     s.add_argument("--no-default", dest="compare_default", action="store_false", default=None,
                    help="do not measure the backend's default config (measured by default: the "

@@ -5,10 +5,13 @@ shape the bundle's rules admit, with no compiler installed.
     C = f(A, B)                     # any shape a rule admits: exact, ?xNxK, ?x?x?
     f.rule_for(M, N, K)             # which rule serves a shape (None: none)
 
-The rules are tried in the index's order, exact ones first.  A kernel is loaded (and its
+The rules are tried in the index's order, exact ones first.  A ``?xNxK`` rule built with
+``dynamic_rows`` runs its one kernel of run-time M on all the rows (no pieces, no padding).  A kernel is loaded (and its
 library checked against the manifest's sha256) the first time a piece needs it.  A shape
 no rule admits raises ShapeError naming the rules.  ``prepare_b(B)`` (the
-``?xNxK`` rule) combines B once per bucket kernel, lazily, for B's that stay the same.
+``?xNxK`` rule) combines B once per bucket kernel, lazily, for B's that stay the same.  An
+any-shape rule of piece kernels (a CPU bundle, format ``lcmac-bundle/2``) runs through
+``lcmac.runtime.bundle_pieces``: views of A, B and C, no copied tiles.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import threading
 from lcmac.artifact.bundle import Bundle, RuleSpec, read_bundle
 from lcmac.core.errors import LcmacError, ShapeError
 from lcmac.core.operands import check_matrices
-from lcmac.runtime import tiled
+from lcmac.runtime import bundle_pieces, tiled
 
 
 class PreparedBundleB:
@@ -36,10 +39,15 @@ class BundleFunction:
         self._load = loader
         self._fns: dict = {}
         self._by_shape: dict = {}
+        self._pieces: dict = {}         # (M, N, K) → name of the piece kernel
         self._lock = threading.Lock()
         for name, k in bundle.kernels.items():
             shp = k["shape"]
-            self._by_shape[(int(shp["M"]), int(shp["N"]), int(shp["K"]))] = name
+            if k.get("piece"):
+                self._pieces[(int(shp["M"]), int(shp["N"]), int(shp["K"]))] = name
+                continue
+            dynamic = bool((k.get("config") or {}).get("dynamic_rows"))
+            self._by_shape[(int(shp["M"]), int(shp["N"]), int(shp["K"]), dynamic)] = name
         order = sorted(bundle.rules, key=lambda r: {"exact": 0, "rows": 1, "any": 2}[r.rule.kind])
         self.rules: list[RuleSpec] = order
 
@@ -52,11 +60,24 @@ class BundleFunction:
     def dtype(self) -> str:
         return self.bundle.dtype
 
-    def kernel(self, shape):
-        """The loaded kernel of a bucket shape (M, N, K)."""
-        name = self._by_shape.get(tuple(shape))
+    def kernel(self, shape, dynamic_rows: bool = False):
+        """The loaded kernel of a bucket shape (M, N, K); ``dynamic_rows``: the kernel of
+        run-time M taking up to M rows a launch."""
+        name = self._by_shape.get((*(int(d) for d in shape), dynamic_rows))
         if name is None:
-            raise ShapeError(f"the bundle has no {'x'.join(map(str, shape))} kernel")
+            what = " run-time-M" if dynamic_rows else ""
+            raise ShapeError(f"the bundle has no {'x'.join(map(str, shape))}{what} kernel")
+        return self._loaded(name)
+
+    def piece_kernel(self, shape):
+        """The loaded piece kernel of (P_M, P_N, P_K) (``lcmac.runtime.bundle_pieces``)."""
+        name = self._pieces.get(tuple(int(d) for d in shape))
+        if name is None:
+            raise ShapeError(f"the bundle has no {'x'.join(map(str, shape))} piece kernel")
+        return self._loaded(name)
+
+    def _loaded(self, name: str):
+        """Kernel ``name``, loaded (its library checked) the first time it is asked for."""
         fn = self._fns.get(name)
         if fn is None:
             with self._lock:
@@ -101,8 +122,14 @@ class BundleFunction:
             fn = self.kernel((M, N, K))
             b = self._b_for(prepared)(fn, B) if prepared is not None else B
             return fn(A, b, out=out)
+        if r.rule.kind == "rows" and r.dynamic_rows:
+            fn = self.kernel((r.rows[0], N, K), dynamic_rows=True)
+            return tiled.run_row_ranges(A, B, out, fn, [(M, True)], N=N, K=K, b_for=self._b_for(prepared))
         if r.rule.kind == "rows":
             return tiled.run_rows(A, B, out, r.rows, self.kernel, N=N, K=K, b_for=self._b_for(prepared))
+        if r.pieces:
+            return bundle_pieces.run_pieces(A, B, out, r.pieces, self.piece_kernel, dtype=self.dtype,
+                                            who=f"the bundle {self.bundle.path}")
         return tiled.run_any(A, B, out, r.rows, r.tile, self.kernel)
 
 

@@ -7,8 +7,9 @@ neither TileLang nor TVM.
     C = mm(A, B)                              # A: (M,K), B: (K,N) torch CUDA tensors
 
 Every argument problem raises before anything is launched: device not CUDA, wrong dtype,
-shape other than the artifact's, non-contiguous operands, or a GPU whose compute capability
-does not run the artifact's cubin (sm_90a runs on 9.0 only; sm_80 on 8.x).
+shape other than the artifact's (any rows for one built with ``dynamic_rows``: ``CudaRowsMatmul``),
+non-contiguous operands, or a GPU whose compute capability does not run the artifact's cubin
+(sm_90a runs on 9.0 only; sm_80 on 8.x).
 
 A B that stays the same across calls (a weight matrix) can be combined once:
 
@@ -85,6 +86,8 @@ class PreparedB:
 
 class CudaMatmul:
     """Callable for one artifact: ``C = f(A, B, out=None)``."""
+    #: the library's entries for a call and for a call with a prepared B
+    RUN, RUN_PREPARED = "lcmac_run", "lcmac_run_prepared"
 
     def __init__(self, meta: dict, lib_path: str):
         self.meta = meta
@@ -165,7 +168,7 @@ class CudaMatmul:
         if isinstance(B, PreparedB):
             return self._run_prepared(A, B, out)
         self.check(A, B, out)
-        return self._run(self._open(A.device).lcmac_run, A, B.data_ptr(), out)
+        return self._run(getattr(self._open(A.device), self.RUN), A, B.data_ptr(), out)
 
     def _run(self, entry, A, b_ptr, out):
         """``entry(A, b_ptr, C, workspace, stream)`` on A's device and current stream."""
@@ -219,7 +222,7 @@ class CudaMatmul:
                                 f"({Bp.owner!r}); prepare it with this one")
         self.check(A, None, out)
         check_same_device(A, Bp.buffer, names=("A", "the prepared B"))
-        return self._run(self._prepared_entry(A.device).lcmac_run_prepared, A,
+        return self._run(getattr(self._prepared_entry(A.device), self.RUN_PREPARED), A,
                          Bp.buffer.data_ptr(), out)
 
 
@@ -348,8 +351,81 @@ class CudaBsrMatmul(CudaMatmul):
         return out
 
 
+class CudaRowsMatmul(CudaMatmul):
+    """Callable for an artifact whose row count is a run-time value (``config.dynamic_rows``,
+    ``lcmac.schedules.cuda.rows``): ``C = f(A, B, out=None)`` for A of any M×K; a launch
+    takes up to ``max_rows`` rows (the manifest shape's M), more run as launches of that many
+    on row slices (no copy).  The workspace is sized for the rows of the launch
+    (``lcmac_workspace_bytes_rows``) and kept, grown when a launch needs more.  ``prepare_b``
+    serves every M (B̃ does not depend on it)."""
+    RUN, RUN_PREPARED = "lcmac_run_rows", "lcmac_run_rows_prepared"
+
+    def __init__(self, meta: dict, lib_path: str):
+        super().__init__(meta, lib_path)
+        self.max_rows = self.M
+
+    def __repr__(self):
+        return (f"<lcmac CUDA artifact {self.meta.get('algorithm_name', '?')} {self.arch} {self.dtype} "
+                f"?x{self.N}x{self.K} (any M, up to {self.max_rows} rows a launch), GEMM stage "
+                f"{self.gemm_precision}>")
+
+    def _open(self, device):
+        if self._lib is not None:
+            return self._lib
+        lib = super()._open(device)
+        rows = [ctypes.c_void_p] * 3 + [ctypes.c_longlong] + [ctypes.c_void_p] * 2
+        for entry in (lib.lcmac_run_rows, lib.lcmac_run_rows_prepared):
+            entry.restype = ctypes.c_int
+            entry.argtypes = rows
+        lib.lcmac_workspace_bytes_rows.restype = ctypes.c_longlong
+        lib.lcmac_workspace_bytes_rows.argtypes = [ctypes.c_longlong]
+        return lib
+
+    def workspace(self, device, rows: int | None = None):
+        """The kept workspace on ``device``, at least what a launch of ``rows`` rows needs
+        (default: ``max_rows``)."""
+        import torch
+        need = int(self._open(device).lcmac_workspace_bytes_rows(self.max_rows if rows is None else rows))
+        key = str(device)
+        ws = self._ws.get(key)
+        if ws is None or ws.numel() < need:
+            ws = self._ws[key] = kept_empty(max(need, 256), torch.uint8, device)
+        return ws
+
+    def check(self, A, B, out=None):
+        for name, t in (("A", A), ("out", out)):
+            if t is not None:
+                check_dims(t, name, "rows×cols")
+        given = A if A is not None else out
+        rows = given.shape[0] if given is not None else 0
+        self._check_operands({"A": A, "B": B, "out": out},
+                             {"A": (rows, self.K), "B": (self.K, self.N), "out": (rows, self.N)},
+                             f"?x{self.K} @ {self.K}x{self.N} (any rows; build another for other N, K)")
+
+    def _run(self, entry, A, b_ptr, out):
+        """``entry(A, b_ptr, C, rows, workspace, stream)`` over launches of at most
+        ``max_rows`` rows, on A's device and current stream."""
+        import torch
+        M = A.shape[0]
+        if out is None:
+            out = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
+        dev = A.get_device()
+        stream = _current_stream(dev)
+        with _on_device(dev):
+            for start in range(0, M, self.max_rows):
+                rows = min(self.max_rows, M - start)
+                ws = self.workspace(A.device, rows)
+                rc = entry(A[start:].data_ptr(), b_ptr, out[start:].data_ptr(), rows, ws.data_ptr(), stream)
+                if rc != 0:
+                    raise CudaRunError(f"{entry.__name__} failed ({rc}): "
+                                       f"{self._open(A.device).lcmac_last_error().decode()}")
+        return out
+
+
 def _callable(meta: dict, lib: str) -> CudaMatmul:
     config = meta.get("config") or {}
+    if config.get("dynamic_rows"):
+        return CudaRowsMatmul(meta, lib)
     if config.get("bsr"):
         return CudaBsrMatmul(meta, lib)
     return (CudaBatchedMatmul if config.get("batched") else CudaMatmul)(meta, lib)

@@ -2,7 +2,8 @@
 (``lcmac.spec.shape_rules`` says how the shape is cut and what each cut costs).
 
 ``run_rows`` serves the rows rule (N and K those of the kernels): row panels of A and C are
-slices, no copy; ``run_any`` serves the any-shape rule through N×K tiles copied into
+slices, no copy; ``run_row_ranges`` the same rule with one kernel whose row count is a
+run-time value (no padding); ``run_any`` serves the any-shape rule through N×K tiles copied into
 buffers.  Both take ``kernel_for(bucket_shape)`` (the loaded kernel, or None where a vendor
 GEMM should run that piece) and work on numpy arrays and torch tensors (CPU or CUDA)
 alike, with no host synchronisation (CUDA-graph safe once the kernels are loaded).
@@ -78,6 +79,34 @@ def run_rows(A, B, out, ladder, kernel_for, *, N: int, K: int, vendor=None, b_fo
         _run_piece(fn, A[p.start:p.start + p.rows], b, C[p.start:p.start + p.rows], p)
     if vendor_from is not None:
         vendor(A[vendor_from:M], B, out=C[vendor_from:M])
+    return C
+
+
+def run_row_ranges(A, B, out, fn, ranges, *, N: int, K: int, vendor=None, b_for=None):
+    """C = A·B with ``fn`` a kernel whose row count is a run-time value (it takes any rows of
+    A, ``lcmac.schedules.cuda.rows``): ``ranges`` [(rows, on_kernel)] cut A's rows in order,
+    each run of adjacent ranges on the kernel as one call of ``fn`` on slices of A and C (no
+    padding, no copy), the others by ``vendor(a, b, out=c)``, likewise one call per run.
+    ``b_for(fn, B)``: the B argument for fn (a prepared form)."""
+    M, _, _ = _check(A, B, out, N, K)
+    C = out if out is not None else empty(A, (M, N))
+    runs, start = [], 0
+    for rows, on_kernel in ranges:
+        if runs and runs[-1][2] == on_kernel:
+            runs[-1][1] += rows
+        else:
+            runs.append([start, rows, on_kernel])
+        start += rows
+    if start != M:
+        raise ShapeError(f"the row ranges cover {start} rows of A's {M}")
+    for first, rows, on_kernel in runs:
+        a, c = A[first:first + rows], C[first:first + rows]
+        if on_kernel:
+            fn(a, b_for(fn, B) if b_for is not None else B, out=c)
+        elif vendor is None:
+            raise ShapeError(f"rows {first}..{first + rows} go to the vendor GEMM, and there is none")
+        else:
+            vendor(a, B, out=c)
     return C
 
 

@@ -389,10 +389,19 @@ def emit_tile_store(w: Writer, cfg: CpuConfig, dst: str, coef, acc_dtype: str,
 
 
 def emit_chunk_store(w: Writer, cfg: CpuConfig, nkc: int, dst: str, coef, acc_dtype: str,
-                     first: bool, row_guard: str | None = None) -> None:
+                     first: bool, row_guard: str | None = None, overwrite: str | None = None) -> None:
     """The tile into ``dst`` after a kc chunk (``emit_tile_store``): ``dst``'s first writer
-    stores in chunk 0 and accumulates in the others; any other writer accumulates."""
-    if first and nkc == 1:
+    stores in chunk 0 and accumulates in the others; any other writer accumulates.
+    ``overwrite``: a run-time condition (TVMScript) without which the first writer
+    accumulates too (a piece kernel adding into C)."""
+    if first and overwrite is not None:
+        w(f"if {overwrite if nkc == 1 else f'kc == 0 and {overwrite}'}:")
+        with w.indent():
+            emit_tile_store(w, cfg, dst, coef, acc_dtype, accumulate=False, row_guard=row_guard)
+        w("else:")
+        with w.indent():
+            emit_tile_store(w, cfg, dst, coef, acc_dtype, accumulate=True, row_guard=row_guard)
+    elif first and nkc == 1:
         emit_tile_store(w, cfg, dst, coef, acc_dtype, accumulate=False, row_guard=row_guard)
     elif first:
         w("if kc == 0:")

@@ -71,13 +71,13 @@ def _groups(g: Geometry, cfg: CpuConfig) -> int:
     return max(1, min(g.nnc, -(-cfg.bands // _bands(g, cfg))))
 
 
-def workspace_bytes(g: Geometry, cfg: CpuConfig, dtype: str, R: int = 1) -> int:
+def workspace_bytes(g: Geometry, cfg: CpuConfig, dtype: str, R: int = 1, share_b: bool = True) -> int:
     """What the packed chunks of ``lcmac_matmul`` take: each task holds its band's rows of A ×
     kc and a kc × nc chunk of B, and with one task per thread all hold theirs at once (B's
     chunk once where the bands share it)."""
     band_rows = _band_blocks(g, cfg) * g.MC
     tasks = _bands(g, cfg) * _groups(g, cfg)
-    b_chunks = 1 if shares_b(g, cfg, R, False) else tasks
+    b_chunks = 1 if share_b and shares_b(g, cfg, R, False) else tasks
     return ITEMSIZE[dtype] * g.KC * (tasks * band_rows + b_chunks * g.NC)
 
 
@@ -103,7 +103,8 @@ def row_block(g: Geometry, cfg: CpuConfig) -> str:
 
 
 def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepared: bool,
-                      programs=None, epilogue=None, prefetch=None) -> None:
+                      programs=None, epilogue=None, prefetch=None, overwrite: str | None = None,
+                      share_b: bool = True) -> None:
     """The GEMM stage of ``lcmac_matmul`` (``prepared`` False: B packed chunk by chunk here)
     or of ``lcmac_matmul_prepared`` (True: B̃ read from the caller's ``Bp``, packed whole by
     Combine B).  A plain GEMM writes C itself; an LCMA (``programs``: its naive Combine A and
@@ -111,11 +112,15 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
     blocks chunk by chunk (the combination fused into the packing, as in BLIS-Strassen), its
     products in turn, each tile through ``epilogue(w, r)`` (with ``prefetch`` as
     ``emit_zero_acc`` takes it).  The sums are the programs' terms in their order, so a B̃
-    that Combine B packs with the same program has the same bits."""
+    that Combine B packs with the same program has the same bits.  ``overwrite``: the plain
+    GEMM's run-time condition for writing C rather than adding into it (``emit_chunk_store``).
+    ``share_b`` False: one chunk of B per band even where the bands could share it
+    (``shares_b``), so the stage is one parallel region (a piece kernel: many short calls, where
+    each region's start and barrier cost more than packing B twice)."""
     mr, nr = cfg.mr, cfg.nr
     R = programs["A"].n_outputs if programs is not None else 1
     bands, groups = _bands(g, cfg), _groups(g, cfg)
-    if shares_b(g, cfg, R, prepared):
+    if share_b and shares_b(g, cfg, R, prepared):
         _emit_shared_b_stage(w, g, cfg, dtype, programs, epilogue, prefetch, R)
         return
     nic = _band_blocks(g, cfg)
@@ -164,7 +169,7 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
                         if R > 1:
                             _emit_products_tile(w, g, cfg, dtype, prepared, epilogue, prefetch, R)
                         else:
-                            _emit_tile(w, g, cfg, dtype, f"(tm * {nic} + ic) * {g.MC}", prepared)
+                            _emit_tile(w, g, cfg, dtype, f"(tm * {nic} + ic) * {g.MC}", prepared, overwrite)
 
 
 def shares_b(g: Geometry, cfg: CpuConfig, R: int, prepared: bool) -> bool:
@@ -308,7 +313,8 @@ def _emit_fmas(w: Writer, g: Geometry, cfg: CpuConfig, prepared: bool, product: 
     emit_fma_loop(w, cfg, g.KC, a, b)
 
 
-def _emit_tile(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, row0: str, prepared: bool) -> None:
+def _emit_tile(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, row0: str, prepared: bool,
+               overwrite: str | None = None) -> None:
     """One register tile: acc over the kc chunk, then C's tile written (first chunk) or
     accumulated (the others)."""
     mr, nr = cfg.mr, cfg.nr
@@ -318,4 +324,4 @@ def _emit_tile(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, row0: str, pr
     emit_zero_acc(w, mr, nr, dtype, f"C[T.min({crow}, {g.M - 1}), {ccol} + {{}}]")
     _emit_fmas(w, g, cfg, prepared, "0")
     emit_chunk_store(w, cfg, g.nkc, f"C[{crow}, {ccol} + u]", 1, dtype, True,
-                     row_guard=f"{crow} < {g.M}" if g.BMP > g.M else None)
+                     row_guard=f"{crow} < {g.M}" if g.BMP > g.M else None, overwrite=overwrite)

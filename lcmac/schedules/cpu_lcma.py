@@ -27,6 +27,8 @@ from lcmac.schedules.cpu_gemm import (
 ENTRY = "lcmac_matmul"
 #: suffixes of the prepared-B entry points (``generate``)
 PREPARE_B, PREPARED = "_prepare_b", "_prepared"
+#: a piece kernel's last argument (``generate``): 0 writes C, 1 adds the product into it
+PIECE_FLAG = "accumulate"
 
 
 def programs_for(alg) -> dict:
@@ -39,12 +41,18 @@ def programs_for(alg) -> dict:
 
 
 def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=None,
-             entry: str = ENTRY, features=()) -> tuple[str, dict]:
+             entry: str = ENTRY, features=(), piece: bool = False) -> tuple[str, dict]:
     """(TVMScript source of a module with ``entry(A, B, C)`` and the prepared-B pair
     ``entry_prepare_b(B, Bp)`` / ``entry_prepared(A, Bp, C)``, info dict with the geometry and
     the prepared buffer's shape and dtype).  ``features``:
     the LLVM target's CPU features that select a kernel (``avx512bf16``: bf16 GEMM stage on
-    ``vdpbf16ps``)."""
+    ``vdpbf16ps``).
+
+    ``piece``: instead, one entry ``entry(A, B, C, accumulate)`` for a piece of a larger
+    product (the any-shape bundle, ``lcmac.runtime.bundle_pieces``): A, B and C may be views
+    with a row stride (their rows need not be contiguous with each other), and
+    ``accumulate`` = 1 adds A·B into C.  It needs C written only by the tile stores (fused
+    Combine H, no workspace, no zero padding): ShapeError says which is missing."""
     if dtype not in ("float32", "float64", "bfloat16"):
         raise DTypeError(f"the CPU backend does not support {dtype} yet (float32, float64, bfloat16 do)")
     # bf16 contract: A, B, C bf16; combines computed in fp32; C accumulated in fp32 (a
@@ -81,6 +89,15 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             "C": f"({M}, {N}), \"{dtype}\"", bp_name: f"{bp_shape}, \"{bp_dtype}\""}
     align = {"A": isz, "B": isz, "C": isz, bp_name: 64}
     direct = g.direct_c and acc == dtype
+    if piece:
+        missing = [what for what, ok in (
+            ("C written directly (float32 or float64; N whole nr tiles per block)", direct),
+            ("fused Combine H", cfg.fused or R == 1),
+            ("no zero padding (M, N and K whole blocks of the grid; k whole ku steps)", not (pad_a or pad_b)))
+            if not ok]
+        if missing:
+            raise ShapeError(f"a piece kernel of {alg.name} at {M}x{N}x{K} needs {'; '.join(missing)}")
+    overwrite = f"{PIECE_FLAG} == 0" if piece else None
     # A and B packed block by block in the tasks, an LCMA's combination fused into that
     # packing (cpu_gemm_blocked), where the shape needs no zero padding; else the packing
     # (combine) passes below
@@ -105,7 +122,7 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
     def emit_rest(w, prepared=False):
         """Combine A, the GEMM stage, Combine H and the crop: everything after Combine B."""
         if blocked and R == 1:
-            emit_blocked_gemm(w, g, cfg, dtype, prepared)
+            emit_blocked_gemm(w, g, cfg, dtype, prepared, overwrite=overwrite)
             return
         # packed combined operands: Ãp[r][BMP/mr][BKP][mr], B̃p[r][BNP/nr][BKP][nr], flattened
         # per r with a padded r-stride (packed_stride)
@@ -151,7 +168,8 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
                 w(f"# fused Combine H: H_{r + 1} into its C blocks, never stored")
                 for i, j, c in feeds[r]:
                     dst = f"{cbuf}[" + tile.format(base=i * crow, cbase=j * ccol) + "]"
-                    emit_chunk_store(w, cfg, g.nkc, dst, c, acc, first[(i, j)] == r, row_guard=guard)
+                    emit_chunk_store(w, cfg, g.nkc, dst, c, acc, first[(i, j)] == r, row_guard=guard,
+                                     overwrite=overwrite)
             else:
                 dst = f"H[{r}, " + tile.format(base=0, cbase=0) + "]"
                 emit_chunk_store(w, cfg, g.nkc, dst, 1, acc, True, row_guard=guard)
@@ -174,7 +192,7 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
         elif not cfg.fused:
             prefetch = f"H[r, {rows}, {cols} + {{}}]"
         if blocked:
-            emit_blocked_gemm(w, g, cfg, dtype, prepared, progs, epilogue, prefetch)
+            emit_blocked_gemm(w, g, cfg, dtype, prepared, progs, epilogue, prefetch, share_b=not piece)
         elif amx:
             # links the AMX micro-kernel into the LLVM module (see cpu_gemm.amx_ll)
             with w.block(f"with T.attr(0, \"pragma_import_llvm\", {amx_ll(g.KC)!r}):"):
@@ -198,8 +216,23 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
     w("@I.ir_module")
     w("class Module:")
     with w.indent():
-        for name, params in ((entry, ("A", "B", "C")), (entry + PREPARE_B, ("B", bp_name)),
-                             (entry + PREPARED, ("A", bp_name, "C"))):
+        if piece:
+            # operands as views: each row stride a run-time value bound from the tensor
+            w("@T.prim_func")
+            w(f"def {entry}(a: T.handle, b: T.handle, c: T.handle, {PIECE_FLAG}: T.int32):")
+            with w.indent():
+                w(f"T.func_attr({{\"global_symbol\": \"{entry}\", \"tirx.noalias\": True}})")
+                for p in ("A", "B", "C"):
+                    w(f"ld{p.lower()} = T.int32()")
+                    w(f"{p} = T.match_buffer({p.lower()}, {decl[p]}, strides=(ld{p.lower()}, 1), "
+                      f"align={align[p]})")
+                if not blocked:
+                    emit_workspace(w, bp_name, bp_shape, bp_dtype)
+                    emit_combine_b_side(w)
+                emit_rest(w)
+        entries = () if piece else ((entry, ("A", "B", "C")), (entry + PREPARE_B, ("B", bp_name)),
+                                    (entry + PREPARED, ("A", bp_name, "C")))
+        for name, params in entries:
             w("@T.prim_func")
             w(f"def {name}(" + ", ".join(f"{p}: T.Buffer({decl[p]}, align={align[p]})" for p in params)
               + "):")
@@ -217,21 +250,24 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             "gemm_kernel": "amx" if amx else "vdpbf16ps" if bf16_dot else "fma",
             "packing": "blocked" if blocked else "ahead",
             # per block: whether the bands pack each chunk of B̃_r together or one each
-            **({"b_chunks": "shared by the bands" if shares_b(g, cfg, R, False) else "one per band"}
+            **({"b_chunks": "shared by the bands" if shares_b(g, cfg, R, False) and not piece else "one per band"}
                if blocked else {}),
             # knob bands asked for and not taken: why (lcmac build says it)
             **({"packing_note": f"bands={cfg.bands} not taken: {not_blocked}; packed ahead"}
                if not_blocked else {}),
             "packed_dtype": pack,
-            "workspace_bytes": (blocked_workspace(g, cfg, dtype, R) if blocked else ITEMSIZE[pack] * R * (sa + sb))
+            "workspace_bytes": (blocked_workspace(g, cfg, dtype, R, share_b=not piece) if blocked else ITEMSIZE[pack] * R * (sa + sb))
             + ITEMSIZE[acc] * ((0 if direct else g.m * g.n * g.BMP * g.BNP)
                                + (0 if cfg.fused or (blocked and R == 1) else R * g.BMP * g.BNP))
             + ITEMSIZE[dtype] * ((g.m * g.BMP * g.k * g.BKP if pad_a else 0)
                                  + (g.k * g.BKP * g.n * g.BNP if pad_b else 0)),
-            "additions": {s: p.additions for s, p in progs.items()},
-            # B combined once: entry + PREPARE_B fills a caller-owned buffer of this shape
-            "prepared_b": {"prepare": entry + PREPARE_B, "run": entry + PREPARED,
-                           "shape": list(bp_shape), "dtype": bp_dtype}}
+            "additions": {s: p.additions for s, p in progs.items()}}
+    if piece:
+        info["piece"] = {"arguments": ["A", "B", "C", PIECE_FLAG], "row_strides": True}
+    else:
+        # B combined once: entry + PREPARE_B fills a caller-owned buffer of this shape
+        info["prepared_b"] = {"prepare": entry + PREPARE_B, "run": entry + PREPARED,
+                              "shape": list(bp_shape), "dtype": bp_dtype}
     return w.text(), info
 
 
@@ -244,9 +280,13 @@ def lower_request(request: dict, features=()) -> tuple[str, dict]:
     shp = request["shape"]
     cfg = CpuConfig.from_dict(request["config"])
     if cfg.vendor_base:
+        if request.get("piece"):
+            raise TargetError("a piece kernel runs lcmac's own products: config knob vendor_base "
+                              "is not for it")
         dtype = request["dtype"]
         lanes = max(1, int(request["target"].get("vector_bits") or 128) // (8 * ITEMSIZE.get(dtype, 4)))
         return cpu_vendor.generate(alg, dtype, shp["M"], shp["N"], shp["K"], progs or programs_for(alg),
                                    lanes, request.get("entry", ENTRY), PREPARE_B, PREPARED)
     return generate(alg, request["dtype"], shp["M"], shp["N"], shp["K"], cfg, programs=progs,
-                    entry=request.get("entry", ENTRY), features=features)
+                    entry=request.get("entry", ENTRY), features=features,
+                    piece=bool(request.get("piece")))

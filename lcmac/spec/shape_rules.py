@@ -13,7 +13,11 @@ So a rule is served by a small set of *bucket* kernels and the product is cut in
     contiguous slice, so the pieces cost no copy.  Rows left under the smallest bucket are
     **padded**: copied into a zeroed P_min×K buffer, multiplied, and P_min×N rows copied back
     (at most P_min − 1 wasted rows).  Where a vendor GEMM is at hand (lcmac.matmul) those
-    rows go to it instead.
+    rows go to it instead.  On CUDA the rule can instead be served by **one** kernel whose
+    row count is a run-time value (``CudaConfig.dynamic_rows``, ``lcmac.schedules.cuda.rows``:
+    the bundle rule's ``dynamic_rows``, the JIT's ``LCMAC_DYNAMIC_ROWS=1``): no pieces and
+    no padding, the copy engine zero-fills the rows past M and clips the stores; a launch
+    takes up to the ladder's largest bucket of rows.
 ``any:?x?x?`` (written ``?x?x?``: any M, N and K)
     the row ladder as above with N and K cut into fixed tiles T_N × T_K: each piece's A and B
     tiles are copied into contiguous buffers (the last tile of a dimension zero-padded), and
@@ -154,3 +158,121 @@ def bucket_shapes(rule: ShapeRule, ladder, tile=None) -> list[tuple[int, int, in
         raise ShapeError("the any-shape rule needs an N×K tile")
     tn, tk = (int(t) for t in tile)
     return [(P, tn, tk) for P in ladder]
+
+
+# --- the any-shape rule cut into pieces (CPU): views of A, B and C, no tiles copied ---------
+#
+# Each of M, N and K has its own ladder of piece sizes; a piece kernel (P_M, P_N, P_K) takes
+# row-strided views of A, B and C and writes or adds into C (lcmac.schedules.cpu_lcma,
+# ``piece``), so a product is cut along all three dimensions with no copy.  A dimension is
+# covered by spans of its ladder, largest first, the part left under them by one more span
+# that overlaps its neighbour: M and N compute the overlap twice and write it twice with the
+# same sums; K zeroes the overlapped rows of B (or columns of A) in a copy of that span, so
+# they add nothing.  The edges never go to the vendor GEMM: its worker threads keep spinning
+# for a while after each call (OpenBLAS, OpenMP), and the piece kernels after it then share
+# the cores with them (measured: a 1000x777x1234 product 10x slower with its 9 last columns
+# on numpy).  A dimension shorter than its smallest span runs the whole product on the
+# vendor GEMM (numpy.matmul, torch.matmul): a small or thin product.
+
+#: piece sizes per dimension ("M", "N", "K") of the CPU any-shape bundle (rounded to the
+#: algorithm's grid by ``piece_ladders``): 1024 down to 128, so an overlap wastes at most
+#: 127 rows, columns or k of a product; 4³ = 64 kernels
+PIECE_LADDER = {"cpu": (1024, 512, 256, 128)}
+#: the dtypes piece kernels serve: C written by the tile stores (16-bit ones go through an
+#: fp32 workspace, so their any-shape bundle keeps the copied tiles)
+PIECE_DTYPES = ("float32", "float64")
+#: what a piece's size is a multiple of per dimension, per block of the algorithm's grid:
+#: rows whole blocks; columns whole register tiles (nr ≤ 64 on every CPU target); k whole
+#: unrolled steps (ku ≤ 16), so that no piece kernel zero-pads
+PIECE_UNITS = {"M": 1, "N": 64, "K": 16}
+#: what one more span costs, in elements of the dimension (a kernel call per piece: its
+#: parallel regions, and a fresh packing of its operands)
+SPAN_COST = 32
+#: a product of fewer multiply-adds runs on the vendor GEMM whole: under one 256³ piece a
+#: kernel call's fixed costs outweigh what an LCMA saves
+VENDOR_WORK = 256 ** 3
+
+
+@dataclass(frozen=True)
+class Span:
+    """Elements [start, start + size) of one dimension, run by the pieces of ``size``;
+    the first ``overlap`` of them were covered by an earlier span (M, N: computed again;
+    K: zeroed in a copy, so they add nothing)."""
+    start: int
+    size: int
+    overlap: int = 0
+
+
+def cut_extent(extent: int, ladder) -> tuple:
+    """``extent`` cut into spans of ``ladder`` at the least cost: a head of the greedy cut
+    (largest spans first), then one span ending at ``extent`` that overlaps the head.  Cost:
+    the elements the spans compute (overlaps twice) plus ``SPAN_COST`` per span.  An extent
+    under the smallest span: no spans (()), the vendor GEMM's."""
+    ladder = check_ladder(ladder)
+    greedy, pos = [], 0
+    for P in ladder:
+        while extent - pos >= P:
+            greedy.append(Span(pos, P))
+            pos += P
+    best = None
+    for keep in range(len(greedy) + 1):
+        head = greedy[:keep]
+        done = head[-1].start + head[-1].size if head else 0
+        tail = extent - done
+        options = [head] if tail == 0 else [
+            head + [Span(extent - P, P, P - tail)] for P in ladder if tail <= P <= extent]
+        for spans in options:
+            cost = sum(s.size for s in spans) + SPAN_COST * len(spans)
+            if best is None or cost < best[0]:
+                best = (cost, tuple(spans))
+    return best[1] if best else ()
+
+
+@dataclass(frozen=True)
+class PiecePlan:
+    """A product cut by ``cut_extent`` in M, N and K (each a tuple of Spans); ``vendor``: it
+    runs on the vendor GEMM whole (a dimension under its smallest span, or a small product)."""
+    M: tuple
+    N: tuple
+    K: tuple
+
+    @property
+    def vendor(self) -> bool:
+        return not (self.M and self.N and self.K)
+
+    def shapes(self) -> list:
+        """The (P_M, P_N, P_K) piece kernels this plan calls."""
+        return sorted({(m.size, n.size, k.size) for m in self.M for n in self.N for k in self.K},
+                      reverse=True)
+
+    def computed(self) -> int:
+        """Multiply-adds the pieces compute (overlaps included)."""
+        return (sum(s.size for s in self.M) * sum(s.size for s in self.N)
+                * sum(s.size for s in self.K))
+
+
+def plan_pieces(M: int, N: int, K: int, ladders) -> PiecePlan:
+    """The cut of an M×N×K product for piece ``ladders`` = {"M": (...), "N": ..., "K": ...}
+    (none under ``VENDOR_WORK``)."""
+    if M * N * K < VENDOR_WORK:
+        return PiecePlan((), (), ())
+    return PiecePlan(cut_extent(M, ladders["M"]), cut_extent(N, ladders["N"]),
+                     cut_extent(K, ladders["K"]))
+
+
+def piece_ladders(grid, ladder=None) -> dict:
+    """The piece ladders {"M", "N", "K"} for an algorithm of ``grid`` (m, k, n): ``ladder``
+    (default ``PIECE_LADDER["cpu"]``) rounded down to whole units (``PIECE_UNITS``) of the
+    grid's blocks."""
+    m, k, n = grid
+    out = {}
+    for dim, blocks in (("M", m), ("N", n), ("K", k)):
+        unit = blocks * PIECE_UNITS[dim]
+        out[dim] = check_ladder(max(unit, P // unit * unit) for P in (ladder or PIECE_LADDER["cpu"]))
+    return out
+
+
+def piece_shapes(ladders) -> list:
+    """Every (P_M, P_N, P_K) a plan over ``ladders`` may call: the kernels of the bundle."""
+    return [(pm, pn, pk) for pm in check_ladder(ladders["M"]) for pn in check_ladder(ladders["N"])
+            for pk in check_ladder(ladders["K"])]

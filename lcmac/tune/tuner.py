@@ -744,6 +744,8 @@ def tune_many(cases, algo, target: str, dtype: str, budget: int = 8, *, prebuilt
             for _ in cf.as_completed(list(pre.futs.values())):
                 bar.update(f"built ({pre.failed} failed)")
             bar.close()
+            if pre.futs and not pre.built:      # nothing to measure later: say why (e.g. no TileLang)
+                raise next(f.exception() for f in pre.futs.values() if f.exception())
             return []
         worker = MeasureWorker()
         for label, shape in cases:

@@ -27,9 +27,11 @@ def _operands(M, N, K, seed=0, dtype=np.float32):
 
 @pytest.fixture(scope="module")
 def any_bundle(tmp_path_factory):
-    """`lcmac build --algo strassen --dtype float32 -o DIR`: no shape, the defaults."""
+    """`lcmac build --algo strassen --dtype float32 --rows 1024,256 --tile 1024x1024 -o DIR`:
+    no shape, served by copied tiles (the default, piece kernels: tests/test_bundle_pieces.py)."""
     d = tmp_path_factory.mktemp("any")
-    assert main(["build", "--algo", "strassen", "--dtype", "float32", "-o", str(d)]) == 0
+    assert main(["build", "--algo", "strassen", "--dtype", "float32", "--rows", "1024,256",
+                 "--tile", "1024x1024", "-o", str(d)]) == 0
     return d
 
 

@@ -9,6 +9,7 @@
     low_precision   scaled fp16 / fp16x2 and fp8 operands
     small, bsr      batches of small products; a block-sparse A times a dense B
     compose         which kernels an artifact needs, their buffers and workspace
+    rows            artifacts whose row count M is a run-time value (one per N×K); no compiler
     host_source     the rewrites of TileLang's generated CUDA before linking; no compiler
     entry_point     the C entry point chaining the kernels; no compiler
 

@@ -14,7 +14,7 @@ import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
 from lcmac.schedules.cuda.common import (
-    ACCUM, all_of, emit_names, evaluate, extents, keep_params, unrolled, uses_pdl)
+    ACCUM, all_of, emit_names, evaluate, extents, keep_params, known, unrolled, uses_pdl)
 from lcmac.spec.cuda.blocking import Blocking
 from lcmac.spec.cuda.config import CudaConfig
 from lcmac.spec.cuda.operands import SPLIT_SHIFT
@@ -35,8 +35,8 @@ def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arc
     R = prog.n_outputs        # blk.R, or fewer where the GEMM reads some operands in place
     tile_rows, tile_cols = cfg.combine_rows, cfg.combine_cols
     # columns: Cb and cols are multiples of 8, so an 8-wide vector is entirely in or out
-    full_rows = [(p + 1) * Rb <= rows for p in range(P)]
-    full_cols = [(q + 1) * Cb <= cols for q in range(Q)]
+    full_rows = [known((p + 1) * Rb <= rows) for p in range(P)]
+    full_cols = [known((q + 1) * Cb <= cols) for q in range(Q)]
 
     pdl = uses_pdl(arch)
     operands = cfg.operands
@@ -135,8 +135,8 @@ def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str =
     h_dtype = dtype if cfg.operands == "native" else ACCUM
     tile_rows, tile_cols = cfg.combine_rows, cfg.combine_cols
     m, n = alg.m, alg.n
-    rows_ok = [(i + 1) * Mb <= M for i in range(m)]
-    cols_ok = [(j + 1) * Nb <= N for j in range(n)]
+    rows_ok = [known((i + 1) * Mb <= M) for i in range(m)]
+    cols_ok = [known((j + 1) * Nb <= N) for j in range(n)]
 
     pdl = uses_pdl(arch)
     @T.prim_func

@@ -3,6 +3,7 @@
     GemmTile        the GEMM-stage knobs of one template, resolved for its operand dtype
     emit_names      the names buffers keep in the generated CUDA
     extents         a global buffer's shape (int64 extents where 32-bit indices would wrap)
+    known           a static fact about sizes, False where a size is a run-time value
     evaluate        a linear program over Python-unrolled inputs, coefficients as literals
     raster          TileLang's rasterised tile order, for kernels that walk tiles themselves
 """
@@ -95,10 +96,33 @@ def extents(*dims):
     """A global buffer's shape: int64 extents when it has more than 2³¹−1 elements, so that
     its flattened index, and the constant part TVM folds out of it (r·Mb·Nb for an unrolled
     product r, i·Mb·N for a C block row), are computed in 64 bits; int32 extents otherwise
-    (the generated code of smaller shapes is unchanged).  See config.INDEX_INT32_MAX."""
+    (the generated code of smaller shapes is unchanged).  See config.INDEX_INT32_MAX.
+    A run-time dimension (``schedules.cuda.rows``) stays as it is: TileLang computes the
+    indices of a buffer it cannot bound in 64 bits."""
+    if not all(isinstance(d, int) for d in dims):
+        return tuple(dims)
     if needs_int64(dims):
         return tuple(T.int64(d) for d in dims)
     return tuple(dims)
+
+
+def known(fact) -> bool:
+    """A static fact about sizes (``(p + 1) * Mb <= M``): the Python bool where the sizes are
+    compile-time constants, False where one is a run-time value, so that the template emits
+    the run-time check instead."""
+    return fact if isinstance(fact, bool) else False
+
+
+def tile_count(extent, block: int):
+    """ceil(extent / block) tiles; for a run-time extent (never negative) in C's division,
+    which floor division's sign handling would cost a page of selects."""
+    return -(-extent // block) if isinstance(extent, int) else T.truncdiv(extent + block - 1, block)
+
+
+def grid_ctas(ctas: int, tiles) -> int:
+    """A persistent grid's CTAs: ``ctas``, fewer where the compile-time tile count is smaller;
+    with a run-time tile count the surplus CTAs find no step to run."""
+    return min(ctas, tiles) if isinstance(tiles, int) else ctas
 
 
 def scaled(c, x):
@@ -146,8 +170,10 @@ def raster(g, gx: int, gy: int, panel: int):
     psize = panel * gx
     off = mod(g, psize)
     idx = div(g, psize)
-    last = (T_ - 1) // psize                      # index of the (maybe short) last panel
-    stride = T.if_then_else(idx < last, panel, T_ // gx - last * panel)
+    # (a run-time gy: C's division, as for g; floor division would emit its sign handling)
+    fdiv = (lambda a, b: a // b) if isinstance(T_, int) else div
+    last = fdiv(T_ - 1, psize)                    # index of the (maybe short) last panel
+    stride = T.if_then_else(idx < last, panel, fdiv(T_, gx) - last * panel)
     col = T.if_then_else(mod(idx, 2) == 1, gx - 1 - div(off, stride), div(off, stride))
     row = mod(off, stride) + idx * panel
     return row, col

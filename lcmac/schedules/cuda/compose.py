@@ -8,6 +8,7 @@ the layout [(buffer name, byte offset)] ending in ("__end__", total bytes); ``in
 facts the manifest records under ``extra``.  The forms, by config:
 
     batched     one kernel over a batch of products (``small`` or ``gemm.batched_products``)
+    rows        M a run-time value (``rows.compose_rows``: the plain GEMM or an LCMA)
     bsr         the block-sparse product (``bsr``)
     plain GEMM  one kernel (``gemm.plain_gemm``), unless float32 on sm_90a takes TF32 wgmma
     LCMA        Combine A, Combine B, then the fused kernel (grid, persistent with its fixup,
@@ -30,6 +31,7 @@ from lcmac.core.dtypes import ITEMSIZE
 from lcmac.ir.cse import optimized_programs
 from lcmac.ir.program import (
     LinearProgram, combine_matrices, direct_outputs, keep_outputs, naive_program, scale_inputs)
+from lcmac.schedules.cuda import rows
 from lcmac.schedules.cuda.batched_tiles import batched_template, persistent_why
 from lcmac.spec.cuda import (
     FP8_MAX_COMBINE, SMEM_PER_CTA, Blocking, CudaConfig, NotSupportedYet, PersistentPlan, arch_why,
@@ -112,6 +114,8 @@ def compose(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None) ->
     ctas = 0
     if persistent_gemm(cfg, dtype, arch):
         ctas = cfg.persistent_ctas or _profile_units(arch, units)
+    if cfg.dynamic_rows:
+        return _rows_kernels(alg, shape, dtype, cfg, programs, arch, ctas)
     if alg is not None and cfg.direct_views not in ("none", "auto"):
         why = direct_views_why(cfg, Blocking(*shape, alg.m, alg.k, alg.n, alg.R), dtype, arch)
         if why:
@@ -155,6 +159,47 @@ def compose(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None) ->
         alg = ir.get("naive-1x1x1")
         cfg = replace(cfg, fused=False)
     return _lcma_kernels(alg, shape, dtype, cfg, programs, arch, units, ctas, kmajor)
+
+
+def _rows_kernels(alg, shape, dtype: str, cfg: CudaConfig, programs, arch: str, ctas: int) -> Composition:
+    """Kernels of an artifact whose row count M is a run-time value (``rows``): the plain GEMM,
+    or an LCMA's Combine A and B, then its fused GEMM + Combine H (grid form) or Algorithm 1's
+    batched GEMM (``ctas`` > 0: persistent) and Combine H.  Each kernel takes its buffers,
+    then the sizes M / Mb it reads (``rows.scalar_args``).  The workspace layout is that of
+    ``shape``'s M, the most rows a launch takes; the entry point lays it out from the
+    run-time M (``info["rows"]``)."""
+    import tilelang.language as T  # TileLang: the worker process only
+    from lcmac.schedules.cuda import combines, fused, gemm
+
+    def kernel(name, func, buffers):
+        return Kernel(name, func, buffers + rows.scalar_args(func))
+
+    if why := rows.rows_why(alg, shape, dtype, cfg, arch):
+        raise NotSupportedYet(f"dynamic_rows=True: {why}")
+    M_max, N, K = (int(d) for d in shape)
+    M = T.dynamic("M")
+    if alg is None:
+        info = {"rows": rows.rows_info(None, M_max, None, dtype, cfg, [])}
+        return Composition([kernel("gemm", gemm.plain_gemm(M, N, K, dtype, cfg, arch, ctas=ctas), ["A", "B", "C"])],
+                           [("__end__", 0)], info)
+    progs, how = _alg_programs(alg, programs)
+    # the layout of the most rows a launch takes: Mb rounded up to the tile, as at run time
+    Mb_max = rows.row_blocks(M_max, alg.m, cfg.block_m)
+    widest = Blocking(alg.m * Mb_max, N, K, alg.m, alg.k, alg.n, alg.R)
+    static = Blocking(M_max, N, K, alg.m, alg.k, alg.n, alg.R)
+    blk = rows.RowBlocking(static, M, T.dynamic("Mb"), cfg.block_m)
+    ks = [kernel("combine_a", combines.combine_ab("A", progs["A"], blk, dtype, cfg, arch), ["A", "At"]),
+          kernel("combine_b", combines.combine_ab("B", progs["B"], static, dtype, cfg, arch), ["B", "Bt"])]
+    if cfg.fused:
+        ks.append(kernel("fused_gemm_h", fused.fused_gemm_h(alg, blk, dtype, cfg, arch=arch), ["At", "Bt", "C"]))
+    else:
+        ks.append(kernel("batched_gemm", gemm.batched_gemm(blk, dtype, cfg, arch=arch, ctas=ctas, views={}),
+                         ["At", "Bt", "H"]))
+        ks.append(kernel("combine_h", combines.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
+    ws = _native_workspace(alg, widest, dtype, cfg, {}, None)
+    info = {"blocking": {"Mb": "run time", "Nb": static.Nb, "Kb": static.Kb}, "programs": how,
+            "rows": rows.rows_info(alg, M_max, widest, dtype, cfg, ws)}
+    return Composition(ks, ws, info)
 
 
 def _fused_form(blk: Blocking, dtype: str, cfg: CudaConfig, arch: str, units, kmajor: bool):

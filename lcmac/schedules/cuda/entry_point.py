@@ -13,15 +13,16 @@ Entry points of an artifact library:
     int         lcmac_run_prepared(const void* A, const void* P, void* C, void* workspace,
                                    void* stream);       // the rest, B̃ read from P
 
-A batched artifact has ``lcmac_run_batched`` and a block-sparse one ``lcmac_run_bsr`` instead
-of ``lcmac_run`` (which then refuses, naming the one to call).  A prepared B
+A batched artifact has ``lcmac_run_batched``, a block-sparse one ``lcmac_run_bsr`` and one
+whose row count is a run-time value ``lcmac_run_rows`` (``rows_entry``) instead of
+``lcmac_run`` (which then refuses, naming the one to call).  A prepared B
 (``prepared_b_plan``) is the output of the kernels that read B alone — the combines of B into
 B̃ — kept by the caller, so a static B (a weight matrix) is combined once.  Loading the
 library needs only ctypes and the driver (``lcmac.runtime.cuda_loader``).
 """
 from __future__ import annotations
 
-__all__ = ["prepared_b_plan", "entry_source", "artifact_entry", "SCALAR_ARGS"]
+__all__ = ["prepared_b_plan", "entry_source", "rows_entry", "artifact_entry", "SCALAR_ARGS"]
 
 
 def _slice_bytes(workspace: list[tuple[str, int]]) -> dict[str, int]:
@@ -83,21 +84,7 @@ def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
     into the caller's buffer P, ``lcmac_run_prepared`` runs the others reading them from P
     (both return -3 with the reason when the artifact cannot prepare B)."""
     prepared = prepared or {"unsupported": "not generated"}
-    lines = ['#include <cuda_runtime.h>', '#include <cstdio>', '#include <cstring>', '']
-    for k in kernels:
-        params = ", ".join("int" if a in SCALAR_ARGS else "void*" for a in k["args"])
-        lines.append(f'extern "C" int {k["name"]}_init();')
-        lines.append(f'extern "C" int {k["name"]}_call({params}, cudaStream_t);')
-        lines.append(f'extern "C" const char* {k["name"]}_get_last_error();')
-    total = max([off for _, off in workspace] + [0])
-    lines += ['', 'static char lcmac_err[1024];',
-              'extern "C" const char* lcmac_last_error() { return lcmac_err; }',
-              f'extern "C" long long lcmac_workspace_bytes() {{ return {total}LL; }}',
-              'extern "C" int lcmac_init() {', '  lcmac_err[0] = 0;']
-    for k in kernels:
-        lines.append(f'  if ({k["name"]}_init() != 0) {{ snprintf(lcmac_err, sizeof lcmac_err, '
-                     f'"%s", {k["name"]}_get_last_error()); return -1; }}')
-    lines += ['  return 0;', '}', '']
+    lines = _head(kernels, max([off for _, off in workspace] + [0]))
 
     def slices(skip=()):
         return [f'  void* bufs_{name} = (void*)(w + {off}LL);'
@@ -124,6 +111,41 @@ def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
                   'extern "C" int lcmac_run_prepared(const void* A, const void* P, void* C, void* ws, void* stream) {',
                   f'  snprintf(lcmac_err, sizeof lcmac_err, "cannot prepare B: %s", "{why}"); return -3;', '}', '']
         return "\n".join(lines)
+    prepare, in_p = _prepare_b(kernels, prepared)
+    pb, bnames = dict.fromkeys(in_p), set(prepared["kernels"])
+    lines += prepare
+    lines += ['extern "C" int lcmac_run_prepared(const void* A, const void* P, void* C, void* ws, void* stream) {',
+              '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
+              '  char* w = (char*)ws; (void)w; char* p = (char*)P;',
+              '  void* bufs_A = (void*)A; void* bufs_C = C;']
+    lines += slices(skip=pb) + list(in_p.values()) + memsets + _launches([k for k in kernels if k["name"] not in bnames])
+    lines += ['  return 0;', '}', '']
+    return "\n".join(lines)
+
+
+def _head(kernels: list[dict], workspace_bytes: int) -> list[str]:
+    """The entry file's declarations of the kernels' launchers, ``lcmac_last_error``,
+    ``lcmac_workspace_bytes`` and ``lcmac_init``."""
+    lines = ['#include <cuda_runtime.h>', '#include <cstdio>', '#include <cstring>', '']
+    for k in kernels:
+        params = ", ".join("int" if a in SCALAR_ARGS else "void*" for a in k["args"])
+        lines.append(f'extern "C" int {k["name"]}_init();')
+        lines.append(f'extern "C" int {k["name"]}_call({params}, cudaStream_t);')
+        lines.append(f'extern "C" const char* {k["name"]}_get_last_error();')
+    lines += ['', 'static char lcmac_err[1024];',
+              'extern "C" const char* lcmac_last_error() { return lcmac_err; }',
+              f'extern "C" long long lcmac_workspace_bytes() {{ return {workspace_bytes}LL; }}',
+              'extern "C" int lcmac_init() {', '  lcmac_err[0] = 0;']
+    for k in kernels:
+        lines.append(f'  if ({k["name"]}_init() != 0) {{ snprintf(lcmac_err, sizeof lcmac_err, '
+                     f'"%s", {k["name"]}_get_last_error()); return -1; }}')
+    return lines + ['  return 0;', '}', '']
+
+
+def _prepare_b(kernels: list[dict], prepared: dict) -> tuple[list[str], dict]:
+    """``lcmac_prepared_b_bytes`` and ``lcmac_prepare_b`` (the B-side kernels of
+    ``prepared_b_plan``'s answer into the caller's buffer P), and {buffer: the C line that
+    points it into P}."""
     pb = {n: off for n, off, _ in prepared["buffers"]}
     bnames = set(prepared["kernels"])
     in_p = {n: f'  void* bufs_{n} = (void*)(p + {off}LL);' for n, off in pb.items()}
@@ -134,23 +156,17 @@ def entry_source(kernels: list[dict], workspace: list[tuple[str, int]],
         copy_b = [f'  if (cudaMemcpyAsync(p + {pb["B"]}LL, B, {size_b}LL, cudaMemcpyDeviceToDevice, s) != '
                   'cudaSuccess) { snprintf(lcmac_err, sizeof lcmac_err, "copy of B: %s", '
                   'cudaGetErrorString(cudaGetLastError())); return -2; }']
-    lines += [f'extern "C" long long lcmac_prepared_b_bytes() {{ return {prepared["bytes"]}LL; }}',
-              'extern "C" int lcmac_prepare_b(const void* B, void* P, void* stream) {',
-              '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
-              '  char* p = (char*)P; void* bufs_B = (void*)B;']
+    lines = [f'extern "C" long long lcmac_prepared_b_bytes() {{ return {prepared["bytes"]}LL; }}',
+             'extern "C" int lcmac_prepare_b(const void* B, void* P, void* stream) {',
+             '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
+             '  char* p = (char*)P; void* bufs_B = (void*)B;']
     lines += ([ln for n, ln in in_p.items() if n != "B"] + _launches([k for k in kernels if k["name"] in bnames])
               + copy_b + ['  return 0;', '}', ''])
-    lines += ['extern "C" int lcmac_run_prepared(const void* A, const void* P, void* C, void* ws, void* stream) {',
-              '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
-              '  char* w = (char*)ws; (void)w; char* p = (char*)P;',
-              '  void* bufs_A = (void*)A; void* bufs_C = C;']
-    lines += slices(skip=pb) + list(in_p.values()) + memsets + _launches([k for k in kernels if k["name"] not in bnames])
-    lines += ['  return 0;', '}', '']
-    return "\n".join(lines)
+    return lines, in_p
 
 
 #: kernel arguments passed as int (TileLang's dynamic dimensions), not as pointers
-SCALAR_ARGS = ("batch", "nnzb", "K", "N", "M")
+SCALAR_ARGS = ("batch", "nnzb", "K", "N", "M", "Mb")
 
 
 def _refusals(refuse: str) -> list[str]:
@@ -202,6 +218,72 @@ def _batched_entry(kernels: list[dict]) -> list[str]:
             + _launches(kernels) + ['  return 0;', '}', ''] + _refusals(refuse))
 
 
+def rows_entry(kernels: list[dict], workspace: list[tuple[str, int]], rows: dict,
+               prepared: dict | None = None) -> str:
+    """The entry file of a run-time-M artifact (``schedules.cuda.rows``; ``rows`` its
+    ``info["rows"]``: ``max_rows``, the block rows ``m`` and ``row_tile`` of Mb (0: the plain
+    GEMM, no Mb), ``workspace`` [[buffer, bytes, bytes per row of Mb]]):
+
+        long long lcmac_max_rows(void);
+        long long lcmac_workspace_bytes_rows(long long M);      // what a launch of M rows needs
+        int lcmac_run_rows(const void* A, const void* B, void* C, long long M, void* ws, void* stream);
+        int lcmac_run_rows_prepared(const void* A, const void* P, void* C, long long M, void* ws,
+                                    void* stream);
+
+    the workspace slices laid out from the run-time Mb (each 256-byte aligned, in the order
+    given), M and Mb passed to the kernels that take them; M = 0 launches nothing.
+    ``lcmac_workspace_bytes`` is what ``max_rows`` need; ``lcmac_prepare_b`` is the
+    fixed-size artifact's (B̃ does not depend on M); ``lcmac_run`` refuses."""
+    prepared = prepared or {"unsupported": "not generated"}
+    lines = _head(kernels, max([off for _, off in workspace] + [0]))
+    m, tile, max_rows = int(rows["m"]), int(rows["row_tile"]), int(rows["max_rows"])
+    mb = f"((M + {m - 1}LL) / {m}LL + {tile - 1}LL) / {tile}LL * {tile}LL" if m else "0LL"
+
+    def slices(skip=(), pointers=True):
+        out = ['  long long off = 0; (void)off;']
+        for name, fixed, per_row in rows["workspace"]:
+            if name not in skip:
+                out += [f'  void* bufs_{name} = (void*)(w + off);'] * pointers
+                out += [f'  off += ({int(fixed)}LL + {int(per_row)}LL * Mb + 255LL) / 256LL * 256LL;']
+        return out
+
+    size = ['extern "C" long long lcmac_workspace_bytes_rows(long long M) {',
+            f'  const long long Mb = {mb}; (void)Mb;'] + slices(pointers=False) + ['  return off;', '}', '']
+    start = ['  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
+             f'  if (M < 0 || M > {max_rows}LL) {{ snprintf(lcmac_err, sizeof lcmac_err, "this artifact '
+             f'takes 0 to {max_rows} rows a launch, not %lld", M); return -4; }}',
+             '  if (M == 0) return 0;',
+             f'  const long long Mb = {mb};',
+             '  int bufs_M = (int)M; int bufs_Mb = (int)Mb; (void)bufs_M; (void)bufs_Mb;',
+             '  char* w = (char*)ws; (void)w;',
+             '  void* bufs_A = (void*)A; void* bufs_C = C;']
+    lines += [f'extern "C" long long lcmac_max_rows() {{ return {max_rows}LL; }}'] + size
+    lines += ['extern "C" int lcmac_run_rows(const void* A, const void* B, void* C, long long M, '
+              'void* ws, void* stream) {'] + start + ['  void* bufs_B = (void*)B;']
+    lines += slices() + _launches(kernels) + ['  return 0;', '}', '']
+    refuse = ('  snprintf(lcmac_err, sizeof lcmac_err, "this artifact takes its row count at run time: '
+              'call lcmac_run_rows"); return -3;')
+    run = ['extern "C" int lcmac_run(const void* A, const void* B, void* C, void* ws, void* stream) {',
+           '  (void)A; (void)B; (void)C; (void)ws; (void)stream;', refuse, '}',
+           'extern "C" int lcmac_run_prepared(const void* A, const void* P, void* C, void* ws, void* stream) {',
+           '  (void)A; (void)P; (void)C; (void)ws; (void)stream;', refuse, '}', '']
+    head = 'extern "C" int lcmac_run_rows_prepared(const void* A, const void* P, void* C, long long M, ' \
+           'void* ws, void* stream) {'
+    if "unsupported" in prepared:
+        why = prepared["unsupported"].replace('"', "'")
+        cannot = f'  snprintf(lcmac_err, sizeof lcmac_err, "cannot prepare B: %s", "{why}"); return -3;'
+        return "\n".join(lines + run + [
+            'extern "C" long long lcmac_prepared_b_bytes() { return -1LL; }',
+            'extern "C" int lcmac_prepare_b(const void* B, void* P, void* stream) {',
+            '  (void)B; (void)P; (void)stream;', cannot, '}', head,
+            '  (void)A; (void)P; (void)C; (void)M; (void)ws; (void)stream;', cannot, '}', ''])
+    prepare, in_p = _prepare_b(kernels, prepared)
+    bnames = set(prepared["kernels"])
+    lines += run + prepare + [head] + start + ['  char* p = (char*)P;']
+    lines += slices(skip=in_p) + list(in_p.values()) + _launches([k for k in kernels if k["name"] not in bnames])
+    return "\n".join(lines + ['  return 0;', '}', ''])
+
+
 def artifact_entry(composition, name: str, b_bytes: int) -> tuple[str, dict]:
     """(entry source, prepared-B plan) of a composition whose kernels are linked as
     ``<name>_<kernel>``; the plan names its kernels without that prefix, as the manifest
@@ -209,7 +291,11 @@ def artifact_entry(composition, name: str, b_bytes: int) -> tuple[str, dict]:
     klist = [{"name": f"{name}_{k.name}", "args": k.args} for k in composition.kernels]
     zero = (composition.info or {}).get("zero", [])
     prepared = prepared_b_plan(klist, composition.workspace, zero, b_bytes=b_bytes)
-    entry = entry_source(klist, composition.workspace, zero=zero, prepared=prepared)
+    rows = (composition.info or {}).get("rows")
+    if rows is not None:
+        entry = rows_entry(klist, composition.workspace, rows, prepared)
+    else:
+        entry = entry_source(klist, composition.workspace, zero=zero, prepared=prepared)
     if "kernels" in prepared:
         prepared = dict(prepared, kernels=[k[len(name) + 1:] for k in prepared["kernels"]])
     return entry, prepared

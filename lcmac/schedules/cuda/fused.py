@@ -18,7 +18,7 @@ import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
 from lcmac.schedules.cuda.common import (
-    ACCUM, GemmTile, all_of, emit_names, extents, raster, scaled, unrolled, uses_pdl)
+    ACCUM, GemmTile, all_of, emit_names, extents, known, raster, scaled, unrolled, uses_pdl)
 from lcmac.spec.cuda.blocking import Blocking
 from lcmac.spec.cuda.config import CudaConfig
 from lcmac.spec.cuda.order import combine_h_steps, first_in_piece, r_order, reduce_groups
@@ -68,10 +68,11 @@ class _FusedShape:
         # next_step[(i, j)][s]: steps from s to the next one into C_ij (config.combine_h_steps)
         self.steps, self.next_step = combine_h_steps(alg.W, self.order)
         self.num_k = -(-self.Kb // self.block_k)
-        self.full_m = self.Mb % self.block_m == 0
+        row_tile = getattr(blk, "row_tile", 0)      # a run-time Mb is a multiple of it (rows.py)
+        self.full_m = known(self.Mb % self.block_m == 0) or (row_tile > 0 and row_tile % self.block_m == 0)
         self.full_n = self.Nb % self.block_n == 0
-        self.rows_ok = [(i + 1) * self.Mb <= self.M for i in range(alg.m)]
-        self.cols_ok = [(j + 1) * self.Nb <= self.N for j in range(alg.n)]
+        self.rows_ok = [known((i + 1) * self.Mb <= self.M) for i in range(alg.m)]
+        self.cols_ok = [known((j + 1) * self.Nb <= self.N) for j in range(alg.n)]
 
     def conds(self, i, j, row, col):
         """Masks of one C_ij element (only those the shape needs)."""

@@ -17,7 +17,7 @@ import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
 from lcmac.schedules.cuda.common import (
-    ACCUM, GemmTile, emit_names, extents, keep_params, raster, uses_pdl)
+    ACCUM, GemmTile, emit_names, extents, grid_ctas, keep_params, raster, tile_count, uses_pdl)
 from lcmac.spec.cuda.blocking import Blocking
 from lcmac.spec.cuda.config import CudaConfig
 from lcmac.spec.cuda.support import NotSupportedYet
@@ -121,14 +121,22 @@ def _persistent_walk(pid, ctas: int, R: int, gx: int, gy: int, panel: int, rfast
             return t % R, g // gx, g % gx
         return _product_tile(t, gx, gy, panel)
 
-    return T.ceildiv(tiles - pid, ctas), tile_of
+    if isinstance(tiles, int):
+        return T.ceildiv(tiles - pid, ctas), tile_of
+    # a run-time tile count (gy): tiles - pid + ctas - 1 >= 0, so C's division is exact
+    return T.truncdiv(tiles - pid + ctas - 1, ctas), tile_of
 
 
 def _product_tile(t, gx: int, gy: int, panel: int):
     """(r, by, bx) of linear tile index t >= 0 with r slowest: the product t // (gx·gy), the
-    tile within it in TileLang's rasterised order (``raster``)."""
-    by, bx = raster(t % (gx * gy), gx, gy, panel)
-    return t // (gx * gy), by, bx
+    tile within it in TileLang's rasterised order (``raster``).  A run-time gy: C's division
+    (t >= 0), without floor division's sign handling in the producer's every step."""
+    tiles = gx * gy
+    if not isinstance(tiles, int):
+        by, bx = raster(T.truncmod(t, tiles), gx, gy, panel)
+        return T.truncdiv(t, tiles), by, bx
+    by, bx = raster(t % tiles, gx, gy, panel)
+    return t // tiles, by, bx
 
 
 def _check_cluster_grid(gy: int, panel: int) -> None:
@@ -174,8 +182,8 @@ def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = 
         return lcmac_gemm_t
 
     if ctas:
-        gx, gy = -(-N // block_n), -(-M // block_m)
-        num_ctas = min(ctas, gx * gy)
+        gx, gy = -(-N // block_n), tile_count(M, block_m)
+        num_ctas = grid_ctas(ctas, gx * gy)
 
         @T.prim_func
         def lcmac_gemm_p(A: T.Tensor(extents(M, K), dtype), B: T.Tensor(extents(*b_dims), dtype),
@@ -226,7 +234,7 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
     tile = GemmTile.of(cfg, dtype)
     block_m, block_n, block_k = tile.block_m, tile.block_n, tile.block_k
     R, Mb, Nb, Kb = blk.R, blk.Mb, blk.Nb, blk.Kb
-    gx, gy = -(-Nb // block_n), -(-Mb // block_m)
+    gx, gy = -(-Nb // block_n), tile_count(Mb, block_m)
     # TileLang picks wgmma only for tf32 tiles
     smem_dtype = T.tfloat32 if (kmajor_b and dtype == "float32") else dtype
     view_a, view_b = bool((views or {}).get("A")), bool((views or {}).get("B"))
@@ -258,7 +266,7 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
                    smem_dtype, b_tile, tile, T.ceildiv(Kb, block_k), kmajor_b, pdl, swizzle,
                    multicast_b)
 
-    num_ctas = min(ctas, R * gx * gy)
+    num_ctas = grid_ctas(ctas, R * gx * gy)
 
     @T.macro
     def kernel(At, Bt, H):

@@ -208,12 +208,13 @@ def view_loads(code: str, kname: str, sides: list[dict]) -> str:
 def launch_info(code: str, kname: str) -> dict:
     """The launch of kernel ``kname`` as its generated host launcher sets it: grid, block and
     dynamic shared memory."""
-    grid = re.search(r"config\.gridDim = dim3\(([^)]*)\)", code)
-    block = re.search(r"config\.blockDim = dim3\(([^)]*)\)", code)
+    grid = re.search(r"config\.gridDim = dim3\((.*)\);", code)
+    block = re.search(r"config\.blockDim = dim3\((.*)\);", code)
     smem = re.search(r"config\.dynamicSmemBytes = (\d+)", code)
-    # a dynamic dimension (a batched kernel's batch count) stays its name
-    tup = (lambda m: [int(x) if x.strip().isdigit() else x.strip() for x in m.group(1).split(",")]
-           if m else None)
+    # a dynamic dimension (a batched kernel's batch count, "(M + 127) / 128") stays its
+    # expression; the extents are split at the commas outside parentheses
+    tup = (lambda m: [int(x) if x.strip().isdigit() else x.strip()
+                      for x in re.split(r",(?![^(]*\))", m.group(1))] if m else None)
     return {"name": kname, "grid": tup(grid), "block": tup(block),
             "smem_bytes": int(smem.group(1)) if smem else 0}
 

@@ -84,6 +84,9 @@ class CudaConfig:
                  A of bsr×bsr blocks in BSR form (the blocks sorted by block row, row
                  pointers and block columns given at each call, with M, K and N:
                  ``schedules.cuda.bsr``); its tile defaults come from ``bsr_tile_defaults``.
+    dynamic_rows M is a kernel argument (``schedules.cuda.rows``): one artifact serves any
+                 row count, the shape's M being the most rows one launch takes; rows past M
+                 read as zero (TMA's out-of-bounds fill) and are never written.
     """
     fused: bool = False
     block_m: int = 128
@@ -112,6 +115,7 @@ class CudaConfig:
     products_per_cta: int = 1
     batched_template: str = "auto"
     bsr: int = 0
+    dynamic_rows: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
