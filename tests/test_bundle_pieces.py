@@ -132,6 +132,14 @@ def test_bundle_takes_views_and_torch_tensors(bundle):
         f(square, square, out=square)
 
 
+@pytest.mark.slow
+def test_a_piece_kernel_loaded_alone_is_refused_by_name(bundle):
+    b = read_bundle(bundle)
+    name = next(iter(b.kernels))
+    with pytest.raises(ArtifactError, match="piece kernel of a bundle.*load the bundle"):
+        lcmac.load(b.manifest_path(name))(np.ones((4, 4), np.float32), np.ones((4, 4), np.float32))
+
+
 def test_readers_refuse_formats_they_do_not_know(tmp_path):
     (tmp_path / INDEX).write_text(json.dumps({"format": "lcmac-bundle/3", "rules": [], "kernels": []}))
     with pytest.raises(ArtifactError, match=r"format 'lcmac-bundle/3'.*lcmac-bundle/1 and lcmac-bundle/2"):

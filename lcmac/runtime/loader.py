@@ -163,6 +163,10 @@ class LcmacFunction:
         check_contiguous(x, role, output=role == "out")
 
     def __call__(self, A, B, out=None):
+        if self.manifest.entry_points[0].get("kind") == "matmul_piece":
+            raise ArtifactError(f"{self.manifest.name} is a piece kernel of a bundle (C (+)= A @ B "
+                                f"on row-strided views, called by the bundle's runtime): load the "
+                                f"bundle's directory with lcmac.load instead")
         if isinstance(B, PreparedB):
             return self._run_prepared(A, B, out)
         out = self._checked(A, B, out)
