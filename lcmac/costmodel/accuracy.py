@@ -53,7 +53,9 @@ import numpy as np
 
 from lcmac.core.dtypes import normalize_model_dtype
 from lcmac.core.errors import DTypeError, ShapeError
-from lcmac.ir import catalogue
+from lcmac.core.result_cache import ResultCache, source_digest
+from lcmac.ir import algorithm as _algorithm, catalogue
+from lcmac.spec.cuda import operands as _operands
 from lcmac.spec.cuda.operands import (
     FP8_BLOCK, FP8_MAX, FP8_TINY, SPLIT_SHIFT, bound_exponent, scale_exponent)
 
@@ -307,7 +309,11 @@ def error_ratio(algorithm, dtype="bfloat16", *, variant: str = "unfused", operan
     or CPU tensors, A M×K and B K×N) simulates on a thin sample of those matrices instead:
     ``block`` random rows of each block row of A and columns of each block column of B, and
     the same random offsets within every K block.  ``block`` defaults to 32, and to 16 for
-    fp16x2, which simulates the real K (as close as 32, in a third of the time)."""
+    fp16x2, which simulates the real K (as close as 32, in a third of the time).
+
+    Results on the default inputs are kept for the process and on disk, for the next ones
+    (``<lcmac cache root>/accuracy/``, keyed by everything they depend on: ``_disk_key``);
+    ``LCMAC_CACHE_DIR=off`` keeps them in the process only.  ``inputs=`` are never kept."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
     if block is None:
@@ -346,17 +352,71 @@ def screen_ratio(algorithm, dtype, *, variant: str = "unfused", operands: str = 
                        block=16).ratio
 
 
+#: the default simulations' results on disk, between processes (``lcmac.core.result_cache``:
+#: ``<lcmac cache root>/accuracy/``; ``LCMAC_CACHE_DIR=off`` keeps them in this process only)
+_DISK = ResultCache("accuracy")
+#: the sources a simulated result depends on besides its inputs: this module (the roundings,
+#: the simulation), the CUDA operand modes' constants and scales, and the coefficients' floats
+_SOURCES = (__file__, _operands.__file__, _algorithm.__file__)
+
+
 @functools.lru_cache(maxsize=1024)
 def _cached(name, _hash, alg, d, variant, operands, ks, samples, block, seed) -> ErrorEstimate:
     if alg is None:
         alg = catalogue.get(name)
     m, k, n = alg.grid
+    key = _disk_key(_hash, d, variant, operands, ks, samples, block, seed)
+    shape = (m * block, n * block, ks)
+    hit = _from_disk(_DISK.get(key), name, d, variant, operands, samples, shape) if key else None
+    if hit is not None:
+        return hit
     rng = np.random.default_rng(seed)
 
     def normal():
         return (rng.standard_normal((m * block, ks), dtype=np.float32),
                 rng.standard_normal((ks, n * block), dtype=np.float32))
-    return _estimate(name, alg, d, variant, operands, samples, normal)
+    e = _estimate(name, alg, d, variant, operands, samples, normal)
+    if key:
+        _DISK.put(key, e.to_dict())
+    return e
+
+
+def _disk_key(alg_hash, d, variant, operands, ks, samples, block, seed) -> dict | None:
+    """Everything a default simulation's result depends on: the algorithm's coefficients
+    (``Algorithm.hash``), the roundings (dtype, variant, operand mode), the simulated slice
+    (K, samples, block), the inputs (numpy's generator seeded with ``seed``), the code that
+    computes it (``_SOURCES``) and numpy's version (its generator and roundings); None for
+    a call whose result cannot be keyed (a seed that is not an integer draws new inputs)."""
+    ints = (ks, samples, block, seed)
+    if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in ints):
+        return None
+    digest = source_digest(_SOURCES)
+    if digest is None:
+        return None
+    return {"kind": "lcmac-error-estimate/1", "algorithm": str(alg_hash), "dtype": d,
+            "variant": variant, "operands": operands, "K": int(ks), "samples": int(samples),
+            "block": int(block), "seed": int(seed), "sources": digest, "numpy": np.__version__}
+
+
+def _from_disk(v: dict | None, name, d, variant, operands, samples, shape) -> ErrorEstimate | None:
+    """The ``ErrorEstimate`` a disk entry holds, if it is a whole one of this case."""
+    if v is None:
+        return None
+
+    def num(x):
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise TypeError(f"{x!r} is not a number")
+        return float(x)
+    try:
+        got = tuple(v["shape"])
+        prec = _precision(d, operands)
+        if (v["dtype"], v["variant"], v["precision"], v["samples"], got) != \
+                (d, variant, prec, samples, shape):
+            return None
+        return ErrorEstimate(name, d, variant, prec, num(v["ratio"]), num(v["spread"]),
+                             num(v["lcma_error"]), num(v["gemm_error"]), samples, shape)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _sampler(alg, inputs, block: int, k_cap: int, seed: int):
@@ -398,6 +458,10 @@ def _sampler(alg, inputs, block: int, k_cap: int, seed: int):
     return draw
 
 
+def _precision(d: str, operands: str) -> str:
+    return PRECISIONS[d] if operands == "native" else f"{operands} operands, {PRECISIONS[d]}"
+
+
 def _estimate(name, alg, d, variant, operands, samples, draw) -> ErrorEstimate:
     rd = _roundings(d, operands)
     native = _roundings(d, "native")
@@ -424,8 +488,7 @@ def _estimate(name, alg, d, variant, operands, samples, draw) -> ErrorEstimate:
         el.append(e_l)
         eg.append(e_g)
     mean = float(np.mean(ratios))
-    prec = PRECISIONS[d] if operands == "native" else f"{operands} operands, {PRECISIONS[d]}"
-    return ErrorEstimate(name, d, variant, prec, mean,
+    return ErrorEstimate(name, d, variant, _precision(d, operands), mean,
                          float((max(ratios) - min(ratios)) / mean), float(np.mean(el)),
                          float(np.mean(eg)), samples, tuple(int(x) for x in (A.shape[0], B.shape[1], A.shape[1])))
 

@@ -58,7 +58,7 @@ from lcmac.costmodel.accuracy import check_covered, error_ratio, screen_ratio
 from lcmac.spec.profiles import HardwareProfile, get_profile, profile_for_target
 from lcmac.costmodel.stages import (
     STAGES, AlgQuantities, Estimate, StageCost, compose_quantities, gemm_estimate, gemm_intensity,
-    lcma_estimate, orbit_quantities, quantities)
+    lcma_estimates, orbit_quantities, quantities)
 
 SCHEMA = "lcmac-candidate/1"
 
@@ -286,9 +286,9 @@ def _lcma_candidate(nm: str, alg: AlgQuantities, shape, d: str, p: HardwareProfi
     M, N, K = shape
     naive_rank = alg.grid[0] * alg.grid[1] * alg.grid[2]
     best = None
-    for fused in ((True, False) if operands == "native" else (False,)):
-        e = lcma_estimate(alg, M, N, K, d, p, fused=fused, static_b=static_b,
-                          group_parallel=group_parallel, operands=operands)
+    for e in lcma_estimates(alg, M, N, K, d, p, variants=(True, False) if operands == "native"
+                            else (False,), static_b=static_b, group_parallel=group_parallel,
+                            operands=operands):
         if best is None or e.time_s < best.time_s:
             best = e
     t = float(meas.get(nm, best.time_s))

@@ -259,8 +259,28 @@ def _acc_bytes(dtype: str) -> int:
 
 
 # ---- the GEMM stage -------------------------------------------------------------------------
+#: results of pure functions of a profile, memoised for a ranking's hundreds of candidates.
+#: Profiles are immutable but unhashable (mappings inside): keyed by id, every entry holding
+#: its profile so that the id is not reused while the entry lives
+_BY_PROFILE: dict = {}
+_BY_PROFILE_MAX = 1 << 15
+
+
+def _by_profile(key: tuple, p: HardwareProfile, compute):
+    hit = _BY_PROFILE.get(key)
+    if hit is None:
+        if len(_BY_PROFILE) > _BY_PROFILE_MAX:
+            _BY_PROFILE.clear()
+        hit = _BY_PROFILE[key] = (p, compute())
+    return hit[1]
+
+
 def _gpu_tiles(p: HardwareProfile, dtype: str):
     """GPU output tiles that fit on chip (3-stage pipeline, k-block 64), best first."""
+    return _by_profile(("tiles", id(p), dtype), p, lambda: tuple(_fitting_tiles(p, dtype)))
+
+
+def _fitting_tiles(p: HardwareProfile, dtype: str) -> list:
     out = []
     for (bm, bn), eff in sorted(p.tile_efficiency.items(), key=lambda kv: -kv[1]):
         cfg = {"block_m": bm, "block_n": bn, "block_k": 64 if ITEMSIZE[dtype] <= 2 else 32,
@@ -273,7 +293,16 @@ def _gpu_tiles(p: HardwareProfile, dtype: str):
 def _gemm_compute(p: HardwareProfile, dtype: str, Mb: int, Nb: int, Kb: int, R: int,
                   m: int, n: int, schedule: str):
     """(compute seconds, detail) of R products Mb×Kb·Kb×Nb."""
-    rate = p.achievable_mul(dtype)
+    if p.kind == "cpu":                     # a few operations: cheaper than a memo's key
+        return _gemm_stage_compute(p, dtype, Mb, Nb, Kb, R, m, n, schedule)
+    t, det = _by_profile(("gemm", id(p), dtype, Mb, Nb, Kb, R, m, n, schedule), p,
+                         lambda: _gemm_stage_compute(p, dtype, Mb, Nb, Kb, R, m, n, schedule))
+    return t, {k: list(v) if isinstance(v, list) else v for k, v in det.items()}  # the caller's own
+
+
+def _gemm_stage_compute(p: HardwareProfile, dtype: str, Mb: int, Nb: int, Kb: int, R: int,
+                        m: int, n: int, schedule: str):
+    rate = _by_profile(("rate", id(p), dtype), p, lambda: p.achievable_mul(dtype))
     if p.kind == "cpu":
         h = p.shape_half
         eff = 1.0 / (1.0 + h / Mb + h / Nb + h / Kb)
@@ -285,7 +314,8 @@ def _gemm_compute(p: HardwareProfile, dtype: str, Mb: int, Nb: int, Kb: int, R: 
         wa = wave_analysis(Mb * m, Nb * n, units=p.units, tile=(bm, bn), m=m, n=n, R=R)
         # split-K when the tiles cannot fill the machine: s partial tiles per tile, each
         # over Kb/s, plus writing and re-reading s fp32 partial outputs
-        splits = [1] + [sk for sk in (2, 3, 4, 6, 8) if wa.tiles < 2 * p.units and Kb // sk >= 128]
+        tiles = wa.tiles
+        splits = [1] + [sk for sk in (2, 3, 4, 6, 8) if tiles < 2 * p.units and Kb // sk >= 128]
         for sk in splits:
             kb = ceil(Kb / sk)
             if schedule == "whole-group":
@@ -334,6 +364,7 @@ class OperandTerms:
         return 1.0 + p.peak_mul(self.gemm_dtype) / (self.products * bk * p.peak_add("float32"))
 
 
+@functools.lru_cache(maxsize=64)
 def operand_terms(mode: str, d: str) -> OperandTerms:
     """The terms of operand ``mode`` for storage dtype ``d`` (a clear error for a mode that
     does not exist or does not apply to ``d``)."""
@@ -437,9 +468,20 @@ def lcma_estimate(alg, M: int, N: int, K: int, dtype, profile, *, fused: bool = 
     Ã/B̃ as fp16 (two halves for "fp16x2", whose products cost three fp16 tensor-core
     products each) and H as fp32.
     """
+    return lcma_estimates(alg, M, N, K, dtype, profile, variants=(fused,),
+                          group_parallel=group_parallel, static_b=static_b, schedule=schedule,
+                          cse=cse, operands=operands)[0]
+
+
+def lcma_estimates(alg, M: int, N: int, K: int, dtype, profile, *,
+                   variants: tuple[bool, ...] = (True, False), group_parallel: bool = True,
+                   static_b: bool = False, schedule: str | None = None, cse: bool = False,
+                   operands: str = "native") -> tuple[Estimate, ...]:
+    """``lcma_estimate`` for each Combine-H variant in ``variants`` (``fused`` values), in
+    that order: one pass, the combines of A and B (the same for every variant) priced once."""
     p, d = _prep(M, N, K, dtype, profile)
     o = operand_terms(operands, d)
-    if o.mode != "native" and fused:
+    if o.mode != "native" and any(variants):
         raise LcmacError(f"operands={o.mode!r} runs on Algorithm 1 only (fused=False)")
     q = quantities(alg, cse)
     m, k, n = q.grid
@@ -463,44 +505,48 @@ def lcma_estimate(alg, M: int, N: int, K: int, dtype, profile, *, fused: bool = 
     ca = combine("A", Mb * Kb)
     cb = _none("combine_b", "B static: combined offline") if static_b else combine("B", Kb * Nb)
 
-    sched = schedule or ("split-group" if fused else "per-tile")
-    tc, det = _gemm_compute(p, o.gemm_dtype, Mb, Nb, Kb, R, m, n, sched)
-    tc *= o.products * _epilogue(o, p)
-    gflops = 2.0 * R * Mb * Nb * Kb
-    gbytes = R * (Mb * Kb + Kb * Nb) * o.op_bytes + (m * n * so if fused else R * o.h_bytes) * Mb * Nb
-    det = dict(det, products=R, block=[Mb, Kb, Nb])
-    if o.mode != "native":
-        det.update(operands=o.mode, tensor_core_products=o.products)
+    out = []
+    for fused in variants:
+        sched = schedule or ("split-group" if fused else "per-tile")
+        tc, det = _gemm_compute(p, o.gemm_dtype, Mb, Nb, Kb, R, m, n, sched)
+        tc *= o.products * _epilogue(o, p)
+        gflops = 2.0 * R * Mb * Nb * Kb
+        gbytes = (R * (Mb * Kb + Kb * Nb) * o.op_bytes
+                  + (m * n * so if fused else R * o.h_bytes) * Mb * Nb)
+        det = dict(det, products=R, block=[Mb, Kb, Nb])
+        if o.mode != "native":
+            det.update(operands=o.mode, tensor_core_products=o.products)
 
-    if fused:
-        # the epilogue accumulates each H tile into the C tiles it feeds
-        acc_bytes = (2 * q.nnz["W"] - m * n) * Mb * Nb * sa
-        if p.kind == "gpu":
-            acc_bw = p.l2_bw
+        if fused:
+            # the epilogue accumulates each H tile into the C tiles it feeds
+            acc_bytes = (2 * q.nnz["W"] - m * n) * Mb * Nb * sa
+            if p.kind == "gpu":
+                acc_bw = p.l2_bw
+            else:
+                c_bytes = m * n * Mb * Nb * sa
+                acc_bw = p.l2_bw if (p.l3_bytes and c_bytes <= p.l3_bytes / 2) else bw
+                # on a CPU the accumulation goes to DRAM: account it as DRAM traffic
+            hidden = 1.0 - p.epilogue_overlap
+            hadds = q.nnz["W"] * Mb * Nb
+            th = hidden * max(acc_bytes / acc_bw, hadds / add)
+            dram = acc_bytes if p.kind == "cpu" and acc_bw == bw else 0.0
+            ch = StageCost("combine_h", hadds, dram, th, "memory", MappingProxyType({
+                "fused": True, "accumulation_bytes": float(acc_bytes),
+                "accumulated_in": "L2" if acc_bw == p.l2_bw else "DRAM",
+                "hidden_fraction": p.epilogue_overlap}))
         else:
-            c_bytes = m * n * Mb * Nb * sa
-            acc_bw = p.l2_bw if (p.l3_bytes and c_bytes <= p.l3_bytes / 2) else bw
-            # on a CPU the accumulation goes to DRAM: account it as DRAM traffic
-        hidden = 1.0 - p.epilogue_overlap
-        hadds = q.nnz["W"] * Mb * Nb
-        th = hidden * max(acc_bytes / acc_bw, hadds / add)
-        ch = StageCost("combine_h", hadds, acc_bytes if p.kind == "cpu" and acc_bw == bw else 0.0,
-                       th, "memory", MappingProxyType({
-                           "fused": True, "accumulation_bytes": float(acc_bytes),
-                           "accumulated_in": "L2" if acc_bw == p.l2_bw else "DRAM",
-                           "hidden_fraction": p.epilogue_overlap}))
-    else:
-        blk = Mb * Nb
-        reads = R if group_parallel else q.nnz["W"]
-        ch = _roof("combine_h", q.additions["H"] * blk, (reads * o.h_bytes + m * n * so) * blk,
-                   add, bw, {"fused": False, "group_parallel": group_parallel})
-    tm = gbytes / bw
-    g = StageCost("gemm", gflops, gbytes, max(tc, tm), "compute" if tc >= tm else "memory",
-                  MappingProxyType(det))
-    kernels = 1 + (0 if static_b else 1) + 1 + (0 if fused else 1) + (2 if o.amax else 0)
-    stages = {"combine_a": ca, "combine_b": cb, "gemm": g, "combine_h": ch}
-    return Estimate(q.name, q.grid, R, "fused" if fused else "unfused",
-                    MappingProxyType(stages), kernels * p.launch_overhead_s, kernels)
+            blk = Mb * Nb
+            reads = R if group_parallel else q.nnz["W"]
+            ch = _roof("combine_h", q.additions["H"] * blk, (reads * o.h_bytes + m * n * so) * blk,
+                       add, bw, {"fused": False, "group_parallel": group_parallel})
+        tm = gbytes / bw
+        g = StageCost("gemm", gflops, gbytes, max(tc, tm), "compute" if tc >= tm else "memory",
+                      MappingProxyType(det))
+        kernels = 1 + (0 if static_b else 1) + 1 + (0 if fused else 1) + (2 if o.amax else 0)
+        stages = {"combine_a": ca, "combine_b": cb, "gemm": g, "combine_h": ch}
+        out.append(Estimate(q.name, q.grid, R, "fused" if fused else "unfused",
+                            MappingProxyType(stages), kernels * p.launch_overhead_s, kernels))
+    return tuple(out)
 
 
 def stage_table(alg, M: int, N: int, K: int, dtype, profile, **kw) -> dict:
