@@ -104,6 +104,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """A count that may be 0 (--top-lcmas: none tuned)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer of 0 or more")
+    return value
+
+
 def target_name(name: str | None) -> str:
     """``--target`` as a name the model looks up: none (this CPU), 'host' and 'cuda' become
     the target ``lcmac build`` would pick; other names (profiles included) pass as given."""

@@ -12,7 +12,8 @@ from lcmac.policy import EveryKernel, plan
 from lcmac.spec.targets import schedule_family
 from lcmac.tune.calibrate import calibrate_from_db
 from lcmac.tune.sweep import SIZES, calibrate_device, calibration_shapes
-from lcmac.cli.arguments import DTYPE_HELP, TARGET_NAMES, positive_int, shape_arg, target_name
+from lcmac.cli.arguments import (
+    DTYPE_HELP, TARGET_NAMES, non_negative_int, positive_int, shape_arg, target_name)
 from lcmac.cli.exit_codes import FAILURE, UsageError
 from lcmac.cli.output import add_json_argument, dump_json, table
 from lcmac.cli.tune import _dry_measure, _result_rows, _tune_doc
@@ -116,7 +117,7 @@ def add_calibrate_parser(sub) -> None:
                         "would end after them (default 600)")
     s.add_argument("--budget", type=positive_int, default=1,
                    help="configs measured per algorithm beside its default one (default 1)")
-    s.add_argument("--top-lcmas", type=int, default=2, help="LCMAs measured per shape (default 2)")
+    s.add_argument("--top-lcmas", type=non_negative_int, default=2, help="LCMAs measured per shape (default 2)")
     s.add_argument("--jobs", type=positive_int, default=2, help="parallel compile processes (default 2)")
     s.add_argument("--logs", default=None, metavar="DIR",
                    help="tuning-log directory to write and decide from (default: the user's, "

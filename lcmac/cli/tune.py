@@ -15,7 +15,8 @@ from lcmac.spec.targets import schedule_family
 from lcmac.tune import tuner
 from lcmac.tune.llm_shapes import llm_cpu_shapes, llm_shapes
 from lcmac.tune.plot import plot_predicted_vs_measured
-from lcmac.cli.arguments import DTYPE_HELP, TARGET_NAMES, positive_int, shape_arg, target_name
+from lcmac.cli.arguments import (
+    DTYPE_HELP, TARGET_NAMES, non_negative_int, positive_int, shape_arg, target_name)
 from lcmac.cli.exit_codes import FAILURE, UsageError
 from lcmac.cli.output import add_json_argument, dump_json, table
 from lcmac.cli.output_dir import writable_output_dir
@@ -217,10 +218,10 @@ def add_tune_parser(sub) -> None:
                    help="CUDA: search the configs of this operand precision (CudaConfig.operands, "
                         "logged with it; `lcmac build --config '{\"operands\": \"fp16x2\"}'` "
                         "then takes the best logged config of that mode)")
-    s.add_argument("--patience", type=int, default=4,
+    s.add_argument("--patience", type=positive_int, default=4,
                    help="stop after this many measurements without improvement (default 4)")
     s.add_argument("--jobs", type=positive_int, default=2, help="parallel compile processes (default 2)")
-    s.add_argument("--top-lcmas", type=int, default=2, help="LCMAs tuned by --algo auto (default 2)")
+    s.add_argument("--top-lcmas", type=non_negative_int, default=2, help="LCMAs tuned by --algo auto (default 2)")
     s.add_argument("--max-error", type=max_error_arg, default=None, metavar="X",
                    help="with --algo auto: only LCMAs predicted within X times the plain GEMM's "
                         "error (lcmac select --max-error)")

@@ -89,10 +89,19 @@ def test_an_infinite_error_budget_lifts_it(capsys):
     ["tune", "--shape", "64x64x64", "--dry-run", "--repeats", "0"],
     ["tune", "--shapes", "llm-cpu", "--dry-run", "--limit", "0"],
     ["calibrate", "--sizes", "64", "--dry-run", "--budget", "0"],
-    ["calibrate", "--sizes", "64", "--dry-run", "--jobs", "two"]])
+    ["calibrate", "--sizes", "64", "--dry-run", "--jobs", "two"],
+    ["tune", "--shape", "64x64x64", "--dry-run", "--patience", "0"]])
 def test_a_count_below_one_is_a_usage_error(capsys, argv):
     code, _, err = run(capsys, *argv)
     _usage_error(code, err, argv[-2], "must be a positive integer")
+
+
+@pytest.mark.parametrize("argv", [
+    ["tune", "--shape", "64x64x64", "--dry-run", "--top-lcmas", "-1"],
+    ["calibrate", "--sizes", "64", "--dry-run", "--top-lcmas", "-2"]])
+def test_a_negative_lcma_count_is_a_usage_error(capsys, argv):
+    code, _, err = run(capsys, *argv)
+    _usage_error(code, err, argv[-2], "must be an integer of 0 or more")
 
 
 def test_a_sustained_warm_up_out_of_range_is_a_usage_error(capsys):
