@@ -1,12 +1,16 @@
 #!/usr/bin/env python
-"""CPU benchmark: numpy (the BLAS numpy links) vs lcmac's plain GEMM vs lcmac LCMAs, float32.
+"""CPU benchmark: the vendor GEMMs (numpy's BLAS, and torch.matmul's MKL / oneDNN where torch
+is installed) vs lcmac's plain GEMM vs lcmac LCMAs, float32.
 
-One process, every variant measured interleaved (round-robin), with a pause before each
-timed call: OpenBLAS's worker threads spin for ~0.1 s after a call and halve the speed of
-whatever runs next.  Reports the median of the rounds as effective GFLOP/s (2·M·N·K / t, the
-classical flop count, so an LCMA's gain shows as more GFLOP/s), the ratio to numpy (of the
-medians) and the paired ratio (the median over the rounds of numpy's time / the variant's in
-the same round, which a drift of the machine's speed during the run does not move).
+One process, every variant measured interleaved (round-robin, round r starting at the r-th
+variant so that none is always first), with a pause before each timed call: OpenBLAS's worker
+threads spin for ~0.1 s after a call and halve the speed of whatever runs next.  Reports the
+median of the rounds as effective GFLOP/s (2·M·N·K / t, the classical flop count, so an LCMA's
+gain shows as more GFLOP/s), the ratio to the faster baseline of the case (numpy or
+torch.matmul, by median; of the medians) and the paired ratio (the median over the rounds of
+that baseline's time / the variant's in the same round, which a drift of the machine's speed
+during the run does not move).  The JSON keeps the ratios to numpy too, and names each
+baseline's library, version and threads, the CPU model, its flags and the thread counts.
 Builds for this machine's target (``select_target``: x86-64 by its AVX level; on AArch64
 the fixed-length SVE target for the CPU's vector length, else NEON), so it runs unchanged on
 an AArch64 host; ``--target`` overrides, ``--dry-run`` prints the plan without building.
@@ -14,10 +18,11 @@ an AArch64 host; ``--target`` overrides, ``--dry-run`` prints the plan without b
     python scripts/bench_cpu.py                        # squares 1024/2048/4096 + LLM shapes
     python scripts/bench_cpu.py --sizes 2048 --no-llm --rounds 5
     python scripts/bench_cpu.py --sizes 4096 --no-llm --variants gemm,strassen^2 --products
-    python scripts/bench_cpu.py --artifacts out/*.json # artifacts you built, each against numpy
+    python scripts/bench_cpu.py --artifacts out/*.json # artifacts you built, against the baselines
+    python scripts/bench_cpu.py --sizes 2048,4096 --no-llm --variants none   # the baselines alone
 
 With ``--artifacts`` nothing is built: every CPU artifact given (its manifest, or the ``.so``
-beside it) is timed against numpy at its own shape and dtype, interleaved in the same rounds;
+beside it) is timed against the baselines at its own shape and dtype, interleaved in the same rounds;
 files that are not artifact manifests are skipped with a note.  Each lcmac callable runs on a
 thread of its own (``OwnThread``), as it would in a program that uses one: apache-tvm's
 workspace pool belongs to the calling thread, so artifacts called from one thread would share
@@ -80,6 +85,54 @@ def cpu_description() -> str:
     return f"{model}, {os.cpu_count()} CPUs, {platform.machine()}, {platform.system()} {platform.release()}"
 
 
+#: the vendor GEMMs every case is timed with (torch.matmul where torch imports); the ratios
+#: are against the faster of them
+BASELINES = ("numpy", "torch.matmul")
+
+
+def vendor_gemms(dtype: str) -> dict:
+    """baseline name → ``lcmac.runtime.cpu_vendor.CpuGemm`` of this process for ``dtype``."""
+    from lcmac.runtime import cpu_vendor
+    return {("numpy" if g.api == cpu_vendor.NUMPY else g.api): g for g in cpu_vendor.gemms(dtype)}
+
+
+def describe_baselines(dtype: str) -> str:
+    return "; ".join(f"{name} {g.version} ({g.library}, {g.threads} threads)"
+                     for name, g in vendor_gemms(dtype).items())
+
+
+def fastest_baseline(runs: dict) -> str:
+    """The baseline of ``runs`` with the smallest median."""
+    return min((n for n in BASELINES if n in runs), key=lambda n: statistics.median(runs[n]))
+
+
+def baseline_rows(runs: dict, dtype: str) -> dict:
+    """name → the baseline's library, api, version, threads, median, spread and paired ratio
+    to the faster baseline."""
+    out, best = {}, fastest_baseline(runs)
+    for name, g in vendor_gemms(dtype).items():
+        ts = runs.get(name)
+        if ts:
+            med = statistics.median(ts)
+            out[name] = {**g.config(), "median_s": med, "spread": (max(ts) - min(ts)) / med,
+                         "ratio_vs_fastest": statistics.median(runs[best]) / med,
+                         "ratio_paired_vs_fastest": paired(runs[best], ts), "seconds": ts}
+    return out
+
+
+def machine_fields(threads: int) -> dict:
+    """The CPU (model, logical CPUs, instruction-set flags) and the threads each library ran."""
+    from lcmac.runtime import cpu_vendor
+    from lcmac.spec.device import cpu_identity
+    cpu = cpu_identity()
+    gemms = vendor_gemms("float32")
+    return {"cpu": {"model": cpu.name, **dict(cpu.details)},
+            "threads_by_library": {"asked": threads, "numpy": cpu_vendor.numpy_threads(),
+                                   **({"torch": gemms["torch.matmul"].threads}
+                                      if "torch.matmul" in gemms else {})},
+            "vendors": {name: g.config() for name, g in gemms.items()}}
+
+
 def select_target(name: str = "host"):
     """The lcmac target to build for: ``host`` is this machine's, or a target name."""
     from lcmac.spec.cpu import aarch64
@@ -111,10 +164,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--pause", type=float, default=0.3, help="seconds of quiet before each timed call")
-    ap.add_argument("--variants", default=",".join(v[0] for v in VARIANTS))
+    ap.add_argument("--variants", default=",".join(v[0] for v in VARIANTS),
+                    help="comma separated; 'none': the baselines alone")
     ap.add_argument("--artifacts", nargs="+", metavar="FILE", default=None,
-                    help="benchmark these artifacts (manifests .json, or their .so) against numpy "
-                         "instead of building the variants; non-manifest files are skipped")
+                    help="benchmark these artifacts (manifests .json, or their .so) against the "
+                         "vendor GEMMs instead of building the variants; non-manifest files are skipped")
     ap.add_argument("--build-dir", default=str(Path(tempfile.gettempdir()) / "lcmac-bench-cpu"),
                     help="where the variants' artifacts are built (default: a temporary directory)")
     ap.add_argument("--out", default=None,
@@ -137,6 +191,11 @@ def main(argv=None) -> int:
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TVM_NUM_THREADS"):
         os.environ[var] = str(args.threads)
     import numpy as np
+    try:
+        import torch
+        torch.set_num_threads(args.threads)      # its intra-op pool = numpy's BLAS threads
+    except ImportError:
+        pass
     import lcmac
     if args.artifacts is not None:
         return bench_artifacts(args)
@@ -156,7 +215,8 @@ def main(argv=None) -> int:
     art = Path(args.build_dir)
     print(f"# lcmac CPU benchmark, float32, {args.threads} threads, target {target.name}")
     print(f"# {cpu_description()}")
-    print(f"# numpy {np.__version__}, median of {args.rounds} interleaved rounds, {args.pause}s pause")
+    print(f"# baselines: {describe_baselines('float32')}")
+    print(f"# median of {args.rounds} interleaved rounds, {args.pause}s pause")
     results = []
     for label, M, N, K in cases:
         t0 = time.perf_counter()
@@ -187,21 +247,30 @@ def main(argv=None) -> int:
         runs, errs = time_against_numpy((M, N, K), "float32", fns, args.rounds, args.pause,
                                         prepared_b=args.prepared_b)
         flops = 2.0 * M * N * K
-        base = float(np.median(runs["numpy"]))
-        print(f"\n{label}: M={M} N={N} K={K}  (builds {tb:.1f} s)")
+        best = fastest_baseline(runs)
+        base, base_np = float(np.median(runs[best])), float(np.median(runs["numpy"]))
+        print(f"\n{label}: M={M} N={N} K={K}  (builds {tb:.1f} s; baseline {best}, the faster "
+              "by median)")
         print(f"  {'variant':22s} {'GFLOP/s':>8s} {'ratio':>7s} {'paired':>7s} {'spread':>7s} {'min..max GFLOP/s':>18s} {'rel.err':>9s}")
-        row = {"case": label, "M": M, "N": N, "K": K, "numpy_seconds": runs["numpy"], "variants": {}}
+        row = {"case": label, "M": M, "N": N, "K": K, "numpy_seconds": runs["numpy"],
+               "fastest_baseline": best, "baselines": baseline_rows(runs, "float32"),
+               "variants": {}}
         for name, ts in runs.items():
             med = float(np.median(ts))
             g = flops / med / 1e9
             r = base / med
             lo, hi = flops / max(ts) / 1e9, flops / min(ts) / 1e9
             spread = (max(ts) - min(ts)) / med           # of the rounds, relative to the median
-            pr = paired(runs["numpy"], ts)
+            pr = paired(runs[best], ts)
             err = errs.get(name, 0.0)
             print(f"  {name:22s} {g:8.1f} {r:7.3f} {pr['median']:7.3f} {spread * 100:6.1f}% {lo:8.1f}..{hi:<8.1f} "
                   + ("      n/a" if err is None else f"{err:9.2e}"))
-            row["variants"][name] = {"gflops": g, "ratio_vs_numpy": r, "ratio_paired": pr,
+            if name in BASELINES[1:]:
+                continue                                  # in row["baselines"]
+            row["variants"][name] = {"gflops": g, "ratio_vs_fastest": r,
+                                     "ratio_paired_vs_fastest": pr,
+                                     "ratio_vs_numpy": base_np / med,
+                                     "ratio_paired": paired(runs["numpy"], ts),
                                      "seconds": ts, "spread": spread,
                                      "config": cfgs.get(name.removesuffix("+prepB")),
                                      "runs": getattr(dict(fns).get(name), "plan", None),
@@ -209,13 +278,13 @@ def main(argv=None) -> int:
                                      "rel_error": errs.get(name)}
         results.append(row)
         del fns
-    print("\n# ratio = numpy's median / this median; paired = median over the rounds of numpy's "
-          "time / this time in the same round")
+    print("\n# ratio = the faster baseline's median / this median; paired = median over the rounds "
+          "of that baseline's time / this time in the same round")
     if args.products:
         print("# numpy-RxBMxBNxBK: numpy on an LCMA's R block products alone (GFLOP/s counted on "
               "the whole product, as for the LCMA): its GEMM stage at the BLAS's speed, combines free")
     write_results(args, "float32", {
-        "benchmark": "lcmac CPU float32", "target": target.name,
+        "benchmark": "lcmac CPU float32", "target": target.name, **machine_fields(args.threads),
         "configs": ("tuning log" if args.tuned else
                     "templates' defaults for each shape (see each variant's config)"),
         "results": results})
@@ -295,10 +364,11 @@ class OwnThread:
 
 
 def time_against_numpy(shape, dtype: str, fns, rounds: int, pause: float, prepared_b: bool = False):
-    """Random normal A, B of ``shape`` = (M, N, K); each (name, f) in ``fns`` and numpy timed in
-    interleaved rounds; with ``prepared_b`` each f also as ``f(A, f.prepare_b(B))`` (B prepared
-    once, untimed), named ``name+prepB``.  Returns (seconds per round by name, relative error
-    against float64 by name, numpy's included)."""
+    """Random normal A, B of ``shape`` = (M, N, K); each (name, f) in ``fns`` and the baselines
+    (numpy, and torch.matmul on views of the same arrays where torch imports) timed in
+    interleaved rounds; with ``prepared_b`` each f also as ``f(A, f.prepare_b(B))`` (B
+    prepared once, untimed), named ``name+prepB``.  Returns (seconds per round by name,
+    relative error against float64 by name, the baselines' included)."""
     import numpy as np              # after main() set the thread count OpenBLAS reads at import
     M, N, K = shape
     rng = np.random.default_rng(0)
@@ -317,27 +387,37 @@ def time_against_numpy(shape, dtype: str, fns, rounds: int, pause: float, prepar
     for name, f, b in cases:
         f(A, b, out=C)
         errs[name] = None if getattr(f, "products", False) else float(np.linalg.norm(C - ref) / nref)
-    del ref
 
     def np_call():
         np.matmul(A, B, out=C)
+    baselines = [("numpy", np_call)]
+    if "torch.matmul" in vendor_gemms(dtype):
+        import torch
+        tA, tB, tC = torch.from_numpy(A), torch.from_numpy(B), torch.from_numpy(C)   # no copies
+        torch.matmul(tA, tB, out=tC)
+        errs["torch.matmul"] = float(np.linalg.norm(C - ref) / nref)
+        baselines.append(("torch.matmul", lambda: torch.matmul(tA, tB, out=tC)))
+    del ref
 
     def call_of(f, b):
         if isinstance(f, OwnThread):
             return lambda: f.timed(A, b, out=C)
         return lambda: f(A, b, out=C)
-    calls = [("numpy", np_call)] + [(n, call_of(f, b)) for n, f, b in cases]
-    return interleaved(calls, rounds, pause), errs
+    calls = baselines + [(n, call_of(f, b)) for n, f, b in cases]
+    return interleaved(calls, rounds, pause, rotate=True), errs
 
 
-def interleaved(calls, rounds: int, pause: float) -> dict[str, list[float]]:
+def interleaved(calls, rounds: int, pause: float, rotate: bool = False) -> dict[str, list[float]]:
     """Time every (name, call) once per round, round-robin, ``pause`` seconds of quiet before
     each (OpenBLAS's spinning workers slow whatever runs next).  Each timed call follows an
     untimed one right away (caches, workspace pool, and the threads the pause parked: on the
-    2-core VM a 768³ numpy call took 6.1 ms after 0.3 s of quiet, 5.5 ms right after another)."""
+    2-core VM a 768³ numpy call took 6.1 ms after 0.3 s of quiet, 5.5 ms right after another).
+    ``rotate``: round r starts at call r (mod n), so that no call always runs first in a
+    round, right after the last one's threads (numpy's and torch's pools are not the same)."""
     runs: dict[str, list[float]] = {name: [] for name, _ in calls}
-    for _ in range(rounds):
-        for name, call in calls:
+    for r in range(rounds):
+        k = r % max(len(calls), 1) if rotate else 0
+        for name, call in calls[k:] + calls[:k]:
             time.sleep(pause)
             call()                                      # warm, untimed
             t = time.perf_counter()
@@ -347,10 +427,10 @@ def interleaved(calls, rounds: int, pause: float) -> dict[str, list[float]]:
 
 
 def paired(base_ts, ts) -> dict:
-    """numpy's time / this variant's time in each round: median, min, max.  The two calls of
-    a round run seconds apart, so a drift of the VM's speed over the run (numpy's rounds have
-    moved by 30 % within one) cancels in each ratio; the median ratio of the medians does not
-    pair them."""
+    """The baseline's time / this variant's time in each round: median, min, max.  The two
+    calls of a round run seconds apart, so a drift of the VM's speed over the run (numpy's
+    rounds have moved by 30 % within one) cancels in each ratio; the median ratio of the
+    medians does not pair them."""
     r = [b / t for b, t in zip(base_ts, ts)]
     return {"median": statistics.median(r), "min": min(r), "max": max(r)}
 
@@ -413,7 +493,7 @@ def artifact_manifests(names) -> list[Path]:
 
 
 def bench_artifacts(args) -> int:
-    """``--artifacts``: each given CPU artifact against numpy at its own shape, interleaved."""
+    """``--artifacts``: each given CPU artifact against the baselines at its own shape, interleaved."""
     import numpy as np
     import lcmac
 
@@ -434,34 +514,43 @@ def bench_artifacts(args) -> int:
         groups.setdefault((man.M, man.N, man.K, man.dtype), []).append((m, OwnThread(f)))
     if not groups:
         return 2
-    print(f"# lcmac CPU artifacts vs numpy, {args.threads} threads")
+    print(f"# lcmac CPU artifacts vs the vendor GEMMs, {args.threads} threads")
     print(f"# {cpu_description()}")
-    print(f"# numpy {np.__version__}, median of {args.rounds} interleaved rounds, {args.pause}s pause")
+    print(f"# baselines: {describe_baselines('float32')}")
+    print(f"# median of {args.rounds} interleaved rounds, {args.pause}s pause")
     results = []
     for (M, N, K, dtype), fns in groups.items():
         runs, errs = time_against_numpy((M, N, K), dtype, list(zip(_labels([m for m, _ in fns]),
                                                                        (f for _, f in fns))),
                                         args.rounds, args.pause, prepared_b=args.prepared_b)
         flops = 2.0 * M * N * K
-        base = float(np.median(runs["numpy"]))
-        print(f"\n{dtype} M={M} N={N} K={K}")
-        print(f"  {'':44s} {'median ms':>9s} {'spread':>7s} {'GFLOP/s':>8s} {'vs numpy':>8s} {'paired':>7s} {'rel.err':>9s}")
-        row = {"M": M, "N": N, "K": K, "dtype": dtype, "variants": {}}
+        best = fastest_baseline(runs)
+        base, base_np = float(np.median(runs[best])), float(np.median(runs["numpy"]))
+        print(f"\n{dtype} M={M} N={N} K={K}  (baseline {best}, the faster by median)")
+        print(f"  {'':44s} {'median ms':>9s} {'spread':>7s} {'GFLOP/s':>8s} {'vs best':>8s} {'paired':>7s} {'rel.err':>9s}")
+        row = {"M": M, "N": N, "K": K, "dtype": dtype, "fastest_baseline": best,
+               "baselines": baseline_rows(runs, dtype), "variants": {}}
         for name, ts in runs.items():
             med = float(np.median(ts))
             spread = (max(ts) - min(ts)) / med
             g, r = flops / med / 1e9, base / med
-            pr = paired(runs["numpy"], ts)
+            pr = paired(runs[best], ts)
             print(f"  {name:44s} {med * 1e3:9.2f} {spread * 100:6.1f}% {g:8.1f} {r:7.3f}x {pr['median']:6.3f}x "
                   f"{errs[name]:9.2e}")
+            if name in BASELINES[1:]:
+                continue                                  # in row["baselines"]
             row["variants"][name] = {"median_s": med, "spread": spread, "gflops": g,
-                                     "ratio_vs_numpy": r, "ratio_paired": pr, "seconds": ts,
+                                     "ratio_vs_fastest": r, "ratio_paired_vs_fastest": pr,
+                                     "ratio_vs_numpy": base_np / med,
+                                     "ratio_paired": paired(runs["numpy"], ts), "seconds": ts,
                                      "rel_error": errs[name]}
         results.append(row)
-    print("\n# spread = (max - min) / median of the rounds; vs numpy = numpy's median / this median;"
-          " paired = median over the rounds of numpy's time / this time in the same round")
+    print("\n# spread = (max - min) / median of the rounds; vs best = the faster baseline's median / "
+          "this median; paired = median over the rounds of that baseline's time / this time in the "
+          "same round")
     dtypes = sorted({k[3] for k in groups})
-    write_results(args, "-".join(dtypes), {"benchmark": "lcmac CPU artifacts vs numpy",
+    write_results(args, "-".join(dtypes), {"benchmark": "lcmac CPU artifacts vs the vendor GEMMs",
+                                            **machine_fields(args.threads),
                                             "artifacts": [str(m) for m in found], "results": results})
     return 0
 

@@ -631,5 +631,5 @@ def register() -> None:
         _registered.extend([op, lin])
 
 
-if "torch" in sys.modules:
+if sys.modules.get("torch") is not None:     # None: torch blocked from importing
     register()

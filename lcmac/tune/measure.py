@@ -14,9 +14,10 @@ two shared cores are not shared with a compiler while timing.  After the correct
 (docs/design.md).
 
 **Paired with the vendor on the CPU** (``paired=True``, which the tuner asks for when it times
-the vendor GEMM as the baseline): the artifact and ``numpy.matmul`` on the same operands are
-timed in alternating rounds (``time_paired``; the order flips every round, a pause before
-each run), and the vendor's median of those same rounds is returned as ``vendor_paired_s``.
+the vendor GEMM as the baseline): the artifact and the CPU's vendor GEMM on the same operands
+are timed in alternating rounds (``time_paired``; the order flips every round, a pause before
+each run), and the vendor's median of those same rounds is returned as ``vendor_paired_s``
+(with ``vendor_api``, which vendor GEMM it was).
 A shared VM's speed moves by ±10 % and more between minutes, so a kernel timed alone, minutes
 after the vendor, can look ahead or behind by more than the margins the decision uses; the
 ratio of two times taken in the same rounds cannot (the decision puts such a kernel's time
@@ -27,8 +28,13 @@ several input sets when they would fit in L2 (a kernel must not be timed on cach
 operands), the output is poisoned with NaN before the correctness run (every element must be
 written), and the reference rows are computed on the device in float64.  The measuring
 process keeps the last shape's operands, so the configs of one shape (and the vendor
-baseline, ``measure_vendor``: torch.matmul = cuBLAS on a GPU, numpy.matmul on a CPU) are
-timed on the same inputs.
+baseline, ``measure_vendor``: torch.matmul = cuBLAS on a GPU) are timed on the same inputs.
+
+**The CPU's vendor GEMM** is the faster of numpy.matmul and torch.matmul (MKL / oneDNN) where
+torch is installed (``lcmac.runtime.cpu_vendor``): ``choose_cpu_vendor`` measures the two in
+paired rounds at the product's size class, once per device, and keeps the choice;
+``measure_vendor`` then times that one, and its record's config names it (``library``,
+``api``).  Where numpy has no such dtype (bfloat16) it is torch.matmul (oneDNN).
 
 The callable protocol it relies on: ``lcmac.load(path)`` returns ``f`` with ``f(A, B) → C``
 (numpy arrays on CPU; torch tensors on CUDA, on the GPU); if ``f(A, B)`` raises TypeError or
@@ -44,6 +50,7 @@ import statistics
 import sys
 import time
 
+from lcmac.runtime import cpu_vendor
 from lcmac.runtime.loader import load
 from lcmac.spec.precision import torch_precision_set
 
@@ -162,9 +169,10 @@ def time_paired(run, vendor, *, warmup: int = 2, repeats: int = 5, min_run_s: fl
                 fn()
             times.append((time.perf_counter() - t0) / inner)
     tr, tv = sides[0][3], sides[1][3]
-    med = statistics.median(tr)
+    med, vmed = statistics.median(tr), statistics.median(tv)
     return {"time_s": med, "spread": (max(tr) - min(tr)) / med, "repeats": repeats,
-            "inner": sides[0][1], "times": tr, "vendor_paired_s": statistics.median(tv),
+            "inner": sides[0][1], "times": tr, "vendor_paired_s": vmed,
+            "vendor_spread": (max(tv) - min(tv)) / vmed, "vendor_times": tv,
             "paired_ratio": statistics.median(v / r for v, r in zip(tv, tr))}
 
 
@@ -337,9 +345,10 @@ def _vendor_tf32(dtype: str, operands: str) -> bool:
     return dtype == "float32" and operands != "fp16x2"
 
 
-def vendor_config(target: str, dtype: str, operands: str = "native") -> dict:
+def vendor_config(target: str, dtype: str, operands: str = "native", shape=None) -> dict:
     """How the vendor baseline is called (the ``config`` of its log records; a scaled
-    operand mode is recorded, so decisions among native kernels never read it)."""
+    operand mode is recorded, so decisions among native kernels never read it); on a CPU the
+    vendor GEMM chosen for ``shape`` (``choose_cpu_vendor``; numpy's without a shape)."""
     if str(target).startswith("cuda"):
         import torch
         out = {"library": "cublas", "api": "torch.matmul", "torch": torch.__version__,
@@ -347,14 +356,8 @@ def vendor_config(target: str, dtype: str, operands: str = "native") -> dict:
         if operands != "native":
             out["operands"] = operands
         return out
-    import numpy as np
-    blas = "?"
-    try:
-        cfg = np.show_config(mode="dicts")
-        blas = cfg.get("Build Dependencies", {}).get("blas", {}).get("name", "?")
-    except Exception:  # noqa: BLE001 - older numpy
-        pass
-    return {"library": blas, "api": "numpy.matmul", "numpy": np.__version__}
+    gemm = choose_cpu_vendor(dtype, *(shape or (0, 0, 0)))
+    return gemm.config() if gemm is not None else {"library": "none", "api": "none"}
 
 
 def measure_vendor(target: str, dtype: str, shape, *, warmup: int = 2, repeats: int = 5,
@@ -362,7 +365,8 @@ def measure_vendor(target: str, dtype: str, shape, *, warmup: int = 2, repeats: 
                    warm_s: float = 2 * GPU_WARM_S) -> dict:
     """Time the vendor GEMM on the same operands the artifacts get: torch.matmul (cuBLAS;
     for float32 TF32 allowed, as lcmac's native CUDA float32 GEMM runs TF32, or true SGEMM
-    against the fp16x2 operand mode) on a GPU, numpy.matmul (its BLAS) on a CPU.  ``warm_s``:
+    against the fp16x2 operand mode) on a GPU, the faster of numpy.matmul and torch.matmul
+    on a CPU (``choose_cpu_vendor``, measured first where no choice is kept).  ``warm_s``:
     as for ``measure_artifact``; by default twice an artifact's, since the vendor GEMM is
     timed first at each shape, after an idle gap."""
     if str(target).startswith("cuda"):
@@ -373,20 +377,74 @@ def measure_vendor(target: str, dtype: str, shape, *, warmup: int = 2, repeats: 
                                warmup=warmup, repeats=repeats, min_run_s=min_run_s, check=check,
                                warm_s=warm_s)
     else:
-        import numpy as np
-        A, B, _ = make_inputs(target, dtype, shape)
-        if not isinstance(A, np.ndarray):
-            A, B = A.numpy(), B.numpy()
-        C = np.matmul(A, B)
+        gemm = choose_cpu_vendor(dtype, *shape)
+        if gemm is None:
+            return {"status": "error", "error": f"no vendor GEMM multiplies {dtype} on this CPU "
+                                                "(numpy has no such dtype and torch does not import)"}
+        A, B, _ = make_inputs(target, dtype, shape)     # torch tensors where numpy lacks the dtype
+        C = gemm(A, B)
         if check:
             why = check_result(A, B, C, dtype)
             if why:
                 return {"status": "error", "error": why}
-        out = time_callable(lambda: np.matmul(A, B, out=C), warmup=warmup, repeats=repeats,
+        out = time_callable(lambda: gemm(A, B, out=C), warmup=warmup, repeats=repeats,
                             min_run_s=min_run_s)
         out["status"] = "ok"
-    out["config"] = vendor_config(target, dtype, operands)
+    out["config"] = vendor_config(target, dtype, operands, shape)
     return out
+
+
+#: paired rounds of the CPU vendor choice
+CHOICE_ROUNDS = 7
+#: how much faster, by the median of the paired ratios, torch.matmul must run to be chosen
+#: over numpy.matmul: a tie goes to numpy (numpy callers then never import torch)
+CHOICE_MARGIN = 0.02
+
+
+def measure_cpu_vendors(dtype: str, side: int, *, rounds: int = CHOICE_ROUNDS,
+                        min_run_s: float = 0.02, pause: float = 0.15) -> dict:
+    """numpy.matmul against torch.matmul on random side³ operands of ``dtype``, each checked,
+    then timed in ``rounds`` paired rounds (``time_paired``: the order flips every round, so
+    neither is always first after the pause); the faster by the median paired ratio, with
+    ``CHOICE_MARGIN`` for torch.  ``lcmac.runtime.cpu_vendor.kept_choice``'s document:
+    ``chosen`` (the api), ``gemms`` (api → config), ``measured`` and ``why``."""
+    found = {g.api: g for g in cpu_vendor.gemms(dtype)}
+    if not found:
+        raise ValueError(f"no vendor GEMM multiplies {dtype} on this CPU")
+    doc = {"gemms": {api: g.config() for api, g in found.items()}, "rounds": rounds}
+    if len(found) == 1:
+        api = next(iter(found))
+        return {**doc, "chosen": api, "why": f"the only vendor GEMM of {dtype} here: {api}"}
+    shape = (side, side, side)
+    A, B, _ = make_inputs("cpu", dtype, shape)
+    C = found[cpu_vendor.NUMPY](A, B)
+    for g in found.values():
+        why = check_result(A, B, g(A, B, out=C), dtype)
+        if why:
+            raise ValueError(f"{g.describe()}: {why}")
+    torch_mm, numpy_mm = found[cpu_vendor.TORCH], found[cpu_vendor.NUMPY]
+    t = time_paired(lambda: torch_mm(A, B, out=C), lambda: numpy_mm(A, B, out=C), warmup=2,
+                    repeats=rounds, min_run_s=min_run_s, pause=pause)
+    ratios = [n / x for n, x in zip(t["vendor_times"], t["times"])]
+    chosen = cpu_vendor.TORCH if t["paired_ratio"] > 1.0 + CHOICE_MARGIN else cpu_vendor.NUMPY
+    measured = {cpu_vendor.TORCH: {"median_s": t["time_s"], "spread": t["spread"],
+                                   "times": t["times"]},
+                cpu_vendor.NUMPY: {"median_s": t["vendor_paired_s"], "spread": t["vendor_spread"],
+                                   "times": t["vendor_times"]},
+                "paired_ratio": {"median": t["paired_ratio"], "min": min(ratios), "max": max(ratios)},
+                "inner": t["inner"]}
+    why = (f"torch.matmul ran at {t['paired_ratio']:.3f}x numpy.matmul's speed at {side}³ "
+           f"(median of {rounds} paired rounds, {min(ratios):.3f}..{max(ratios):.3f})"
+           + ("" if chosen == cpu_vendor.TORCH else f"; under {1 + CHOICE_MARGIN:g}x: numpy.matmul"))
+    return {**doc, "chosen": chosen, "measured": measured, "why": why}
+
+
+def choose_cpu_vendor(dtype: str, M: int, N: int, K: int, *, rounds: int = CHOICE_ROUNDS):
+    """The CPU's vendor GEMM for M×K·K×N of ``dtype`` (``lcmac.runtime.cpu_vendor.CpuGemm``;
+    None where no library has the dtype): the choice kept for the product's size class,
+    measured now (``measure_cpu_vendors``, seconds) and kept where none is."""
+    return cpu_vendor.chosen(dtype, M, N, K, measurer=lambda d, side: measure_cpu_vendors(
+        d, side, rounds=rounds))
 
 
 def measure_artifact(path: str, target: str, dtype: str, shape, *, warmup: int = 2,
@@ -395,8 +453,7 @@ def measure_artifact(path: str, target: str, dtype: str, shape, *, warmup: int =
     """Load, check and time one artifact (runs in the measuring process).  ``warm_s``: on a
     GPU, seconds of back-to-back calls before timing (seconds put the GPU at its power cap,
     the sustained state).  ``paired``: on the CPU, timed in rounds alternating with
-    numpy.matmul on the same operands (module doc); ignored on a GPU and for operands
-    numpy cannot multiply (bfloat16)."""
+    the CPU's vendor GEMM on the same operands (module doc); ignored on a GPU."""
     f = load(path)
     if str(target).startswith("cuda"):
         return _measure_gpu(lambda A, B, C: f(A, B, out=C), dtype, shape, warmup=warmup,
@@ -415,9 +472,10 @@ def measure_artifact(path: str, target: str, dtype: str, shape, *, warmup: int =
             return {"status": "error", "error": why}
         if not gpu:
             time.sleep(0.2)  # let BLAS's spinning threads go quiet
-    vendor = _numpy_vendor(A, B) if paired and not gpu else None
+    vendor, api = _cpu_vendor(A, B, dtype) if paired and not gpu else (None, None)
     if vendor is not None:
         out = time_paired(run, vendor, warmup=warmup, repeats=repeats, min_run_s=min_run_s)
+        out["vendor_api"] = api
     else:
         out = time_callable(run, sync=sync, warmup=warmup, repeats=repeats, min_run_s=min_run_s,
                             timer=timer)
@@ -425,14 +483,14 @@ def measure_artifact(path: str, target: str, dtype: str, shape, *, warmup: int =
     return out
 
 
-def _numpy_vendor(A, B):
-    """numpy.matmul on the operands an artifact gets (the CPU's vendor GEMM), or None where
-    numpy has no such dtype."""
-    import numpy as np
-    if not (isinstance(A, np.ndarray) and A.dtype in (np.float32, np.float64)):
-        return None
-    C = np.empty((A.shape[0], B.shape[1]), dtype=A.dtype)
-    return lambda: np.matmul(A, B, out=C)
+def _cpu_vendor(A, B, dtype: str):
+    """(the CPU's vendor GEMM on the operands an artifact gets: the one ``measure_vendor``
+    timed, kept by ``choose_cpu_vendor``; its api), or (None, None) where there is none."""
+    gemm = cpu_vendor.chosen(dtype, A.shape[0], B.shape[1], A.shape[1])
+    if gemm is None:
+        return None, None
+    C = gemm(A, B)
+    return (lambda: gemm(A, B, out=C)), gemm.api
 
 
 def _safe_measure(*args, vendor: bool = False, **kw) -> dict:

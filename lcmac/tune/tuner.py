@@ -14,7 +14,8 @@
    ``budget`` measurements per algorithm, or earlier when ``patience`` measurements in a row
    did not improve the best by more than ``min_improvement`` (``exhaustive=True``: every
    fitting config, no early stop — for the search metrics); with ``vendor=True`` the vendor
-   GEMM of the same shape (cuBLAS / numpy) as the baseline;
+   GEMM of the same shape as the baseline (cuBLAS; on a CPU the faster of numpy.matmul and
+   torch.matmul, ``measure.choose_cpu_vendor``, its record's config naming library and api);
 4. **log**: every measurement (failures too) is appended to the tuning log
    (``artifact.tuning_log.TuningDB``).
 
@@ -392,7 +393,8 @@ def tune(algo, target: str, dtype: str, shape, budget: int = 8, **options) -> Tu
       ``configs``, ``measure_default`` (also measure the backend's default config, logged
       with ``default: true``, for the tuned-vs-default speed-up; default: unless ``configs``
       is given), ``vendor`` (also time the
-      vendor GEMM, cuBLAS / numpy, on the same operands, logged as algorithm ``"vendor"``),
+      vendor GEMM, cuBLAS / the CPU's faster of numpy and torch, on the same operands, logged
+      as algorithm ``"vendor"``),
       ``reuse_log``;
     - build: ``jobs`` (parallel compile processes), ``work_dir``, ``build_fn(point,
       out_dir) -> artifact path`` (instead of ``artifact.build.build``), ``prebuilt(point) ->
@@ -575,9 +577,23 @@ class _TuningRun:
         if m.get("status", "ok") == "ok":
             self.result.vendor_time, self.result.vendor_config = float(m["time_s"]), vcfg
             self.log(_space.Point(_db.VENDOR, _db.VENDOR, vcfg, math.nan, {}), m)
-            self.bar.update(f"vendor {vcfg.get('library', '')} {self.result.vendor_time * 1e3:.3f} ms")
+            others = self._other_vendor_apis(vcfg)
+            beside = (f"; the log also holds {', '.join(others)} records at this shape (another "
+                      "library: the decision takes the faster)") if others else ""
+            self.bar.update(f"vendor {vcfg.get('api', '')} ({vcfg.get('library', '')}) "
+                            f"{self.result.vendor_time * 1e3:.3f} ms{beside}")
         else:
             self.bar.update(f"vendor failed: {m.get('error', '')[:60]}")
+
+    def _other_vendor_apis(self, vcfg: dict) -> list[str]:
+        """The apis of this shape's logged vendor records other than ``vcfg``'s (numpy.matmul
+        records beside a torch.matmul baseline, say)."""
+        api = vcfg.get("api")
+        if api is None:
+            return []
+        recs = self.store.query(self.target, self.dtype, algorithm_hash=_db.VENDOR, shape=self.shape)
+        return sorted({r["config"].get("api", "?") for r in recs
+                       if r["config"].get("api", "?") != api and r.get("device") == self.device})
 
     def measure_default(self, a: str, sp) -> None:
         """The backend's default config of ``a`` (from the log when measured before)."""
@@ -679,7 +695,7 @@ class _TuningRun:
             r = self.plan.ranks[pt.algorithm].get(pt.key)
             if r is not None:
                 extra.setdefault("rank", r)
-        for k in ("inner", "input_sets", "warm_s", "vendor_paired_s"):
+        for k in ("inner", "input_sets", "warm_s", "vendor_paired_s", "vendor_api"):
             if m.get(k) is not None:
                 extra.setdefault(k, m[k])
         pred = pt.predicted_s if (pt.predicted_s is not None and math.isfinite(pt.predicted_s)) else None
