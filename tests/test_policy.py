@@ -165,3 +165,13 @@ def test_measured_lcma_beside_the_vendor_decides_and_its_ratio_carries(tmp_path)
     s = next(c for c in near.candidates if c.algorithm == "strassen")
     v = next(c for c in near.candidates if c.algorithm == "vendor")
     assert s.measured and s.predicted_time_s / v.predicted_time_s == pytest.approx(0.8)
+
+
+def test_the_vendor_is_named_as_its_record_measured_it(tmp_path):
+    """The decision says which vendor GEMM its record timed (api and library)."""
+    shape = (2048, 2048, 2048)
+    store = TuningDB(tmp_path)
+    store.append([_rec(shape=shape, algo="vendor", t=1e-6,
+                       cfg={"library": "mkl", "api": "torch.matmul"})])
+    d = decide_by_measurement(*shape, "float32", TARGET, db=store)
+    assert d.algorithm == "vendor" and "vendor GEMM (torch.matmul, mkl)" in d.why

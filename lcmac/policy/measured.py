@@ -175,12 +175,26 @@ def gather(M, N, K, dtype, target, *, db=None, max_distance: float = 0.75,
             variants(s), carried_at.get(s, {}))
 
 
-def _vendor_candidate(t: float, M, N, K, gemm_cand):
-    """A ``Candidate`` for the measured vendor GEMM (stages: the model's plain GEMM's)."""
+def _vendor_candidate(t: float, M, N, K, gemm_cand, which: str = "cuBLAS / numpy's BLAS"):
+    """A ``Candidate`` for the measured vendor GEMM (stages: the model's plain GEMM's);
+    ``which``: the call and library its record names."""
     g_time = gemm_cand.predicted_time_s
     return Candidate(_db.VENDOR, (1, 1, 1), 1, "vendor", t, 2.0 * M * N * K / t / 1e12,
                      g_time / t, gemm_cand.stages, gemm_cand.overhead_s,
-                     "measured; the vendor library's GEMM (cuBLAS / numpy's BLAS)", True, None)
+                     f"measured; the vendor library's GEMM ({which})", True, None)
+
+
+def _vendor_named(db, shape, dtype, target, regime: str) -> str:
+    """The vendor GEMM the fastest vendor record at ``shape`` timed, as "api, library"
+    (torch.matmul, mkl; numpy.matmul, scipy-openblas; ...), or the generic name."""
+    recs = [r for r in _store_of(db).records(str(target), normalize_model_dtype(dtype))
+            if r["algorithm"] == _db.VENDOR and shape is not None
+            and tuple(r["shape"]) == tuple(shape) and regime_of(r) == regime and r.get("time_s")]
+    if not recs:
+        return "cuBLAS / numpy's BLAS"
+    cfg = min(recs, key=lambda r: r["time_s"]).get("config") or {}
+    named = [str(cfg[k]) for k in ("api", "library") if cfg.get(k)]
+    return ", ".join(named) or "cuBLAS / numpy's BLAS"
 
 
 def failed_at(M, N, K, dtype, target, *, db=None) -> set[str]:
@@ -279,7 +293,8 @@ def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_6
     cands, worth = _judged_by_measurement(cands, carried, scaled_by,
                                           vendor_measured=v_time is not None and not basis.fitted)
     if vendor and v_time is not None:
-        cands = _with_vendor(cands, v_time, (M, N, K), source, priced=basis.fitted)
+        cands = _with_vendor(cands, v_time, (M, N, K), source, priced=basis.fitted,
+                             which=_vendor_named(db, logged, dtype, target, regime))
         if not basis.fitted:
             meas[_db.VENDOR] = v_time
     if carried:
@@ -426,14 +441,15 @@ def _judged_by_measurement(cands: list, carried: dict, scaled_by: str,
     return [top] + [_strip_decision(c) for c in cands if c.algorithm != top.algorithm], worth
 
 
-def _with_vendor(cands: list, v_time: float, shape, source: str, priced: bool = False) -> list:
+def _with_vendor(cands: list, v_time: float, shape, source: str, priced: bool = False,
+                 which: str = "cuBLAS / numpy's BLAS") -> list:
     """The measured vendor GEMM among the candidates: first when it is faster than the
     decision (times carried over from another shape are ratios measured there: an lcmac
     kernel must beat the vendor GEMM by more than their noise, ``TRANSFER_MARGIN``; at the
     shape itself by ``EXACT_MARGIN``).  ``priced``: its time is a fitted profile's, whose
     rate was measured on the device (``lcmac.policy.devices``), not measured at the shape."""
     gc = next(c for c in cands if c.is_gemm)
-    vc = _vendor_candidate(v_time, *shape, gc)
+    vc = _vendor_candidate(v_time, *shape, gc, which)
     if priced:
         vc = dataclasses.replace(vc, measured=False, reason="priced by the device's fitted "
                                  "profile; the vendor library's GEMM (cuBLAS / numpy's BLAS)")
@@ -442,7 +458,7 @@ def _with_vendor(cands: list, v_time: float, shape, source: str, priced: bool = 
     if v_time < top.predicted_time_s * (1.0 + margin):
         kind = "measured" if top.measured else "predicted"
         vc = dataclasses.replace(vc, reason=(
-            f"decision: the vendor GEMM — {'priced' if priced else 'measured'} "
+            f"decision: the vendor GEMM ({which}) — {'priced' if priced else 'measured'} "
             f"{v_time * 1e3:.3f} ms, faster than the "
             f"best lcmac kernel ({top.algorithm}, {kind} {top.predicted_time_s * 1e3:.3f} ms)"))
         return [vc] + [_strip_decision(c) for c in cands]
