@@ -48,16 +48,15 @@ def test_float64_requests_the_kernels_cannot_serve_are_refused_by_name():
     with pytest.raises(DTypeError, match="no float64"):           # before any build is tried
         batched_kernel("cuda-sm90a", "float64", (256, 256, 256), {"batched_template": "gemm"})
     t = get_target("cuda-sm90a")
-    with pytest.raises(DTypeError, match="batched products only"):
-        check_dtype(t, "float64")
-    with pytest.raises(DTypeError, match="batched products only"):
+    check_dtype(t, "float64")                   # the plain GEMM and Algorithm 1 (test_cuda_fp64)
+    with pytest.raises(DTypeError, match="fused kernel .* has no float64"):
         check_dtype(t, "float64", '{"fused": true}')
     check_dtype(t, "float64", {"batched": True})
     check_dtype(t, "float64", '{"batched": true, "policy": "splitk"}')
     assert batched_only_why("bfloat16", None) is None and batched_only_why("float64", {"batched": 1}) is None
     from lcmac.targets.tilelang_worker import Request  # parses without TileLang
-    for config, text in (({}, "batched products only"), ({"batched": True, "batched_template": "gemm"},
-                                                         "no float64")):
+    for config, text in (({"fused": True}, "fused kernel .* has no float64"),
+                         ({"batched": True, "batched_template": "gemm"}, "no float64")):
         with pytest.raises(DTypeError, match=text):
             Request.parse({"target": "cuda-sm90a", "dtype": "float64", "shape": [64, 64, 64],
                            "config": config})
@@ -96,7 +95,7 @@ for key, shape, cfg in (("16", [16, 16, 16], {}), ("100", [100, 100, 100], {}),
                  "name": "lcmac", "compile": False})
     out[key] = {"kernel": open(r["sources"][0]).read(), "grid": r["kernels"][0]["grid"],
                 "config": r["config"], "precision": r["gemm_precision"]}
-for name, shape, cfg in (("plain", [64, 64, 64], {}),
+for name, shape, cfg in (("fused", [64, 64, 64], {"fused": True}),
                          ("gemm", [256, 256, 256], {"batched": True, "batched_template": "gemm"})):
     try:
         w.build({"algorithm": None, "target": "cuda-sm90a", "dtype": "float64", "shape": shape,
@@ -123,5 +122,5 @@ def test_float64_kernel_generates_for_sm90a(tmp_path):
     assert out["100"]["config"]["threads"] == 256 and out["200"]["grid"][1] == 4     # 2×2 tiles of 128²
     assert "cp_async_gs_conditional" in out["100"]["kernel"]  # partial tiles: bounds-checked, zero-filled
     assert "P_s" in out["splitk"]["kernel"] and "(double*)P_s" in out["splitk"]["kernel"]
-    assert out["plain"].startswith("DTypeError") and "batched products only" in out["plain"]
+    assert out["fused"].startswith("DTypeError") and "has no float64" in out["fused"]
     assert out["gemm"].startswith("DTypeError") and "no float64" in out["gemm"]

@@ -79,6 +79,7 @@ from lcmac.runtime.cuda_memory import kept_empty
 from lcmac.runtime.tiled import assign, empty, run_row_ranges, run_rows
 from lcmac.policy import Plan
 from lcmac.runtime.vendor import vendor_matmul
+from lcmac.spec.cuda.dtypes import FP64_DTYPES
 from lcmac.spec.precision import torch_precision
 from lcmac.spec.shape_rules import JIT_ROWS
 from lcmac.spec.targets import get_target
@@ -88,7 +89,8 @@ __all__ = ["matmul", "plan", "Plan", "register", "mark_static", "transposed_weig
            "check_operands", "OP_SCHEMA"]
 
 #: the dtypes lcmac.matmul takes (further limited by the target: CPU float32, float64 and,
-#: on x86_64-avx512, bfloat16; CUDA bfloat16, float16, float32)
+#: on x86_64-avx512, bfloat16; CUDA bfloat16, float16, float32, and float64 for a named
+#: algorithm: ``supported_dtypes``)
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 OP_SCHEMA = '(Tensor A, Tensor B, str algo="auto", float? max_error=None) -> Tensor'
 #: torch.ops.lcmac.linear: y = x·Wᵀ with W as nn.Linear holds it (out × in)
@@ -114,10 +116,14 @@ _supported: dict[str, tuple] = {}      # per call on the hot path; the target ta
 
 
 def supported_dtypes(target: str) -> tuple:
-    """The dtypes lcmac.matmul takes on ``target``."""
+    """The dtypes lcmac.matmul takes on ``target``: the target's, and on CUDA float64 (the
+    fp64 tensor-core kernels), which only a named algorithm runs there; "auto" leaves it to
+    the vendor's DGEMM, as it does every dtype the decision does not price (``check_operands``)."""
     ok = _supported.get(target)
     if ok is None:
-        ok = _supported[target] = tuple(d for d in get_target(target).dtypes if d in DTYPES)
+        t = get_target(target)
+        extra = FP64_DTYPES if t.family == "cuda" else ()
+        ok = _supported[target] = tuple(d for d in t.dtypes + extra if d in DTYPES)
     return ok
 
 
@@ -163,7 +169,10 @@ def check_operands(A, B, *, vendor: bool = False) -> _Operands:
     target = target_for(device_type(A))
     dtype = _check_dtype(dtype, target, vendor=vendor)
     rows = tuple(int(d) for d in A.shape[:-1])
-    return _Operands(kind, dtype, target, rows, M, N, K, dtype in supported_dtypes(target))
+    # a call that may run the vendor GEMM ("auto") runs lcmac's kernels only for the dtypes the
+    # decision prices on the target (its table's)
+    kernels = dtype in supported_dtypes(target) and (not vendor or dtype in get_target(target).dtypes)
+    return _Operands(kind, dtype, target, rows, M, N, K, kernels)
 
 
 def check_budget(max_error):

@@ -10,8 +10,8 @@ Request (JSON object):
                 null / "gemm" for the plain TileLang GEMM
     target      "cuda-sm90a" | "cuda-sm80"
     dtype       "bfloat16" | "float16" | "float32"  (float32: the GEMM stage runs TF32 on
-                the tensor cores, fp32 accumulation; combines are fp32); "float64" for
-                batched products only (fp64 tensor cores, float64 accumulation)
+                the tensor cores, fp32 accumulation; combines are fp32); "float64" (fp64
+                tensor cores, float64 combines and accumulation)
     shape       [M, N, K]
     config      CudaConfig fields (optional)
     out_dir     directory for the library and the generated sources

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from lcmac.core.dtypes import ITEMSIZE
 from lcmac.core.errors import DTypeError, ShapeError
-from lcmac.spec.cuda.dtypes import BATCHED_ONLY_DTYPES, batched_only_why
+from lcmac.spec.cuda.dtypes import FP64_DTYPES, fp64_why
 from lcmac.spec.cuda.smem import SMEM_PER_CTA
 
 #: largest max(M, N) a batched product runs on the small template under "auto"
@@ -19,11 +19,11 @@ SMALL_TEMPLATE_MAX = 128
 def batched_template(template: str | None, M: int, N: int, dtype: str | None = None) -> str:
     """The template a batched M×N product runs on (``CudaConfig.batched_template``): "auto"
     (or None) is "small" up to ``SMALL_TEMPLATE_MAX`` per side and "gemm" beyond; float64
-    (``BATCHED_ONLY_DTYPES``) is always "small" (the GEMM template's wgmma has no fp64: asking
+    (``FP64_DTYPES``) is always "small" (the GEMM template's wgmma has no fp64: asking
     for it with float64 is a DTypeError)."""
-    if dtype in BATCHED_ONLY_DTYPES:
+    if dtype in FP64_DTYPES:
         if template == "gemm":
-            raise DTypeError(batched_only_why(dtype, {"batched": True, "batched_template": "gemm"}))
+            raise DTypeError(fp64_why(dtype, {"batched": True, "batched_template": "gemm"}))
         return "small"
     if template in (None, "auto"):
         return "gemm" if max(M, N) > SMALL_TEMPLATE_MAX else "small"

@@ -14,9 +14,10 @@ import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
 from lcmac.schedules.cuda.common import (
-    ACCUM, all_of, emit_names, evaluate, extents, keep_params, known, unrolled, uses_pdl)
+    ACCUM, all_of, emit_names, evaluate, extents, keep_params, known, literal, unrolled, uses_pdl)
 from lcmac.spec.cuda.blocking import Blocking
 from lcmac.spec.cuda.config import CudaConfig
+from lcmac.spec.cuda.dtypes import accum_dtype
 from lcmac.spec.cuda.operands import SPLIT_SHIFT
 from lcmac.schedules.cuda.low_precision import OPERAND_DTYPE, operand_scale
 
@@ -42,6 +43,7 @@ def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arc
     operands = cfg.operands
     out_dtype = dtype if operands == "native" else OPERAND_DTYPE
     side = 0 if which == "A" else 1
+    accum = accum_dtype(dtype)              # float64 combines in float64
 
     @T.macro
     def body(X, S, Xt, Xl, bx, by):
@@ -53,14 +55,14 @@ def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arc
             ins = []
             for p in unrolled(P):
                 for q in unrolled(Q):
-                    v = T.cast(X[p * Rb + rr, q * Cb + cc], ACCUM)
+                    v = T.cast(X[p * Rb + rr, q * Cb + cc], accum)
                     conds = []
                     if not full_rows[p]:
                         conds.append(p * Rb + rr < rows)
                     if not full_cols[q]:
                         conds.append(q * Cb + cc < cols)
                     if conds:
-                        v = T.if_then_else(all_of(conds), v, T.float32(0))
+                        v = T.if_then_else(all_of(conds), v, literal(0, v))
                     ins.append(v)
             outs = evaluate(prog, ins)
             if rr < Rb and cc < Cb:
@@ -130,9 +132,11 @@ def combine_b_kmajor(prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str
 
 
 def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
-    """C_ij = Σ_r W[r,i,j] H_r; H is fp32 with scaled operands (cfg.operands), else dtype."""
+    """C_ij = Σ_r W[r,i,j] H_r; H is fp32 with scaled operands (cfg.operands), else dtype;
+    the sums in float32 (float64 for float64)."""
     R, Mb, Nb, M, N = blk.R, blk.Mb, blk.Nb, blk.M, blk.N
     h_dtype = dtype if cfg.operands == "native" else ACCUM
+    accum = accum_dtype(dtype)
     tile_rows, tile_cols = cfg.combine_rows, cfg.combine_cols
     m, n = alg.m, alg.n
     rows_ok = [known((i + 1) * Mb <= M) for i in range(m)]
@@ -149,7 +153,7 @@ def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str =
                 rr = by * tile_rows + x
                 cc = bx * tile_cols + y
                 if rr < Mb and cc < Nb:
-                    ins = [T.cast(H[r, rr, cc], ACCUM) for r in unrolled(R)]
+                    ins = [T.cast(H[r, rr, cc], accum) for r in unrolled(R)]
                     outs = evaluate(prog, ins)
                     for i in unrolled(m):
                         for j in unrolled(n):

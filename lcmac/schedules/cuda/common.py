@@ -19,7 +19,8 @@ from tvm.script.ir_builder import IRBuilder
 from lcmac.spec.cuda.blocking import needs_int64
 from lcmac.spec.cuda.config import CudaConfig
 
-#: accumulator dtype of every template (the tensor cores' fp32 accumulation, fp32 combines)
+#: accumulator dtype of the templates but float64's (the tensor cores' fp32 accumulation,
+#: fp32 combines; float64 accumulates in float64: ``spec.cuda.dtypes.accum_dtype``)
 ACCUM = "float32"
 
 
@@ -125,13 +126,18 @@ def grid_ctas(ctas: int, tiles) -> int:
     return min(ctas, tiles) if isinstance(tiles, int) else ctas
 
 
+def literal(value, like):
+    """``value`` as a literal of the dtype of the expression ``like`` (float32 or float64)."""
+    return T.float64(value) if str(like.dtype) == "float64" else T.float32(value)
+
+
 def scaled(c, x):
-    """c·x with c an exact constant, emitted as a literal (±1 become add/sub)."""
+    """c·x with c an exact constant, emitted as a literal in x's dtype (±1 become add/sub)."""
     if c == 1:
         return x
     if c == -1:
         return -x
-    return T.float32(float(Fraction(c))) * x
+    return literal(float(Fraction(c)), x) * x
 
 
 def _linear(expr, slots):
@@ -145,12 +151,13 @@ def _linear(expr, slots):
             acc = acc + slots[s]
         else:
             acc = acc + scaled(c, slots[s])
-    return acc if acc is not None else T.float32(0)
+    return acc if acc is not None else literal(0, slots[0])
 
 
 def evaluate(prog, inputs):
     """The outputs of the straight-line linear program ``prog`` (``ir.program``) on
-    ``inputs``: its temporaries, then its outputs, each a sum of literal multiples."""
+    ``inputs``: its temporaries, then its outputs, each a sum of literal multiples in the
+    inputs' dtype."""
     slots = list(inputs)
     for t in prog.temps:
         slots.append(_linear(t, slots))

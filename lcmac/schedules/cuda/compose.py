@@ -35,9 +35,9 @@ from lcmac.schedules.cuda import rows
 from lcmac.schedules.cuda.batched_tiles import batched_template, persistent_why
 from lcmac.spec.cuda import (
     FP8_MAX_COMBINE, SMEM_PER_CTA, Blocking, CudaConfig, NotSupportedYet, PersistentPlan, arch_why,
-    bound_exponent, check_operands, direct_views_why, fp8_combine_size, int64_buffers, needs_int64,
-    operand_sources, persistent_gemm, persistent_plan, side_read_in_place, stage_bytes,
-    tma_reduce_why, view_sides)
+    bound_exponent, check_operands, direct_views_why, dmma_why, fp64_why, fp8_combine_size,
+    int64_buffers, needs_int64, operand_sources, persistent_gemm, persistent_plan,
+    side_read_in_place, stage_bytes, tma_reduce_why, view_sides)
 from lcmac.spec.profiles import get_profile
 
 __all__ = ["Kernel", "Composition", "compose", "view_plan", "gemm_precision"]
@@ -110,6 +110,10 @@ def compose(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None) ->
     """The kernels of one artifact (``Composition``: kernels, workspace layout, manifest facts).
     ``units``: SMs of the GPU the persistent kernel is sized for (default: the arch's
     profile)."""
+    if why := fp64_why(dtype, cfg.to_dict()):
+        raise NotSupportedYet(why)
+    if why := dmma_why(cfg, dtype, arch):
+        raise NotSupportedYet(f"dmma={cfg.dmma!r}: {why} (use dmma='m8n8k4')")
     # the unfused GEMM stage as a persistent kernel of P CTAs (0: the grid kernel)
     ctas = 0
     if persistent_gemm(cfg, dtype, arch):

@@ -2,7 +2,8 @@
 kernel (one CTA per output tile), a 2-CTA cluster kernel sharing B slabs by multicast, or a
 persistent kernel (P CTAs walking the tiles in one software pipeline).
 
-    plain_gemm      C = A·B (tensor cores via T.gemm: wgmma on sm_90a, mma on sm_80)
+    plain_gemm      C = A·B (tensor cores via T.gemm: wgmma on sm_90a, mma on sm_80; float64
+                    on the fp64 tensor cores, mma.sync m8n8k4, with cp.async copies)
     batched_gemm    H_r = Ã_r·B̃_r for every product r, optionally reading the single-block
                     operands from A / B in place (``CudaConfig.direct_views``)
     batched_products  C[b] = A[b]·B[b] for a batch whose count is a kernel argument
@@ -20,24 +21,26 @@ from lcmac.schedules.cuda.common import (
     ACCUM, GemmTile, emit_names, extents, grid_ctas, keep_params, raster, tile_count, uses_pdl)
 from lcmac.spec.cuda.blocking import Blocking
 from lcmac.spec.cuda.config import CudaConfig
+from lcmac.spec.cuda.dtypes import accum_dtype, tma_copies
 from lcmac.spec.cuda.support import NotSupportedYet
 
 
 @T.macro
 def k_loop(a_slab, b_slab, A_shared, B_shared, C_local, num_k, num_stages: int, policy,
-           kmajor: bool, multicast_b: bool = False):
+           kmajor: bool, multicast_b: bool = False, tma: bool = True):
     """One output tile's pipelined K loop (TMA/cp.async slabs into shared memory, fp32
-    accumulators): ``a_slab(ko)``/``b_slab(ko)`` give the global regions of the ko-th A and B
-    slabs (B K-major when ``kmajor``).  ``multicast_b``: the CTA pair of a 2-CTA cluster
-    shares the B slab, rank 0 loads it into both (the generated loop is completed by
-    ``host_source.cluster_pipeline``)."""
+    accumulators, float64 for float64): ``a_slab(ko)``/``b_slab(ko)`` give the global regions
+    of the ko-th A and B slabs (B K-major when ``kmajor``).  ``multicast_b``: the CTA pair of
+    a 2-CTA cluster shares the B slab, rank 0 loads it into both (the generated loop is
+    completed by ``host_source.cluster_pipeline``).  ``tma`` False: cp.async copies only
+    (``spec.cuda.dtypes.tma_copies``)."""
     T.clear(C_local)
     for ko in T.Pipelined(num_k, num_stages=num_stages):
-        T.copy(a_slab(ko), A_shared)
+        T.copy(a_slab(ko), A_shared, disable_tma=not tma)
         if multicast_b:
             T.copy_cluster(b_slab(ko), B_shared, cluster_mask=0b11)
         else:
-            T.copy(b_slab(ko), B_shared)
+            T.copy(b_slab(ko), B_shared, disable_tma=not tma)
         if kmajor:
             T.gemm(A_shared, B_shared, C_local, transpose_B=True, policy=policy)
         else:
@@ -65,18 +68,19 @@ def store_tile(C_local, c_out, out_dtype, tile: GemmTile, C_shared=None):
 def _gemm_tile(a_slab, b_slab, c_out, out_dtype, smem_dtype, b_tile, tile: GemmTile, num_k,
                kmajor: bool, pdl: bool, swizzle: bool, multicast_b: bool = False):
     """One CTA's whole output tile of a plain or batched GEMM: wait for the previous kernel
-    (PDL), the shared-memory slabs and fp32 accumulators, the rasterisation (``swizzle``),
-    the K loop, the store to the global region ``c_out`` (dtype ``out_dtype``)."""
+    (PDL), the shared-memory slabs and the accumulators (fp32; float64 for float64 outputs,
+    whose operands come by cp.async), the rasterisation (``swizzle``), the K loop, the store
+    to the global region ``c_out`` (dtype ``out_dtype``)."""
     if pdl:
         pdl_sync()
     A_shared = T.alloc_shared((tile.block_m, tile.block_k), smem_dtype)
     B_shared = T.alloc_shared(b_tile, smem_dtype)
-    C_local = T.alloc_fragment((tile.block_m, tile.block_n), ACCUM)
+    C_local = T.alloc_fragment((tile.block_m, tile.block_n), accum_dtype(out_dtype))
     emit_names(A_s=A_shared, B_s=B_shared, C_l=C_local)
     if swizzle:
         T.use_swizzle(panel_size=max(tile.swizzle, 1), enable=tile.swizzle > 0)
     k_loop(a_slab, b_slab, A_shared, B_shared, C_local, num_k, tile.num_stages, tile.policy,
-           kmajor, multicast_b)
+           kmajor, multicast_b, tma_copies(out_dtype))
     store_tile(C_local, c_out, out_dtype, tile)
 
 

@@ -10,6 +10,7 @@ them), each source is made ready here (``kernel_source``):
     async_reduce_stores  the TMA-engine epilogue's reductions left in flight (``tma_reduce``)
     restrict_pointers    ``__restrict__`` back on the streaming kernels' pointers
     view_loads           operands read in place through two descriptors (``direct_views``)
+    dmma_pairs           float64's m8n8k4 products paired into m16n8k4 (``dmma``, sm_90a)
 
 Each rewrite checks that the generated source has exactly the form it rewrites and raises
 otherwise (another TileLang version), rather than produce a kernel that races.  Imports
@@ -22,7 +23,7 @@ import re
 from lcmac.core.errors import ToolchainError
 
 __all__ = ["rename_launcher", "cluster_pipeline", "async_reduce_stores", "STREAMING_KERNELS",
-           "restrict_pointers", "view_loads", "launch_info", "kernel_source"]
+           "restrict_pointers", "view_loads", "dmma_pairs", "launch_info", "kernel_source"]
 
 
 def rename_launcher(code: str, func_name: str, kname: str) -> str:
@@ -205,6 +206,56 @@ def view_loads(code: str, kname: str, sides: list[dict]) -> str:
     return code[:head] + "".join(helpers) + "\n" + code[head:]
 
 
+# float64 GEMM stages (CudaConfig.dmma="m16n8k4", sm_90a): TileLang 0.1.15 emits the fp64
+# tensor-core product as m8n8k4 mma.sync, one per 8-row tile i of a warp's rows and 8-column
+# tile j.  m16n8k4 (sm_90) is two of them sharing the B fragment: its a0/c0,c1 are m8n8k4's
+# a/c of rows 0-7, a1/c2,c3 those of rows 8-15 (the PTX ISA's fragment layouts), so tiles i
+# and i + 1 of the same j become one instruction, half as many issued.
+_DMMA_PAIR = """
+// lcmac: two m8n8k4 fp64 products sharing B (row tiles i, i + 1) as one m16n8k4
+__device__ __forceinline__ void lcmac_dmma_m16n8k4(double* c01, double* c23, const double* a,
+                                                   const double* b) {
+  asm volatile("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, "
+               "{%6}, {%0, %1, %2, %3};\\n"
+               : "+d"(c01[0]), "+d"(c01[1]), "+d"(c23[0]), "+d"(c23[1])
+               : "d"(a[0]), "d"(a[1]), "d"(b[0]));
+}
+"""
+_DMMA_8x8x4 = ("tl::mma_sync<tl::DataType::kFloat64, tl::DataType::kFloat64, "
+               "tl::DataType::kFloat64, 8, 8, 4, false, true>")
+_DMMA_LOOP = re.compile(
+    r"for \(int (?P<i>\w+) = 0; (?P=i) < (?P<e>\d+); \+\+(?P=i)\) \{\n"
+    r"(?P<ind>[ ]*)for \(int (?P<j>\w+) = 0; (?P=j) < (?P<f>\d+); \+\+(?P=j)\) \{\n"
+    r"[ ]*" + re.escape(_DMMA_8x8x4) +
+    r"\(reinterpret_cast<double\*>\((?P<c>\w+) \+ \(\((?P=i) \* (?P<s>\d+)\) \+ \((?P=j) \* 2\)\)\), "
+    r"reinterpret_cast<const double\*>\((?P<a>\w+) \+ (?P=i)\), "
+    r"reinterpret_cast<const double\*>\((?P<b>\w+) \+ (?P=j)\)\);\n")
+
+
+def dmma_pairs(code: str, kname: str) -> str:
+    """Every fp64 m8n8k4 mma.sync of ``kname``'s GEMM loop as half as many m16n8k4
+    (``_DMMA_PAIR``): the row-tile loop steps by two and each step issues one m16n8k4 for
+    tiles i and i + 1.  Every m8n8k4 must sit in a loop of that form, with an even row-tile
+    count; anything else raises."""
+    def pair(m):
+        if int(m["e"]) % 2:
+            raise ToolchainError(f"dmma='m16n8k4': {kname} has an odd number ({m['e']}) of 8-row "
+                                 f"tiles a warp; use dmma='m8n8k4' or a taller warp tile")
+        i, j, c, st = m["i"], m["j"], m["c"], m["s"]
+        return (f"for (int {i} = 0; {i} < {m['e']}; {i} += 2) {{\n"
+                f"{m['ind']}for (int {j} = 0; {j} < {m['f']}; ++{j}) {{\n"
+                f"{m['ind']}  lcmac_dmma_m16n8k4({c} + (({i} * {st}) + ({j} * 2)), "
+                f"{c} + ((({i} + 1) * {st}) + ({j} * 2)), {m['a']} + {i}, {m['b']} + {j});\n")
+    total = code.count(_DMMA_8x8x4 + "(")
+    code, n = _DMMA_LOOP.subn(pair, code)
+    if n == 0 or n != total:
+        raise ToolchainError(f"dmma='m16n8k4': {kname}'s generated source has {total} fp64 mma.sync "
+                             f"calls, {n} of them in the loop form this build rewrites (another "
+                             f"TileLang version?); build with dmma='m8n8k4'")
+    head = code.index('extern "C" __global__')
+    return code[:head] + _DMMA_PAIR + "\n" + code[head:]
+
+
 def launch_info(code: str, kname: str) -> dict:
     """The launch of kernel ``kname`` as its generated host launcher sets it: grid, block and
     dynamic shared memory."""
@@ -234,4 +285,6 @@ def kernel_source(code: str, kernel, symbol: str, cfg, clustered: tuple, info: d
         code = restrict_pointers(code, symbol)
     if kernel.name == "batched_gemm" and (info or {}).get("view_loads"):
         code = view_loads(code, symbol, info["view_loads"])
+    if getattr(cfg, "dmma", "m8n8k4") == "m16n8k4" and kernel.name in ("gemm", "batched_gemm"):
+        code = dmma_pairs(code, symbol)
     return code

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lcmac.core.dtypes import ITEMSIZE
-from lcmac.spec.cuda import Blocking, CudaConfig
+from lcmac.spec.cuda import Blocking, CudaConfig, tma_copies
 from lcmac.spec.cuda.blocking import ceil_div, round_up
 
 __all__ = ["rows_why", "row_blocks", "RowBlocking", "scalar_args", "rows_info", "MAX_GRID_Y"]
@@ -58,6 +58,9 @@ def rows_why(alg, shape, dtype: str, cfg: CudaConfig, arch: str) -> str | None:
         return "a batched or block-sparse artifact takes its sizes at run time already"
     if cfg.operands != "native":
         return f"operands={cfg.operands!r} (its amax and scale buffers) has no run-time-M form yet"
+    if not tma_copies(dtype):
+        return (f"{dtype}'s copies are cp.async, and the run-time row bound is the TMA "
+                f"descriptors' (set at launch)")
     if cfg.cluster == 2:
         return "cluster=2 pairs tile rows, an even count known at build time"
     if dtype == "float32" and arch == "sm_90a" and cfg.tf32_wgmma:

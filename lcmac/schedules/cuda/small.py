@@ -18,7 +18,7 @@ template instead (``gemm.batched_products``; this one's 128×256 kernel by
 
 float64 runs here at every size (``batched_tiles.float64_tile_defaults``): the fp64 tensor
 cores (mma.sync m8n8k4; wgmma has no fp64), float64 accumulators (``config.accum_dtype``),
-the operands copied by cp.async rather than TMA (``_tma_ok``).
+the operands copied by cp.async rather than TMA (``spec.cuda.dtypes.tma_copies``).
 """
 # (no `from __future__ import annotations`: TileLang evaluates the Tensor annotations)
 
@@ -27,15 +27,7 @@ from tilelang.cuda.language import pdl_sync
 
 from lcmac.schedules.cuda.common import emit_names, uses_pdl, warp_policy
 from lcmac.spec.cuda.config import CudaConfig
-from lcmac.spec.cuda.dtypes import accum_dtype
-
-
-def _tma_ok(dtype: str) -> bool:
-    """Whether the operand copies may go by TMA.  Not for float64: TileLang 0.1.15 lays the
-    fp64 mma's shared operands out in a swizzle a TensorMap cannot encode ("byte-address
-    swizzle Sw<2,3,4> is not representable by a TensorMap descriptor"), so they are cp.async
-    copies (bounds-checked and zero-filled all the same)."""
-    return dtype != "float64"
+from lcmac.spec.cuda.dtypes import accum_dtype, tma_copies
 
 
 def batched_small_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
@@ -52,7 +44,7 @@ def batched_small_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch
 
     per_cta = cfg.products_per_cta
     num_k = -(-K // block_k)
-    accum, tma = accum_dtype(dtype), _tma_ok(dtype)     # float64: float64 accumulators, cp.async
+    accum, tma = accum_dtype(dtype), tma_copies(dtype)     # float64: float64 accumulators, cp.async
 
     @T.prim_func
     def lcmac_bmm(A: T.Tensor((batch, M, K), dtype), B: T.Tensor((batch, K, N), dtype),
@@ -97,7 +89,7 @@ def batched_splitk_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arc
     num_k = -(-K // block_k)
     ws = list(range(warps))            # a Python list: the per-warp code is unrolled at trace time
     pdl = uses_pdl(arch)
-    accum, tma = accum_dtype(dtype), _tma_ok(dtype)
+    accum, tma = accum_dtype(dtype), tma_copies(dtype)
 
     @T.prim_func
     def lcmac_bmm(A: T.Tensor((batch, M, K), dtype), B: T.Tensor((batch, K, N), dtype),

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from lcmac.core.errors import LcmacError
 from lcmac.spec.cuda.bsr import BSR_BLOCKS
+from lcmac.spec.cuda.dtypes import FP64_DTYPES, FP64_TILE_DEFAULTS
 from lcmac.spec.cuda.operands import (
     FP8_TILE_DEFAULTS, OPERAND_MODES, SPLIT_TILE_DEFAULTS, SPLIT_TILE_DEFAULTS_SM80)
 from lcmac.spec.cuda.smem import SMEM_PER_CTA, persistent_tile_bytes, stage_bytes
@@ -87,6 +88,9 @@ class CudaConfig:
     dynamic_rows M is a kernel argument (``schedules.cuda.rows``): one artifact serves any
                  row count, the shape's M being the most rows one launch takes; rows past M
                  read as zero (TMA's out-of-bounds fill) and are never written.
+    dmma         float64: the fp64 tensor-core instruction, "m8n8k4" (TileLang's, sm_80 and
+                 sm_90a) or "m16n8k4" (sm_90a: pairs of m8n8k4 sharing B issued as one,
+                 ``host_source.dmma_pairs``), in the plain GEMM and Algorithm 1's batched GEMM.
     """
     fused: bool = False
     block_m: int = 128
@@ -116,6 +120,7 @@ class CudaConfig:
     batched_template: str = "auto"
     bsr: int = 0
     dynamic_rows: bool = False
+    dmma: str = "m8n8k4"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -127,7 +132,7 @@ class CudaConfig:
         silent: an LCMA's batched GEMM (``lcma``) is persistent wherever that template exists
         and, with the stages asked for, fits (the plain GEMM keeps the grid kernel); the
         pipeline is the deepest, up to ``stages``'s default, that fits the arch's shared
-        memory.  operands="fp8" / "fp16x2" fill in their own tile defaults."""
+        memory.  operands="fp8" / "fp16x2" and float64 fill in their own tile defaults."""
         d = dict(d or {})
         names = {f.name for f in fields(cls)}
         unknown = set(d) - names
@@ -139,6 +144,8 @@ class CudaConfig:
         if d.get("operands") == "fp16x2":
             # four fp16 tiles per stage and two fp32 accumulators; explicit values still win
             d = {**(SPLIT_TILE_DEFAULTS_SM80 if arch == "sm_80" else SPLIT_TILE_DEFAULTS), **d}
+        if dtype in FP64_DTYPES and not d.get("batched"):
+            d = {**FP64_TILE_DEFAULTS, **d}      # float64 accumulators: a 128² tile
         cfg = cls(**d)
         if lcma and dtype is not None and arch is not None and "persistent" not in d:
             on = cls(**{**d, "persistent": True})
@@ -196,6 +203,8 @@ class CudaConfig:
             raise LcmacError("batched_template 'gemm' runs one product per CTA under a warpgroup "
                              "policy: products_per_cta 1, policy not 'splitk' (those are the small "
                              "template's)")
+        if self.dmma not in DMMA_SHAPES:
+            raise LcmacError(f"dmma must be one of {DMMA_SHAPES}, not {self.dmma!r}")
         if self.bsr and (self.bsr not in BSR_BLOCKS or self.batched):
             raise LcmacError(f"bsr must be 0 (a dense A) or a block size in {BSR_BLOCKS}, and "
                              f"apart from batched; got bsr={self.bsr}")
@@ -210,6 +219,8 @@ SCHEDULE_VERSION = 2
 DIRECT_VIEWS = ("auto", "none", "a", "b", "ab")
 #: CudaConfig.batched_template values
 BATCHED_TEMPLATES = ("auto", "small", "gemm")
+#: CudaConfig.dmma values: the fp64 mma.sync shapes a float64 GEMM stage issues
+DMMA_SHAPES = ("m8n8k4", "m16n8k4")
 
 
 def default_config(target, dtype: str = "bfloat16", algorithm=None, shape=None) -> "CudaConfig":

@@ -9,6 +9,7 @@ import struct
 import numpy as np
 
 from lcmac.core.errors import LcmacError
+from lcmac.spec.cuda.dtypes import FP64_DTYPES
 from lcmac.spec.cuda.support import NotSupportedYet
 
 #: CudaConfig.operands values
@@ -50,6 +51,9 @@ def check_operands(cfg: "CudaConfig", dtype: str) -> None:
     """The operand modes each dtype and path supports (a clear error otherwise)."""
     if cfg.operands == "native":
         return
+    if dtype in FP64_DTYPES:
+        raise LcmacError(f"operands={cfg.operands!r} narrows operands to fp16 or fp8; {dtype} "
+                         f"multiplies on the fp64 tensor cores in {dtype} (operands='native')")
     if cfg.operands == "fp8":
         if dtype not in ("bfloat16", "float16"):
             raise LcmacError(f"operands='fp8' quantizes bfloat16/float16 operands, not {dtype}")

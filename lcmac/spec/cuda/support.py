@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from lcmac.core.dtypes import ITEMSIZE
 from lcmac.core.errors import LcmacError, ShapeError
+from lcmac.spec.cuda.dtypes import FP64_DTYPES, tma_copies
 
 
 class NotSupportedYet(LcmacError, NotImplementedError):
@@ -40,6 +41,7 @@ def _cluster_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:
     """Why the GEMM stage cannot be built as 2-CTA clusters with ``cfg`` (None: it can)."""
     return ("sm_80 has no thread-block clusters" if arch != "sm_90a" else
             "float32's GEMM stage is TF32 mma.sync" if dtype == "float32" else
+            f"{dtype}'s copies are cp.async, and multicast is TMA's" if not tma_copies(dtype) else
             f"operands={cfg.operands!r} has its own GEMM template" if cfg.operands != "native" else
             "the fused kernel is not clustered" if cfg.fused else
             "the clustered batched GEMM runs the cache-aware order only (cache_aware=False)"
@@ -57,9 +59,26 @@ def arch_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:
         return f"tma_reduce=True: {why}"
     if cfg.direct_views not in ("none", "auto") and (why := _views_why(cfg, dtype, arch)):
         return f"direct_views={cfg.direct_views!r}: {why}"
+    if why := dmma_why(cfg, dtype, arch):
+        return f"dmma={cfg.dmma!r}: {why}"
     if cfg.fused and (cfg.split_group or cfg.persistent) and cfg.overlap_epilogue and arch == "sm_80":
         return ("split_group/persistent with overlap_epilogue: sm_80's cp.async pipeline needs a "
                 "constant trip count (use overlap_epilogue=False there)")
+    return None
+
+
+def dmma_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:
+    """Why the fp64 tensor-core products cannot be issued in the shape ``cfg.dmma`` (None:
+    they can; "m8n8k4", TileLang's own, always can)."""
+    if cfg.dmma == "m8n8k4":
+        return None
+    if dtype not in FP64_DTYPES:
+        return f"it shapes the fp64 tensor-core products, which {dtype} does not run on"
+    if arch != "sm_90a":
+        return f"m16n8k4 fp64 mma is sm_90's; {arch} has m8n8k4 only"
+    if cfg.batched:
+        return ("batched products keep m8n8k4 (it pairs the plain GEMM's and Algorithm 1's "
+                "row tiles)")
     return None
 
 
@@ -69,6 +88,8 @@ def persistent_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:
             "sm_80's cp.async pipeline needs a constant trip count (TileLang 0.1.15)"
             if arch != "sm_90a" else
             "float32's GEMM stage is TF32" if dtype == "float32" else
+            f"{dtype}'s copies are cp.async, whose pipeline TileLang 0.1.15 builds over a constant "
+            f"trip count only" if not tma_copies(dtype) else
             f"operands={cfg.operands!r} has its own GEMM template" if cfg.operands != "native" else
             "the clustered GEMM is not persistent (cluster=2)" if cfg.cluster != 1 else None)
 
