@@ -108,10 +108,11 @@ def time_shape(shape, calls, rounds: int, pause: float) -> dict[str, list[float]
 
 
 def plan_text(plan, shape) -> dict:
-    """How the bundle cut a shape: per dimension its spans [start, size, overlap], whether
-    the vendor GEMM ran it, and the multiply-adds computed over the product's."""
+    """How the bundle cut a shape: per dimension its spans [start, size, overlap, the piece
+    kernels' size (M: larger where the rows are a run-time count)], whether the vendor GEMM
+    ran it, and the multiply-adds computed over the product's."""
     M, N, K = shape
-    return {**{dim: [[s.start, s.size, s.overlap] for s in getattr(plan, dim)] for dim in "MNK"},
+    return {**{dim: [[s.start, s.size, s.overlap, s.piece] for s in getattr(plan, dim)] for dim in "MNK"},
             "vendor": plan.vendor, "computed": plan.computed() / (M * N * K)}
 
 

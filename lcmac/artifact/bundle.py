@@ -12,10 +12,13 @@ T_N×T_K tiles; ``MxNxK`` → that kernel) with one compiler process, then write
 in float32 or float64 the any-shape rule is served by *piece* kernels instead of copied
 tiles: one per (P_M, P_N, P_K) of a ladder per dimension, taking views of A, B and C
 (``lcmac.spec.shape_rules.plan_pieces``, ``lcmac.runtime.bundle_pieces``); such a bundle has
-format ``lcmac-bundle/2`` (the rule's ``pieces``, the kernels' ``piece``), which readers of
-``lcmac-bundle/1`` refuse by its format.
+format ``lcmac-bundle/3`` (the rule's ``pieces`` with ``run_time``: kernels of run-time
+rows and depth, the kernels' ``piece``), which readers of ``lcmac-bundle/1`` and ``/2``
+refuse by its format.  ``lcmac-bundle/2`` (piece kernels of fixed sizes, no ``run_time``) is
+still read.
 
-Index fields (format ``lcmac-bundle/1``; ``/2`` adds ``pieces`` and ``piece``):
+Index fields (format ``lcmac-bundle/1``; ``/2`` adds ``pieces`` and ``piece``, ``/3`` the
+pieces' ``run_time``):
 
     format, lcmac_version, created
     target          {name, family, backend}
@@ -23,8 +26,10 @@ Index fields (format ``lcmac-bundle/1``; ``/2`` adds ``pieces`` and ``piece``):
     rules           [{rule, algorithm, rows: [P...], tile: [T_N, T_K] | null,
                       kernels: [kernel name...], dynamic_rows: true (only where set: one
                       kernel of run-time M, rows[0] a launch),
-                      pieces: {M: [P...], N: [P...], K: [P...]} (only where set: the any
-                      rule's piece ladders; rows [] and tile null)}]
+                      pieces: {M: [P...], N: [P...], K: [P...], run_time: {M: u, K: u}} (only
+                      where set: the any rule's piece ladders; run_time: the kernels take up
+                      to P_M rows and P_K depth, multiples of u, at run time; rows [] and
+                      tile null)}]
                                                   in the order the runtime tries them
     kernels         [{name, algorithm: {name, hash}, shape: {M, N, K}, config, entry,
                       manifest, library, sha256, bytes, piece: true (only where set)}]
@@ -44,12 +49,16 @@ from lcmac.spec.shape_rules import (
     ANY_ROWS, ANY_TILE, BUILD_ROWS, PIECE_DTYPES, ShapeRule, bucket_shapes, check_ladder, parse_rule,
     piece_ladders, piece_shapes)
 from lcmac.core.version import __version__
+from lcmac.spec.cpu.config import default_threads
 from lcmac.artifact.build import build_many, resolve_algorithm, resolve_target
 from lcmac.artifact.manifest import Manifest, atomic_write_bytes
 
 FORMAT = "lcmac-bundle/1"
-#: the format of a bundle with piece kernels (a rule's ``pieces``)
-PIECES_FORMAT = "lcmac-bundle/2"
+#: the format of a bundle with piece kernels of run-time rows and depth (``pieces``' ``run_time``)
+PIECES_FORMAT = "lcmac-bundle/3"
+#: the format of a bundle with piece kernels of fixed sizes (read, no longer written)
+FIXED_PIECES_FORMAT = "lcmac-bundle/2"
+READ_FORMATS = (FORMAT, FIXED_PIECES_FORMAT, PIECES_FORMAT)
 INDEX = "bundle.json"
 
 
@@ -62,13 +71,15 @@ class RuleSpec:
     tile: tuple | None = None
     kernels: tuple = ()
     dynamic_rows: bool = False      # rows rule: one CUDA kernel of run-time M (rows[0] a launch)
-    pieces: dict | None = None      # any rule on a CPU: {"M", "N", "K"} piece ladders
+    pieces: dict | None = None      # any rule on a CPU: {"M", "N", "K"} piece ladders, "run_time"
 
     def to_dict(self) -> dict:
         d = {"rule": self.rule.text, "algorithm": self.algorithm, "rows": list(self.rows),
              "tile": list(self.tile) if self.tile else None, "kernels": list(self.kernels)}
         if self.pieces:
             d["pieces"] = {dim: list(self.pieces[dim]) for dim in "MNK"}
+            if self.pieces.get("run_time"):
+                d["pieces"]["run_time"] = dict(self.pieces["run_time"])
         return dict(d, dynamic_rows=True) if self.dynamic_rows else d
 
     def shapes(self) -> list[tuple[int, int, int]]:
@@ -108,7 +119,7 @@ def plan_rule(rule, algorithm: str, kind: str, rows=None, tile=None, dynamic_row
     ``pieces``: the any rule served by piece kernels of these ladders ({"M", "N", "K"})."""
     rule = parse_rule(rule)
     if pieces and rule.kind == "any":
-        return RuleSpec(rule, algorithm, pieces={dim: check_ladder(pieces[dim]) for dim in "MNK"})
+        return RuleSpec(rule, algorithm, pieces=_ladders(pieces))
     if dynamic_rows and (rule.kind != "rows" or kind != "cuda"):
         raise ArtifactError(f"dynamic_rows serves the ?xNxK rule on CUDA targets, not {rule} on "
                             f"a {kind} target")
@@ -163,7 +174,7 @@ def build_specs(specs, target, dtype, *, out_dir=".", levels: int = 1, config=No
         config = json.loads(config)
     jobs = [dict(algo=a, target=t, dtype=dtype, shape=shp, levels=levels,
                  config=dict(config or {}, dynamic_rows=True) if dyn else
-                 _piece_config(config) if piece else config,
+                 _piece_config(config, dtype) if piece else config,
                  out_dir=str(out), mcpu=mcpu, **({"piece": True} if piece else {}))
             for a, shp, dyn, piece in wanted]
     results = build_many(jobs)
@@ -186,7 +197,8 @@ def build_specs(specs, target, dtype, *, out_dir=".", levels: int = 1, config=No
         mans = [built[(s.algorithm, shp, s.dynamic_rows, bool(s.pieces))] for shp in s.shapes()]
         rule_dicts.append(RuleSpec(s.rule, mans[0].algorithm["name"], s.rows, s.tile,
                                    tuple(m.name for m in mans), s.dynamic_rows, s.pieces).to_dict())
-    index = {"format": PIECES_FORMAT if any(s.pieces for s in specs) else FORMAT,
+    index = {"format": PIECES_FORMAT if any(s.pieces and s.pieces.get("run_time") for s in specs) else
+             FIXED_PIECES_FORMAT if any(s.pieces for s in specs) else FORMAT,
              "lcmac_version": __version__,
              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
              "target": {"name": t.name, "family": t.family, "backend": t.backend},
@@ -197,10 +209,25 @@ def build_specs(specs, target, dtype, *, out_dir=".", levels: int = 1, config=No
     return path
 
 
-def _piece_config(config):
+def _piece_config(config, dtype: str):
     """A piece kernel's config: the caller's knobs, Combine H fused (the piece writes C only
-    from its tile stores: cpu_lcma.generate)."""
-    return {**(config or {}), "fused": True}
+    from its tile stores: cpu_lcma.generate), A and B packed per block in row bands (its
+    rows a run-time count; float64's default packs ahead)."""
+    bands = {} if normalize_dtype(dtype) == "float32" else {"bands": default_threads()}
+    return {**bands, **(config or {}), "fused": True}
+
+
+def _ladders(pieces) -> dict:
+    """Piece ladders checked: {"M", "N", "K"} ladders, "run_time" {"M", "K"} positive ints
+    where given."""
+    out = {dim: check_ladder(pieces[dim]) for dim in "MNK"}
+    units = pieces.get("run_time")
+    if units is not None:
+        if not isinstance(units, dict) or set(units) != {"M", "K"} or not all(
+                isinstance(u, int) and not isinstance(u, bool) and u >= 1 for u in units.values()):
+            raise ValueError(f"pieces run_time must be {{M, K}} positive integers, not {units!r}")
+        out["run_time"] = dict(units)
+    return out
 
 
 def is_bundle(path) -> bool:
@@ -218,9 +245,10 @@ def read_bundle(path) -> Bundle:
         d = json.loads(index.read_text())
     except (OSError, ValueError) as e:
         raise ArtifactError(f"bundle index {index} cannot be read: {e}") from None
-    if not isinstance(d, dict) or d.get("format") not in (FORMAT, PIECES_FORMAT):
+    if not isinstance(d, dict) or d.get("format") not in READ_FORMATS:
         got = d.get("format") if isinstance(d, dict) else None
-        raise ArtifactError(f"{index} has format {got!r}; this lcmac reads {FORMAT} and {PIECES_FORMAT}")
+        raise ArtifactError(f"{index} has format {got!r}; this lcmac reads "
+                            f"{', '.join(READ_FORMATS[:-1])} and {READ_FORMATS[-1]}")
     try:
         kernels = {k["name"]: k for k in d["kernels"]}
         rules = []
@@ -228,7 +256,12 @@ def read_bundle(path) -> Bundle:
             spec = RuleSpec(parse_rule(r["rule"]), r["algorithm"], tuple(r.get("rows") or ()),
                             tuple(r["tile"]) if r.get("tile") else None, tuple(r["kernels"]),
                             bool(r.get("dynamic_rows", False)),
-                            {dim: check_ladder(r["pieces"][dim]) for dim in "MNK"} if r.get("pieces") else None)
+                            _ladders(r["pieces"]) if r.get("pieces") else None)
+            if spec.pieces and bool(spec.pieces.get("run_time")) != (d["format"] == PIECES_FORMAT):
+                raise ArtifactError(f"{index}: rule {spec.rule}'s pieces "
+                                    + (f"have run-time extents, which format {d['format']} has not"
+                                       if spec.pieces.get("run_time") else
+                                       f"lack the run_time units {PIECES_FORMAT} gives them"))
             missing = [k for k in spec.kernels if k not in kernels]
             if missing or not spec.kernels:
                 raise ArtifactError(f"{index}: rule {spec.rule} names kernels not in the bundle: {missing}")

@@ -10,7 +10,7 @@ The rules are tried in the index's order, exact ones first.  A ``?xNxK`` rule bu
 library checked against the manifest's sha256) the first time a piece needs it.  A shape
 no rule admits raises ShapeError naming the rules.  ``prepare_b(B)`` (the
 ``?xNxK`` rule) combines B once per bucket kernel, lazily, for B's that stay the same.  An
-any-shape rule of piece kernels (a CPU bundle, format ``lcmac-bundle/2``) runs through
+any-shape rule of piece kernels (a CPU bundle, format ``lcmac-bundle/3``) runs through
 ``lcmac.runtime.bundle_pieces``: views of A, B and C, no copied tiles.
 """
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """Running a product of any shape on a bundle's piece kernels (``lcmac.spec.shape_rules``:
 ``plan_pieces`` says how a shape is cut, and why).
 
-A piece kernel (P_M, P_N, P_K) takes views of A, B and C with a row stride and either writes
-C or adds into it (``lcmac.schedules.cpu_lcma``, ``piece``), so each piece is three slices
-of the caller's arrays: no tile is copied.  The pieces of one C block run K span by K span,
+A piece kernel (P_M, P_N, P_K) takes views of A, B and C with a row stride (in
+``lcmac-bundle/3`` up to P_M rows of A and C and up to P_K columns of A and rows of B, their
+counts run-time values) and either writes C or adds into it (``lcmac.schedules.cpu_lcma``,
+``piece``), so each piece is three slices of the caller's arrays: no tile is copied.  The
+pieces of one C block run K span by K span,
 the first writing and the others adding, so a block that overlaps another (an overlapping M
 or N span) is written whole again with the same sums.  The one copy: a K span that overlaps
 its predecessor reads the rows of B (or the columns of A, whichever is smaller) from a copy
@@ -50,7 +52,8 @@ def _masked_operands(A, B, plan: PiecePlan) -> dict:
 
 def run_pieces(A, B, out, ladders, kernel_for, *, dtype: str, who: str = "the bundle"):
     """C = A·B for any M×N×K with the piece kernels of ``ladders`` ({"M", "N", "K"}: each a
-    ladder); ``kernel_for((P_M, P_N, P_K))``: the loaded piece kernel.  A and B: CPU arrays
+    ladder; "run_time": kernels of run-time rows and depth, ``plan_pieces``);
+    ``kernel_for((P_M, P_N, P_K))``: the loaded piece kernel.  A and B: CPU arrays
     of ``dtype`` (copied row-major first where their rows are not); ``out``: a contiguous
     M×N array, or None."""
     M, N, K = (int(d) for d in check_matrices(A, B, who=who))
@@ -80,5 +83,5 @@ def run_pieces(A, B, out, ladders, kernel_for, *, dtype: str, who: str = "the bu
                 else:
                     a, b = A[rows, k.start:k.start + k.size], B[k.start:k.start + k.size, cols]
                 # the raw entry point: the operands were checked once, above
-                kernel_for((m.size, n.size, k.size))._f(a, b, c, 1 if i else 0)
+                kernel_for((m.piece, n.piece, k.piece))._f(a, b, c, 1 if i else 0)
     return C

@@ -354,11 +354,12 @@ def emit_microkernel(w: Writer, g: Geometry, cfg: CpuConfig, r, acc_dtype: str,
     emit_fma_loop(w, cfg, g.KC, a, b)
 
 
-def emit_fma_loop(w: Writer, cfg: CpuConfig, KC: int, a: str, b: str) -> None:
-    """acc[v, u] += a · b over one kc chunk: ``a``, an element of the packed A at k =
-    ``ko * ku + ki`` and row v, broadcast; ``b``, the packed B at the same k, a vector over u."""
+def emit_fma_loop(w: Writer, cfg: CpuConfig, KC, a: str, b: str) -> None:
+    """acc[v, u] += a · b over one kc chunk (``KC`` its k, or a run-time expression of it, a
+    multiple of ku): ``a``, an element of the packed A at k = ``ko * ku + ki`` and row v,
+    broadcast; ``b``, the packed B at the same k, a vector over u."""
     mr, nr, ku = cfg.mr, cfg.nr, cfg.ku
-    w(f"for ko in range({KC // ku}):")
+    w(f"for ko in range({KC // ku if isinstance(KC, int) else f'({KC}) // {ku}'}):")
     with w.indent():
         w(f"for ki in T.unroll({ku}):")
         with w.indent():

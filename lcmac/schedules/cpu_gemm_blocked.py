@@ -102,9 +102,70 @@ def row_block(g: Geometry, cfg: CpuConfig) -> str:
     return f"(tm * {_band_blocks(g, cfg)} + ic)"
 
 
+# --- run-time extents (a piece kernel's: A's and C's rows ``rows``, A's columns and B's rows
+# ``depth``, TIR variables) --------------------------------------------------------------
+#
+# The kernel is built for M × K (cache blocks, band buffers, loop extents) and runs any
+# m ≤ M rows, a multiple of the grid's m: each block has m / grid rows, the bands split them
+# evenly (whole mr tiles) at run time, and the mc blocks, mr tiles and rows past a band's end
+# are skipped; and any depth ≤ K whose blocks are whole ``DEPTH_STEP`` steps: the k loops of
+# the packing and of the micro-kernel run to it.
+
+def block_rows(g: Geometry, rows: str | None) -> str:
+    """A block's rows: BM, or the run-time count's share of them."""
+    return str(g.BM) if rows is None else f"{rows} // {g.m}"
+
+
+def _band_rows(g: Geometry, cfg: CpuConfig, rows: str) -> str:
+    """Rows a band owns with ``rows`` rows at run time: the block's, split evenly in mr tiles."""
+    step = _bands(g, cfg) * cfg.mr
+    return f"(({block_rows(g, rows)} + {step - 1}) // {step} * {cfg.mr})"
+
+
+def row_origin(g: Geometry, cfg: CpuConfig, rows: str | None) -> str:
+    """The first row (in its block) of the band's mc block ``ic``."""
+    if rows is None:
+        return f"{row_block(g, cfg)} * {g.MC}"
+    return f"tm * {_band_rows(g, cfg, rows)} + ic * {g.MC}"
+
+
+def chunk_depth(g: Geometry, depth: str | None) -> int | str:
+    """The k of the current kc chunk: KC, or with a run-time depth (K, a TIR variable; each
+    block's share a multiple of KC's chunk of staging and of ku) what is left of it."""
+    return g.KC if depth is None else f"T.min({g.KC}, {depth} // {g.k} - kc * {g.KC})"
+
+
+def _k_offset(g: Geometry, block: int, k: str, depth: str | None) -> str:
+    """A's column (or B's row) ``k`` of block column ``block``."""
+    if depth is None:
+        return _offset(block * g.BK, k)
+    return f"{block} * ({depth} // {g.k}) + {k}" if block else k
+
+
+#: with a run-time depth, the k a chunk holds is a multiple of this (and of ku): what the
+#: staged packing copies at a time
+DEPTH_STEP = 8
+
+
+def staged_chunk(g: Geometry, depth: str | None) -> int:
+    """The k the staged packing of A copies at a time (``_emit_pack_a_staged``)."""
+    return whole_chunk(g.KC) if depth is None else min(whole_chunk(g.KC), DEPTH_STEP)
+
+
+def _count(extent: int | str, step: int) -> int | str:
+    return extent // step if isinstance(extent, int) else f"({extent}) // {step}"
+
+
+def rows_guard(g: Geometry, cfg: CpuConfig, rows: str, offset: str) -> str:
+    """The condition that the row ``offset`` past the band's mc block ``ic`` is the band's
+    and the block's, with ``rows`` rows at run time."""
+    return (f"ic * {g.MC} + {offset} < {_band_rows(g, cfg, rows)} and "
+            f"{row_origin(g, cfg, rows)} + {offset} < {block_rows(g, rows)}")
+
+
 def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepared: bool,
                       programs=None, epilogue=None, prefetch=None, overwrite: str | None = None,
-                      share_b: bool = True) -> None:
+                      share_b: bool = True, rows: str | None = None, depth: str | None = None) -> None:
     """The GEMM stage of ``lcmac_matmul`` (``prepared`` False: B packed chunk by chunk here)
     or of ``lcmac_matmul_prepared`` (True: B̃ read from the caller's ``Bp``, packed whole by
     Combine B).  A plain GEMM writes C itself; an LCMA (``programs``: its naive Combine A and
@@ -116,11 +177,14 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
     GEMM's run-time condition for writing C rather than adding into it (``emit_chunk_store``).
     ``share_b`` False: one chunk of B per band even where the bands could share it
     (``shares_b``), so the stage is one parallel region (a piece kernel: many short calls, where
-    each region's start and barrier cost more than packing B twice)."""
+    each region's start and barrier cost more than packing B twice).  ``rows``: the run-time
+    row count's variable (``row_origin``), ``depth`` the run-time K's (``chunk_depth``); both
+    only without ``share_b``."""
     mr, nr = cfg.mr, cfg.nr
     R = programs["A"].n_outputs if programs is not None else 1
     bands, groups = _bands(g, cfg), _groups(g, cfg)
     if share_b and shares_b(g, cfg, R, prepared):
+        assert rows is None and depth is None, "run-time extents are for the one-region stage"
         _emit_shared_b_stage(w, g, cfg, dtype, programs, epilogue, prefetch, R)
         return
     nic = _band_blocks(g, cfg)
@@ -138,22 +202,27 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
             emit_workspace(w, "Bc", (g.NC * g.KC,), dtype, align=64, per_task=True)
         if R > 1:
             most = max(len(t) for t in programs["A"].outputs)
-            w(f"At = T.decl_buffer(({most}, {mr}, {whole_chunk(g.KC)}), \"{dtype}\", scope=\"local\")")
+            w(f"At = T.decl_buffer(({most}, {mr}, {staged_chunk(g, depth)}), \"{dtype}\", scope=\"local\")")
         w(f"tm = t % {bands}")
         if groups > 1:
             w(f"cg = t // {bands}")
         block_guard = nic * bands > g.nmc
+        # which mc blocks (and with run-time rows which mr tiles) the band computes
+        ic_cond = f"tm * {nic} + ic < {g.nmc}" if rows is None else rows_guard(g, cfg, rows, "0")
+        ic_guarded = block_guard or rows is not None
         with ExitStack() as r_loop:
             if R > 1:
                 # one copy of the micro-kernel for all products (a run-time r loop); the
                 # packing and the epilogue, whose coefficients differ, per r
                 r_loop.enter_context(w.block(f"for r in range({R}):"))
             per_r = (lambda emit: dispatch_per_product(w, 0, R, emit)) if R > 1 else (lambda emit: emit(w, 0))
-            with w.block(f"for kc in range({g.nkc}):"):
+            with w.block(f"for kc in range({g.nkc}):"), \
+                    _guard(w, depth is not None and g.nkc > 1, f"kc * {g.KC} < {depth} // {g.k}"):
                 def pack_a(w, r):
-                    with w.block(f"for ic in range({nic}):"), _guard(w, block_guard, f"tm * {nic} + ic < {g.nmc}"):
+                    with w.block(f"for ic in range({nic}):"), _guard(w, ic_guarded, ic_cond):
                         (_emit_pack_a_staged if R > 1 else _emit_pack_a)(
-                            w, g, cfg, f"(tm * {nic} + ic) * {g.MC}", _terms(programs, "A", r, g.k), dtype)
+                            w, g, cfg, row_origin(g, cfg, rows), _terms(programs, "A", r, g.k), dtype,
+                            rows=rows, depth=depth)
                 per_r(pack_a)
                 with ExitStack() as tn_loop:
                     if groups > 1:
@@ -163,13 +232,15 @@ def emit_blocked_gemm(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepar
                     else:
                         tn_loop.enter_context(w.block(f"for tn in range({g.nnc}):"))
                     if not prepared:
-                        per_r(lambda w, r: _emit_pack_b(w, g, cfg, _terms(programs, "B", r, g.n), dtype))
-                    with w.block(f"for ic in range({nic}):"), _guard(w, block_guard, f"tm * {nic} + ic < {g.nmc}"), \
-                            tile_loops(w, cfg, jrs, irs):
+                        per_r(lambda w, r: _emit_pack_b(w, g, cfg, _terms(programs, "B", r, g.n), dtype,
+                                                        depth=depth))
+                    with w.block(f"for ic in range({nic}):"), _guard(w, ic_guarded, ic_cond), \
+                            tile_loops(w, cfg, jrs, irs), \
+                            _guard(w, rows is not None, rows_guard(g, cfg, rows, f"ir * {mr}")):
                         if R > 1:
-                            _emit_products_tile(w, g, cfg, dtype, prepared, epilogue, prefetch, R)
+                            _emit_products_tile(w, g, cfg, dtype, prepared, epilogue, prefetch, R, depth=depth)
                         else:
-                            _emit_tile(w, g, cfg, dtype, f"(tm * {nic} + ic) * {g.MC}", prepared, overwrite)
+                            _emit_tile(w, g, cfg, dtype, row_origin(g, cfg, rows), prepared, overwrite, rows, depth)
 
 
 def shares_b(g: Geometry, cfg: CpuConfig, R: int, prepared: bool) -> bool:
@@ -236,72 +307,89 @@ def _guard(w: Writer, needed: bool, cond: str):
     return w.block(f"if {cond}:") if needed else nullcontext()
 
 
-def _emit_pack_a(w: Writer, g: Geometry, cfg: CpuConfig, row0: str, terms, dtype: str) -> None:
+def _emit_pack_a(w: Writer, g: Geometry, cfg: CpuConfig, row0: str, terms, dtype: str,
+                 rows: str | None = None, depth: str | None = None) -> None:
     """Ab[ic][ir][k][v] = Σ c · A[block rows + row0 + ir·mr + v, block cols + kc·KC + k] for
     block ic (``terms``: ``_terms``); rows past a block's are clamped (their products are
     computed and never stored: a row tail, ``Geometry.row_tail``)."""
     mr = cfg.mr
-    row = _packed_row(g, cfg, row0)
+    row = _packed_row(g, cfg, row0, rows)
     col = f"kc * {g.KC} + k"
-    value = linear_expr(terms, lambda blk: f"A[{_offset(blk[0] * g.BM, row)}, {_offset(blk[1] * g.BK, col)}]",
+    value = linear_expr(terms, lambda blk: f"A[{_row_offset(g, blk[0], row, rows)}, {_k_offset(g, blk[1], col, depth)}]",
                         dtype)
-    with w.block(f"for ir in range({g.MC // mr}):"), w.block(f"for k in range({g.KC}):"), \
+    with w.block(f"for ir in range({g.MC // mr}):"), \
+            _guard(w, rows is not None, rows_guard(g, cfg, rows, f"ir * {mr}")), \
+            w.block(f"for k in range({chunk_depth(g, depth)}):"), \
             w.block(f"for v in T.vectorized({mr}):"):
         w(f"Ab[((ic * {g.MC // mr} + ir) * {g.KC} + k) * {mr} + v] = {value}")
 
 
 def _emit_pack_a_staged(w: Writer, g: Geometry, cfg: CpuConfig, row0: str, terms, dtype: str,
-                        ab0: str = "") -> None:
+                        ab0: str = "", rows: str | None = None, depth: str | None = None) -> None:
     """``_emit_pack_a`` for a sum of blocks: read column by column, the mr rows of every
     block summed (at square power-of-two sizes 4 KB-aliased) share one L1 set, so each row's
     next kt columns (a cache line) are first copied into the local ``At``, and the sum is
     taken from there (as cpu_combine's Combine A does)."""
     mr = cfg.mr
-    kt = whole_chunk(g.KC)
-    row = _packed_row(g, cfg, row0)
+    kt = staged_chunk(g, depth)
+    row = _packed_row(g, cfg, row0, rows)
     col = f"kc * {g.KC} + ko * {kt} + u"
-    with w.block(f"for ir in range({g.MC // mr}):"), w.block(f"for ko in range({g.KC // kt}):"):
+    with w.block(f"for ir in range({g.MC // mr}):"), \
+            _guard(w, rows is not None, rows_guard(g, cfg, rows, f"ir * {mr}")), \
+            w.block(f"for ko in range({_count(chunk_depth(g, depth), kt)}):"):
         for n, (_, blk) in enumerate(terms):
             with w.block(f"for v in range({mr}):"), w.block(f"for u in T.vectorized({kt}):"):
-                w(f"At[{n}, v, u] = A[{_offset(blk[0] * g.BM, row)}, {_offset(blk[1] * g.BK, col)}]")
+                w(f"At[{n}, v, u] = A[{_row_offset(g, blk[0], row, rows)}, {_k_offset(g, blk[1], col, depth)}]")
         value = linear_expr([(c, n) for n, (c, _) in enumerate(terms)], lambda n: f"At[{n}, v, ki]", dtype)
         with w.block(f"for ki in range({kt}):"), w.block(f"for v in T.vectorized({mr}):"):
             w(f"Ab[{ab0}((ic * {g.MC // mr} + ir) * {g.KC} + ko * {kt} + ki) * {mr} + v] = {value}")
 
 
-def _packed_row(g: Geometry, cfg: CpuConfig, row0: str) -> str:
+def _packed_row(g: Geometry, cfg: CpuConfig, row0: str, rows: str | None = None) -> str:
     """Row v of micro-panel ir from ``row0`` within a block, clamped to the block's last row
     in a row tail (those rows' products are computed and never stored)."""
     row = f"{row0} + ir * {cfg.mr} + v"
+    if rows is not None:
+        return f"T.min({row}, {block_rows(g, rows)} - 1)"
     return f"T.min({row}, {g.BM - 1})" if g.BMP > g.BM else row
 
 
-def _emit_pack_b(w: Writer, g: Geometry, cfg: CpuConfig, terms, dtype: str, rows=None) -> None:
+def _row_offset(g: Geometry, block: int, row: str, rows: str | None) -> str:
+    """A's (or C's) row ``row`` of block row ``block``."""
+    if rows is None:
+        return _offset(block * g.BM, row)
+    return f"{block} * ({block_rows(g, rows)}) + {row}" if block else row
+
+
+def _emit_pack_b(w: Writer, g: Geometry, cfg: CpuConfig, terms, dtype: str, rows=None,
+                 depth: str | None = None) -> None:
     """Bc[jr][k][u] = Σ c · B[block rows + kc·KC + k, block cols + tn·NC + jr·nr + u]: row by
     row, each of B's kc rows read as one nc-long run (a stream the prefetcher follows), one
     vector load and store per nr columns.  Panel by panel instead, the kc rows, 4 KB-aliased
     at square sizes, were fetched a line at a time (docs/cpu.md)."""
     nr = cfg.nr
     row, col = f"kc * {g.KC} + k", f"tn * {g.NC} + jr * {nr} + u"
-    value = linear_expr(terms, lambda blk: f"B[{_offset(blk[0] * g.BK, row)}, {_offset(blk[1] * g.BN, col)}]",
+    value = linear_expr(terms, lambda blk: f"B[{_k_offset(g, blk[0], row, depth)}, {_offset(blk[1] * g.BN, col)}]",
                         dtype)
-    k_loop = f"for k in range({g.KC}):" if rows is None else f"for k in range({rows[0]}, {rows[0]} + {rows[1]}):"
+    k_loop = f"for k in range({chunk_depth(g, depth)}):" if rows is None else \
+        f"for k in range({rows[0]}, {rows[0]} + {rows[1]}):"
     with w.block(k_loop), w.block(f"for jr in range({g.NC // nr}):"), \
             w.block(f"for u in T.vectorized({nr}):"):
         w(f"Bc[(jr * {g.KC} + k) * {nr} + u] = {value}")
 
 
 def _emit_products_tile(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, prepared: bool,
-                        epilogue, prefetch, R: int, ab0: str = "") -> None:
+                        epilogue, prefetch, R: int, ab0: str = "", depth: str | None = None) -> None:
     """One register tile of product r over the kc chunk, then its epilogue (per r)."""
     mr, nr = cfg.mr, cfg.nr
     emit_zero_acc(w, mr, nr, dtype, prefetch)
     w(f"# product r's tile: Ab (band of Ã_r) x {'B̃p_r' if prepared else 'Bc (chunk of B̃_r)'}")
-    _emit_fmas(w, g, cfg, prepared, "r", ab0)
+    _emit_fmas(w, g, cfg, prepared, "r", ab0, depth)
     dispatch_per_product(w, 0, R, epilogue)
 
 
-def _emit_fmas(w: Writer, g: Geometry, cfg: CpuConfig, prepared: bool, product: str, ab0: str = "") -> None:
+def _emit_fmas(w: Writer, g: Geometry, cfg: CpuConfig, prepared: bool, product: str, ab0: str = "",
+               depth: str | None = None) -> None:
     """acc += the band buffer's tile rows · the B chunk's (or prepared B̃p's) tile columns."""
     mr, nr = cfg.mr, cfg.nr
     k = f"ko * {cfg.ku} + ki"
@@ -310,18 +398,21 @@ def _emit_fmas(w: Writer, g: Geometry, cfg: CpuConfig, prepared: bool, product: 
         b = f"Bp[{product}, ((tn * {g.NC // nr} + jr) * {g.BKP} + kc * {g.KC} + {k}) * {nr} + u]"
     else:
         b = f"Bc[(jr * {g.KC} + {k}) * {nr} + u]"
-    emit_fma_loop(w, cfg, g.KC, a, b)
+    emit_fma_loop(w, cfg, chunk_depth(g, depth), a, b)
 
 
 def _emit_tile(w: Writer, g: Geometry, cfg: CpuConfig, dtype: str, row0: str, prepared: bool,
-               overwrite: str | None = None) -> None:
+               overwrite: str | None = None, rows: str | None = None, depth: str | None = None) -> None:
     """One register tile: acc over the kc chunk, then C's tile written (first chunk) or
     accumulated (the others)."""
     mr, nr = cfg.mr, cfg.nr
     crow = f"{row0} + ir * {mr} + v"
     ccol = f"tn * {g.NC} + jr * {nr}"
     # rows clamped: a row tail's padded rows have no C row to fetch
-    emit_zero_acc(w, mr, nr, dtype, f"C[T.min({crow}, {g.M - 1}), {ccol} + {{}}]")
-    _emit_fmas(w, g, cfg, prepared, "0")
-    emit_chunk_store(w, cfg, g.nkc, f"C[{crow}, {ccol} + u]", 1, dtype, True,
-                     row_guard=f"{crow} < {g.M}" if g.BMP > g.M else None, overwrite=overwrite)
+    last = g.M - 1 if rows is None else f"{rows} - 1"
+    emit_zero_acc(w, mr, nr, dtype, f"C[T.min({crow}, {last}), {ccol} + {{}}]")
+    _emit_fmas(w, g, cfg, prepared, "0", depth=depth)
+    guard = rows_guard(g, cfg, rows, f"ir * {mr} + v") if rows is not None else \
+        f"{crow} < {g.M}" if g.BMP > g.M else None
+    emit_chunk_store(w, cfg, g.nkc, f"C[{crow}, {ccol} + u]", 1, dtype, True, row_guard=guard,
+                     overwrite=overwrite)

@@ -13,12 +13,13 @@ from lcmac.ir.algorithm import Algorithm
 from lcmac.ir.cse import optimized_programs
 from lcmac.ir.program import LinearProgram, combine_matrices, naive_program
 from lcmac.schedules.cpu_gemm_blocked import (
-    emit_blocked_gemm, row_block as blocked_row_block, shares_b, why_not as blocked_why_not,
+    block_rows, emit_blocked_gemm, row_origin, rows_guard, shares_b, why_not as blocked_why_not,
     workspace_bytes as blocked_workspace)
 from lcmac.schedules.cpu_combine import (
     emit_combine_a, emit_combine_b, emit_combine_h, emit_crop, emit_pad, needs_pad)
 from lcmac.schedules import cpu_vendor
 from lcmac.spec.cpu.config import CpuConfig
+from lcmac.spec.shape_rules import PIECE_UNITS
 from lcmac.schedules.cpu_memory import emit_workspace
 from lcmac.schedules.cpu_gemm import (
     DOT_LANES, DPBF16_LL, Writer, amx_kernel, amx_ll, emit_chunk_store, emit_gemm_stage, geometry,
@@ -29,6 +30,9 @@ ENTRY = "lcmac_matmul"
 PREPARE_B, PREPARED = "_prepare_b", "_prepared"
 #: a piece kernel's last argument (``generate``): 0 writes C, 1 adds the product into it
 PIECE_FLAG = "accumulate"
+#: a piece kernel's run-time row count (A's and C's rows) and depth (A's columns, B's rows),
+#: bound from their shapes
+PIECE_ROWS, PIECE_DEPTH = "m_rows", "k_depth"
 
 
 def programs_for(alg) -> dict:
@@ -51,8 +55,12 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
     ``piece``: instead, one entry ``entry(A, B, C, accumulate)`` for a piece of a larger
     product (the any-shape bundle, ``lcmac.runtime.bundle_pieces``): A, B and C may be views
     with a row stride (their rows need not be contiguous with each other), and
-    ``accumulate`` = 1 adds A·B into C.  It needs C written only by the tile stores (fused
-    Combine H, no workspace, no zero padding): ShapeError says which is missing."""
+    ``accumulate`` = 1 adds A·B into C.  A and C have any number of rows up to M that is a
+    multiple of the grid's m (``PIECE_ROWS``, a run-time value: the outer loops skip the
+    rest), A's columns and B's rows any depth up to K that is k whole ``PIECE_UNITS`` steps
+    (``PIECE_DEPTH``: the k loops run that far).  It needs C written only by the tile stores (fused Combine H, no workspace, no
+    zero padding) and A and B packed per block (``CpuConfig.bands``): ShapeError says which
+    is missing."""
     if dtype not in ("float32", "float64", "bfloat16"):
         raise DTypeError(f"the CPU backend does not support {dtype} yet (float32, float64, bfloat16 do)")
     # bf16 contract: A, B, C bf16; combines computed in fp32; C accumulated in fp32 (a
@@ -89,20 +97,24 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             "C": f"({M}, {N}), \"{dtype}\"", bp_name: f"{bp_shape}, \"{bp_dtype}\""}
     align = {"A": isz, "B": isz, "C": isz, bp_name: 64}
     direct = g.direct_c and acc == dtype
-    if piece:
-        missing = [what for what, ok in (
-            ("C written directly (float32 or float64; N whole nr tiles per block)", direct),
-            ("fused Combine H", cfg.fused or R == 1),
-            ("no zero padding (M, N and K whole blocks of the grid; k whole ku steps)", not (pad_a or pad_b)))
-            if not ok]
-        if missing:
-            raise ShapeError(f"a piece kernel of {alg.name} at {M}x{N}x{K} needs {'; '.join(missing)}")
-    overwrite = f"{PIECE_FLAG} == 0" if piece else None
     # A and B packed block by block in the tasks, an LCMA's combination fused into that
     # packing (cpu_gemm_blocked), where the shape needs no zero padding; else the packing
     # (combine) passes below
     not_blocked = cfg.bands and blocked_why_not(g, R, acc, dtype, bf16_dot or amx)
     blocked = bool(cfg.bands) and not not_blocked
+    if piece:
+        missing = [what for what, ok in (
+            ("C written directly (float32 or float64; N whole nr tiles per block)", direct),
+            ("fused Combine H", cfg.fused or R == 1),
+            ("no zero padding (M, N and K whole blocks of the grid; k whole ku steps)", not (pad_a or pad_b)),
+            (f"ku dividing {PIECE_UNITS['K']} (its depth is a run-time multiple of that)", PIECE_UNITS["K"] % cfg.ku == 0))
+            if not ok]
+        if not missing and not blocked:
+            missing = [f"A and B packed per block (config knob bands: {not_blocked or 'bands=0'})"]
+        if missing:
+            raise ShapeError(f"a piece kernel of {alg.name} at {M}x{N}x{K} needs {'; '.join(missing)}")
+    overwrite = f"{PIECE_FLAG} == 0" if piece else None
+    rows, depth = (PIECE_ROWS, PIECE_DEPTH) if piece else (None, None)
     if blocked and R > 1:
         # the packing sums each product's blocks directly (no shared partial sums), by these
         # programs; Combine B of the prepared-B pair runs the same one: the same bits
@@ -122,7 +134,7 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
     def emit_rest(w, prepared=False):
         """Combine A, the GEMM stage, Combine H and the crop: everything after Combine B."""
         if blocked and R == 1:
-            emit_blocked_gemm(w, g, cfg, dtype, prepared, overwrite=overwrite)
+            emit_blocked_gemm(w, g, cfg, dtype, prepared, overwrite=overwrite, rows=rows, depth=depth)
             return
         # packed combined operands: Ãp[r][BMP/mr][BKP][mr], B̃p[r][BNP/nr][BKP][nr], flattened
         # per r with a padded r-stride (packed_stride)
@@ -152,9 +164,10 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
                            stream=cfg.stream)
 
         # the tile's mc block of rows: the task's (packing ahead) or the band's current one
-        rb = blocked_row_block(g, cfg) if blocked else "tm"
-        tile = "{base} + %s * %d + ir * %d + v, {cbase} + tn * %d + jr * %d + u" % (
-            rb, g.MC, cfg.mr, g.NC, cfg.nr)
+        origin = row_origin(g, cfg, rows) if blocked else f"tm * {g.MC}"
+        tile = "{base} + %s + ir * %d + v, {cbase} + tn * %d + jr * %d + u" % (
+            origin, cfg.mr, g.NC, cfg.nr)
+        crow_of = (lambda i: i * crow) if rows is None else (lambda i: f"{i} * ({block_rows(g, rows)})")
         # Combine H coefficients, per product r: the C blocks it feeds (W's nonzeros)
         feeds = [[(i, j, alg.W[r, i, j]) for i in range(alg.m) for j in range(alg.n)
                   if alg.W[r, i, j] != 0] for r in range(R)]
@@ -167,7 +180,7 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             if cfg.fused:
                 w(f"# fused Combine H: H_{r + 1} into its C blocks, never stored")
                 for i, j, c in feeds[r]:
-                    dst = f"{cbuf}[" + tile.format(base=i * crow, cbase=j * ccol) + "]"
+                    dst = f"{cbuf}[" + tile.format(base=crow_of(i), cbase=j * ccol) + "]"
                     emit_chunk_store(w, cfg, g.nkc, dst, c, acc, first[(i, j)] == r, row_guard=guard,
                                      overwrite=overwrite)
             else:
@@ -175,8 +188,8 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
                 emit_chunk_store(w, cfg, g.nkc, dst, 1, acc, True, row_guard=guard)
 
         # a row tail written straight into C: the padded rows' stores are skipped
-        guard = (f"{rb} * {g.MC} + ir * {cfg.mr} + v < {g.BM}"
-                 if direct and g.BMP > g.BM else None)
+        guard = (rows_guard(g, cfg, rows, f"ir * {cfg.mr} + v") if rows is not None else
+                 f"{origin} + ir * {cfg.mr} + v < {g.BM}" if direct and g.BMP > g.BM else None)
 
         if not blocked:        # (the blocked stage names itself)
             w("# GEMM stage" + (" with fused Combine H" if cfg.fused else " (H stored)"))
@@ -186,13 +199,13 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
         # the plain GEMM packed ahead, H_r's when H is stored (an LCMA's fused epilogue
         # writes several C blocks)
         prefetch = None
-        rows, cols = f"{rb} * {g.MC} + ir * {cfg.mr} + v", f"tn * {g.NC} + jr * {cfg.nr}"
+        prow, pcol = f"{origin} + ir * {cfg.mr} + v", f"tn * {g.NC} + jr * {cfg.nr}"
         if R == 1 and cfg.fused:
-            prefetch = f"{cbuf}[{rows}, {cols} + {{}}]"
+            prefetch = f"{cbuf}[{prow}, {pcol} + {{}}]"
         elif not cfg.fused:
-            prefetch = f"H[r, {rows}, {cols} + {{}}]"
+            prefetch = f"H[r, {prow}, {pcol} + {{}}]"
         if blocked:
-            emit_blocked_gemm(w, g, cfg, dtype, prepared, progs, epilogue, prefetch, share_b=not piece)
+            emit_blocked_gemm(w, g, cfg, dtype, prepared, progs, epilogue, prefetch, share_b=not piece, rows=rows, depth=depth)
         elif amx:
             # links the AMX micro-kernel into the LLVM module (see cpu_gemm.amx_ll)
             with w.block(f"with T.attr(0, \"pragma_import_llvm\", {amx_ll(g.KC)!r}):"):
@@ -222,6 +235,11 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
             w(f"def {entry}(a: T.handle, b: T.handle, c: T.handle, {PIECE_FLAG}: T.int32):")
             with w.indent():
                 w(f"T.func_attr({{\"global_symbol\": \"{entry}\", \"tirx.noalias\": True}})")
+                w(f"{PIECE_ROWS} = T.int32()")
+                w(f"{PIECE_DEPTH} = T.int32()")
+                decl["A"] = f"({PIECE_ROWS}, {PIECE_DEPTH}), \"{dtype}\""
+                decl["B"] = f"({PIECE_DEPTH}, {N}), \"{dtype}\""
+                decl["C"] = f"({PIECE_ROWS}, {N}), \"{dtype}\""
                 for p in ("A", "B", "C"):
                     w(f"ld{p.lower()} = T.int32()")
                     w(f"{p} = T.match_buffer({p.lower()}, {decl[p]}, strides=(ld{p.lower()}, 1), "
@@ -263,7 +281,10 @@ def generate(alg, dtype: str, M: int, N: int, K: int, cfg: CpuConfig, programs=N
                                  + (g.k * g.BKP * g.n * g.BNP if pad_b else 0)),
             "additions": {s: p.additions for s, p in progs.items()}}
     if piece:
-        info["piece"] = {"arguments": ["A", "B", "C", PIECE_FLAG], "row_strides": True}
+        # rows (A's and C's) and depth (A's columns, B's rows): any multiple of these up to M, K
+        info["piece"] = {"arguments": ["A", "B", "C", PIECE_FLAG], "row_strides": True,
+                         "rows": {"max": M, "multiple_of": alg.m},
+                         "depth": {"max": K, "multiple_of": alg.k * PIECE_UNITS["K"]}}
     else:
         # B combined once: entry + PREPARE_B fills a caller-owned buffer of this shape
         info["prepared_b"] = {"prepare": entry + PREPARE_B, "run": entry + PREPARED,

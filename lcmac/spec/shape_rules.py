@@ -164,27 +164,39 @@ def bucket_shapes(rule: ShapeRule, ladder, tile=None) -> list[tuple[int, int, in
 #
 # Each of M, N and K has its own ladder of piece sizes; a piece kernel (P_M, P_N, P_K) takes
 # row-strided views of A, B and C and writes or adds into C (lcmac.schedules.cpu_lcma,
-# ``piece``), so a product is cut along all three dimensions with no copy.  A dimension is
-# covered by spans of its ladder, largest first, the part left under them by one more span
-# that overlaps its neighbour: M and N compute the overlap twice and write it twice with the
-# same sums; K zeroes the overlapped rows of B (or columns of A) in a copy of that span, so
-# they add nothing.  The edges never go to the vendor GEMM: its worker threads keep spinning
+# ``piece``), so a product is cut along all three dimensions with no copy.  N is covered by
+# spans of its ladder, largest first, the part left under them by one more span that
+# overlaps its neighbour, computed and written twice with the same sums.  M and K need no
+# ladder: a piece kernel takes any rows and any depth up to its P_M and P_K at run time (a
+# multiple of a unit: the grid's m; k times whole ku steps), so each is cut into spans of
+# P_M (P_K) and one shorter one (``cut_run_time``): fewer calls, each packing B once for
+# all its rows and running whole kc chunks (docs/shape-rules.md: 1000x777x1234 at 0.83x the
+# exact kernel with fixed pieces, M cut 512 + 512, 1.02x with one span).  A span that is
+# not whole units starts earlier and overlaps its predecessor: M computes those rows again,
+# K zeroes the overlapped rows of B (or columns of A) in a copy of that span, so they add
+# nothing.  Bundles of ``lcmac-bundle/2`` have kernels of fixed sizes, M and K cut as N.
+# The edges never go to the vendor GEMM: its worker threads keep spinning
 # for a while after each call (OpenBLAS, OpenMP), and the piece kernels after it then share
 # the cores with them (measured: a 1000x777x1234 product 10x slower with its 9 last columns
 # on numpy).  A dimension shorter than its smallest span runs the whole product on the
 # vendor GEMM (numpy.matmul, torch.matmul): a small or thin product.
 
 #: piece sizes per dimension ("M", "N", "K") of the CPU any-shape bundle (rounded to the
-#: algorithm's grid by ``piece_ladders``): 1024 down to 128, so an overlap wastes at most
-#: 127 rows, columns or k of a product; 4³ = 64 kernels
-PIECE_LADDER = {"cpu": (1024, 512, 256, 128)}
+#: algorithm's grid by ``piece_ladders``): M and K one size each (run-time extents up to
+#: it); N 2048 down to 128, so an overlap wastes at most 127 columns of a product (1536,
+#: 768, 384: a column count just over a power of two is covered by two spans, not three);
+#: 8 kernels
+PIECE_LADDER = {"cpu": {"M": (2048,), "N": (2048, 1536, 1024, 768, 512, 384, 256, 128), "K": (2048,)}}
+#: a product with fewer rows or a shallower K runs on the vendor GEMM whole (thin: a piece
+#: kernel's fixed costs, the packing of B or of A among them, spread over too little)
+PIECE_MIN_EXTENT = 128
 #: the dtypes piece kernels serve: C written by the tile stores (16-bit ones go through an
 #: fp32 workspace, so their any-shape bundle keeps the copied tiles)
 PIECE_DTYPES = ("float32", "float64")
 #: what a piece's size is a multiple of per dimension, per block of the algorithm's grid:
 #: rows whole blocks; columns whole register tiles (nr ≤ 64 on every CPU target); k whole
-#: unrolled steps (ku ≤ 16), so that no piece kernel zero-pads
-PIECE_UNITS = {"M": 1, "N": 64, "K": 16}
+#: unrolled steps (a piece kernel's ku divides 8), so that no piece kernel zero-pads
+PIECE_UNITS = {"M": 1, "N": 64, "K": 8}
 #: what one more span costs, in elements of the dimension (a kernel call per piece: its
 #: parallel regions, and a fresh packing of its operands)
 SPAN_COST = 32
@@ -195,12 +207,40 @@ VENDOR_WORK = 256 ** 3
 
 @dataclass(frozen=True)
 class Span:
-    """Elements [start, start + size) of one dimension, run by the pieces of ``size``;
-    the first ``overlap`` of them were covered by an earlier span (M, N: computed again;
-    K: zeroed in a copy, so they add nothing)."""
+    """Elements [start, start + size) of one dimension, run by the pieces of ``kernel``
+    (0: of ``size``; larger: M's or K's run-time extent); the first ``overlap`` of them were covered
+    by an earlier span (M, N: computed again; K: zeroed in a copy, so they add nothing)."""
     start: int
     size: int
     overlap: int = 0
+    kernel: int = 0
+
+    @property
+    def piece(self) -> int:
+        """The piece kernels' size in this dimension."""
+        return self.kernel or self.size
+
+
+def cut_run_time(extent: int, most: int, unit: int) -> tuple:
+    """``extent`` (M or K) cut for piece kernels of run-time extents up to ``most``: spans of
+    ``most``, then one of the rest, each a multiple of ``unit``; where the rest is not, its
+    span starts earlier and overlaps its predecessor (for an extent under ``most`` not a
+    multiple of ``unit``: a span of ``unit`` after the whole units).  Under
+    ``PIECE_MIN_EXTENT``: no spans (()), the vendor GEMM's."""
+    if extent < max(PIECE_MIN_EXTENT, unit):
+        return ()
+    spans, pos = [], 0
+    while extent - pos > most:
+        spans.append(Span(pos, most, 0, most))
+        pos += most
+    tail = extent - pos
+    size = -(-tail // unit) * unit
+    if size <= extent:
+        spans.append(Span(extent - size, size, size - tail, most))
+    else:           # one short span, not whole units: the whole units, then the last unit again
+        size -= unit
+        spans += [Span(0, size, 0, most), Span(extent - unit, unit, unit - extent + size, most)]
+    return tuple(spans)
 
 
 def cut_extent(extent: int, ladder) -> tuple:
@@ -242,7 +282,7 @@ class PiecePlan:
 
     def shapes(self) -> list:
         """The (P_M, P_N, P_K) piece kernels this plan calls."""
-        return sorted({(m.size, n.size, k.size) for m in self.M for n in self.N for k in self.K},
+        return sorted({(m.piece, n.piece, k.piece) for m in self.M for n in self.N for k in self.K},
                       reverse=True)
 
     def computed(self) -> int:
@@ -252,23 +292,32 @@ class PiecePlan:
 
 
 def plan_pieces(M: int, N: int, K: int, ladders) -> PiecePlan:
-    """The cut of an M×N×K product for piece ``ladders`` = {"M": (...), "N": ..., "K": ...}
-    (none under ``VENDOR_WORK``)."""
+    """The cut of an M×N×K product for piece ``ladders`` = {"M": (...), "N": ..., "K": ...,
+    "run_time": {"M": unit, "K": unit}} (none under ``VENDOR_WORK``); with "run_time" the
+    kernels take up to their P_M rows and P_K depth, multiples of those units, at run time
+    (``cut_run_time``), without it (``lcmac-bundle/2``) M and K are cut like N."""
     if M * N * K < VENDOR_WORK:
         return PiecePlan((), (), ())
-    return PiecePlan(cut_extent(M, ladders["M"]), cut_extent(N, ladders["N"]),
-                     cut_extent(K, ladders["K"]))
+    units = ladders.get("run_time")
+
+    def cut(dim, extent):
+        return cut_run_time(extent, max(ladders[dim]), units[dim]) if units else cut_extent(extent, ladders[dim])
+    return PiecePlan(cut("M", M), cut_extent(N, ladders["N"]), cut("K", K))
 
 
 def piece_ladders(grid, ladder=None) -> dict:
     """The piece ladders {"M", "N", "K"} for an algorithm of ``grid`` (m, k, n): ``ladder``
-    (default ``PIECE_LADDER["cpu"]``) rounded down to whole units (``PIECE_UNITS``) of the
-    grid's blocks."""
+    (a ladder for every dimension or one per dimension; default ``PIECE_LADDER["cpu"]``)
+    rounded down to whole units (``PIECE_UNITS``) of the grid's blocks; "run_time": the
+    units of M and K the kernels take at run time (``plan_pieces``)."""
     m, k, n = grid
+    ladder = ladder or PIECE_LADDER["cpu"]
     out = {}
     for dim, blocks in (("M", m), ("N", n), ("K", k)):
         unit = blocks * PIECE_UNITS[dim]
-        out[dim] = check_ladder(max(unit, P // unit * unit) for P in (ladder or PIECE_LADDER["cpu"]))
+        sizes = ladder[dim] if isinstance(ladder, dict) else ladder
+        out[dim] = check_ladder(max(unit, P // unit * unit) for P in sizes)
+    out["run_time"] = {"M": m * PIECE_UNITS["M"], "K": k * PIECE_UNITS["K"]}
     return out
 
 
