@@ -420,7 +420,8 @@ def table(rows: list[Row]) -> str:
 
 
 def targets(rows: list[Row]) -> list[dict]:
-    """The issue's bars, judged on the measured rows (burst paired ratios; sustained beside)."""
+    """The issue's bars, judged on the measured rows: the best row by its burst paired ratio,
+    met when that ratio and its sustained ratio (where measured) both reach the bar."""
     def within(x, kinds, limit):
         return all(x[k] is not None and x[k] <= limit[k] for k in kinds)
 
@@ -431,9 +432,11 @@ def targets(rows: list[Row]) -> list[dict]:
         if r is None:
             return {"bar": bar, "met": False, "why": "no measured row within the error bound"}
         rec = r.record
+        # the bars are judged sustained: with a sustained figure, both it and the burst ratio
+        sus = rec.get("sustained_ratio")
         return {"bar": bar, "row": r.mode, "ratio": rec["paired_ratio"],
-                "sustained_ratio": rec.get("sustained_ratio"), "error_x_anchor": rec["error_x_anchor"],
-                "met": rec["paired_ratio"] >= want}
+                "sustained_ratio": sus, "error_x_anchor": rec["error_x_anchor"],
+                "met": min(rec["paired_ratio"], sus if sus is not None else rec["paired_ratio"]) >= want}
 
     fp32_ok = lambda x: within(x, KINDS, {"normal": 1, "uniform": 1, "wide": 4})  # noqa: E731
     fp64_ok = lambda x: within(x, KINDS, dict.fromkeys(KINDS, 10))  # noqa: E731
