@@ -18,19 +18,10 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import copyreg
 import json
 import statistics
 import sys
 import time
-import types
-
-# plans hold read-only mappings; they travel from the deciding processes as plain dicts
-def _read_only(d: dict):
-    return types.MappingProxyType(d)
-
-
-copyreg.pickle(types.MappingProxyType, lambda m: (_read_only, (dict(m),)))
 
 #: FalconGEMM's operator sweep, eight of its row counts
 M_SWEEP = (512, 1024, 2048, 4096, 8192, 12288, 16384, 20480)

@@ -1,6 +1,7 @@
 """``lcmac cache``: where the kernel caches are, what they hold, and emptying them: the LCMA
 kernels (``lcmac.artifact.cache``) and the bit kernels (``lcmac.bits.cache``), both kernel
-stores (``lcmac.artifact.store``; docs/cache.md)."""
+stores (``lcmac.artifact.store``; docs/cache.md), and the computed results kept beside them
+(``lcmac.core.result_cache``: the accuracy simulations)."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +11,7 @@ import sys
 from lcmac.artifact import cache as kcache
 from lcmac.bits import cache as bit_kernels
 from lcmac.cli.output import dump_json, size_text, table
+from lcmac.core.result_cache import result_caches
 
 
 def _bit_kernels(args) -> tuple[list[dict], str]:
@@ -19,10 +21,21 @@ def _bit_kernels(args) -> tuple[list[dict], str]:
     return bits, size_text(sum(b["bytes"] for b in bits))
 
 
+def _results(args) -> list[dict]:
+    """The result caches holding entries (``lcmac.core.result_cache``); none with ``--dir``."""
+    return [] if args.dir else [r for r in (c.info() for c in result_caches()) if r["entries"]]
+
+
+def _results_text(results: list[dict]) -> list[str]:
+    return [f"{r['entries']} {r['name']} results ({size_text(r['bytes'])}) in {r['dir']}"
+            for r in results]
+
+
 def cmd_cache_info(args) -> int:
     inf = kcache.info(args.dir)
     if args.json:
-        dump_json("cache-info", inf)
+        dump_json("cache-info", dict(inf, result_caches=[] if args.dir else
+                                     [c.info() for c in result_caches()]))
         return 0
     state = "" if inf["exists"] else "  (not created yet)"
     print(f"kernel cache  {inf['dir']}{state}")
@@ -34,6 +47,10 @@ def cmd_cache_info(args) -> int:
     if not args.dir:
         bits, size = _bit_kernels(args)
         print(f"bit kernels   {len(bits)}, {size} in {bit_kernels.cache_dir()}")
+        for c in result_caches():
+            r = c.info()
+            print(f"results       {r['name']}: {r['entries']}, {size_text(r['bytes'])} in "
+                  f"{r['dir'] or '(none: LCMAC_CACHE_DIR=off)'}")
     return 0
 
 
@@ -60,19 +77,24 @@ def cmd_cache_list(args) -> int:
         rows = [[b["kind"], str(b["for"]), size_text(b["bytes"]),
                  b["key"][:17] + ("" if b["ok"] else "  (damaged: rebuilt on next use)")] for b in bits]
         print(table(rows, ["kind", "for", "size", "key"]))
+    for line in _results_text(_results(args)):
+        print(f"\nresults: {line}")
     return 0
 
 
 def cmd_cache_clear(args) -> int:
     inf = kcache.info(args.dir)
     bits, bits_size = _bit_kernels(args)
+    results = _results(args)
     kernels_empty = not inf["exists"] or (inf["entries"] == 0 and inf["bytes"] == 0)
-    if kernels_empty and not bits:
+    if kernels_empty and not bits and not results:
         print(f"the kernel cache {inf['dir']} is empty")
         return 0
     what = f"{inf['entries']} kernels ({size_text(inf['bytes'])}) from {inf['dir']}"
     if bits:
         what += f" and {len(bits)} bit kernels ({bits_size}) from {bit_kernels.cache_dir()}"
+    for line in _results_text(results):
+        what += f" and {line.replace(' in ', ' from ', 1)}"
     if not args.yes:
         if not sys.stdin.isatty():
             print(f"lcmac cache clear: this would remove {what}; pass --yes to do it",
@@ -88,6 +110,11 @@ def cmd_cache_clear(args) -> int:
         b = bit_kernels.clear_kernels()
         print(f"removed {b['entries']} bit kernels ({size_text(b['bytes'])}) from "
               f"{bit_kernels.cache_dir()}")
+    for c in [] if args.dir else result_caches():
+        r = c.clear()
+        if r["entries"]:
+            print(f"removed {r['entries']} {c.name} results ({size_text(r['bytes'])}) from "
+                  f"{c.directory()}")
     return 0
 
 
@@ -114,10 +141,11 @@ def add_cache_parser(sub) -> None:
                                     "the key's first digits.")
     ls.add_argument("--json", action="store_true", help="machine-readable output (schema lcmac-cache-list/1)")
     ls.set_defaults(func=cmd_cache_list)
-    c = ops.add_parser("clear", parents=[common], help="remove every cached kernel",
-                       description="Remove every cached kernel; they are compiled again on next "
-                                   "use. A build in progress in another process completes. "
-                                   "Asks first unless --yes.")
+    c = ops.add_parser("clear", parents=[common], help="remove every cached kernel and result",
+                       description="Remove every cached kernel (compiled again on next use) and, "
+                                   "without --dir, the bit kernels and the results kept beside "
+                                   "them (the accuracy simulations: computed again). A build in "
+                                   "progress in another process completes. Asks first unless --yes.")
     c.add_argument("--yes", "-y", action="store_true", help="do not ask (needed when not on a terminal)")
     c.set_defaults(func=cmd_cache_clear)
     s.set_defaults(func=lambda args: (s.print_help(), 2)[1])

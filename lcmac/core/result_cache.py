@@ -9,7 +9,8 @@ does not check is treated as missing (the caller computes and writes it again), 
 directory that cannot be written only costs the caller its speed.
 
 ``source_digest(files)`` is the part of a key that makes an entry of older code a miss: the
-sha256 of the source files that compute the result.
+sha256 of the source files that compute the result.  ``result_caches()`` are every kind
+(``NAMES``), which ``lcmac cache`` reports and clears.
 """
 from __future__ import annotations
 
@@ -23,11 +24,15 @@ from pathlib import Path
 from typing import Mapping
 
 from lcmac.core.cachedir import cache_root
+from lcmac.core.errors import LcmacError
 
 log = logging.getLogger(__name__)
 
 #: the layout of an entry file; part of every key
 ENTRY_FORMAT = "lcmac-result/1"
+#: every kind of result kept (its subdirectory's name → what it holds), so that ``lcmac cache
+#: clear`` finds them all: a new one is added here
+NAMES = {"accuracy": "accuracy simulations (lcmac.costmodel.accuracy)"}
 
 
 def _canonical(fields: Mapping) -> str:
@@ -39,6 +44,9 @@ class ResultCache:
     """The entries of one kind of result, in the ``name`` subdirectory of the cache root."""
 
     def __init__(self, name: str):
+        if name not in NAMES:
+            raise LcmacError(f"result cache {name!r} is not in lcmac.core.result_cache.NAMES; "
+                             f"add it there, so that `lcmac cache clear` removes it")
         self.name = name
 
     def directory(self) -> Path | None:
@@ -90,6 +98,52 @@ class ResultCache:
                     os.unlink(tmp)
                 except OSError:
                     pass
+
+
+    def entries(self) -> list[Path]:
+        """The entry files (none when the caches are off or nothing was stored)."""
+        d = self.directory()
+        return sorted(d.glob("*.json")) if d is not None and d.is_dir() else []
+
+    def info(self) -> dict:
+        """{"name", "what", "dir" (None: caches off), "entries", "bytes"}."""
+        d, files = self.directory(), self.entries()
+        return {"name": self.name, "what": NAMES[self.name], "dir": None if d is None else str(d),
+                "entries": len(files), "bytes": sum(_size(f) for f in files)}
+
+    def clear(self) -> dict:
+        """Remove every entry (and the directory, where nothing else is left in it); returns
+        {"entries", "bytes"} removed.  A concurrent ``put`` writes its entry again or fails
+        quietly."""
+        removed = {"entries": 0, "bytes": 0}
+        for f in self.entries():
+            n = _size(f)
+            try:
+                f.unlink()
+            except OSError as e:
+                log.debug("%s: could not remove %s (%s)", self.name, f, e)
+                continue
+            removed["entries"] += 1
+            removed["bytes"] += n
+        d = self.directory()
+        if d is not None:
+            try:
+                d.rmdir()
+            except OSError:
+                pass                        # absent, or holding another writer's file
+        return removed
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def result_caches() -> list[ResultCache]:
+    """Every kind of result kept on disk (``NAMES``)."""
+    return [ResultCache(n) for n in NAMES]
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,7 +16,8 @@ the kernel cache on first use; ``lcmac.auto``: artifacts of the exact shape).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
+from types import MappingProxyType
 from typing import Mapping
 
 from lcmac.artifact.tuning_log import GEMM, VENDOR
@@ -131,6 +132,11 @@ class Plan:
                 shapes.append(s)
         return shapes
 
+    def __reduce__(self):
+        # the candidates' read-only mappings (MappingProxyType) cannot be pickled: a plan
+        # travels between processes (a pool deciding shapes) with them as plain dicts
+        return _plan_from, (type(self), {f.name: _portable(getattr(self, f.name)) for f in fields(self)})
+
     def to_dict(self) -> dict:
         return {"shape": list(self.shape), "dtype": self.dtype, "target": self.target,
                 "algo": self.algo, "max_error": self.max_error, "budget": self.budget,
@@ -138,3 +144,52 @@ class Plan:
                 "runs": self.runs, "decision": self.decision, "speedup": self.speedup,
                 "error": self.error, "source": self.source, "kernels": self.kernels,
                 "pieces": [p.to_dict() for p in self.pieces], "why": self.why}
+
+
+# ---- pickling (Plan.__reduce__) -------------------------------------------------------------
+
+class _ReadOnly(dict):
+    """A MappingProxyType's contents in a pickle."""
+
+
+@dataclass(frozen=True)
+class _Rebuilt:
+    """A dataclass instance holding read-only mappings, in a pickle: its class and attributes."""
+    cls: type
+    state: dict
+
+
+def _portable(v):
+    """``v`` with each MappingProxyType inside it (through tuples, lists, dicts and dataclass
+    instances) a ``_ReadOnly``; ``v`` itself where it holds none."""
+    if isinstance(v, MappingProxyType):
+        return _ReadOnly({k: _portable(x) for k, x in v.items()})
+    if type(v) in (tuple, list):
+        out = type(v)(_portable(x) for x in v)
+        return v if all(a is b for a, b in zip(out, v)) else out
+    if type(v) is dict:
+        out = {k: _portable(x) for k, x in v.items()}
+        return v if all(out[k] is x for k, x in v.items()) else out
+    if is_dataclass(v) and not isinstance(v, type) and hasattr(v, "__dict__"):
+        state = {k: _portable(x) for k, x in vars(v).items()}
+        return v if all(state[k] is x for k, x in vars(v).items()) else _Rebuilt(type(v), state)
+    return v
+
+
+def _restored(v):
+    """``_portable`` undone: read-only mappings and the (frozen) instances holding them again."""
+    if isinstance(v, _ReadOnly):
+        return MappingProxyType({k: _restored(x) for k, x in v.items()})
+    if isinstance(v, _Rebuilt):
+        obj = v.cls.__new__(v.cls)
+        obj.__dict__.update({k: _restored(x) for k, x in v.state.items()})   # past a frozen __setattr__
+        return obj
+    if type(v) in (tuple, list):
+        return type(v)(_restored(x) for x in v)
+    if type(v) is dict:
+        return {k: _restored(x) for k, x in v.items()}
+    return v
+
+
+def _plan_from(cls, state: dict):
+    return cls(**{k: _restored(v) for k, v in state.items()})

@@ -347,7 +347,7 @@ JSON_SRC = r"""
 /* parse FILE...: per file "ok" (a string root: and its decoded bytes in hex) or "error MSG".
  * sweep MANIFEST: every proper prefix, then seeded mutations, each parsed from a buffer of
  * exactly its size (AddressSanitizer sees any read past it); what parses goes through the
- * manifest checks too. */
+ * manifest checks too.  bsweep INDEX: the same for a bundle index and the index checks. */
 static char* copy_of(const char* s, size_t n) {
   char* c = (char*)malloc(n ? n : 1);
   if (n) memcpy(c, s, n);
@@ -380,7 +380,7 @@ int main(int argc, char** argv) {
   char* text;
   size_t n;
   if (argc != 3 || read_file(argv[2], 1 << 20, &text, &n)) return 1;
-  int prefixes_ok = 0, parsed = 0;
+  int prefixes_ok = 0, parsed = 0, index = !strcmp(argv[1], "bsweep"), index_ok = 0;
   for (size_t k = 0; k < n; ++k) {
     char* c = copy_of(text, k);
     lj_doc d;
@@ -402,17 +402,27 @@ int main(int argc, char** argv) {
     lj_doc d;
     if (lj_parse(&d, e, len) == 0) {
       char err[512];
-      ArtifactInfo* a = (ArtifactInfo*)calloc(1, sizeof *a);
-      Mctx ctx = {&d, "sweep", argv[2], err, sizeof err};
-      manifest_fields(&ctx, a);
-      free(a);
+      if (index) {
+        lcmac_bundle* b = (lcmac_bundle*)calloc(1, sizeof *b);
+        BFiles* files = (BFiles*)calloc(LCMAC_BUNDLE_MAX_KERNELS, sizeof *files);
+        b->device = -1;
+        Bctx ctx = {&d, "bsweep", argv[2], err, sizeof err};
+        index_ok += read_index(b, &ctx, files) == LCMAC_OK;
+        free(files);
+        free(b);
+      } else {
+        ArtifactInfo* a = (ArtifactInfo*)calloc(1, sizeof *a);
+        Mctx ctx = {&d, "sweep", argv[2], err, sizeof err};
+        manifest_fields(&ctx, a);
+        free(a);
+      }
       parsed++;
     }
     lj_free(&d);
     free(e);
     free(c);
   }
-  printf("prefixes_ok %d mutations_parsed %d\n", prefixes_ok, parsed);
+  printf("prefixes_ok %d mutations_parsed %d index_ok %d\n", prefixes_ok, parsed, index_ok);
   free(text);
   return 0;
 }

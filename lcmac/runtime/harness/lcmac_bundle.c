@@ -1,7 +1,7 @@
 /*
  * lcmac_bundle.c — bundles from C (lcmac_open_bundle / lcmac_bundle_matmul of lcmac.h): a
- * directory of bucket kernels with an index, DIR/bundle.json (format "lcmac-bundle/1", written
- * by lcmac.artifact.bundle.build_bundle), serving shape rules:
+ * directory of bucket kernels with an index, DIR/bundle.json (format "lcmac-bundle/1", /2 or
+ * /3, written by lcmac.artifact.bundle.build_bundle), serving shape rules:
  *
  *   exact:MxNxK   that kernel;
  *   rows:?xNxK    kernels (P, N, K) for P in the rule's "rows" (descending): the rows of A and
@@ -10,26 +10,39 @@
  *                 run, and the first rows of the P_min×N result copied back;
  *   any:?x?x?     the row cut above over T_N×T_K tiles ("tile": [T_N, T_K]): tiles of A and B
  *                 copied into zeroed buffers, the products added into C (in a float32 buffer
- *                 for bfloat16 when K spans more than one tile, rounded once).
+ *                 for bfloat16 when K spans more than one tile, rounded once); or, with
+ *                 "pieces" (/2, /3: a CPU bundle in float32 or float64), piece kernels on
+ *                 views of A, B and C (lcmac_pieces.c).
  *
  * The same cut as lcmac/spec/shape_rules.py and lcmac/runtime/tiled.py, so C and Python give the
  * same results.  #included by lcmac_c.c after the artifact API, which opens every kernel.
  */
 
-#define LCMAC_BUNDLE_FORMAT "lcmac-bundle/1"
+#define LCMAC_BUNDLE_FORMAT "lcmac-bundle/1"   /* and /2, /3: piece kernels (lcmac_pieces.c) */
+#define LCMAC_BUNDLE_FORMATS "lcmac-bundle/1, lcmac-bundle/2 and lcmac-bundle/3"
 #define LCMAC_BUNDLE_INDEX "bundle.json"
 #define LCMAC_BUNDLE_MAX_INDEX (4 << 20)
 #define LCMAC_BUNDLE_MAX_KERNELS 256
 #define LCMAC_BUNDLE_MAX_RULES 64
 #define LCMAC_BUNDLE_MAX_ROWS 32
+#define LCMAC_PIECE_MAX_LADDER 16
 
 enum { BR_EXACT = 0, BR_ROWS = 1, BR_ANY = 2 };
 
 typedef struct {
   char name[201];
   int64_t M, N, K;
+  int piece;                                /* the index marks it "piece": true */
   lcmac_handle* h;
 } BKernel;
+
+/* an any rule's piece ladders (lcmac_pieces.c) */
+typedef struct {
+  int n[3];                                 /* ladder lengths: M, N, K */
+  int64_t size[3][LCMAC_PIECE_MAX_LADDER];  /* descending */
+  int64_t unit[2];                          /* run_time's M and K; 0: fixed sizes (/2) */
+  int kernel[LCMAC_BUNDLE_MAX_KERNELS];     /* per (i, j, l) of the ladders, row-major */
+} BPieces;
 
 typedef struct {
   int kind;
@@ -39,11 +52,17 @@ typedef struct {
   int64_t rows[LCMAC_BUNDLE_MAX_ROWS];      /* descending */
   int64_t tn, tk;                           /* any: the tile */
   int bucket[LCMAC_BUNDLE_MAX_ROWS];        /* kernel index per row bucket (exact: bucket[0]) */
+  int pieces;                               /* any: 0 tiles; 2, 3: piece kernels of that format */
+  BPieces pc;
 } BRule;
 
 struct lcmac_bundle {
   char dir[PATH_MAX];
   int dtype;
+  int format;                               /* 1, 2, 3: lcmac-bundle/<format> */
+  void* blas;                               /* LCMAC_BLAS, dlopened (piece rules' vendor GEMM) */
+  void* gemm[2];                            /* its (or the program's) ?gemm: float32, float64 */
+  int gemm_ilp64;
   int nkernels, nrules;
   BKernel kernels[LCMAC_BUNDLE_MAX_KERNELS];
   BRule rules[LCMAC_BUNDLE_MAX_RULES];      /* in the order they are tried */
@@ -145,6 +164,8 @@ static int find_kernel(const lcmac_bundle* b, const char* name) {
   return -1;
 }
 
+#include "lcmac_pieces.c"
+
 /* what the index says of a kernel's files */
 typedef struct { char manifest[256], lib[256], sha[65]; int64_t bytes; } BFiles;
 
@@ -153,12 +174,16 @@ static int read_index(lcmac_bundle* b, Bctx* c, BFiles* files) {
   char s[256];
   int fi = lj_get(d, 0, "format");
   if (lj_kind(d, 0) != LJ_OBJECT) return bfail(c, "the index is not a JSON object");
-  if (fi == -1) return bfail(c, "\"format\" is missing; this lcmac reads %s", LCMAC_BUNDLE_FORMAT);
+  if (fi == -1) return bfail(c, "\"format\" is missing; this lcmac reads %s", LCMAC_BUNDLE_FORMATS);
   if (fi < 0 || lj_str(d, fi, s, sizeof s))
-    return bfail(c, "\"format\" is not a string; this lcmac reads %s", LCMAC_BUNDLE_FORMAT);
-  if (strcmp(s, LCMAC_BUNDLE_FORMAT))
-    return bfail(c, "has format \"%s\"; this lcmac reads %s (a bundle from a newer lcmac?)", s,
-                 LCMAC_BUNDLE_FORMAT);
+    return bfail(c, "\"format\" is not a string; this lcmac reads %s", LCMAC_BUNDLE_FORMATS);
+  b->format = !strcmp(s, LCMAC_BUNDLE_FORMAT) ? 1 : !strcmp(s, "lcmac-bundle/2") ? 2
+            : !strcmp(s, "lcmac-bundle/3") ? 3 : 0;
+  if (!b->format)
+    return bfail(c, "has format \"%s\"; this lcmac reads %s (%s)", s, LCMAC_BUNDLE_FORMATS,
+                 strcmp(s, "lcmac-bundle/4") ? "a bundle from a newer lcmac?" : "/4: a CUDA any-shape "
+                 "kernel of run-time M, N, K, which Python (lcmac.load) runs; from C, export the "
+                 "shapes and ?xNxK rules you need");
   if (bstring(c, 0, "dtype", "the index", s, sizeof s)) return LCMAC_EFORMAT;
   b->dtype = dtype_code(s);
   if (b->dtype < 0) return bfail(c, "unknown dtype \"%s\"", s);
@@ -188,6 +213,8 @@ static int read_index(lcmac_bundle* b, Bctx* c, BFiles* files) {
     BKernel* kk = &b->kernels[b->nkernels];
     if (bstring(c, k, "name", where, kk->name, sizeof kk->name)) return LCMAC_EFORMAT;
     if (find_kernel(b, kk->name) >= 0) return bfail(c, "kernel %s is listed twice", kk->name);
+    int pf = lj_get(d, k, "piece");
+    kk->piece = pf >= 0 && lj_kind(d, pf) == LJ_BOOL && d->src[d->nodes[pf].start] == 't';
     int sh = bfield(c, k, "shape", kk->name, LJ_OBJECT);
     if (sh < 0) return LCMAC_EFORMAT;
     const char* dims[3] = {"M", "N", "K"};
@@ -250,6 +277,12 @@ static int read_index(lcmac_bundle* b, Bctx* c, BFiles* files) {
           return bfail(c, "%s: kernels[%d] is not a kernel name", where, j);
         idx[j] = find_kernel(b, name);
         if (idx[j] < 0) return bfail(c, "%s names kernel %s, which is not in the bundle", where, name);
+      }
+      int pn = br.kind == BR_ANY ? lj_get(d, r, "pieces") : -1;
+      if (pn == -2 || (pn >= 0 && lj_kind(d, pn) != LJ_NULL)) {   /* twice: read_pieces says so */
+        if (read_pieces(b, c, r, &br, idx, nk, where)) return LCMAC_EFORMAT;
+        b->rules[b->nrules++] = br;
+        continue;
       }
       if (br.kind != BR_EXACT) {
         int rw = bfield(c, r, "rows", where, LJ_ARRAY);
@@ -374,6 +407,7 @@ static lcmac_bundle* open_bundle(const char* who, const char* dir, int device, i
       goto out;
     }
   }
+  if ((rc = pieces_open(b, err, errlen, who))) goto out;
   if (device >= 0) rc = cuda_bundle_workspace(b, err, errlen, who);
 out:
   free(files);
@@ -592,6 +626,8 @@ int lcmac_bundle_matmul(lcmac_bundle* b, const void* A, const void* B, void* C, 
       rc = bundle_call(b, r->bucket[0], A, B, C);
     } else if (r->kind == BR_ROWS) {
       rc = run_rows(b, r, (const char*)A, B, (char*)C, M, N, K, sz);
+    } else if (r->pieces) {
+      rc = run_pieces(b, r, (const char*)A, (const char*)B, (char*)C, M, N, K, sz);
     } else {
       rc = run_any(b, r, (const char*)A, (const char*)B, (char*)C, M, N, K, sz);
     }
@@ -638,153 +674,9 @@ void lcmac_bundle_close(lcmac_bundle* b) {
   }
   for (int i = 0; i < b->nkernels; ++i) lcmac_close(b->kernels[i].h);
   free(b->scratch);
+  if (b->blas) dlclose(b->blas);
   pthread_mutex_destroy(&b->mu);
   free(b);
 }
 
-/* ---- CUDA bundles: exact and rows rules on device memory ---- */
-
-static int64_t round256(int64_t n) { return (n + 255) / 256 * 256; }
-
-/* The bundle's workspace: the largest kernel workspace, then the padding of the rows rules
- * (P_min x K of A, P_min x N of C), allocated once at open so that calls allocate nothing. */
-static int cuda_bundle_workspace(lcmac_bundle* b, char* err, size_t errlen, const char* who) {
-  int64_t sz = (int64_t)dtype_bytes(b->dtype), kws = 0, pad = 0;
-  for (int i = 0; i < b->nkernels; ++i) {
-    int64_t w = lcmac_cuda_workspace_bytes(b->kernels[i].h);
-    if (w > kws) kws = w;
-  }
-  for (int i = 0; i < b->nrules; ++i) {
-    const BRule* r = &b->rules[i];
-    int64_t P = r->rows[r->nrows - 1];
-    if (r->kind == BR_ROWS && round256(P * r->K * sz) + P * r->N * sz > pad)
-      pad = round256(P * r->K * sz) + P * r->N * sz;
-  }
-  b->kernel_ws_bytes = round256(kws);
-  b->ws_bytes = b->kernel_ws_bytes + pad;
-  lcmac_handle* h = b->kernels[0].h;
-  CUresult_t r = cu.CtxPush((CUcontext_t)h->cu_ctx);
-  if (r == CU_SUCCESS) {
-    r = cu.MemAlloc(&b->d_ws, (size_t)(b->ws_bytes > 256 ? b->ws_bytes : 256));
-    cu_leave();
-  }
-  if (r != CU_SUCCESS) {
-    b->d_ws = 0;
-    put_err(err, errlen, "%s: cannot allocate the bundle's %lld-byte workspace on CUDA device %d: "
-            "%s", who, (long long)b->ws_bytes, b->device, cu_str(r));
-    return LCMAC_ELOAD;
-  }
-  return LCMAC_OK;
-}
-
-int64_t lcmac_bundle_cuda_workspace_bytes(const lcmac_bundle* b) {
-  return b && b->device >= 0 ? b->ws_bytes : -1;
-}
-
-int lcmac_bundle_device(const lcmac_bundle* b) {
-  return b ? b->device : -1;
-}
-
-static int bundle_cuda_call(lcmac_bundle* b, int kernel, const void* A, const void* B, void* C,
-                            char* ws, CUstream_t stream) {
-  BKernel* k = &b->kernels[kernel];
-  int rc = lcmac_cuda_matmul(k->h, A, B, C, k->M, k->N, k->K, b->dtype, ws,
-                             (size_t)b->kernel_ws_bytes, stream);
-  if (rc)
-    put_err(b->err, sizeof b->err, "lcmac_bundle_cuda_matmul: kernel %s: %s", k->name,
-             lcmac_last_error(k->h));
-  return rc;
-}
-
-/* stream-ordered zeroing and copying of the padding (the handle's context current) */
-static int cuda_pad_op(lcmac_bundle* b, lcmac_handle* h, CUresult_t r) {
-  if (r == CU_SUCCESS) return LCMAC_OK;
-  put_err(b->err, sizeof b->err, "lcmac_bundle_cuda_matmul: copying the padded rows on CUDA "
-           "device %d failed: %s", h->device, cu_str(r));
-  return LCMAC_EKERNEL;
-}
-
-static int bundle_cuda_context(lcmac_bundle* b, lcmac_handle* h) {
-  put_err(b->err, sizeof b->err, "lcmac_bundle_cuda_matmul: %s", h->err);
-  return LCMAC_EKERNEL;
-}
-
-static int run_rows_cuda(lcmac_bundle* b, const BRule* r, const char* A, const void* B, char* C,
-                         int64_t M, int64_t N, int64_t K, size_t sz, char* ws, CUstream_t stream) {
-  int64_t start = 0;
-  int rc;
-  for (int j = 0; j < r->nrows; ++j)
-    for (int64_t P = r->rows[j]; M - start >= P; start += P)
-      if ((rc = bundle_cuda_call(b, r->bucket[j], A + (size_t)start * K * sz, B,
-                                 C + (size_t)start * N * sz, ws, stream)))
-        return rc;
-  if (start == M) return LCMAC_OK;
-  int64_t P = r->rows[r->nrows - 1], rows = M - start;
-  CUdeviceptr_t pa = (CUdeviceptr_t)(uintptr_t)(ws + b->kernel_ws_bytes);
-  CUdeviceptr_t pc = pa + (CUdeviceptr_t)round256(P * K * (int64_t)sz);
-  lcmac_handle* h = b->kernels[r->bucket[r->nrows - 1]].h;
-  if ((rc = cu_enter(h))) return bundle_cuda_context(b, h);
-  rc = cuda_pad_op(b, h, cu.MemsetD8Async(pa + (size_t)rows * K * sz, 0, (size_t)(P - rows) * K * sz,
-                                          stream));
-  if (!rc)
-    rc = cuda_pad_op(b, h, cu.MemcpyDtoDAsync(pa, (CUdeviceptr_t)(uintptr_t)(A + (size_t)start * K * sz),
-                                              (size_t)rows * K * sz, stream));
-  cu_leave();
-  if (rc || (rc = bundle_cuda_call(b, r->bucket[r->nrows - 1], (void*)(uintptr_t)pa, B,
-                                   (void*)(uintptr_t)pc, ws, stream)))
-    return rc;
-  if ((rc = cu_enter(h))) return bundle_cuda_context(b, h);
-  rc = cuda_pad_op(b, h, cu.MemcpyDtoDAsync((CUdeviceptr_t)(uintptr_t)(C + (size_t)start * N * sz), pc,
-                                            (size_t)rows * N * sz, stream));
-  cu_leave();
-  return rc;
-}
-
-int lcmac_bundle_cuda_matmul(lcmac_bundle* b, const void* A, const void* B, void* C, int64_t M,
-                             int64_t N, int64_t K, int dtype, void* workspace,
-                             size_t workspace_bytes, struct CUstream_st* stream) {
-  static const char who[] = "lcmac_bundle_cuda_matmul";
-  if (!b) {
-    snprintf(tls_null_error, sizeof tls_null_error, "%s: the bundle is NULL", who);
-    return LCMAC_EINVAL;
-  }
-  pthread_mutex_lock(&b->mu);
-  int ri = -1;
-  int rc = bundle_args(b, who, 1, A, B, C, M, N, K, dtype, &ri);
-  size_t sz = dtype_bytes(dtype);
-  if (rc == LCMAC_OK && workspace && (int64_t)workspace_bytes < b->ws_bytes) {
-    put_err(b->err, sizeof b->err, "%s: the workspace has %zu bytes and the bundle needs %lld "
-             "(lcmac_bundle_cuda_workspace_bytes)", who, workspace_bytes, (long long)b->ws_bytes);
-    rc = LCMAC_EINVAL;
-  }
-  if (rc == LCMAC_OK) {
-    /* the whole operands, before any piece runs: a short buffer is refused, not half-written */
-    size_t na = (size_t)M * K * sz, nb = (size_t)K * N * sz, nc = (size_t)M * N * sz;
-    lcmac_handle* h = b->kernels[0].h;
-    if ((rc = cu_enter(h))) {
-      bundle_cuda_context(b, h);
-    } else {
-      if ((rc = check_device_buffer(h, who, "A", A, na)) ||
-          (rc = check_device_buffer(h, who, "B", B, nb)) ||
-          (rc = check_device_buffer(h, who, "C", C, nc)) ||
-          (workspace && (rc = check_device_buffer(h, who, "the workspace", workspace,
-                                                  (size_t)b->ws_bytes))))
-        put_err(b->err, sizeof b->err, "%s", h->err);
-      cu_leave();
-    }
-    if (rc == LCMAC_OK && (overlaps(C, nc, A, na) || overlaps(C, nc, B, nb))) {
-      put_err(b->err, sizeof b->err, "%s: C overlaps %s in memory", who,
-               overlaps(C, nc, A, na) ? "A" : "B");
-      rc = LCMAC_EINVAL;
-    } else if (rc == LCMAC_OK) {
-      const BRule* r = &b->rules[ri];
-      char* ws = workspace ? (char*)workspace : (char*)(uintptr_t)b->d_ws;
-      rc = r->kind == BR_EXACT ? bundle_cuda_call(b, r->bucket[0], A, B, C, ws, stream)
-                               : run_rows_cuda(b, r, (const char*)A, B, (char*)C, M, N, K, sz, ws,
-                                               stream);
-    }
-  }
-  if (rc == LCMAC_OK) b->err[0] = 0;
-  pthread_mutex_unlock(&b->mu);
-  return rc;
-}
+#include "lcmac_bundle_cuda.c"

@@ -106,6 +106,8 @@ struct lcmac_handle {
   int dtype;
   char sha256[65];             /* the library's, as checked at open (a bundle compares its index) */
   int64_t bytes;
+  int piece;                   /* a bundle's piece kernel (lcmac_pieces.c calls it, not lcmac_matmul) */
+  int64_t piece_units[2];      /* its run-time rows and depth: multiples of these (0: fixed) */
   /* CUDA artifacts (lcmac_cuda.c): the device, -1 for a CPU artifact */
   int device;
   void* cu_ctx;                /* the device's primary context, retained */
@@ -466,6 +468,8 @@ static lcmac_handle* open_checked(const char* who, const char* manifest_path, in
     h->dtype = a->dtype;
     snprintf(h->sha256, sizeof h->sha256, "%s", a->sha256);
     h->bytes = a->bytes;
+    h->piece = a->piece;
+    memcpy(h->piece_units, a->piece_units, sizeof h->piece_units);
     h->prep_bytes = -1;
     if (!cuda && a->prep_bytes > 0) {   /* the manifest names them: the library must have them */
       char sym[300];
@@ -584,6 +588,9 @@ static int check_cpu_call(lcmac_handle* h, const char* who, const void* x, const
   else if (h->device >= 0)
     snprintf(h->err, sizeof h->err, "%s: this handle holds a CUDA artifact; call "
              "lcmac_cuda_matmul with device pointers and a stream", who);
+  else if (h->piece)
+    snprintf(h->err, sizeof h->err, "%s: this artifact is a piece kernel of a bundle (C (+)= A.B "
+             "on row-strided views): open the bundle's directory with lcmac_open_bundle", who);
   else if (h->has_manifest && (M != h->M || N != h->N || K != h->K))
     snprintf(h->err, sizeof h->err, "%s: shape M=%lld N=%lld K=%lld is not the "
              "artifact's M=%lld N=%lld K=%lld (its manifest's shape)", who, (long long)M,

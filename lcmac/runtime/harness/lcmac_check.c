@@ -304,6 +304,9 @@ typedef struct {
   int64_t prep_bytes;       /* CPU: bytes of B prepared once (extra.prepared_b), -1 when none */
   int64_t prep_shape[2];    /* its shape and element type (DLPack code and bits) */
   int prep_code, prep_bits;
+  int piece;                /* CPU: entry_points[0].kind "matmul_piece" (a bundle's piece kernel) */
+  int64_t piece_units[2];   /* its run-time rows and depth: multiples of these (extra.piece);
+                               0 where fixed at the shape's M and K */
 } ArtifactInfo;
 
 typedef struct { const lj_doc* d; const char* who; const char* path; char* err; size_t errlen; } Mctx;
@@ -572,6 +575,36 @@ static int prepared_fields(Mctx* c, ArtifactInfo* a) {
   return LCMAC_OK;
 }
 
+/* A piece kernel (entry kind "matmul_piece"): a->piece, and from extra.piece the multiples
+ * its run-time rows and depth take ("rows"/"depth": {max, multiple_of}; absent: fixed). */
+static int piece_fields(Mctx* c, int entry, ArtifactInfo* a) {
+  char kind[32];
+  if (lj_get(c->d, entry, "kind") < 0) return LCMAC_OK;
+  if (mstring(c, entry, "kind", "entry_points[0].kind", kind, sizeof kind)) return LCMAC_EFORMAT;
+  if (!(a->piece = !strcmp(kind, "matmul_piece"))) return LCMAC_OK;
+  int extra = mfield(c, 0, "extra", "extra", LJ_OBJECT, 1);
+  int pc = extra >= 0 ? mfield(c, extra, "piece", "extra.piece", LJ_OBJECT, 1) : extra;
+  if (pc == -2) return LCMAC_EFORMAT;
+  const char* keys[2] = {"rows", "depth"};
+  int64_t most[2] = {a->M, a->K};
+  for (int j = 0; j < 2 && pc >= 0; ++j) {
+    char name[64];
+    int64_t max;
+    snprintf(name, sizeof name, "extra.piece.%s", keys[j]);
+    int o = mfield(c, pc, keys[j], name, LJ_OBJECT, 1);
+    if (o == -2) return LCMAC_EFORMAT;
+    if (o < 0) continue;
+    if (minteger(c, o, "max", name, 1, &max) ||
+        minteger(c, o, "multiple_of", name, 1, &a->piece_units[j]))
+      return LCMAC_EFORMAT;
+    if (max != most[j] || most[j] % a->piece_units[j])
+      return mfail(c, LCMAC_EFORMAT, "%s is {max %lld, multiple_of %lld}, which does not fit the "
+                   "shape's %lld", name, (long long)max, (long long)a->piece_units[j],
+                   (long long)most[j]);
+  }
+  return LCMAC_OK;
+}
+
 /* The fields lcmac_open_artifact uses, checked; then the target. */
 static int manifest_fields(Mctx* c, ArtifactInfo* a) {
   const lj_doc* d = c->d;
@@ -599,6 +632,7 @@ static int manifest_fields(Mctx* c, ArtifactInfo* a) {
   static const char ident[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_";
   if (!a->entry[0] || a->entry[strspn(a->entry, ident)])
     return mfail(c, LCMAC_EFORMAT, "entry_points[0].name %s is not a C identifier", a->entry);
+  if (!a->cuda && piece_fields(c, lj_at(d, ep, 0), a)) return LCMAC_EFORMAT;
   int lib = mfield(c, 0, "library", "library", LJ_OBJECT, 0);
   if (lib < 0 || mstring(c, lib, "file", "library.file", file, sizeof file) ||
       mstring(c, lib, "sha256", "library.sha256", a->sha256, sizeof a->sha256))

@@ -4,9 +4,10 @@
  * runtime and no compiler on the machine that runs them.  The CUDA functions are at the end.
  *
  * Implementation: lcmac/runtime/harness/lcmac_c.c (C99 + POSIX: dlopen, pthreads; it
- * #includes lcmac_check.c, lcmac_json.c, lcmac_cuda.c and lcmac_bundle.c from its own
- * directory).  `lcmac capi --cmake-dir` gives a CMake package (find_package(lcmac)) that builds
- * it into your project; docs/c-api.md shows both ways and the ABI's versioning.
+ * #includes lcmac_check.c, lcmac_json.c, lcmac_cuda.c and lcmac_bundle.c, with lcmac_pieces.c
+ * and lcmac_bundle_cuda.c, from its own directory).  `lcmac capi --cmake-dir` gives a CMake
+ * package (find_package(lcmac)) that builds it into your project; docs/c-api.md shows both
+ * ways and the ABI's versioning.
  * Compile it into your program and export its symbols to the libraries it loads, e.g.
  *
  *     INC=$(python3 -c "import lcmac.runtime as r; print(r.c_include_dir())")
@@ -72,8 +73,9 @@
 extern "C" {
 #endif
 
-#define LCMAC_API_VERSION 6   /* 2: lcmac_open_artifact and the checks; 3: bundles; 4: CUDA;
-                                 5: lcmac_cuda_bmm; 6: prepared B on the CPU */
+#define LCMAC_API_VERSION 7   /* 2: lcmac_open_artifact and the checks; 3: bundles; 4: CUDA;
+                                 5: lcmac_cuda_bmm; 6: prepared B on the CPU; 7: piece
+                                 bundles (lcmac-bundle/2, /3) */
 
 typedef struct lcmac_handle lcmac_handle;
 typedef struct lcmac_bundle lcmac_bundle;
@@ -159,7 +161,7 @@ int lcmac_sha256_hex(const void* data, size_t n, char hex[65]);
 /* ---- bundles: one directory of bucket kernels serving shape rules ----
  *
  * A bundle (`lcmac build` without --shape, or with --shape ?xNxK; lcmac.artifact.bundle) is a
- * directory DIR with an index DIR/bundle.json (format "lcmac-bundle/1") and one ordinary
+ * directory DIR with an index DIR/bundle.json (format "lcmac-bundle/1", /2 or /3) and one ordinary
  * artifact (<kernel>.so + <kernel>.json) per bucket shape.  Its rules, tried exact first, then
  * rows, then any (in the index's order within a kind):
  *   exact:MxNxK   that kernel;
@@ -169,14 +171,19 @@ int lcmac_sha256_hex(const void* data, size_t n, char hex[65]);
  *   any:?x?x?     any shape: the row cut over T_N x T_K tiles (the rule's "tile") of A and B
  *                 copied into zeroed buffers, the products added into C (for bfloat16, when K
  *                 spans several tiles, in a float32 buffer rounded once to nearest even;
- *                 float16 with K above the tile is LCMAC_EINVAL).
+ *                 float16 with K above the tile is LCMAC_EINVAL);
+ *   any:?x?x? of piece kernels (/3, /2: a CPU float32/float64 bundle built without --shape)
+ *                 the cut of lcmac.runtime.bundle_pieces on views of A, B and C
+ *                 (lcmac_pieces.c); the products it gives to the vendor GEMM (small or thin)
+ *                 run on the CBLAS of LCMAC_BLAS or of the program (cblas_sgemm), else on a
+ *                 plain loop.
  * The cut is lcmac/spec/shape_rules.py's, so C gives Python's results.  The padding and tile
  * buffers belong to the bundle handle (grown as needed, freed by lcmac_bundle_close). */
 
-/* Read DIR/bundle.json (strict JSON; a format other than "lcmac-bundle/1", a missing or
- * garbled field, a rule naming a kernel not listed or lacking a bucket kernel:
- * LCMAC_EFORMAT), then check every kernel's library against the index (size, SHA-256, ELF)
- * and open every kernel with lcmac_open_artifact (all of its checks), each with its own pool
+/* Read DIR/bundle.json (strict JSON; a format other than "lcmac-bundle/1", /2 or /3, a missing
+ * or garbled field, a rule naming a kernel not listed or lacking a bucket or piece kernel,
+ * piece sizes not whole run_time units: LCMAC_EFORMAT), then check every kernel's library
+ * against the index (size, SHA-256, ELF) and open every kernel with lcmac_open_artifact (all of its checks), each with its own pool
  * of num_threads threads.  A failure is that status with a message naming the kernel.
  * Returns NULL on failure with the status in *status and a message in err (each where not
  * NULL). */
