@@ -181,8 +181,9 @@ def test_a_piece_kernel_loaded_alone_is_refused_by_name(bundle):
 
 
 def test_readers_refuse_formats_they_do_not_know(tmp_path):
-    (tmp_path / INDEX).write_text(json.dumps({"format": "lcmac-bundle/4", "rules": [], "kernels": []}))
-    with pytest.raises(ArtifactError, match=r"format 'lcmac-bundle/4'.*lcmac-bundle/1, lcmac-bundle/2 and lcmac-bundle/3"):
+    (tmp_path / INDEX).write_text(json.dumps({"format": "lcmac-bundle/5", "rules": [], "kernels": []}))
+    with pytest.raises(ArtifactError, match=r"format 'lcmac-bundle/5'.*lcmac-bundle/1, lcmac-bundle/2, "
+                                            r"lcmac-bundle/3 and lcmac-bundle/4"):
         read_bundle(tmp_path)
 
 

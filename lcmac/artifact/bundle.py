@@ -15,10 +15,15 @@ tiles: one per (P_M, P_N, P_K) of a ladder per dimension, taking views of A, B a
 format ``lcmac-bundle/3`` (the rule's ``pieces`` with ``run_time``: kernels of run-time
 rows and depth, the kernels' ``piece``), which readers of ``lcmac-bundle/1`` and ``/2``
 refuse by its format.  ``lcmac-bundle/2`` (piece kernels of fixed sizes, no ``run_time``) is
-still read.
+still read.  On a CUDA target (a dtype with TMA copies, no row ladder or tile asked for) the
+any-shape rule is served by one kernel per algorithm whose M, N and K are run-time values
+(``CudaConfig.dynamic_shape``, the rule's ``dynamic_shape``: the largest M, N, K a launch
+takes; ``lcmac.runtime.bundle`` runs more rows as launches along M and pads N or K that are
+not multiples of 16 bytes); such a bundle has format ``lcmac-bundle/4``, which readers of
+the earlier formats refuse by its format.
 
 Index fields (format ``lcmac-bundle/1``; ``/2`` adds ``pieces`` and ``piece``, ``/3`` the
-pieces' ``run_time``):
+pieces' ``run_time``, ``/4`` ``dynamic_shape``):
 
     format, lcmac_version, created
     target          {name, family, backend}
@@ -29,7 +34,9 @@ pieces' ``run_time``):
                       pieces: {M: [P...], N: [P...], K: [P...], run_time: {M: u, K: u}} (only
                       where set: the any rule's piece ladders; run_time: the kernels take up
                       to P_M rows and P_K depth, multiples of u, at run time; rows [] and
-                      tile null)}]
+                      tile null),
+                      dynamic_shape: [M, N, K] (only where set: one kernel of run-time M, N
+                      and K taking up to that shape a launch; rows [] and tile null)}]
                                                   in the order the runtime tries them
     kernels         [{name, algorithm: {name, hash}, shape: {M, N, K}, config, entry,
                       manifest, library, sha256, bytes, piece: true (only where set)}]
@@ -46,7 +53,7 @@ from pathlib import Path
 from lcmac.core.dtypes import normalize_dtype
 from lcmac.core.errors import ArtifactError, LcmacError
 from lcmac.spec.shape_rules import (
-    ANY_ROWS, ANY_TILE, BUILD_ROWS, PIECE_DTYPES, ShapeRule, bucket_shapes, check_ladder, parse_rule,
+    ANY_MAX_SHAPE, ANY_ROWS, ANY_TILE, BUILD_ROWS, PIECE_DTYPES, ShapeRule, bucket_shapes, check_ladder, parse_rule,
     piece_ladders, piece_shapes)
 from lcmac.core.version import __version__
 from lcmac.spec.cpu.config import default_threads
@@ -58,7 +65,9 @@ FORMAT = "lcmac-bundle/1"
 PIECES_FORMAT = "lcmac-bundle/3"
 #: the format of a bundle with piece kernels of fixed sizes (read, no longer written)
 FIXED_PIECES_FORMAT = "lcmac-bundle/2"
-READ_FORMATS = (FORMAT, FIXED_PIECES_FORMAT, PIECES_FORMAT)
+#: the format of a bundle with a CUDA any-shape rule served by one kernel of run-time M, N, K
+SHAPE_FORMAT = "lcmac-bundle/4"
+READ_FORMATS = (FORMAT, FIXED_PIECES_FORMAT, PIECES_FORMAT, SHAPE_FORMAT)
 INDEX = "bundle.json"
 
 
@@ -72,6 +81,7 @@ class RuleSpec:
     kernels: tuple = ()
     dynamic_rows: bool = False      # rows rule: one CUDA kernel of run-time M (rows[0] a launch)
     pieces: dict | None = None      # any rule on a CPU: {"M", "N", "K"} piece ladders, "run_time"
+    dynamic_shape: tuple | None = None  # any rule on CUDA: one kernel of run-time M, N, K up to these
 
     def to_dict(self) -> dict:
         d = {"rule": self.rule.text, "algorithm": self.algorithm, "rows": list(self.rows),
@@ -80,11 +90,16 @@ class RuleSpec:
             d["pieces"] = {dim: list(self.pieces[dim]) for dim in "MNK"}
             if self.pieces.get("run_time"):
                 d["pieces"]["run_time"] = dict(self.pieces["run_time"])
+        if self.dynamic_shape:
+            d["dynamic_shape"] = list(self.dynamic_shape)
         return dict(d, dynamic_rows=True) if self.dynamic_rows else d
 
     def shapes(self) -> list[tuple[int, int, int]]:
-        """The (M, N, K) of the rule's kernels: its buckets, or for ``dynamic_rows`` the one
-        kernel taking up to the largest bucket's rows a launch."""
+        """The (M, N, K) of the rule's kernels: its buckets, for ``dynamic_rows`` the one
+        kernel taking up to the largest bucket's rows a launch, for ``dynamic_shape`` the one
+        kernel taking up to that shape."""
+        if self.dynamic_shape:
+            return [tuple(self.dynamic_shape)]
         if self.dynamic_rows:
             return [(self.rows[0], self.rule.N, self.rule.K)]
         if self.pieces:
@@ -112,14 +127,20 @@ def backend_kind(target) -> str:
 
 
 def plan_rule(rule, algorithm: str, kind: str, rows=None, tile=None, dynamic_rows: bool = False,
-              pieces: dict | None = None) -> RuleSpec:
+              pieces: dict | None = None, dynamic_shape=None) -> RuleSpec:
     """The rule with its ladder and tile (defaults per backend kind); ``dynamic_rows``: the
     rows rule served by one CUDA kernel whose row count is a run-time value
     (``lcmac.schedules.cuda.rows``), a launch taking up to the ladder's largest bucket;
-    ``pieces``: the any rule served by piece kernels of these ladders ({"M", "N", "K"})."""
+    ``pieces``: the any rule served by piece kernels of these ladders ({"M", "N", "K"});
+    ``dynamic_shape`` (M, N, K): the any rule served by one CUDA kernel of run-time M, N and
+    K, a launch taking up to that shape."""
     rule = parse_rule(rule)
     if pieces and rule.kind == "any":
         return RuleSpec(rule, algorithm, pieces=_ladders(pieces))
+    if dynamic_shape and rule.kind == "any":
+        if kind != "cuda":
+            raise ArtifactError(f"dynamic_shape serves the ?x?x? rule on CUDA targets, not on a {kind} target")
+        return RuleSpec(rule, algorithm, dynamic_shape=_max_shape(dynamic_shape))
     if dynamic_rows and (rule.kind != "rows" or kind != "cuda"):
         raise ArtifactError(f"dynamic_rows serves the ?xNxK rule on CUDA targets, not {rule} on "
                             f"a {kind} target")
@@ -135,22 +156,28 @@ def plan_rule(rule, algorithm: str, kind: str, rows=None, tile=None, dynamic_row
 
 def build_bundle(algo: str, target=None, dtype="float32", rules=(None,), *, out_dir=".",
                  rows=None, tile=None, levels: int = 1, config=None, mcpu=None,
-                 progress=None, dynamic_rows: bool = False) -> Path:
+                 progress=None, dynamic_rows: bool = False, dynamic_shape: bool = False) -> Path:
     """Compile the bucket kernels of ``rules`` (each a rule text, shape or None = any shape)
     for ``algo`` into ``out_dir`` and write its index; returns the index path.
     ``rows``: the row ladder (default per backend, ``lcmac.spec.shape_rules.BUILD_ROWS`` /
     ``ANY_ROWS``); ``tile``: the any-shape rule's (T_N, T_K).  ``progress(text)`` hears of
     each kernel before it is compiled.  ``dynamic_rows``: the ?xNxK rules as one kernel of
-    run-time M each (``plan_rule``).  A failed kernel raises and writes no index."""
+    run-time M each (``plan_rule``); ``dynamic_shape``: on CUDA, the any rule as one kernel of
+    run-time M, N and K (opt-in; without it the any rule keeps its copied tiles).  A failed
+    kernel raises and writes no index."""
     t = resolve_target(target)
     kind = backend_kind(t)
     # the any rule on piece kernels where they run (a CPU, float32/float64) and no row ladder
     # or tile asks for copied tiles
-    pieces = None
+    pieces = shape = None
     if kind == "cpu" and rows is None and tile is None and normalize_dtype(dtype) in PIECE_DTYPES:
         pieces = piece_ladders(resolve_algorithm(algo, levels)[0].grid)
-    specs = [plan_rule(r, algo, kind, rows, tile, dynamic_rows and parse_rule(r).kind == "rows", pieces)
-             for r in rules]
+    # on CUDA: one kernel of run-time M, N and K where the config has that form
+    if (dynamic_shape and kind == "cuda" and rows is None and tile is None
+            and _shape_form_why(algo, levels, t, dtype, config) is None):
+        shape = ANY_MAX_SHAPE["cuda"]
+    specs = [plan_rule(r, algo, kind, rows, tile, dynamic_rows and parse_rule(r).kind == "rows", pieces,
+                       shape) for r in rules]
     return build_specs(specs, t, dtype, out_dir=out_dir, levels=levels, config=config, mcpu=mcpu,
                        progress=progress)
 
@@ -160,20 +187,22 @@ def build_specs(specs, target, dtype, *, out_dir=".", levels: int = 1, config=No
     """``build_bundle`` for planned rules, each with its own algorithm (``lcmac export``);
     ``extra``: fields added to the index (e.g. what each rule was decided from)."""
     t = resolve_target(target)
-    wanted: list = []                        # (algorithm, kernel shape, run-time M, piece), each once
+    wanted: list = []                        # (algorithm, kernel shape, run-time sizes, piece), each once
     for s in specs:
         for shp in s.shapes():
-            if (s.algorithm, shp, s.dynamic_rows, bool(s.pieces)) not in wanted:
-                wanted.append((s.algorithm, shp, s.dynamic_rows, bool(s.pieces)))
+            if (s.algorithm, shp, _run_time(s), bool(s.pieces)) not in wanted:
+                wanted.append((s.algorithm, shp, _run_time(s), bool(s.pieces)))
     out = Path(out_dir).resolve()
     if progress:
         for i, (a, shp, dyn, piece) in enumerate(wanted, 1):
             progress(f"[{i}/{len(wanted)}] {a} {t.name} {dtype} {'x'.join(map(str, shp))}"
-                     + (" (run-time M)" if dyn else "") + (" (piece)" if piece else ""))
+                     + {"rows": " (run-time M)", "shape": " (run-time shape)", "": ""}[dyn]
+                     + (" (piece)" if piece else ""))
     if isinstance(config, str):
         config = json.loads(config)
     jobs = [dict(algo=a, target=t, dtype=dtype, shape=shp, levels=levels,
-                 config=dict(config or {}, dynamic_rows=True) if dyn else
+                 config=dict(config or {}, dynamic_rows=True) if dyn == "rows" else
+                 dict(config or {}, dynamic_shape=True) if dyn == "shape" else
                  _piece_config(config, dtype) if piece else config,
                  out_dir=str(out), mcpu=mcpu, **({"piece": True} if piece else {}))
             for a, shp, dyn, piece in wanted]
@@ -194,10 +223,12 @@ def build_specs(specs, target, dtype, *, out_dir=".", levels: int = 1, config=No
                         **({"piece": True} if piece else {})})
     rule_dicts = []
     for s in specs:
-        mans = [built[(s.algorithm, shp, s.dynamic_rows, bool(s.pieces))] for shp in s.shapes()]
+        mans = [built[(s.algorithm, shp, _run_time(s), bool(s.pieces))] for shp in s.shapes()]
         rule_dicts.append(RuleSpec(s.rule, mans[0].algorithm["name"], s.rows, s.tile,
-                                   tuple(m.name for m in mans), s.dynamic_rows, s.pieces).to_dict())
-    index = {"format": PIECES_FORMAT if any(s.pieces and s.pieces.get("run_time") for s in specs) else
+                                   tuple(m.name for m in mans), s.dynamic_rows, s.pieces,
+                                   s.dynamic_shape).to_dict())
+    index = {"format": SHAPE_FORMAT if any(s.dynamic_shape for s in specs) else
+             PIECES_FORMAT if any(s.pieces and s.pieces.get("run_time") for s in specs) else
              FIXED_PIECES_FORMAT if any(s.pieces for s in specs) else FORMAT,
              "lcmac_version": __version__,
              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -207,6 +238,39 @@ def build_specs(specs, target, dtype, *, out_dir=".", levels: int = 1, config=No
     path = out / INDEX
     atomic_write_bytes(path, (json.dumps(index, indent=2) + "\n").encode())
     return path
+
+
+def _shape_form_why(algo, levels: int, t, dtype: str, config) -> str | None:
+    """Why the any rule of ``algo`` on CUDA target ``t`` has no kernel of run-time shape with
+    ``config`` (``lcmac.schedules.cuda.rows.shape_why``; None: it has one); the rule is then
+    served by copied tiles."""
+    from lcmac.schedules.cuda.rows import shape_why
+    from lcmac.spec.cuda.config import CudaConfig
+    cfg = json.loads(config) if isinstance(config, str) else dict(config or {})
+    alg, plain, _ = resolve_algorithm(algo, levels)
+    dt = normalize_dtype(dtype)
+    try:
+        c = CudaConfig.from_dict(dict(cfg, dynamic_shape=True), dtype=dt, arch=t.arch, lcma=not plain)
+    except LcmacError as e:
+        return str(e)
+    return shape_why(None if plain else alg, ANY_MAX_SHAPE["cuda"], dt, c, t.arch)
+
+
+def _run_time(spec: RuleSpec) -> str:
+    """Which sizes a rule's kernels take at run time: "rows", "shape" or "" (none)."""
+    return "rows" if spec.dynamic_rows else "shape" if spec.dynamic_shape else ""
+
+
+def _max_shape(shape) -> tuple:
+    """The largest (M, N, K) of a run-time-shape rule, checked: three positive ints."""
+    try:
+        out = tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        out = ()
+    if len(out) != 3 or min(out) < 1:
+        raise ArtifactError(f"dynamic_shape must be the largest [M, N, K] a launch takes, three "
+                            f"positive sizes; got {shape!r}")
+    return out
 
 
 def _piece_config(config, dtype: str):
@@ -256,7 +320,11 @@ def read_bundle(path) -> Bundle:
             spec = RuleSpec(parse_rule(r["rule"]), r["algorithm"], tuple(r.get("rows") or ()),
                             tuple(r["tile"]) if r.get("tile") else None, tuple(r["kernels"]),
                             bool(r.get("dynamic_rows", False)),
-                            _ladders(r["pieces"]) if r.get("pieces") else None)
+                            _ladders(r["pieces"]) if r.get("pieces") else None,
+                            _max_shape(r["dynamic_shape"]) if r.get("dynamic_shape") else None)
+            if spec.dynamic_shape and (d["format"] != SHAPE_FORMAT or spec.rule.kind != "any"):
+                raise ArtifactError(f"{index}: rule {spec.rule} has a run-time-shape kernel, which "
+                                    f"format {d['format']} has not (only an any rule of {SHAPE_FORMAT})")
             if spec.pieces and bool(spec.pieces.get("run_time")) != (d["format"] == PIECES_FORMAT):
                 raise ArtifactError(f"{index}: rule {spec.rule}'s pieces "
                                     + (f"have run-time extents, which format {d['format']} has not"

@@ -140,6 +140,10 @@ def cmd_build(args) -> int:
         return _build_bits(args, t)
     if args.levels is None:
         args.levels = 1
+    if getattr(args, "dynamic_shape", False) and (args.shape.kind != "any" or args.rows or args.tile
+                                                  or t.family != "cuda"):
+        raise UsageError("--dynamic-shape builds the any-shape rule (no --shape, --rows or --tile) "
+                         "for a CUDA target")
     if args.shape.kind != "exact" or args.rows or args.tile:
         return _build_bundle(args, t)
     args.shape = (args.shape.M, args.shape.N, args.shape.K)
@@ -183,7 +187,7 @@ def _build_bundle(args, t) -> int:
     t0 = time.perf_counter()
     path = build_bundle(args.algo, t, args.dtype, [args.shape], out_dir=args.output,
                         rows=args.rows, tile=args.tile, levels=args.levels,
-                        config=build_config(t, args),
+                        config=build_config(t, args), dynamic_shape=args.dynamic_shape,
                         mcpu=args.mcpu, progress=lambda text: _progress(f"compiling {text}"))
     if args.json:
         doc = _bundle_doc(path, time.perf_counter() - t0)
@@ -196,6 +200,9 @@ def _build_bundle(args, t) -> int:
     if r.pieces:
         print("  pieces " + "; ".join(f"{dim} {', '.join(map(str, r.pieces[dim]))}" for dim in "MNK")
               + " (views of A, B and C; small or thin products on numpy/torch)")
+    elif r.dynamic_shape:
+        print("  one kernel of run-time M, N, K, up to " + "x".join(map(str, r.dynamic_shape))
+              + " a launch (more rows: several launches)")
     else:
         print(f"  row buckets {', '.join(map(str, r.rows))}"
               + (f"; N×K tile {r.tile[0]}x{r.tile[1]} (tiles copied, the last padded)" if r.tile else
@@ -367,6 +374,9 @@ def _add_build(sub) -> None:
                         "32768,8192,2048 on CUDA; any shape: 1024,256 / 8192,2048)")
     s.add_argument("--tile", type=tile_arg, default=None, metavar="NxK",
                    help="the any-shape rule's N×K tile (default 1024x1024 on CPUs, 8192x8192 on CUDA)")
+    s.add_argument("--dynamic-shape", action="store_true",
+                   help="CUDA, no --shape: one kernel per algorithm whose M, N and K are run-time "
+                        "values, instead of copied N×K tiles")
     s.add_argument("--levels", type=int, default=None,
                    help="recursion levels of the algorithm (default 1; gf2: as many as keep the "
                         "kernel's threshold)")

@@ -62,7 +62,7 @@ def _tune_refusal(args, gpu: bool) -> str:
     if args.sustained is not None and not 0 < args.sustained <= MAX_SUSTAINED_S:
         return f"--sustained must be seconds in (0, {MAX_SUSTAINED_S}], got {args.sustained:g}"
     if args.operands != "native" and not gpu:
-        return "--operands is a CUDA option (scaled fp16 operands)"
+        return "--operands is a CUDA option (scaled fp16 or block-scaled fp8 operands)"
     if args.dry_run and (args.build_only or args.prebuilt):
         return "--dry-run does not combine with --build-only/--prebuilt"
     return ""

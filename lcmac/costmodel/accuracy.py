@@ -28,8 +28,8 @@ float32 is plain float32 arithmetic; float64 is simulated in float32 — to firs
 term of both errors scales with the unit roundoff, so the ratio carries over.  With
 ``operands="fp16"`` (the CUDA backend's scaled fp16 operands) Ã/B̃ are rounded to fp16
 (the power-of-two scale is exact), H stays fp32, and C is rounded to the dtype.  With
-``operands="fp8"`` Ã and B̃ are E4M3 with a float32 scale per 1×128 block along K, H stays
-fp32, and the ratio is against the plain GEMM on the same fp8 operands (itself ~22× the
+``operands="fp8"`` Ã and B̃ are E4M3 as lcmac.spec.fp8.CONTRACT (a float32 scale per 1×128
+block of Ã, per 128×128 block of B̃), H stays fp32, and the ratio is against the plain GEMM on the same fp8 operands (itself ~22× the
 native bf16 GEMM's error: a budget then bounds what the LCMA adds to fp8's own error).
 float32 through scaled operands is judged against the plain GEMM on the same operands too:
 ``operands="fp16"`` rounds Ã/B̃ to fp16; ``"fp16x2"`` splits them into fp16 hi + 2⁻¹¹·lo
@@ -56,8 +56,8 @@ from lcmac.core.errors import DTypeError, ShapeError
 from lcmac.core.result_cache import ResultCache, source_digest
 from lcmac.ir import algorithm as _algorithm, catalogue
 from lcmac.spec.cuda import operands as _operands
-from lcmac.spec.cuda.operands import (
-    FP8_BLOCK, FP8_MAX, FP8_TINY, SPLIT_SHIFT, bound_exponent, scale_exponent)
+from lcmac.spec.cuda.operands import SPLIT_SHIFT, bound_exponent, scale_exponent
+from lcmac.spec.fp8 import CONTRACT, dequantize as fp8_dequantize, quantize_blocks, round_e4m3
 
 #: K simulated at most, per model dtype: storage-bound errors (2-byte, TF32) do not move with
 #: K (bf16 Strassen²'s ratio is flat from K = 512 to 4096), accumulation-bound ones grow slowly
@@ -106,29 +106,16 @@ def _f32(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
 
 
-def _e4m3(x: np.ndarray) -> np.ndarray:
-    """Round float32 to the nearest E4M3 value (ties to even; 3 mantissa bits, normals down
-    to 2⁻⁶, subnormal steps of 2⁻⁹), saturating at ±448, returned as float32."""
-    x = np.asarray(x, dtype=np.float32)
-    _, e = np.frexp(x)                                  # |x| = m·2^e, 0.5 ≤ m < 1
-    q = np.ldexp(np.float32(1), np.maximum(e - 1, -6) - 3).astype(np.float32)
-    return np.clip(np.rint(x / q) * q, -448.0, 448.0).astype(np.float32)
+#: float32 → the nearest E4M3 value, saturating at ±448 (the contract's rounding)
+_e4m3 = round_e4m3
 
 
-def _fp8_blocks(X: np.ndarray, axis: int) -> np.ndarray:
-    """The CUDA backend's fp8 operands (schedules.cuda.low_precision.fp8_combine), dequantized: every 1×128
-    block along K (``axis``) scaled so its amax maps to 448, rounded to E4M3, and multiplied
-    back by its float32 scale (the GEMM applies the scales to each 128-wide slab's fp32
-    product; the order of those fp32 multiplies is below E4M3's rounding)."""
-    X = np.moveaxis(np.asarray(X, dtype=np.float32), axis, -1)
-    k = X.shape[-1]
-    pad = -k % FP8_BLOCK                                # the kernels' zero padding
-    Xp = np.concatenate([X, np.zeros(X.shape[:-1] + (pad,), np.float32)], -1) if pad else X
-    G = Xp.reshape(X.shape[:-1] + (-1, FP8_BLOCK))
-    amax = np.maximum(np.abs(G).max(-1, keepdims=True), np.float32(FP8_TINY))
-    q = _e4m3(G * (np.float32(FP8_MAX) / amax))
-    Y = (q * (amax * np.float32(1.0 / FP8_MAX))).reshape(Xp.shape)[..., :k]
-    return np.moveaxis(Y, -1, axis)
+def _fp8_blocks(X: np.ndarray, block) -> np.ndarray:
+    """The CUDA backend's fp8 operands (lcmac.spec.fp8.CONTRACT: Ã per 1×128, B̃ per 128×128
+    ``block`` over the last two dimensions), dequantized and rounded to float32 (the GEMM
+    applies the scales to each 128-wide slab's fp32 product; the order of those fp32
+    multiplies is below E4M3's rounding)."""
+    return fp8_dequantize(quantize_blocks(X, block)).astype(np.float32)
 
 
 def _f16x2_matmul(At: np.ndarray, Bt: np.ndarray, ea: int, eb: int) -> np.ndarray:
@@ -199,10 +186,10 @@ def _roundings(d: str, operands: str) -> _Roundings:
         # Ã/B̃ stored as power-of-two-scaled fp16 (the scale is exact), H kept in fp32
         return _Roundings(_f16, _f32, _bf16 if d == "bfloat16" else _f16, _f32)
     if operands == "fp8" and d in ("bfloat16", "float16"):
-        # E4M3 with a scale per 1x128 block along K (Ã per row, B̃ per column), H in fp32;
-        # against the fp8 plain GEMM, itself ~22x the native GEMM's error
-        return _Roundings(lambda X: _fp8_blocks(X, -1), _f32, _bf16 if d == "bfloat16" else _f16,
-                          _f32, op_b=lambda X: _fp8_blocks(X, -2), own_gemm=True)
+        # E4M3, Ã per 1x128 and B̃ per 128x128 block, H in fp32; against the fp8 plain GEMM,
+        # itself ~22x the native GEMM's error
+        return _Roundings(lambda X: _fp8_blocks(X, CONTRACT.a_block), _f32, _bf16 if d == "bfloat16" else _f16,
+                          _f32, op_b=lambda X: _fp8_blocks(X, CONTRACT.b_block), own_gemm=True)
     if operands == "fp16" and d == "float32":
         # float32 through scaled fp16 operands: against the plain GEMM on the same operands
         # (its error is fp16's, far above SGEMM's)

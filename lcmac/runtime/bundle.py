@@ -11,7 +11,12 @@ library checked against the manifest's sha256) the first time a piece needs it. 
 no rule admits raises ShapeError naming the rules.  ``prepare_b(B)`` (the
 ``?xNxK`` rule) combines B once per bucket kernel, lazily, for B's that stay the same.  An
 any-shape rule of piece kernels (a CPU bundle, format ``lcmac-bundle/3``) runs through
-``lcmac.runtime.bundle_pieces``: views of A, B and C, no copied tiles.
+``lcmac.runtime.bundle_pieces``: views of A, B and C, no copied tiles.  An any-shape rule
+of a CUDA bundle (format ``lcmac-bundle/4``, the rule's ``dynamic_shape``) runs its one kernel
+of run-time M, N and K on the operands themselves (``run_shape``): more rows than a launch
+takes go as launches along M, and a shape whose N or K is not a multiple of 16 bytes (or
+whose operands are not contiguous and 16-byte aligned) runs on zero-padded copies; an N or K
+past the kernel's largest is refused by name.
 """
 from __future__ import annotations
 
@@ -46,7 +51,8 @@ class BundleFunction:
             if k.get("piece"):
                 self._pieces[(int(shp["M"]), int(shp["N"]), int(shp["K"]))] = name
                 continue
-            dynamic = bool((k.get("config") or {}).get("dynamic_rows"))
+            config = k.get("config") or {}
+            dynamic = "shape" if config.get("dynamic_shape") else "rows" if config.get("dynamic_rows") else ""
             self._by_shape[(int(shp["M"]), int(shp["N"]), int(shp["K"]), dynamic)] = name
         order = sorted(bundle.rules, key=lambda r: {"exact": 0, "rows": 1, "any": 2}[r.rule.kind])
         self.rules: list[RuleSpec] = order
@@ -60,12 +66,14 @@ class BundleFunction:
     def dtype(self) -> str:
         return self.bundle.dtype
 
-    def kernel(self, shape, dynamic_rows: bool = False):
+    def kernel(self, shape, dynamic_rows: bool = False, dynamic_shape: bool = False):
         """The loaded kernel of a bucket shape (M, N, K); ``dynamic_rows``: the kernel of
-        run-time M taking up to M rows a launch."""
-        name = self._by_shape.get((*(int(d) for d in shape), dynamic_rows))
+        run-time M taking up to M rows a launch; ``dynamic_shape``: the kernel of run-time
+        M, N and K taking up to that shape."""
+        form = "shape" if dynamic_shape else "rows" if dynamic_rows else ""
+        name = self._by_shape.get((*(int(d) for d in shape), form))
         if name is None:
-            what = " run-time-M" if dynamic_rows else ""
+            what = {"shape": " run-time-shape", "rows": " run-time-M", "": ""}[form]
             raise ShapeError(f"the bundle has no {'x'.join(map(str, shape))}{what} kernel")
         return self._loaded(name)
 
@@ -127,10 +135,49 @@ class BundleFunction:
             return tiled.run_row_ranges(A, B, out, fn, [(M, True)], N=N, K=K, b_for=self._b_for(prepared))
         if r.rule.kind == "rows":
             return tiled.run_rows(A, B, out, r.rows, self.kernel, N=N, K=K, b_for=self._b_for(prepared))
+        if r.dynamic_shape:
+            return run_shape(self.kernel(r.dynamic_shape, dynamic_shape=True), A, B, out,
+                             who=f"the bundle {self.bundle.path}")
         if r.pieces:
             return bundle_pieces.run_pieces(A, B, out, r.pieces, self.piece_kernel, dtype=self.dtype,
                                             who=f"the bundle {self.bundle.path}")
         return tiled.run_any(A, B, out, r.rows, r.tile, self.kernel)
+
+
+def _whole(t) -> bool:
+    """Whether a tensor can go to a TMA kernel as it is: contiguous, 16-byte aligned."""
+    return t.is_contiguous() and t.data_ptr() % 16 == 0
+
+
+def run_shape(fn, A, B, out=None, who: str = "this kernel"):
+    """C = A·B on ``fn``, a kernel of run-time M, N and K (``CudaShapeMatmul``): on the
+    operands themselves where it takes them, else on zero-padded copies (N and K rounded up
+    to ``fn.vec``; the padding adds nothing to the sums) with C copied out of the padded
+    product.  An N or K past the kernel's largest raises ShapeError naming ``who``'s limit."""
+    import torch
+    M, K = A.shape
+    N = B.shape[1]
+    if N > fn.max_cols or K > fn.max_depth:
+        raise ShapeError(f"{M}x{N}x{K} (MxNxK): {who} takes N up to {fn.max_cols} and K up to "
+                         f"{fn.max_depth} (a larger product: build a bundle or a kernel for its shape)")
+    ok_out = out is None or _whole(out)
+    if fn.shape_why(M, N, K) is None and _whole(A) and _whole(B) and ok_out:
+        return fn(A, B, out=out)
+    v = fn.vec
+    Kp, Np = -(-K // v) * v, -(-N // v) * v
+    a = A if Kp == K and _whole(A) else torch.zeros((M, Kp), dtype=A.dtype, device=A.device)
+    if a is not A:
+        a[:, :K] = A
+    b = B if (Kp, Np) == (K, N) and _whole(B) else torch.zeros((Kp, Np), dtype=B.dtype, device=B.device)
+    if b is not B:
+        b[:K, :N] = B
+    if Np == N and ok_out:
+        return fn(a, b, out=out)
+    c = fn(a, b)
+    if out is None:
+        return c[:, :N].contiguous()
+    out.copy_(c[:, :N])
+    return out
 
 
 def load_bundle(path, loader) -> BundleFunction:

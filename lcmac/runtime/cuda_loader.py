@@ -7,7 +7,9 @@ neither TileLang nor TVM.
     C = mm(A, B)                              # A: (M,K), B: (K,N) torch CUDA tensors
 
 Every argument problem raises before anything is launched: device not CUDA, wrong dtype,
-shape other than the artifact's (any rows for one built with ``dynamic_rows``: ``CudaRowsMatmul``),
+shape other than the artifact's (any rows for one built with ``dynamic_rows``: ``CudaRowsMatmul``;
+any shape up to the artifact's N and K, both multiples of 16 bytes, for one built with
+``dynamic_shape``: ``CudaShapeMatmul``),
 non-contiguous operands, or a GPU whose compute capability does not run the artifact's cubin
 (sm_90a runs on 9.0 only; sm_80 on 8.x).
 
@@ -27,6 +29,7 @@ import json
 import os
 
 from lcmac.artifact.manifest import verify_library
+from lcmac.core.dtypes import ITEMSIZE
 from lcmac.core.errors import ArtifactError, LcmacError, ShapeError, TargetError
 from lcmac.core.operands import (
     check_aligned, check_contiguous, check_device_type, check_dims, check_dtype_is,
@@ -422,8 +425,106 @@ class CudaRowsMatmul(CudaMatmul):
         return out
 
 
+class CudaShapeMatmul(CudaMatmul):
+    """Callable for an artifact whose M, N and K are run-time values (``config.dynamic_shape``,
+    ``lcmac.schedules.cuda.rows``): ``C = f(A, B, out=None)`` for A of M×K and B of K×N with
+    N up to ``max_cols`` and K up to ``max_depth`` (the manifest shape's N and K), both
+    multiples of ``vec`` (16-byte rows: ``shape_why`` says why a shape is refused); any M,
+    launches of up to ``max_rows`` rows on row slices (no copy).  The workspace is sized for
+    each launch's shape (``lcmac_workspace_bytes_shape``) and kept, grown when a launch needs
+    more.  No prepared B (B̃'s size depends on N and K)."""
+    RUN = "lcmac_run_shape"
+
+    def __init__(self, meta: dict, lib_path: str):
+        super().__init__(meta, lib_path)
+        self.max_rows, self.max_cols, self.max_depth = self.M, self.N, self.K
+        self.vec = 16 // ITEMSIZE[self.dtype]
+
+    def __repr__(self):
+        return (f"<lcmac CUDA artifact {self.meta.get('algorithm_name', '?')} {self.arch} {self.dtype} "
+                f"?x?x? (N up to {self.max_cols}, K up to {self.max_depth}, multiples of {self.vec}; "
+                f"any M, up to {self.max_rows} rows a launch), GEMM stage {self.gemm_precision}>")
+
+    def _open(self, device):
+        if self._lib is not None:
+            return self._lib
+        lib = super()._open(device)
+        lib.lcmac_run_shape.restype = ctypes.c_int
+        lib.lcmac_run_shape.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_longlong] * 3 + [ctypes.c_void_p] * 2
+        lib.lcmac_workspace_bytes_shape.restype = ctypes.c_longlong
+        lib.lcmac_workspace_bytes_shape.argtypes = [ctypes.c_longlong] * 3
+        return lib
+
+    def shape_why(self, M: int, N: int, K: int) -> str | None:
+        """Why this artifact cannot take an M×N×K product as it is (None: it can): N or K
+        past its largest, or not a multiple of ``vec`` (the entry point refuses the same)."""
+        if N > self.max_cols or K > self.max_depth:
+            return (f"this artifact takes N up to {self.max_cols} and K up to {self.max_depth} "
+                    f"(build it for a larger shape)")
+        if N % self.vec or K % self.vec:
+            return (f"N and K must be multiples of {self.vec} for {self.dtype} (16-byte row strides "
+                    f"of A, B and C for the TMA copies); a bundle pads other shapes")
+        return None
+
+    def workspace(self, device, shape=None):
+        """The kept workspace on ``device``, at least what a launch of ``shape`` (M, N, K;
+        default: the largest) needs."""
+        import torch
+        lib = self._open(device)
+        M, N, K = shape or (self.max_rows, self.max_cols, self.max_depth)
+        need = int(lib.lcmac_workspace_bytes_shape(M, N, K))
+        if need < 0:
+            raise ShapeError(lib.lcmac_last_error().decode())
+        key = str(device)
+        ws = self._ws.get(key)
+        if ws is None or ws.numel() < need:
+            ws = self._ws[key] = kept_empty(max(need, 256), torch.uint8, device)
+        return ws
+
+    def check(self, A, B, out=None):
+        for name, t in (("A", A), ("B", B), ("out", out)):
+            if t is not None:
+                check_dims(t, name, "rows×cols")
+        M, K = A.shape
+        N = B.shape[1]
+        self._check_operands({"A": A, "B": B, "out": out}, {"A": (M, K), "B": (K, N), "out": (M, N)},
+                             f"A [M, K] @ B [K, N] of any M, N up to {self.max_cols}, K up to {self.max_depth}")
+        why = self.shape_why(M, N, K)
+        if why is not None:
+            raise ShapeError(f"{M}x{N}x{K} (MxNxK): {why}")
+
+    def prepare_b(self, B):
+        raise LcmacError("an artifact of run-time shape has no prepared B (the size of B~ depends on "
+                         "N and K): call it with B")
+
+    def __call__(self, A, B, out=None):
+        import torch
+        if isinstance(B, PreparedB):
+            raise LcmacError("an artifact of run-time shape has no prepared B: call it with B")
+        self.check(A, B, out)
+        (M, K), N = A.shape, B.shape[1]
+        if out is None:
+            out = torch.empty((M, N), dtype=A.dtype, device=A.device)
+        if M == 0 or N == 0:
+            return out
+        lib = self._open(A.device)
+        dev = A.get_device()
+        stream = _current_stream(dev)
+        with _on_device(dev):
+            for start in range(0, M, self.max_rows):
+                rows = min(self.max_rows, M - start)
+                ws = self.workspace(A.device, (rows, N, K))
+                rc = lib.lcmac_run_shape(A[start:].data_ptr(), B.data_ptr(), out[start:].data_ptr(),
+                                         rows, N, K, ws.data_ptr(), stream)
+                if rc != 0:
+                    raise CudaRunError(f"lcmac_run_shape failed ({rc}): {lib.lcmac_last_error().decode()}")
+        return out
+
+
 def _callable(meta: dict, lib: str) -> CudaMatmul:
     config = meta.get("config") or {}
+    if config.get("dynamic_shape"):
+        return CudaShapeMatmul(meta, lib)
     if config.get("dynamic_rows"):
         return CudaRowsMatmul(meta, lib)
     if config.get("bsr"):

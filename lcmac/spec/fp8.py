@@ -33,11 +33,12 @@ The format is DeepSeek-V3's recipe as DeepGEMM's SM90 kernels (``per_token_cast_
             block maximum skips NaN (CUDA's fmaxf) keep only that element NaN; either way the
             outputs it reaches are not finite.
 
-``CONTRACT`` is that format.  ``OPERAND_MODE`` is what the CUDA backend's ``operands="fp8"``
-kernels (lcmac.schedules.cuda.low_precision) compute: B̃ per column (128×1 blocks) instead
-of 128×128, and the scale stored as amax·fl(1/448), which differs from amax/448 in the last
-bit of about half the scales (the E4M3 values are the same: both divide 448 by amax).
-``DEEPGEMM`` floors amax at 1e-4 as DeepGEMM's casts do.  The blocking of an LCMA is the CUDA
+``CONTRACT`` is that format, and ``OPERAND_MODE`` (what the CUDA backend's ``operands="fp8"``
+kernels, lcmac.schedules.cuda.low_precision, compute) is it too: one fp8 mode, so an lcmac
+kernel and cuBLAS's blockwise GEMM take the same operands.  ``PER_COLUMN`` is the mode's
+former B side (128×1 blocks, s = amax·fl(1/448)), kept for comparisons; ``DEEPGEMM`` floors
+amax at 1e-4 as DeepGEMM's casts do.  ``kernel_scales`` lays a reference's scales out as
+the kernels keep them (``LAYOUTS``).  The blocking of an LCMA is the CUDA
 backend's (``spec.cuda.blocking.Blocking``, K blocks rounded to 16 bytes).
 
 An input already on the grid — E4M3 values times a power of two, its largest magnitude 448
@@ -51,7 +52,7 @@ import numpy as np
 
 from lcmac.ir import catalogue
 from lcmac.spec.cuda.blocking import Blocking, ceil_div
-from lcmac.spec.cuda.operands import FP8_BLOCK, FP8_MAX, FP8_TINY
+from lcmac.spec.cuda.operands import FP8_BLOCK, FP8_MAX, FP8_TILE_DEFAULTS, FP8_TINY, fp8_scale_shapes
 
 #: the element type (torch.float8_e4m3fn, CUDA's __nv_fp8_e4m3) and the scales' type
 ELEMENT = "float8_e4m3fn"
@@ -69,9 +70,9 @@ LAYOUTS = {
                 "Mb' = Mb rounded up to the GEMM tile (scaled_mm's scale_a [M, K/128] with "
                 "strides (1, M))",
     "B_values": "[R, Nb, Kb] E4M3, K-major (B̃ transposed; scaled_mm's mat_b is its .t())",
-    "B_scales": "[R, ceil(Nb/128), ceil(Kb/128)] float32, K blocks contiguous (DeepGEMM's "
-                "[N/128, K/128]; scaled_mm's scale_b [L4, N/128] with strides (1, L4), the "
-                "K blocks padded to L4, a multiple of 4)",
+    "B_scales": "[R, Nb', L4] float32: the K blocks of each 128 columns contiguous, padded to "
+                "L4 = ceil(Kb/128) rounded up to 4 (scaled_mm's scale_b [L4, N/128] with strides "
+                "(1, L4); DeepGEMM's [N/128, K/128]), Nb' = ceil(Nb/128) rounded up to the tile",
 }
 
 
@@ -97,7 +98,8 @@ class Fp8BlockFormat:
 
 
 CONTRACT = Fp8BlockFormat()
-OPERAND_MODE = Fp8BlockFormat(b_block=(FP8_BLOCK, 1), scale_by_reciprocal=True)
+OPERAND_MODE = CONTRACT
+PER_COLUMN = Fp8BlockFormat(b_block=(FP8_BLOCK, 1), scale_by_reciprocal=True)
 DEEPGEMM = Fp8BlockFormat(amax_floor=DEEPGEMM_AMAX_FLOOR)
 
 
@@ -172,6 +174,22 @@ def dequantize(bq: BlockQuantized) -> np.ndarray:
     s = expand_scales(bq.scales.astype(np.float64), bq.block, bq.values.shape)
     with np.errstate(invalid="ignore"):
         return bq.values.astype(np.float64) * s
+
+
+def kernel_scales(a: "BlockQuantized", b: "BlockQuantized", tile=None) -> dict:
+    """The scales of ``combine_then_quantize`` (Ã) and ``prepare_b_fp8`` (B̃) as the fp8
+    kernels keep them (``LAYOUTS``; ``tile`` = (block_m, block_n), default the fp8 mode's):
+    {"SA": [R, nkb, Mb'], "SB": [R, Nb', L4]} float32, the padding zero."""
+    if a.block != CONTRACT.a_block or b.block != CONTRACT.b_block:
+        raise ValueError(f"the kernels keep 1x128 and 128x128 scales, not {a.block} and {b.block}")
+    bm, bn = tile or (FP8_TILE_DEFAULTS["block_m"], FP8_TILE_DEFAULTS["block_n"])
+    R, Mb, Kb = a.values.shape
+    Nb = b.values.shape[-1]
+    shapes = fp8_scale_shapes(R, Mb, Nb, Kb, bm, bn)
+    sa, sb = np.zeros(shapes["SA"], np.float32), np.zeros(shapes["SB"], np.float32)
+    sa[:, :, :Mb] = a.scales.transpose(0, 2, 1)
+    sb[:, :b.scales.shape[2], :b.scales.shape[1]] = b.scales.transpose(0, 2, 1)
+    return {"SA": sa, "SB": sb}
 
 
 # ---- an LCMA through the pieces --------------------------------------------------------------

@@ -19,6 +19,11 @@ So a rule is served by a small set of *bucket* kernels and the product is cut in
     no padding, the copy engine zero-fills the rows past M and clips the stores; a launch
     takes up to the ladder's largest bucket of rows.
 ``any:?x?x?`` (written ``?x?x?``: any M, N and K)
+    on CUDA: **one** kernel per algorithm whose M, N and K are run-time values
+    (``CudaConfig.dynamic_shape``: the bundle rule's ``dynamic_shape``), taking up to
+    ``ANY_MAX_SHAPE`` a launch (more rows: launches along M; a larger N or K is refused by
+    name); a shape whose N or K is not a multiple of 16 bytes runs on zero-padded copies of
+    the operands.  Otherwise (a CPU; float64 on CUDA, a row ladder or tile asked for):
     the row ladder as above with N and K cut into fixed tiles T_N × T_K: each piece's A and B
     tiles are copied into contiguous buffers (the last tile of a dimension zero-padded), and
     each product is added into C (in float32 for 16-bit dtypes).  The cost over an exact
@@ -49,6 +54,9 @@ JIT_ROWS = {"cpu": tuple(4096 >> i for i in range(5)), "cuda": tuple(65536 >> i 
 #: the N × K tile of the ``any`` rule, and its row ladder
 ANY_TILE = {"cpu": (1024, 1024), "cuda": (8192, 8192)}
 ANY_ROWS = {"cpu": (1024, 256), "cuda": (8192, 2048)}
+#: the largest M, N, K one launch of the CUDA any-shape kernel takes (run-time sizes); the
+#: runtime runs more rows as launches along M
+ANY_MAX_SHAPE = {"cuda": (65536, 65536, 65536)}
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from lcmac.costmodel.config_estimates import (
     algorithm_of, cuda_config_of, estimate, fit_check, target_object)
 from lcmac.core.dtypes import normalize_dtype
 from lcmac.spec.cuda.blocking import Blocking
+from lcmac.spec.cuda.smem import SMEM_PER_CTA
 from lcmac.spec.cuda.support import tma_reduce_why
 from lcmac.spec.registry import FAMILIES
 from lcmac.spec.targets import schedule_family as family
@@ -59,6 +60,12 @@ def default_config(target, dtype="float32", algorithm=None, shape=None, operands
 CUDA_TILES = ((128, 256), (256, 128), (128, 128), (64, 256), (128, 64), (64, 128), (64, 64))
 
 
+#: fp8 tiles (block_m, block_n, threads): two fp32 fragments of the tile per consumer thread
+#: (the K block's wgmma result and the running sum) must stay in registers, so 64 rows per
+#: consumer warpgroup, and block_n within one 128-column scale block of B̃
+FP8_TILES = ((128, 128, 256), (128, 64, 256), (64, 128, 128), (64, 64, 128))
+
+
 def default_space(fam: str, dtype: str, shape, algorithm=None, operands: str = "native") -> list:
     """Built-in grid of knobs (used when the backend does not offer ``config_space``), as
     the backend's config objects.
@@ -77,9 +84,19 @@ def default_space(fam: str, dtype: str, shape, algorithm=None, operands: str = "
 
     ``operands`` (CUDA, CudaConfig.operands): a scaled fp16 mode searches the same tiles, k
     slabs, depths and threads, unfused (the only path it has), each config in that mode —
-    one precision per search, so the log never ranks one precision against another."""
+    one precision per search, so the log never ranks one precision against another.  fp8
+    (``FP8_TILES``) keeps its 128-wide K slab (one scale block) and tiles whose N range
+    lies in one 128-column scale block, and searches depth, rasterisation and the store."""
     out: list = []
-    if fam == "cuda" and operands != "native":
+    if fam == "cuda" and operands == "fp8":
+        out_bytes = 2 if algorithm in (None, _db.GEMM) else 4        # C in bf16/fp16, or fp32 H
+        for (bm, bn, th), st, sw, smem in itertools.product(FP8_TILES, (3, 4, 5, 6), (8, 0), (False, True)):
+            # the pipeline and the output tile staged for its store within sm_90a's shared memory
+            if st * (bm + bn) * (128 + 4) + smem * bm * bn * out_bytes > SMEM_PER_CTA["sm_90a"]:
+                continue
+            out.append({"block_m": bm, "block_n": bn, "block_k": 128, "stages": st, "threads": th,
+                        "swizzle": sw, "store_via_smem": smem, "fused": False, "operands": operands})
+    elif fam == "cuda" and operands != "native":
         for (bm, bn), bk, st, th in itertools.product(CUDA_TILES, (32, 64, 128), (2, 3, 4, 5),
                                                       (128, 256)):
             out.append({"block_m": bm, "block_n": bn, "block_k": bk, "stages": st,

@@ -50,9 +50,9 @@ from lcmac.costmodel import model_dtype, select
 from lcmac.costmodel.config_estimates import default_block_k, estimate
 from lcmac.costmodel.decision import with_errors
 from lcmac.core.dtypes import normalize_model_dtype
-from lcmac.spec.cuda.support import NotSupportedYet
 from lcmac.tune import space as _space
 from lcmac.tune.builders import Builder, Prebuilder, load_prebuilt
+from lcmac.tune.fp8_measure import Fp8MeasureWorker
 from lcmac.tune.measure import MeasureWorker
 from lcmac.tune.metrics import spearman
 
@@ -437,12 +437,6 @@ def _check_request(target, opts: TuneOptions) -> None:
                              f"target {target} is not a CUDA target")
         if not (isinstance(sustained, (int, float)) and 0 < sustained <= 60):
             raise ValueError(f"sustained_s must be seconds in (0, 60], got {sustained!r}")
-    if opts.search.operands == "fp8":
-        # the vendor baseline would have to be cuBLAS's FP8 GEMM and the correctness check an
-        # FP8-sized tolerance (scripts/bench_cuda.py measures both)
-        raise NotSupportedYet("tuning operands='fp8' is not supported yet; build with "
-                              "--config '{\"operands\": \"fp8\"}' (its measured tile "
-                              "defaults) and compare with scripts/bench_cuda.py")
 
 
 @dataclass
@@ -479,7 +473,9 @@ class _TuningRun:
         progress = opts.log.progress
         self.bar = progress if isinstance(progress, Progress) else Progress.of(progress, total)
         self.device = _db.device_name(target)
-        self.worker, self.own_worker = m.worker, m.worker is None
+        # fp8: its own measuring process (cuBLAS FP8 as the vendor, B̃ prepared, fp8 checks)
+        fp8 = s.operands == "fp8" and not isinstance(m.worker, Fp8MeasureWorker)
+        self.worker, self.own_worker = (None, True) if fp8 else (m.worker, m.worker is None)
         self.builder = Builder(b.jobs) if (m.measure_fn is None and b.build_fn is None) else None
         self.tmp = (tempfile.TemporaryDirectory(prefix="lcmac-tune-", dir=b.work_dir)
                     if m.measure_fn is None else None)
@@ -526,7 +522,7 @@ class _TuningRun:
     # ---- measure ----------------------------------------------------------------------------
     def _measuring_process(self):
         if self.worker is None:
-            self.worker = MeasureWorker()
+            self.worker = Fp8MeasureWorker() if self.opts.search.operands == "fp8" else MeasureWorker()
         return self.worker
 
     def measure(self, points) -> list[dict]:
@@ -763,7 +759,7 @@ def tune_many(cases, algo, target: str, dtype: str, budget: int = 8, *, prebuilt
             if pre.futs and not pre.built:      # nothing to measure later: say why (e.g. no TileLang)
                 raise next(f.exception() for f in pre.futs.values() if f.exception())
             return []
-        worker = MeasureWorker()
+        worker = (Fp8MeasureWorker if opts.search.operands == "fp8" else MeasureWorker)()
         for label, shape in cases:
             shape = tuple(int(x) for x in shape)
 

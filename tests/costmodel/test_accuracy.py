@@ -80,12 +80,14 @@ def test_fp8_operands_are_rounded_as_e4m3_and_judged_against_the_fp8_gemm():
     # ties to even (1.0625 -> 1, 1.1875 -> 1.25, a subnormal tie up to 2^-8), saturation
     assert _e4m3(x).tolist() == [448, 1.0, 1.25, 2.0 ** -8, 448, -0.3125]
     X = np.random.default_rng(1).standard_normal((3, 300)).astype(np.float32)
-    Y = _fp8_blocks(X, -1)
+    Y = _fp8_blocks(X, (1, 128))
     for b in range(3):                  # each 1x128 block's amax survives exactly
         blk = slice(128 * b, 128 * (b + 1))
         assert np.allclose(np.abs(Y[:, blk]).max(1), np.abs(X[:, blk]).max(1), rtol=1e-6)
     assert np.abs(Y / X - 1).max() < 2.0 ** -4 + 1e-6 or np.abs(Y - X).max() < 1e-2
-    assert np.array_equal(_fp8_blocks(X.T, -2), Y.T)
+    assert np.array_equal(_fp8_blocks(X.T, (128, 1)), Y.T)
+    Z = _fp8_blocks(X.T, (128, 128))    # B̃'s blocks: one amax per 128 K x 128 N
+    assert np.allclose(np.abs(Z[:128]).max(), np.abs(X[:, :128]).max(), rtol=1e-6)
     e = error_ratio("strassen", "bf16", operands="fp8", K=8192)
     n = error_ratio("strassen", "bf16", K=8192)
     # the fp8 plain GEMM is ~22x the bf16 one's error (h100-bfloat16-fp8.json: 21.9-22.0x)

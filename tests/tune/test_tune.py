@@ -633,14 +633,6 @@ def test_cli_tune_operands_is_a_cuda_option(capsys):
     assert "CUDA option" in capsys.readouterr().err
 
 
-def test_fp8_tuning_is_refused_with_a_way_out():
-    """Tuning operands="fp8" would need cuBLAS's FP8 GEMM as the baseline and an FP8-sized
-    correctness check: refused by name, pointing at the build config and the benchmark."""
-    from lcmac.spec.cuda.support import NotSupportedYet
-    with pytest.raises(NotSupportedYet, match="operands"):
-        tuner.tune("strassen", GPU, "bfloat16", (4096, 4096, 4096), operands="fp8")
-
-
 def test_sustained_tuning_warms_each_kernel_up(tmp_path):
     # --sustained S: every kernel (and the vendor GEMM) is warmed up for S seconds before it
     # is timed, so the H100 is measured at its power cap; a CPU target refuses it

@@ -22,6 +22,16 @@ from lcmac.spec.cuda.operands import SPLIT_SHIFT
 from lcmac.schedules.cuda.low_precision import OPERAND_DTYPE, operand_scale
 
 
+def assume_multiples(blk) -> None:
+    """State a run-time blocking's divisibility (``rows.ShapeBlocking.multiples``) inside a
+    kernel, so that its element-wise loops keep their vectors (TileLang vectorizes a loop
+    over a run-time extent only where it can prove the vectors whole); nothing for a static
+    blocking."""
+    for size, unit in getattr(blk, "multiples", lambda: [])():
+        if unit > 1:
+            T.evaluate(T.assume(size % unit == 0))
+
+
 def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a",
                bound: int = 1):
     """Combine A (which="A": X=A [M,K] → Ã [R,Mb,Kb]) or Combine B (X=B [K,N] → B̃ [R,Kb,Nb]).
@@ -49,6 +59,7 @@ def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arc
     def body(X, S, Xt, Xl, bx, by):
         if pdl:
             pdl_sync()
+        assume_multiples(blk)
         for x, y in T.Parallel(tile_rows, tile_cols):
             rr = by * tile_rows + x
             cc = bx * tile_cols + y
@@ -149,6 +160,7 @@ def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str =
                       threads=cfg.combine_threads) as (bx, by):
             if pdl:
                 pdl_sync()
+            assume_multiples(blk)
             for x, y in T.Parallel(tile_rows, tile_cols):
                 rr = by * tile_rows + x
                 cc = bx * tile_cols + y

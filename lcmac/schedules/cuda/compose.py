@@ -8,7 +8,8 @@ the layout [(buffer name, byte offset)] ending in ("__end__", total bytes); ``in
 facts the manifest records under ``extra``.  The forms, by config:
 
     batched     one kernel over a batch of products (``small`` or ``gemm.batched_products``)
-    rows        M a run-time value (``rows.compose_rows``: the plain GEMM or an LCMA)
+    rows        M a run-time value (``_rows_kernels``: the plain GEMM or an LCMA)
+    shape       M, N and K run-time values (``_shape_kernels``: the plain GEMM or Algorithm 1)
     bsr         the block-sparse product (``bsr``)
     plain GEMM  one kernel (``gemm.plain_gemm``), unless float32 on sm_90a takes TF32 wgmma
     LCMA        Combine A, Combine B, then the fused kernel (grid, persistent with its fixup,
@@ -118,6 +119,8 @@ def compose(alg, shape, dtype, cfg, programs=None, arch="sm_90a", units=None) ->
     ctas = 0
     if persistent_gemm(cfg, dtype, arch):
         ctas = cfg.persistent_ctas or _profile_units(arch, units)
+    if cfg.dynamic_shape:
+        return _shape_kernels(alg, shape, dtype, cfg, programs, arch, ctas)
     if cfg.dynamic_rows:
         return _rows_kernels(alg, shape, dtype, cfg, programs, arch, ctas)
     if alg is not None and cfg.direct_views not in ("none", "auto"):
@@ -203,6 +206,48 @@ def _rows_kernels(alg, shape, dtype: str, cfg: CudaConfig, programs, arch: str, 
     ws = _native_workspace(alg, widest, dtype, cfg, {}, None)
     info = {"blocking": {"Mb": "run time", "Nb": static.Nb, "Kb": static.Kb}, "programs": how,
             "rows": rows.rows_info(alg, M_max, widest, dtype, cfg, ws)}
+    return Composition(ks, ws, info)
+
+
+def _shape_kernels(alg, shape, dtype: str, cfg: CudaConfig, programs, arch: str, ctas: int) -> Composition:
+    """Kernels of an artifact whose M, N and K are run-time values (``rows``, run-time
+    shapes): the plain GEMM, or an LCMA's Combine A and B, then its fused GEMM + Combine H
+    (grid form) or Algorithm 1's batched GEMM (``ctas`` > 0: persistent) and Combine H, each
+    taking its buffers, then the sizes it reads (``rows.scalar_args``).  The workspace
+    layout is that of ``shape``, the largest a launch takes; the entry point lays it out from
+    the run-time sizes (``info["dynamic_shape"]``)."""
+    import tilelang.language as T  # TileLang: the worker process only
+    from lcmac.schedules.cuda import combines, fused, gemm
+
+    def kernel(name, func, buffers):
+        return Kernel(name, func, buffers + rows.scalar_args(func))
+
+    if why := rows.shape_why(alg, shape, dtype, cfg, arch):
+        raise NotSupportedYet(f"dynamic_shape=True: {why}")
+    M, N, K = (T.dynamic(d) for d in "MNK")
+    if alg is None:
+        info = {"dynamic_shape": rows.shape_info(None, shape, dtype, cfg, [])}
+        return Composition([kernel("gemm", gemm.plain_gemm(M, N, K, dtype, cfg, arch, ctas=ctas), ["A", "B", "C"])],
+                           [("__end__", 0)], info)
+    progs, how = _alg_programs(alg, programs)
+    units = rows.shape_units(alg, dtype, cfg)
+    blk = rows.ShapeBlocking(M, N, K, alg.m, alg.k, alg.n, alg.R, T.dynamic("Mb"), T.dynamic("Nb"),
+                             T.dynamic("Kb"), units["row_tile"], units["col_tile"], units["depth_tile"],
+                             units["vec"])
+    ks = [kernel("combine_a", combines.combine_ab("A", progs["A"], blk, dtype, cfg, arch), ["A", "At"]),
+          kernel("combine_b", combines.combine_ab("B", progs["B"], blk, dtype, cfg, arch), ["B", "Bt"])]
+    if cfg.fused:
+        ks.append(kernel("fused_gemm_h", fused.fused_gemm_h(alg, blk, dtype, cfg, arch=arch), ["At", "Bt", "C"]))
+    else:
+        ks += [kernel("batched_gemm", gemm.batched_gemm(blk, dtype, cfg, arch=arch, ctas=ctas, views={}),
+                      ["At", "Bt", "H"]),
+               kernel("combine_h", combines.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"])]
+    # the layout of the largest launch
+    Mb, Nb, Kb = rows.shape_blocks(alg, shape, units)
+    item = ITEMSIZE[dtype] * alg.R
+    ws = _workspace({"At": item * Mb * Kb, "Bt": item * Kb * Nb, **({} if cfg.fused else {"H": item * Mb * Nb})})
+    info = {"blocking": {"Mb": "run time", "Nb": "run time", "Kb": "run time"}, "programs": how,
+            "dynamic_shape": rows.shape_info(alg, shape, dtype, cfg, ws)}
     return Composition(ks, ws, info)
 
 
@@ -398,10 +443,10 @@ def _scaled_kernels(alg, shape, dtype, cfg, programs, arch) -> Composition:
 
 
 def _fp8_kernels(alg, shape, dtype, cfg, programs, arch) -> Composition:
-    """Kernels of an artifact with E4M3 operands (CudaConfig.operands="fp8"): the combines
-    quantize Ã (per row) and B̃ (per column, K-major) with a float32 scale per 128 K, the
-    fp8 GEMM stage writes fp32 H (or C for the plain GEMM: the 1x1x1 algorithm, whose
-    combines only quantize), Combine H."""
+    """Kernels of an artifact with E4M3 operands (CudaConfig.operands="fp8", the contract of
+    lcmac.spec.fp8): Combine A quantizes Ã per 1×128, Combine B quantizes B̃ per 128×128
+    (K-major; the B-side kernel ``prepare_b`` runs once), the fp8 GEMM stage writes fp32 H
+    (or C for the plain GEMM: the 1x1x1 algorithm, whose combines only quantize), Combine H."""
     from lcmac.schedules.cuda import combines, low_precision as lp  # TileLang: the worker process only
     if arch != "sm_90a":
         raise NotSupportedYet(f"operands='fp8' needs FP8 tensor cores (sm_90a); {arch} has none")
@@ -425,21 +470,21 @@ def _fp8_kernels(alg, shape, dtype, cfg, programs, arch) -> Composition:
     if not direct:
         shapes["H"] = ((blk.R, blk.Mb, blk.Nb), 4)
     ws, wide = _sized_workspace(shape, shapes)
-    ks = [Kernel("combine_a", lp.fp8_combine("A", progs["A"], blk, dtype, cfg, arch), ["A", "At", "SA"]),
-          Kernel("combine_b", lp.fp8_combine("B", progs["B"], blk, dtype, cfg, arch), ["B", "Bt", "SB"]),
+    ks = [Kernel("combine_a", lp.fp8_combine_a(progs["A"], blk, dtype, cfg, arch), ["A", "At", "SA"]),
+          Kernel("combine_b", lp.fp8_combine_b(progs["B"], blk, dtype, cfg, arch), ["B", "Bt", "SB"]),
           Kernel("gemm" if direct else "batched_gemm", lp.fp8_gemm(blk, dtype, cfg, direct, arch),
                  ["At", "Bt", "SA", "SB", "C" if direct else "H"])]
     if not direct:
         ks.append(Kernel("combine_h", combines.combine_h(progs["H"], alg, blk, dtype, cfg, arch), ["H", "C"]))
     return Composition(ks, ws, {"blocking": _blocking_info(blk), "programs": how, "int64_index": wide,
                          "operands": "fp8", "b_layout": "K-major (transposed) E4M3 for fp8 wgmma",
-                         "scales": "float32 per 1x128 block along K (A rows, B columns)"})
+                         "scales": "float32 amax/448 per 1x128 block of A, per 128x128 block of B"})
 
 
 def gemm_precision(dtype: str, cfg) -> str:
     """What the GEMM stage computes in (recorded in the manifest)."""
     if cfg.operands == "fp8":
-        return f"fp8 e4m3 (1x128 block-scaled from {dtype}, fp32 accumulate)"
+        return f"fp8 e4m3 (A 1x128, B 128x128 block-scaled from {dtype}, fp32 accumulate)"
     if cfg.operands == "fp16x2":
         return "fp16x2 (float32 split into hi + lo fp16 halves, 3 fp16 tensor-core products, fp32 accumulate)"
     if cfg.operands == "fp16":

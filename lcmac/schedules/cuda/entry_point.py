@@ -14,15 +14,17 @@ Entry points of an artifact library:
                                    void* stream);       // the rest, B̃ read from P
 
 A batched artifact has ``lcmac_run_batched``, a block-sparse one ``lcmac_run_bsr`` and one
-whose row count is a run-time value ``lcmac_run_rows`` (``rows_entry``) instead of
-``lcmac_run`` (which then refuses, naming the one to call).  A prepared B
+whose row count is a run-time value ``lcmac_run_rows`` (``rows_entry``), one whose M, N
+and K are ``lcmac_run_shape`` (``shape_entry``) instead of ``lcmac_run`` (which then
+refuses, naming the one to call).  A prepared B
 (``prepared_b_plan``) is the output of the kernels that read B alone — the combines of B into
 B̃ — kept by the caller, so a static B (a weight matrix) is combined once.  Loading the
 library needs only ctypes and the driver (``lcmac.runtime.cuda_loader``).
 """
 from __future__ import annotations
 
-__all__ = ["prepared_b_plan", "entry_source", "rows_entry", "artifact_entry", "SCALAR_ARGS"]
+__all__ = ["prepared_b_plan", "entry_source", "rows_entry", "shape_entry", "artifact_entry",
+           "SCALAR_ARGS"]
 
 
 def _slice_bytes(workspace: list[tuple[str, int]]) -> dict[str, int]:
@@ -166,7 +168,7 @@ def _prepare_b(kernels: list[dict], prepared: dict) -> tuple[list[str], dict]:
 
 
 #: kernel arguments passed as int (TileLang's dynamic dimensions), not as pointers
-SCALAR_ARGS = ("batch", "nnzb", "K", "N", "M", "Mb")
+SCALAR_ARGS = ("batch", "nnzb", "K", "N", "M", "Mb", "Nb", "Kb")
 
 
 def _refusals(refuse: str) -> list[str]:
@@ -284,12 +286,86 @@ def rows_entry(kernels: list[dict], workspace: list[tuple[str, int]], rows: dict
     return "\n".join(lines + ['  return 0;', '}', ''])
 
 
+def shape_entry(kernels: list[dict], workspace: list[tuple[str, int]], shape: dict) -> str:
+    """The entry file of a run-time-shape artifact (``schedules.cuda.rows``; ``shape`` its
+    ``info["dynamic_shape"]``: ``max`` [M, N, K], the grid ``m``, ``k``, ``n`` (0: the plain
+    GEMM, no blocks), the units Mb, Nb, Kb are rounded up to (``row_tile``, ``col_tile``,
+    ``depth_tile``), ``vec`` (N and K are multiples of it: 16-byte row strides) and
+    ``workspace`` [[buffer, bytes per element, [block dims]]], ``item`` C's element size
+    (K = 0 zeroes C)):
+
+        long long lcmac_max_rows(void), lcmac_max_cols(void), lcmac_max_depth(void);
+        long long lcmac_workspace_bytes_shape(long long M, long long N, long long K);   // -1: refused
+        int lcmac_run_shape(const void* A, const void* B, void* C, long long M, long long N,
+                            long long K, void* ws, void* stream);
+
+    A shape past ``max``, with N or K not a multiple of ``vec``, negative, or operands not
+    16-byte aligned is refused (-4) with a message naming the shape and the rule; M = 0 or
+    N = 0 launches nothing.  ``lcmac_run`` and the prepared-B entries refuse (-3)."""
+    lines = _head(kernels, max([off for _, off in workspace] + [0]))
+    Mx, Nx, Kx = (int(d) for d in shape["max"])
+    m, k, n, vec = int(shape["m"]), int(shape["k"]), int(shape["n"]), int(shape["vec"])
+
+    def blocks(extent, parts, unit):
+        return f"((({extent} + {parts - 1}LL) / {parts}LL + {unit - 1}LL) / {unit}LL * {unit}LL)" if parts else "0LL"
+
+    sizes = [f'  const long long Mb = {blocks("M", m, int(shape["row_tile"]))}, '
+             f'Nb = {blocks("N", n, int(shape["col_tile"]))}, Kb = {blocks("K", k, int(shape["depth_tile"]))};',
+             '  (void)Mb; (void)Nb; (void)Kb;']
+
+    def slices(pointers=True):
+        out = ['  long long off = 0; (void)off;']
+        for name, item, dims in shape["workspace"]:
+            out += [f'  void* bufs_{name} = (void*)(w + off);'] * pointers
+            out += [f'  off += ({int(item)}LL * {" * ".join(dims)} + 255LL) / 256LL * 256LL;']
+        return out
+
+    why = ['static int lcmac_shape_refused(long long M, long long N, long long K) {',
+           '  if (M < 0 || N < 0 || K < 0) { snprintf(lcmac_err, sizeof lcmac_err, "%lldx%lldx%lld: '
+           'M, N and K must not be negative", M, N, K); return 1; }',
+           f'  if (M > {Mx}LL || N > {Nx}LL || K > {Kx}LL) {{ snprintf(lcmac_err, sizeof lcmac_err, '
+           f'"%lldx%lldx%lld: this artifact takes up to {Mx}x{Nx}x{Kx} (MxNxK) a launch", M, N, K); return 1; }}',
+           f'  if (N % {vec}LL || K % {vec}LL) {{ snprintf(lcmac_err, sizeof lcmac_err, "%lldx%lldx%lld: N and K '
+           f'must be multiples of {vec} (16-byte row strides of A, B and C for the TMA copies)", M, N, K); '
+           'return 1; }', '  return 0;', '}', '']
+    size = (['extern "C" long long lcmac_workspace_bytes_shape(long long M, long long N, long long K) {',
+             '  if (lcmac_shape_refused(M, N, K)) return -1LL;'] + sizes + slices(pointers=False)
+            + ['  return off;', '}', ''])
+    lines += [f'extern "C" long long lcmac_max_rows() {{ return {Mx}LL; }}',
+              f'extern "C" long long lcmac_max_cols() {{ return {Nx}LL; }}',
+              f'extern "C" long long lcmac_max_depth() {{ return {Kx}LL; }}', ''] + why + size
+    lines += ['extern "C" int lcmac_run_shape(const void* A, const void* B, void* C, long long M, long long N, '
+              'long long K, void* ws, void* stream) {',
+              '  cudaStream_t s = (cudaStream_t)stream;', '  lcmac_err[0] = 0;',
+              '  if (lcmac_shape_refused(M, N, K)) return -4;',
+              '  if (M == 0 || N == 0) return 0;',
+              '  if (((unsigned long long)A | (unsigned long long)B | (unsigned long long)C | '
+              '(unsigned long long)ws) % 16ULL) { snprintf(lcmac_err, sizeof lcmac_err, "%lldx%lldx%lld: A, B, '
+              'C and the workspace must be 16-byte aligned (TMA)", M, N, K); return -4; }',
+              f'  if (K == 0) {{ if (cudaMemsetAsync(C, 0, M * N * {int(shape["item"])}LL, s) != cudaSuccess) {{ '
+              'snprintf(lcmac_err, sizeof lcmac_err, "memset C: %s", cudaGetErrorString(cudaGetLastError())); '
+              'return -2; } return 0; }']
+    lines += sizes + ['  int bufs_M = (int)M, bufs_N = (int)N, bufs_K = (int)K, bufs_Mb = (int)Mb, '
+                      'bufs_Nb = (int)Nb, bufs_Kb = (int)Kb;',
+                      '  (void)bufs_M; (void)bufs_N; (void)bufs_K; (void)bufs_Mb; (void)bufs_Nb; (void)bufs_Kb;',
+                      '  char* w = (char*)ws; (void)w;',
+                      '  void* bufs_A = (void*)A; void* bufs_B = (void*)B; void* bufs_C = C;']
+    lines += slices() + _launches(kernels) + ['  return 0;', '}', '']
+    refuse = ('  snprintf(lcmac_err, sizeof lcmac_err, "this artifact takes its shape at run time: call '
+              'lcmac_run_shape (it has no prepared B: the size of B~ depends on N and K)"); return -3;')
+    return "\n".join(lines + _refusals(refuse))
+
+
 def artifact_entry(composition, name: str, b_bytes: int) -> tuple[str, dict]:
     """(entry source, prepared-B plan) of a composition whose kernels are linked as
     ``<name>_<kernel>``; the plan names its kernels without that prefix, as the manifest
     records them.  ``b_bytes``: the bytes of B (a prepared buffer may hold a copy)."""
     klist = [{"name": f"{name}_{k.name}", "args": k.args} for k in composition.kernels]
     zero = (composition.info or {}).get("zero", [])
+    shape = (composition.info or {}).get("dynamic_shape")
+    if shape is not None:
+        return (shape_entry(klist, composition.workspace, shape),
+                {"unsupported": "the size of B~ depends on the run-time N and K"})
     prepared = prepared_b_plan(klist, composition.workspace, zero, b_bytes=b_bytes)
     rows = (composition.info or {}).get("rows")
     if rows is not None:

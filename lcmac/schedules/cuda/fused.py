@@ -18,7 +18,7 @@ import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
 from lcmac.schedules.cuda.common import (
-    ACCUM, GemmTile, all_of, emit_names, extents, known, raster, scaled, unrolled, uses_pdl)
+    ACCUM, GemmTile, all_of, emit_names, extents, known, raster, scaled, tile_count, unrolled, uses_pdl)
 from lcmac.spec.cuda.blocking import Blocking
 from lcmac.spec.cuda.config import CudaConfig
 from lcmac.spec.cuda.order import combine_h_steps, first_in_piece, r_order, reduce_groups
@@ -67,10 +67,11 @@ class _FusedShape:
         # steps[s] = [(i, j, w, first from step 0, previous step into C_ij)];
         # next_step[(i, j)][s]: steps from s to the next one into C_ij (config.combine_h_steps)
         self.steps, self.next_step = combine_h_steps(alg.W, self.order)
-        self.num_k = -(-self.Kb // self.block_k)
-        row_tile = getattr(blk, "row_tile", 0)      # a run-time Mb is a multiple of it (rows.py)
+        self.num_k = tile_count(self.Kb, self.block_k)
+        # a run-time Mb (Nb) is a multiple of row_tile (col_tile): rows.py
+        row_tile, col_tile = getattr(blk, "row_tile", 0), getattr(blk, "col_tile", 0)
         self.full_m = known(self.Mb % self.block_m == 0) or (row_tile > 0 and row_tile % self.block_m == 0)
-        self.full_n = self.Nb % self.block_n == 0
+        self.full_n = known(self.Nb % self.block_n == 0) or (col_tile > 0 and col_tile % self.block_n == 0)
         self.rows_ok = [known((i + 1) * self.Mb <= self.M) for i in range(alg.m)]
         self.cols_ok = [known((j + 1) * self.Nb <= self.N) for j in range(alg.n)]
 
@@ -204,8 +205,10 @@ def _fused_grid(fs: _FusedShape, dtype: str, cfg: CudaConfig, arch: str):
                 # one software pipeline over all (step, k): the TMA producer prefetches
                 # the next product while the consumers run the epilogue
                 for it in T.Pipelined(R * num_k, num_stages=cfg.stages):
-                    s = it // num_k if cache_aware else (it // num_k + st) % R
-                    ko = it % num_k
+                    # a run-time K (it >= 0): C's division, not floor division's sign handling
+                    q, ko = (it // num_k, it % num_k) if isinstance(num_k, int) else \
+                        (T.truncdiv(it, num_k), T.truncmod(it, num_k))
+                    s = q if cache_aware else (q + st) % R
                     r = _select(order, s)
                     _load_slabs(At, Bt, A_shared, B_shared, r, by, bx, ko, tile)
                     T.gemm(A_shared, B_shared, H_local, policy=tile.policy, clear_accum=ko == 0)

@@ -103,8 +103,10 @@ def _persistent_tiles(a_slab, b_slab, c_out, tile_of, steps, out_dtype, smem_dty
     if tile.store_via_smem:
         emit_names(C_s=C_shared)
     for it in T.Pipelined(steps * num_k, num_stages=tile.num_stages):
-        ko = it % num_k
-        r, by, bx = tile_of(it // num_k)
+        # a run-time K (it >= 0): C's division, not floor division's sign handling
+        static_k = isinstance(num_k, int) or hasattr(num_k, "value")      # an int or IntImm
+        ko = it % num_k if static_k else T.truncmod(it, num_k)
+        r, by, bx = tile_of(it // num_k if static_k else T.truncdiv(it, num_k))
         T.copy(a_slab(r, by, ko), A_shared)
         T.copy(b_slab(r, bx, ko), B_shared)
         T.gemm(A_shared, B_shared, C_local, policy=tile.policy, clear_accum=ko == 0)
@@ -186,7 +188,7 @@ def plain_gemm(M: int, N: int, K: int, dtype: str, cfg: CudaConfig, arch: str = 
         return lcmac_gemm_t
 
     if ctas:
-        gx, gy = -(-N // block_n), tile_count(M, block_m)
+        gx, gy = tile_count(N, block_n), tile_count(M, block_m)
         num_ctas = grid_ctas(ctas, gx * gy)
 
         @T.prim_func
@@ -238,7 +240,7 @@ def batched_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, kmajor_b: bool = Fa
     tile = GemmTile.of(cfg, dtype)
     block_m, block_n, block_k = tile.block_m, tile.block_n, tile.block_k
     R, Mb, Nb, Kb = blk.R, blk.Mb, blk.Nb, blk.Kb
-    gx, gy = -(-Nb // block_n), tile_count(Mb, block_m)
+    gx, gy = tile_count(Nb, block_n), tile_count(Mb, block_m)
     # TileLang picks wgmma only for tf32 tiles
     smem_dtype = T.tfloat32 if (kmajor_b and dtype == "float32") else dtype
     view_a, view_b = bool((views or {}).get("A")), bool((views or {}).get("B"))

@@ -8,10 +8,11 @@ by a power of two (``combines.combine_ab``; fp16x2 also writes the lo halves), a
     scaled_gemm       H_r (or C) = Ã_r·B̃_r from scaled fp16 operands, the scales undone in
                       the epilogue (fp16x2: hi·hi + 2⁻¹¹(hi·lo + lo·hi) per K step)
 
-FP8 ("fp8"): E4M3 with one float32 scale per 1×128 block along K.
+FP8 ("fp8"): E4M3 with float32 scales amax/448, Ã per 1×128, B̃ per 128×128
+(lcmac.spec.fp8.CONTRACT).
 
-    fp8_combine       Combine A / B quantizing Ã (per row) and B̃ (per column, written
-                      K-major) to E4M3
+    fp8_combine_a     Combine A fused into the quantisation of Ã (per row and 128 K)
+    fp8_combine_b     Combine B quantizing B̃ per 128×128, written K-major (prepare_b)
     fp8_gemm          H_r (or C) = Σ_kb sa·sb·(Ã_r·B̃_r over the kb-th 128 K), fp8 wgmma
 """
 # (no `from __future__ import annotations`: TileLang evaluates the Tensor annotations)
@@ -23,7 +24,8 @@ from lcmac.schedules.cuda.common import (
     ACCUM, GemmTile, emit_names, evaluate, extents, keep_params, unrolled, uses_pdl)
 from lcmac.spec.cuda.blocking import Blocking
 from lcmac.spec.cuda.config import CudaConfig
-from lcmac.spec.cuda.operands import FP8_BLOCK, FP8_MAX, FP8_TINY, SCALED_TOP, SPLIT_SHIFT
+from lcmac.spec.cuda.operands import (
+    FP8_BLOCK, FP8_MAX, FP8_TINY, SCALED_TOP, SPLIT_SHIFT, fp8_scale_shapes as scale_shapes)
 from lcmac.schedules.cuda.gemm import k_loop, store_tile
 
 #: storage type of scaled operands
@@ -156,21 +158,17 @@ def scaled_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, bounds: tuple[int, i
     return keep_params(lcmac_sgemm, [0, 1, 2, 3, 4, 5] if split else [0, 2, 4, 5])
 
 
-# ---- FP8 operands: E4M3 with 1×128 block scales along K ---------------------------------------
+# ---- FP8 operands: block-scaled E4M3 (lcmac.spec.fp8.CONTRACT) --------------------------------
 def fp8_scale_shapes(blk: Blocking, cfg: CudaConfig) -> dict:
-    """Scale buffers: SA [R, nkb, Mb'] (one per Ã row and K block), SB [R, nkb, Nb'] (one
-    per B̃ column and K block), rows padded to whole GEMM tiles so the GEMM never reads past
-    them (the padding's values only meet rows/columns that are never stored)."""
-    nkb = -(-blk.Kb // FP8_BLOCK)
-    mp = -(-blk.Mb // cfg.block_m) * cfg.block_m
-    np_ = -(-blk.Nb // cfg.block_n) * cfg.block_n
-    return {"SA": (blk.R, nkb, mp), "SB": (blk.R, nkb, np_)}
+    """Scale buffers SA [R, nkb, Mb'] and SB [R, Nb', L4] (``spec.cuda.operands.fp8_scale_shapes``)."""
+    return scale_shapes(blk.R, blk.Mb, blk.Nb, blk.Kb, cfg.block_m, cfg.block_n)
 
 
 @T.macro
 def _quantize_rows(F_local, amax_local, Xt, Sc, r, rows0, cols0, kb, nrows, ncols, rlim, clim):
     """Quantize the fp32 tile F_local (nrows × 128 along K) row by row: Sc[r, kb, row] =
-    block amax / 448, Xt[r, row, col] = E4M3(F · 448 / amax) for the rows < rlim, cols < clim."""
+    block amax / 448, Xt[r, row, col] = E4M3(F · (448 / amax)) for the rows < rlim, cols < clim
+    (true divisions, as the contract's)."""
     T.reduce_absmax(F_local, amax_local, dim=1)
     for x in T.Parallel(nrows):
         amax_local[x] = T.max(amax_local[x], T.float32(FP8_TINY))
@@ -179,82 +177,125 @@ def _quantize_rows(F_local, amax_local, Xt, Sc, r, rows0, cols0, kb, nrows, ncol
             Xt[r, rows0 + x, cols0 + y] = T.cast(F_local[x, y] * (T.float32(FP8_MAX) / amax_local[x]), FP8)
     for x in T.Parallel(nrows):
         if rows0 + x < rlim:
-            Sc[r, kb, rows0 + x] = amax_local[x] * T.float32(1.0 / FP8_MAX)
+            Sc[r, kb, rows0 + x] = amax_local[x] / T.float32(FP8_MAX)
 
 
-def fp8_combine(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
-    """Combine A (which="A": Ã [R, Mb, Kb] and SA, one scale per row and 128 K) or Combine B
-    ("B": B̃ written K-major, [R, Nb, Kb] — fp8 wgmma reads both operands K-major — and SB,
-    one scale per column and 128 K), quantized to E4M3 (fp8_scale_shapes).  A CTA stages one
-    128-wide K block × ``rows_per_cta`` output rows (A: 16 rows of Ã; B: 32 columns of B̃) of every input
-    block X_pq in shared memory, laid out [output row, K] (B transposed on the way, its reads
-    coalesced along N), then quantizes that block of all R outputs, each row by its amax."""
-    if which == "A":
-        P, Q, rows, cols, Rb, Cb = blk.m, blk.k, blk.M, blk.K, blk.Mb, blk.Kb
-        rows_per_cta, pad, out_shape = 16, 0, (blk.R, blk.Mb, blk.Kb)
-    else:
-        P, Q, rows, cols, Rb, Cb = blk.k, blk.n, blk.K, blk.N, blk.Kb, blk.Nb
-        rows_per_cta, pad, out_shape = 32, 2, (blk.R, blk.Nb, blk.Kb)    # +2: fewer bank conflicts
-    R, k_block = blk.R, FP8_BLOCK
-    # the CTA's tile of the input X
-    in_rows, in_cols = (rows_per_cta, k_block) if which == "A" else (k_block, rows_per_cta)
-    sc_shape = fp8_scale_shapes(blk, cfg)["SA" if which == "A" else "SB"]
+def fp8_combine_a(prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
+    """Combine A fused into the quantisation: every Ã_r [R, Mb, Kb] formed in fp32 from A's
+    blocks and written as E4M3 with SA, one scale per row and 128 K (``fp8_scale_shapes``).
+    A CTA stages 16 rows × one 128-wide K block of every input block A_pq in shared memory,
+    then quantizes that block of all R outputs, each row by its amax."""
+    P, Q, rows, cols, Rb, Cb = blk.m, blk.k, blk.M, blk.K, blk.Mb, blk.Kb
+    R, k_block, per_cta = blk.R, FP8_BLOCK, 16
+    sc_shape = fp8_scale_shapes(blk, cfg)["SA"]
+    pdl = uses_pdl(arch)
+
+    @T.prim_func
+    def lcmac_combine_fp8(X: T.Tensor(extents(rows, cols), dtype), Xt: T.Tensor(extents(R, Rb, Cb), FP8),
+                          SA: T.Tensor(extents(*sc_shape), ACCUM)):
+        with T.Kernel(T.ceildiv(Cb, k_block), T.ceildiv(Rb, per_cta), threads=128) as (bx, by):
+            if pdl:
+                pdl_sync()
+            X_shared = T.alloc_shared((P * Q, per_cta, k_block), dtype)
+            F_local = T.alloc_fragment((per_cta, k_block), ACCUM)
+            amax_local = T.alloc_fragment((per_cta,), ACCUM)
+            emit_names(S=X_shared, F=F_local, amax=amax_local)
+            for p in unrolled(P):
+                for q in unrolled(Q):
+                    for x, y in T.Parallel(per_cta, k_block):
+                        rr, cc = by * per_cta + x, bx * k_block + y
+                        X_shared[p * Q + q, x, y] = T.if_then_else(
+                            T.And(T.And(p * Rb + rr < rows, rr < Rb), T.And(q * Cb + cc < cols, cc < Cb)),
+                            X[p * Rb + rr, q * Cb + cc], T.cast(0, dtype))
+            for r in unrolled(R):
+                for o, k in T.Parallel(per_cta, k_block):
+                    ins = [T.cast(X_shared[i, o, k], ACCUM) for i in unrolled(P * Q)]
+                    F_local[o, k] = evaluate(prog, ins)[r]
+                _quantize_rows(F_local, amax_local, Xt, SA, r, by * per_cta, bx * k_block, bx,
+                               per_cta, k_block, Rb, Cb)
+
+    return lcmac_combine_fp8
+
+
+def fp8_combine_b(prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = "sm_90a"):
+    """Combine B quantizing per 128×128 block (``prepare_b``: once per weight): every B̃_r
+    formed in fp32 from B's blocks, written K-major [R, Nb, Kb] (fp8 wgmma reads both operands
+    K-major) as E4M3 with SB [R, Nb', L4], one scale per 128 K × 128 N.  A CTA owns one such
+    block of all R outputs and walks it in four 32-column strips twice: the first pass takes
+    each B̃_r's block amax, the second recomputes the strips and quantizes them by it (the
+    strips staged [column, K] in shared memory, B transposed on the way, its reads coalesced
+    along N), so the shared memory is k·n strips whatever the scheme."""
+    P, Q, rows, cols, Rb, Cb = blk.k, blk.n, blk.K, blk.N, blk.Kb, blk.Nb
+    R, k_block, strip, pad = blk.R, FP8_BLOCK, 32, 2          # +2: fewer bank conflicts
+    strips = FP8_BLOCK // strip
+    sc_shape = fp8_scale_shapes(blk, cfg)["SB"]
     pdl = uses_pdl(arch)
 
     @T.macro
-    def body(X, Xt, Sc, bx, by):
-        if pdl:
-            pdl_sync()
-        X_shared = T.alloc_shared((P * Q, rows_per_cta, k_block + pad), dtype)
-        F_local = T.alloc_fragment((rows_per_cta, k_block), ACCUM)
-        amax_local = T.alloc_fragment((rows_per_cta,), ACCUM)
-        emit_names(S=X_shared, F=F_local, amax=amax_local)
+    def stage(X, X_shared, bx, by, s):
+        # strip s of the CTA's 128 columns: K rows bx·128.., columns by·128 + s·32..
         for p in unrolled(P):
             for q in unrolled(Q):
-                for x, y in T.Parallel(in_rows, in_cols):
-                    rr, cc = by * in_rows + x, bx * in_cols + y
-                    so, sk = (x, y) if which == "A" else (y, x)
-                    X_shared[p * Q + q, so, sk] = T.if_then_else(
-                        T.And(T.And(p * Rb + rr < rows, rr < Rb), T.And(q * Cb + cc < cols, cc < Cb)),
-                        X[p * Rb + rr, q * Cb + cc], T.cast(0, dtype))
-        for r in unrolled(R):
-            for o, k in T.Parallel(rows_per_cta, k_block):
-                ins = [T.cast(X_shared[i, o, k], ACCUM) for i in unrolled(P * Q)]
-                F_local[o, k] = evaluate(prog, ins)[r]
-            if which == "A":
-                _quantize_rows(F_local, amax_local, Xt, Sc, r, by * rows_per_cta, bx * k_block, bx,
-                               rows_per_cta, k_block, Rb, Cb)
-            else:
-                _quantize_rows(F_local, amax_local, Xt, Sc, r, bx * rows_per_cta, by * k_block, by,
-                               rows_per_cta, k_block, Cb, Rb)
+                for x, y in T.Parallel(k_block, strip):
+                    kk, nn = bx * k_block + x, by * FP8_BLOCK + s * strip + y
+                    X_shared[p * Q + q, y, x] = T.if_then_else(
+                        T.And(T.And(p * Rb + kk < rows, kk < Rb), T.And(q * Cb + nn < cols, nn < Cb)),
+                        X[p * Rb + kk, q * Cb + nn], T.cast(0, dtype))
 
-    grid = (T.ceildiv(Cb, in_cols), T.ceildiv(Rb, in_rows))
-    if which == "A":       # two signatures only for the scale buffer's name in the source
-        @T.prim_func
-        def lcmac_combine_fp8(X: T.Tensor(extents(rows, cols), dtype), Xt: T.Tensor(extents(*out_shape), FP8),
-                              SA: T.Tensor(extents(*sc_shape), ACCUM)):
-            with T.Kernel(*grid, threads=128) as (bx, by):
-                body(X, Xt, SA, bx, by)
-    else:
-        @T.prim_func
-        def lcmac_combine_fp8(X: T.Tensor(extents(rows, cols), dtype), Xt: T.Tensor(extents(*out_shape), FP8),
-                              SB: T.Tensor(extents(*sc_shape), ACCUM)):
-            with T.Kernel(*grid, threads=128) as (bx, by):
-                body(X, Xt, SB, bx, by)
+    @T.prim_func
+    def lcmac_combine_fp8(X: T.Tensor(extents(rows, cols), dtype), Xt: T.Tensor(extents(R, Cb, Rb), FP8),
+                          SB: T.Tensor(extents(*sc_shape), ACCUM)):
+        with T.Kernel(T.ceildiv(Rb, k_block), T.ceildiv(Cb, FP8_BLOCK), threads=128) as (bx, by):
+            if pdl:
+                pdl_sync()
+            X_shared = T.alloc_shared((P * Q, strip, k_block + pad), dtype)
+            F_local = T.alloc_fragment((strip, k_block), ACCUM)
+            row_max = T.alloc_fragment((strip,), ACCUM)
+            strip_max = T.alloc_fragment((1,), ACCUM)
+            block_max = T.alloc_local((R,), ACCUM)
+            emit_names(S=X_shared, F=F_local, mx=row_max, m1=strip_max, amax=block_max)
+            for r in unrolled(R):
+                block_max[r] = T.float32(FP8_TINY)
+            for s in T.serial(strips):        # a loop: each unrolled copy costs lowering time
+                stage(X, X_shared, bx, by, s)
+                for r in unrolled(R):
+                    for o, k in T.Parallel(strip, k_block):
+                        ins = [T.cast(X_shared[i, o, k], ACCUM) for i in unrolled(P * Q)]
+                        F_local[o, k] = evaluate(prog, ins)[r]
+                    T.reduce_absmax(F_local, row_max, dim=1)
+                    T.reduce_max(row_max, strip_max, dim=0)
+                    block_max[r] = T.max(block_max[r], strip_max[0])
+            for s in T.serial(strips):
+                stage(X, X_shared, bx, by, s)
+                for r in unrolled(R):
+                    for o, k in T.Parallel(strip, k_block):
+                        ins = [T.cast(X_shared[i, o, k], ACCUM) for i in unrolled(P * Q)]
+                        nn, kk = by * FP8_BLOCK + s * strip + o, bx * k_block + k
+                        if nn < Cb and kk < Rb:
+                            Xt[r, nn, kk] = T.cast(evaluate(prog, ins)[r] * (T.float32(FP8_MAX) / block_max[r]), FP8)
+            if T.get_thread_binding(0) == 0:
+                for r in unrolled(R):
+                    SB[r, by, bx] = block_max[r] / T.float32(FP8_MAX)
 
     return lcmac_combine_fp8
 
 
 def fp8_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, direct: bool, arch: str = "sm_90a"):
-    """The GEMM stage on E4M3 operands with 1×128 scales: for every 128-wide K slab, the
-    wgmma product lands in a fresh fp32 fragment and is added into the running sum times
-    SA[row]·SB[col] (the scales of that slab), so no scale is ever folded into an fp8 value.
-    Writes fp32 H [R, Mb, Nb], or C [M, N] in dtype (``direct``: the plain GEMM, R = 1)."""
+    """The GEMM stage on block-scaled E4M3 operands, as DeepGEMM's: per 128-wide K block the
+    wgmma product lands in a fresh fp32 fragment, and C += that · (SA[row] · SB), SB being one
+    scalar per 128 columns (the CTA's B̃ scales for the whole K, read into shared memory once
+    before the K loop; SA's block comes with A's slab through the pipeline).  TMA loads, a
+    warp-specialised pipeline (TileLang's on sm_90a).  Writes fp32 H [R, Mb, Nb], or C [M, N]
+    in dtype (``direct``: the plain GEMM, R = 1)."""
     tile = GemmTile.of(cfg, FP8)
     block_m, block_n, block_k = tile.block_m, tile.block_n, tile.block_k
     R, Mb, Nb, Kb = blk.R, blk.Mb, blk.Nb, blk.Kb
     gx, gy = -(-Nb // block_n), -(-Mb // block_m)
     scales = fp8_scale_shapes(blk, cfg)
+    l4 = scales["SB"][2]
+    # the tile's 128-column scale blocks: one (block_n ≤ 128 divides 128) or block_n / 128
+    nbs = max(1, block_n // FP8_BLOCK)
+    per_block = max(1, FP8_BLOCK // block_n)
     out_shape = (blk.M, blk.N) if direct else (R, Mb, Nb)
     out_dtype = dtype if direct else ACCUM
     pdl = uses_pdl(arch)
@@ -271,20 +312,22 @@ def fp8_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, direct: bool, arch: str
             A_shared = T.alloc_shared((block_m, block_k), FP8)
             B_shared = T.alloc_shared((block_n, block_k), FP8)
             SA_shared = T.alloc_shared((block_m,), ACCUM)
-            SB_shared = T.alloc_shared((block_n,), ACCUM)
+            SB_shared = T.alloc_shared((nbs, l4), ACCUM)
             C_step = T.alloc_fragment((block_m, block_n), ACCUM)
             C_local = T.alloc_fragment((block_m, block_n), ACCUM)
             emit_names(A_s=A_shared, B_s=B_shared, sa=SA_shared, sb=SB_shared, C_t=C_step, C_h=C_local)
             T.use_swizzle(panel_size=max(tile.swizzle, 1), enable=tile.swizzle > 0)
+            nb0 = bx // per_block if nbs == 1 else bx * nbs
+            for j, kb in T.Parallel(nbs, l4):
+                SB_shared[j, kb] = SB[bz, nb0 + j, kb]
             T.clear(C_local)
             for ko in T.Pipelined(num_k, num_stages=tile.num_stages):
                 T.copy(At[bz, by * block_m:(by + 1) * block_m, ko * block_k:(ko + 1) * block_k], A_shared)
                 T.copy(Bt[bz, bx * block_n:(bx + 1) * block_n, ko * block_k:(ko + 1) * block_k], B_shared)
                 T.copy(SA[bz, ko, by * block_m:(by + 1) * block_m], SA_shared)
-                T.copy(SB[bz, ko, bx * block_n:(bx + 1) * block_n], SB_shared)
                 T.gemm(A_shared, B_shared, C_step, transpose_B=True, policy=tile.policy, clear_accum=True)
                 for x, y in T.Parallel(block_m, block_n):
-                    C_local[x, y] = C_local[x, y] + C_step[x, y] * (SA_shared[x] * SB_shared[y])
+                    C_local[x, y] = C_local[x, y] + C_step[x, y] * (SA_shared[x] * SB_shared[y // FP8_BLOCK, ko])
             if direct:
                 store_tile(C_local, Out[by * block_m, bx * block_n], out_dtype, tile)
             else:

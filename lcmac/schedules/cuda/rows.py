@@ -7,6 +7,16 @@ per N×K (and algorithm) serves every M up to its shape's M, the most rows one l
     scalar_args     the run-time sizes a lowered kernel takes, in its launcher's order
     rows_info       the manifest's facts the entry point sizes the workspace from
 
+and with N and K run-time values too (``CudaConfig.dynamic_shape``: one artifact per
+algorithm serves every shape up to its shape's M, N, K):
+
+    shape_why       why a config and shape have no run-time-shape form
+    shape_units     what Mb, Nb, Kb are rounded up to
+    shape_blocks    Mb, Nb, Kb of a shape (the entry point computes the same in C)
+    ShapeBlocking   an LCMA's blocking with M, N, K, Mb, Nb, Kb run-time values
+    shape_info      the manifest's facts the entry point checks shapes against and sizes the
+                    workspace from
+
 ``compose._rows_kernels`` puts the templates together for such an artifact.
 
 How the rows stay exact without padding.  M (and Mb) are TileLang dynamic dimensions
@@ -30,6 +40,23 @@ persistent fused forms (their plan is cut from the tile count), ``direct_views``
 descriptors are rewritten with static sizes, ``host_source.view_loads``).  Where a config
 has no run-time-M form, ``rows:?xNxK`` keeps its ladder of bucket kernels.
 
+Run-time N and K (``dynamic_shape``).  N, K, Nb and Kb are dynamic dimensions as well, so
+every TMA descriptor (A, B, C, Ã, B̃, H) is built from the launch's sizes and the K loops'
+trip counts are ceil(Kb / block_k) at run time.  Nb and Kb are ceil(N/n), ceil(K/k) rounded
+up to 16 bytes (the row strides and block offsets TMA needs, as in the exact-shape kernel):
+Ã, B̃ and H are 3-D tensors, so a GEMM tile past Kb or Nb reads zeros and its store is
+clipped per dimension, with no tile reaching into the next row.  The combines read A and B
+masked by row < M, col < K (resp. K, N) and Combine H writes C masked by row < M, col < N.
+N and K themselves must be multiples of 16 bytes (A's, B's and C's row strides); the
+entry point refuses other shapes by name, and the runtime pads them.
+
+The fused kernel's grid form writes C blocks from whole tiles: there Nb is rounded up to
+block_n (the GEMM stage runs as many tile columns as with 16 bytes; only Combine B writes the
+zero columns between), and the epilogue masks C by row < M, col < N.
+
+Not done for run-time shapes, beyond the run-time-M exclusions (which include the persistent
+fused forms): a prepared B (B̃'s size depends on N and K; ``lcmac_prepare_b`` refuses).
+
 Imports TileLang only inside ``scalar_args`` (the worker's process).
 """
 from __future__ import annotations
@@ -40,7 +67,8 @@ from lcmac.core.dtypes import ITEMSIZE
 from lcmac.spec.cuda import Blocking, CudaConfig, tma_copies
 from lcmac.spec.cuda.blocking import ceil_div, round_up
 
-__all__ = ["rows_why", "row_blocks", "RowBlocking", "scalar_args", "rows_info", "MAX_GRID_Y"]
+__all__ = ["rows_why", "row_blocks", "RowBlocking", "scalar_args", "rows_info", "MAX_GRID_Y",
+           "shape_why", "shape_units", "shape_blocks", "ShapeBlocking", "shape_info"]
 
 #: CUDA's limit on a grid's y and z extents (the tile rows of a GEMM, the row tiles of a combine)
 MAX_GRID_Y = 65535
@@ -126,3 +154,79 @@ def rows_info(alg, max_rows: int, blk: Blocking | None, dtype: str, cfg: CudaCon
     fixed = {"Bt": blk.R * blk.Kb * blk.Nb * item}
     layout = [[name, fixed.get(name, 0), per_row.get(name, 0)] for name, _ in workspace[:-1]]
     return {"max_rows": max_rows, "m": alg.m, "row_tile": cfg.block_m, "workspace": layout}
+
+
+# ---- run-time M, N and K (CudaConfig.dynamic_shape) -------------------------------------------
+def shape_units(alg, dtype: str, cfg: CudaConfig) -> dict:
+    """What the run-time block sizes are multiples of: Mb of ``row_tile`` (block_m, as for
+    run-time M), Nb of ``col_tile`` and Kb of ``depth_tile`` (16 bytes: TMA's row strides and
+    block offsets; Nb of block_n for the fused kernel, whose epilogue writes C from whole
+    tiles); ``vec``: N and K themselves (A's, B's and C's row strides)."""
+    vec = 16 // ITEMSIZE[dtype]
+    if alg is None:
+        return {"row_tile": 0, "col_tile": 0, "depth_tile": 0, "vec": vec}
+    return {"row_tile": cfg.block_m, "col_tile": cfg.block_n if cfg.fused else vec, "depth_tile": vec, "vec": vec}
+
+
+def shape_blocks(alg, shape, units: dict) -> tuple:
+    """(Mb, Nb, Kb) of an M×N×K product (the entry point computes the same in C)."""
+    M, N, K = (int(d) for d in shape)
+    return (round_up(ceil_div(M, alg.m), units["row_tile"]), round_up(ceil_div(N, alg.n), units["col_tile"]),
+            round_up(ceil_div(K, alg.k), units["depth_tile"]))
+
+
+def shape_why(alg, shape, dtype: str, cfg: CudaConfig, arch: str) -> str | None:
+    """Why ``cfg`` (for ``alg``, None for the plain GEMM) has no run-time-shape form up to
+    ``shape`` (the largest M, N, K a launch takes), or None where it has one."""
+    if why := rows_why(alg, shape, dtype, cfg, arch):
+        return why
+    M, N, K = (int(d) for d in shape)
+    if alg is not None:
+        _, _, Kb = shape_blocks(alg, shape, shape_units(alg, dtype, cfg))
+        if ceil_div(Kb, cfg.combine_rows) > MAX_GRID_Y:
+            return (f"K = {K} takes {ceil_div(Kb, cfg.combine_rows)} grid rows of Combine B, over "
+                    f"CUDA's {MAX_GRID_Y}: build for a smaller K")
+    return None
+
+
+@dataclass(frozen=True)
+class ShapeBlocking:
+    """``Blocking``'s fields with M, N, K, Mb, Nb, Kb TileLang dynamic dimensions (Vars);
+    Mb, Nb, Kb are multiples of ``row_tile``, ``col_tile``, ``depth_tile``, N and K of
+    ``vec`` (``shape_units``; the entry point checks and rounds them)."""
+    M: object
+    N: object
+    K: object
+    m: int
+    k: int
+    n: int
+    R: int
+    Mb: object
+    Nb: object
+    Kb: object
+    row_tile: int
+    col_tile: int
+    depth_tile: int
+    vec: int
+
+    def multiples(self) -> list:
+        """[(run-time size, what it is a multiple of)]: the facts a kernel states
+        (``T.assume``) so that TileLang can prove its element-wise loops' vectors whole."""
+        return [(self.N, self.vec), (self.K, self.vec), (self.Mb, self.row_tile),
+                (self.Nb, self.col_tile), (self.Kb, self.depth_tile)]
+
+
+def shape_info(alg, shape, dtype: str, cfg: CudaConfig, workspace: list) -> dict:
+    """The manifest's ``dynamic_shape`` facts, which the entry point checks a launch against
+    and sizes the workspace from (``entry_point.shape_entry``): ``max`` [M, N, K] (the largest
+    a launch takes), ``item`` (bytes of an element), the grid ``m``, ``k``, ``n`` (0: the
+    plain GEMM, no blocks), ``shape_units``, and ``workspace`` [[buffer, bytes per element of
+    the block product, [block dims]]] in the order of ``workspace`` (a layout [(buffer,
+    offset)]): Ã is R·Mb·Kb, B̃ R·Kb·Nb, H R·Mb·Nb."""
+    out = {"max": [int(d) for d in shape], "item": ITEMSIZE[dtype], **shape_units(alg, dtype, cfg)}
+    if alg is None:
+        return dict(out, m=0, k=0, n=0, workspace=[])
+    item = ITEMSIZE[dtype] * alg.R
+    dims = {"At": ["Mb", "Kb"], "Bt": ["Kb", "Nb"], "H": ["Mb", "Nb"]}
+    return dict(out, m=alg.m, k=alg.k, n=alg.n,
+                workspace=[[name, item, dims[name]] for name, _ in workspace[:-1]])

@@ -61,7 +61,7 @@ class CudaConfig:
                  "native" (float32: TF32 on the tensor cores); "fp16": fp16 scaled by a power
                  of two from an amax pass over A and B (H kept fp32); "fp16x2": float32 only,
                  hi + 2¹¹·lo fp16 halves, H = hi·hi + 2⁻¹¹(hi·lo + lo·hi); "fp8": E4M3 with
-                 1×128 block scales.  Algorithm 1 and the plain GEMM only.
+                 block scales (Ã 1×128, B̃ 128×128; lcmac.spec.fp8).  Algorithm 1 and the plain GEMM only.
     cluster      2: CTAs run in clusters of two that own vertically adjacent tiles and read
                  each B slab once from L2 by TMA multicast into both (``cluster_kernels``).
     store_via_smem  the GEMM stage writes its output tile through shared memory (stmatrix,
@@ -88,6 +88,10 @@ class CudaConfig:
     dynamic_rows M is a kernel argument (``schedules.cuda.rows``): one artifact serves any
                  row count, the shape's M being the most rows one launch takes; rows past M
                  read as zero (TMA's out-of-bounds fill) and are never written.
+    dynamic_shape  M, N and K are kernel arguments (``schedules.cuda.rows``, implies
+                 run-time rows): one artifact serves every shape up to the shape it was
+                 built for (N and K multiples of 16 bytes: the TMA row strides); the plain
+                 GEMM, Algorithm 1 and the fused grid form.
     dmma         float64: the fp64 tensor-core instruction, "m8n8k4" (TileLang's, sm_80 and
                  sm_90a) or "m16n8k4" (sm_90a: pairs of m8n8k4 sharing B issued as one,
                  ``host_source.dmma_pairs``), in the plain GEMM and Algorithm 1's batched GEMM.
@@ -120,6 +124,7 @@ class CudaConfig:
     batched_template: str = "auto"
     bsr: int = 0
     dynamic_rows: bool = False
+    dynamic_shape: bool = False
     dmma: str = "m8n8k4"
 
     def to_dict(self) -> dict:

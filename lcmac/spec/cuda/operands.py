@@ -14,8 +14,8 @@ from lcmac.spec.cuda.support import NotSupportedYet
 
 #: CudaConfig.operands values
 OPERAND_MODES = ("native", "fp16", "fp16x2", "fp8")
-#: operands="fp8": E4M3 with one float32 scale per 1×128 block along K (Ã: per row, B̃: per
-#: column), each block scaled so that its largest |value| maps to E4M3's largest, 448
+#: operands="fp8": E4M3 with float32 decode scales amax/448 per 1×128 block of Ã (a row, 128
+#: K) and per 128×128 block of B̃ (lcmac.spec.fp8.CONTRACT), its largest |value| mapped to 448
 FP8_BLOCK = 128
 FP8_MAX = 448.0
 #: smallest block amax scaled to FP8_MAX: 448/1e-30 is a finite float32, and an all-zero
@@ -47,6 +47,18 @@ def fp8_combine_size(m: int, k: int, n: int, R: int) -> int:
     return R * max(m * k, k * n)
 
 
+def fp8_scale_shapes(R: int, Mb: int, Nb: int, Kb: int, block_m: int, block_n: int) -> dict:
+    """The fp8 kernels' scale buffers: SA [R, nkb, Mb'] (a K block's scales of all Ã rows
+    together, Mb' = Mb rounded up to the GEMM tile) and SB [R, Nb', L4] (one per 128×128
+    block of B̃, its K blocks contiguous and padded to L4, a multiple of 4 — 16 bytes a row,
+    as cuBLAS's scale_b; Nb' = the 128-column blocks rounded up to the tile), so that the
+    GEMM never reads past them (the padding only meets outputs that are never stored)."""
+    nkb = -(-Kb // FP8_BLOCK)
+    mp = -(-Mb // block_m) * block_m
+    nbp = -(-Nb // FP8_BLOCK) if block_n <= FP8_BLOCK else -(-Nb // block_n) * (block_n // FP8_BLOCK)
+    return {"SA": (R, nkb, mp), "SB": (R, nbp, -(-nkb // 4) * 4)}
+
+
 def check_operands(cfg: "CudaConfig", dtype: str) -> None:
     """The operand modes each dtype and path supports (a clear error otherwise)."""
     if cfg.operands == "native":
@@ -60,6 +72,9 @@ def check_operands(cfg: "CudaConfig", dtype: str) -> None:
         if cfg.bk("float8_e4m3") != FP8_BLOCK:
             raise LcmacError(f"operands='fp8' needs block_k={FP8_BLOCK} (one scale block per K "
                              f"slab), not {cfg.block_k}")
+        if FP8_BLOCK % cfg.block_n and cfg.block_n % FP8_BLOCK:
+            raise LcmacError(f"operands='fp8' needs block_n dividing {FP8_BLOCK} or a multiple of "
+                             f"it (B̃'s scales are per 128 columns), not {cfg.block_n}")
     if cfg.operands == "fp16x2" and dtype != "float32":
         raise LcmacError(f"operands='fp16x2' splits float32 operands; for {dtype} use "
                          f"operands='fp16' (or 'native')")

@@ -478,21 +478,22 @@ def test_sm80_build_fits_shared_memory(tmp_path):
 @needs_tilelang
 @needs_nvcc
 def test_fp8_artifact_layout_and_compile(tmp_path):
-    """operands="fp8": the combines write E4M3 Ã [R,Mb,Kb] and K-major B̃ [R,Nb,Kb] with a
-    float32 scale per 128 K (Kb rounded to 16 bytes for TMA), the GEMM stage is an E4M3
-    wgmma writing fp32 H, Combine H reads fp32; it compiles without spills."""
+    """operands="fp8": the combines write E4M3 Ã [R,Mb,Kb] and K-major B̃ [R,Nb,Kb] with
+    float32 scales per 1x128 of Ã and 128x128 of B̃ (Kb rounded to 16 bytes for TMA), the
+    GEMM stage is an E4M3 wgmma writing fp32 H, Combine H reads fp32; it compiles without
+    spills."""
     M, N, K = 1000, 1064, 1032
     r = worker({"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "bf16", "shape": [M, N, K],
                 "config": {"operands": "fp8"}, "out_dir": str(tmp_path), "jobs": 2})
     assert r["ok"], r.get("error")
     assert [k["name"] for k in r["kernels"]] == ["combine_a", "combine_b", "batched_gemm", "combine_h"]
-    assert r["gemm_precision"].startswith("fp8 e4m3 (1x128")
+    assert r["gemm_precision"].startswith("fp8 e4m3 (A 1x128, B 128x128")
     blk = Blocking(M, N, K, 2, 2, 2, 7, k_align=16)
     assert blk.Kb == 528 and blk.Kb % 16 == 0
     nkb = ceil_div(blk.Kb, 128)
     ws = dict(r["workspace"])
     sizes = {"At": 7 * blk.Mb * blk.Kb, "Bt": 7 * blk.Nb * blk.Kb,
-             "SA": 7 * nkb * ceil_div(blk.Mb, 128) * 128 * 4, "SB": 7 * nkb * ceil_div(blk.Nb, 128) * 128 * 4}
+             "SA": 7 * nkb * ceil_div(blk.Mb, 128) * 128 * 4, "SB": 7 * ceil_div(blk.Nb, 128) * ceil_div(nkb, 4) * 4 * 4}
     names = ["At", "Bt", "SA", "SB", "H"]
     for a, b in zip(names, names[1:]):
         assert ws[b] - ws[a] == -(-sizes[a] // 256) * 256, (a, ws)

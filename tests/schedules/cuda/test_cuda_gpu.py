@@ -128,7 +128,7 @@ SCALED_CASES = [("gemm", (1000, 1064, 1032), "fp32", X2, 2.0),
                 ("winograd", (777, 520, 1048), "bf16", F16, 1.5),
                 ("strassen^2", (520, 264, 1032), "bf16", F16, 2.0),
                 ("gemm", (1000, 1064, 1032), "bf16", F16, 1.5)]
-# E4M3 operands with 1x128 block scales (operands="fp8"): (algo, shape, dtype, bound on the
+# E4M3 operands, block-scaled (operands="fp8", the contract of lcmac.spec.fp8): (algo, shape, dtype, bound on the
 # error as a multiple of the error of quantizing A and B the same way and multiplying
 # exactly — the plain GEMM's own floor; an LCMA quantizes combined operands and adds
 # products, so it lands above it)
@@ -577,23 +577,19 @@ def test_scaled_operands_keep_finite_outputs_beside_an_inf(artifacts, dtype, cfg
     assert float(torch.linalg.norm(d) / torch.linalg.norm(ref[both])) < 1.5 * e1
 
 
-def _fp8_quantized(X, dim):
-    """X as E4M3 with a float32 scale per 128 elements along ``dim`` (amax → 448), back in
-    float64: what lcmac's fp8 combines do to a plain GEMM's operands."""
-    Xt = X.double().movedim(dim, -1)
-    pad = (-Xt.shape[-1]) % 128
-    Xp = torch.nn.functional.pad(Xt, (0, pad))
-    blocks = Xp.reshape(*Xp.shape[:-1], -1, 128)
-    amax = blocks.abs().amax(-1, keepdim=True).clamp(min=1e-30).float()
-    s = (amax / 448.0).double()
-    q = (blocks.float() * (448.0 / amax)).to(torch.float8_e4m3fn).double() * s
-    return q.reshape(Xp.shape)[..., :Xt.shape[-1]].movedim(-1, dim)
+def _fp8_quantized(X, block):
+    """X as E4M3 with a float32 scale per ``block`` (the contract, lcmac.spec.fp8: A per
+    1x128, B per 128x128), back in float64: what lcmac's fp8 combines do to a plain GEMM's
+    operands."""
+    from lcmac.torch.fp8 import dequantize, quantize
+    q, s = quantize(X, block)
+    return dequantize(q, s, block)
 
 
 @pytest.mark.parametrize("algo,shape,dtype,factor", FP8_CASES,
                          ids=[f"{a}-{'x'.join(map(str, s))}-{d}" for a, s, d, _ in FP8_CASES])
 def test_fp8_operands_error(artifacts, algo, shape, dtype, factor):
-    """E4M3 operands, 1x128 scales: every output written; the error within ``factor`` x the
+    """E4M3 operands, A per 1x128 and B per 128x128: every output written; the error within ``factor`` x the
     error of the same quantization of A and B multiplied exactly (a wrong scale, block or
     layout lands far above: one 128-block off gives O(1) errors)."""
     f = _loaded(artifacts, algo, shape, FP8, dtype)
@@ -602,6 +598,6 @@ def test_fp8_operands_error(artifacts, algo, shape, dtype, factor):
     for seed in (5, 6):
         A, B = _inputs(M, N, K, dtype, seed * 100 + M)
         ref = A.double() @ B.double()
-        e_q = _rel(_fp8_quantized(A, 1) @ _fp8_quantized(B, 0), ref)
+        e_q = _rel(_fp8_quantized(A, (1, 128)) @ _fp8_quantized(B, (128, 128)), ref)
         e = _rel(_written(f, A, B), ref)
         assert e <= factor * e_q, (algo, shape, dtype, e, e_q, e / e_q)
