@@ -28,6 +28,15 @@ the forward is.  Error: relative Frobenius norm of one MLP projection's weight g
 (``mlp.down_proj.weight``) against the same layer in float32 (only that gradient computed
 there), and of lcmac's against torch's in the same mode.  Results under ``train`` in the
 JSON, with each variant's peak GPU memory.
+
+``--fp8`` times FP8 instead, eager (lcmac's fp8 layers run outside ``torch.compile``) and
+without the training step (fp8 layers are inference only): ``lcmac.optimize(model,
+dtype="fp8")`` ("lcmac eager") against the same model whose same layers run torch's FP8
+GEMM on the same quantised weights (``TorchFp8Linear``: ``lcmac.torch.fp8.Fp8Linear``, A
+per 1×128 and W per 128×128 where torch has the blockwise recipe, else rowwise; "torch
+eager"), the bf16 model beside them ("bf16 eager"); each one's error against float32.
+
+    python scripts/bench_model.py --fp8 --tokens 8192 16384 --out bench/results/h200-model-fp8.json
 """
 from __future__ import annotations
 
@@ -74,6 +83,35 @@ def prebuild(model, tokens: int, backward: bool = False) -> list[str]:
     with cf.ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(lambda key: ops.kernel(*key), jobs))
     return [f"{k[0]} {'x'.join(map(str, k[3]))}" for k in jobs]
+
+
+def torch_fp8_linear(layer):
+    """An ``nn.Module`` computing ``layer`` (an ``nn.Linear``) by torch's FP8 GEMM on its
+    weight quantised once (``lcmac.torch.fp8.Fp8Linear``), plus its bias: what a user would
+    call without lcmac."""
+    import torch
+
+    from lcmac.torch.fp8 import Fp8Linear
+
+    class _TorchFp8Linear(torch.nn.Module):
+        def __init__(self, layer):
+            super().__init__()
+            self.in_features, self.out_features = layer.in_features, layer.out_features
+            self.bias = layer.bias
+            self.gemm = Fp8Linear(layer.weight.detach())
+
+        def forward(self, x):
+            y = self.gemm(x)
+            return y if self.bias is None else y + self.bias
+    return _TorchFp8Linear(layer)
+
+
+def swap_torch_fp8(model, names) -> None:
+    """Replace the linear layers ``names`` of ``model`` by ``torch_fp8_linear``, in place."""
+    for name in names:
+        parent, _, child = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        setattr(owner, child, torch_fp8_linear(getattr(owner, child)))
 
 
 def compiled(model, how: str):
@@ -351,9 +389,14 @@ def main(argv=None) -> int:
                          "(default: on with --device cuda or --train-tokens, off otherwise)")
     ap.add_argument("--train-tokens", type=int, nargs="+", default=None,
                     help="sequence lengths of the training step (default: the shortest --tokens)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="time lcmac.optimize(model, dtype='fp8') against torch's FP8 GEMM on the "
+                         "same quantised weights, eager, no training step (module doc)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
+    if args.fp8:
+        args.compile, args.train = False, False
     if args.train is None:
         args.train = args.device == "cuda" or args.train_tokens is not None
     args.train_tokens = (args.train_tokens or [min(args.tokens)]) if args.train else []
@@ -369,16 +412,22 @@ def main(argv=None) -> int:
     lcmac_model = copy.deepcopy(plain)
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else args.device
     print(f"# {name}, torch {torch.__version__}; {args.layers} Llama layers, hidden {args.hidden}, "
-          f"MLP {args.intermediate}, {args.heads}/{args.kv_heads} heads, bf16")
+          f"MLP {args.intermediate}, {args.heads}/{args.kv_heads} heads, bf16"
+          + ("; fp8: lcmac against torch's FP8 GEMM" if args.fp8 else ""))
     from lcmac.torch.nn import optimize
     t0 = time.perf_counter()
     report = optimize(lcmac_model, algo=args.algo, max_error=args.max_error,
                       warmup=[T for T in args.tokens if T > 0] + list(args.decode_rows),
-                      **({"rows": args.rows} if args.rows else {}))
+                      **({"rows": args.rows} if args.rows else {}),
+                      **({"dtype": "fp8"} if args.fp8 else {}))
     optimize_s = time.perf_counter() - t0
     print(report)
     print(f"optimize with warm-up: {optimize_s:.1f} s")
     runs = {"torch eager": plain, "lcmac eager": lcmac_model}
+    if args.fp8:
+        torch_fp8 = copy.deepcopy(plain)          # the layers lcmac swapped, on torch's FP8 GEMM
+        swap_torch_fp8(torch_fp8, [s.name for s in report.swapped])
+        runs = {"torch eager": torch_fp8, "lcmac eager": lcmac_model, "bf16 eager": plain}
     if args.compile:
         # both models' layers share one code object: a graph per layer, length and model must
         # fit dynamo's cache, or the later lengths would run eager
@@ -412,7 +461,11 @@ def main(argv=None) -> int:
         doc = {**run_header("Llama decoder stack prefill: torch vs lcmac.optimize", name, __file__, argv),
                "torch": torch.__version__, "config": {k: getattr(args, k) for k in (
                    "layers", "hidden", "intermediate", "heads", "kv_heads", "vocab", "algo", "max_error",
-                   "compile_how")},
+                   "compile_how", "fp8")},
+               "variants": ({"torch eager": "torch's FP8 GEMM (lcmac.torch.fp8.Fp8Linear) on the "
+                                            "layers lcmac swapped", "lcmac eager":
+                             "lcmac.optimize(model, dtype='fp8')", "bf16 eager": "the bf16 model"}
+                            if args.fp8 else None),
                "optimize": report.to_dict(), "optimize_s": optimize_s, "results": results,
                "decode": decode, "rounds": args.repeats, "sustained_s": args.sustained,
                "train": {"layer": "layers.0", "loss": "mean(layer(h).float()**2)",

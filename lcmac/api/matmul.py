@@ -17,6 +17,15 @@ vendor's by more than a tie, else the vendor GEMM (``lcmac.policy.planner``).
 name or expression (``"strassen"``, ``"winograd^2"``) that LCMA; ``plan()`` tells what runs
 for a shape and why, without running it.
 
+**Repeated calls.**  A call decided for the vendor GEMM is kept by its operands' kind, shapes,
+dtypes and devices, its arguments and torch's float32 class; a repeat is one lookup, then
+``torch.matmul(A, B)`` (numpy arrays: the CPU's chosen vendor GEMM), the very call torch would
+make.  Anything else the decision reads moving decides again: the environment it reads
+(``LCMAC_DEVICE``, ``LCMAC_TUNING_LOGS``, ``LCMAC_CACHE_DIR``, ``LCMAC_CPU_VENDOR``), new
+tuning-log records (seen by the next ``plan`` of that dtype, and by any call once
+``lcmac.policy.planner.RECHECK_S`` has passed; ``lcmac.policy.planner.forget()`` drops every
+kept decision at once), the CPU vendor choices (``lcmac.runtime.cpu_vendor.forget``).
+
 **The terms of the choice.**  An error budget (``max_error``, × the plain GEMM's error)
 bounds "auto": by default the dtype's (``lcmac.costmodel.error_budget``), ``inf`` lifts it.
 float32 runs under a precision class (``lcmac.spec.precision``): torch's own setting for
@@ -32,10 +41,11 @@ process) into the kernel cache (``lcmac.artifact.cache``: ``$LCMAC_CACHE_DIR/ker
 ``~/.cache/lcmac/kernels``); later calls, in this process or another, load it: at most one
 kernel per bucket and N×K, whatever the row counts seen.  With "auto" the rows under the
 smallest bucket, and any piece the decision at its bucket gives to the vendor, run on the
-vendor GEMM; a forced algorithm pads them into its smallest bucket.  On CUDA with
-``LCMAC_DYNAMIC_ROWS=1``, one kernel per N×K whose row count is a run-time value
-(``lcmac.schedules.cuda.rows``) runs those pieces instead, adjacent ones as one call and
-nothing padded, where its template has that form (else the bucket kernels).  With
+vendor GEMM; a forced algorithm pads them into its smallest bucket.  On CUDA, where the
+rows are not one whole bucket, one kernel per N×K whose row count is a run-time value
+(``lcmac.schedules.cuda.rows``) runs the pieces instead, adjacent ones as one call and
+nothing padded, where its template has that form (else the bucket kernels);
+``LCMAC_DYNAMIC_ROWS=1`` uses it for every row count, ``0`` never.  With
 ``LCMAC_CACHE_DIR=off`` nothing is compiled: "auto" runs the vendor GEMM (with a warning),
 a forced algorithm raises.
 
@@ -63,6 +73,8 @@ from collections import OrderedDict
 import weakref
 from dataclasses import dataclass
 
+import numpy as np
+
 from lcmac import policy
 from lcmac.api.call_args import AUTO, GEMM, VENDOR, check_algo, define_op, target_for  # noqa: F401 (ops.* names)
 from lcmac.api.call_args import LOADED, float32_precision
@@ -70,6 +82,7 @@ from lcmac.api.tensor_watch import Snapshot, memory_key, snapshot
 from lcmac.artifact.bundle import backend_kind
 from lcmac.costmodel.error_budget import check_budget_arg
 from lcmac.core.dtypes import normalize_dtype
+from lcmac.core.environ import reader
 from lcmac.core.errors import DTypeError, LcmacError, ShapeError
 from lcmac.core.user_warning import warn_user
 from lcmac.core.operands import (
@@ -78,6 +91,8 @@ from lcmac.core.operands import (
 from lcmac.runtime.cuda_memory import kept_empty
 from lcmac.runtime.tiled import assign, empty, run_row_ranges, run_rows
 from lcmac.policy import Plan
+from lcmac.policy.planner import generation as plan_generation
+from lcmac.runtime import cpu_vendor, vendor as _vendor_module
 from lcmac.runtime.vendor import vendor_matmul
 from lcmac.spec.cuda.dtypes import FP64_DTYPES
 from lcmac.spec.precision import torch_precision
@@ -192,16 +207,19 @@ def _plan_precision(target: str, dtype: str, precision):
 
 # ---- the decision -----------------------------------------------------------------------------
 def plan(M: int, N: int, K: int, dtype="float32", *, algo: str = AUTO, max_error=None,
-         target: str | None = None, precision: str | None = None) -> Plan:
+         target: str | None = None, precision: str | None = None, operands: str | None = None) -> Plan:
     """What ``lcmac.matmul`` runs for C[M×N] = A[M×K]·B[K×N] (rows flattened), and why,
     without compiling or running anything: ``lcmac.policy.plan`` for lcmac.matmul's kernels,
     for a dtype lcmac.matmul takes on ``target`` (default this CPU's).  ``precision``: the
-    float32 class (module doc; default: torch's setting on a CUDA target, else "highest")."""
+    float32 class (module doc; default: torch's setting on a CUDA target, else "highest").
+    ``operands="fp8"``: decided in the fp8 operand mode (``lcmac.nn.Linear(operands="fp8")``;
+    ``lcmac.policy.plan``)."""
     algo, max_error = check_algo(algo), check_budget(max_error)
     target = target or target_for("cpu")
     dtype = _check_dtype(str(dtype).replace("torch.", ""), target, "they")
+    mode = {} if operands is None else {"operands": operands}
     return policy.plan(M, N, K, dtype, target, algo=algo, max_error=max_error,
-                       precision=_plan_precision(target, dtype, precision))
+                       precision=_plan_precision(target, dtype, precision), **mode)
 
 
 # ---- kernels ----------------------------------------------------------------------------------
@@ -349,12 +367,15 @@ def transposed_weight(weight):
 
 # ---- the product ------------------------------------------------------------------------------
 def kernel_keys(M: int, N: int, K: int, dtype="float32", *, algo: str = AUTO, max_error=None,
-                target: str | None = None, precision: str | None = None) -> list[tuple]:
+                target: str | None = None, precision: str | None = None,
+                operands: str | None = None) -> list[tuple]:
     """The kernels ``lcmac.matmul`` runs for C[M×N] = A[M×K]·B[K×N], as ``kernel``'s
     arguments (algorithm, target, dtype, bucket shape, and the operand mode where it is not
     native), without compiling anything: its row pieces' buckets
     (``lcmac.spec.shape_rules``), less those the vendor GEMM takes under "auto"."""
-    p = plan(M, N, K, dtype, algo=algo, max_error=max_error, target=target, precision=precision)
+    mode = {} if operands is None else {"operands": operands}
+    p = plan(M, N, K, dtype, algo=algo, max_error=max_error, target=target, precision=precision,
+             **mode)
     shapes = p.kernel_shapes()
     if shapes and _dynamic_rows(p) and _rows_key(p, p.dtype) not in _failed:
         return [_rows_key(p, p.dtype)]
@@ -364,10 +385,17 @@ def kernel_keys(M: int, N: int, K: int, dtype="float32", *, algo: str = AUTO, ma
 def _dynamic_rows(p: Plan) -> bool:
     """Whether the JIT runs the plan's rows on one kernel whose row count is a run-time value
     (``lcmac.schedules.cuda.rows``) rather than on bucket kernels: on CUDA, native operands,
-    with LCMAC_DYNAMIC_ROWS=1 (docs/shape-rules.md); where that kernel cannot be built, the
-    bucket kernels run."""
-    return (os.environ.get(DYNAMIC_ROWS_ENV, "0") == "1" and p.operands == "native"
-            and backend_kind(p.target) == "cuda")
+    where the plan's lcmac rows are not one whole bucket (a bucket's own kernel is the
+    exact-shape one; other row counts would be cut into pieces or padded), or always with
+    LCMAC_DYNAMIC_ROWS=1, never with 0 (docs/shape-rules.md); where that kernel cannot be
+    built, the bucket kernels run."""
+    if p.operands != "native" or backend_kind(p.target) != "cuda":
+        return False
+    switch = os.environ.get(DYNAMIC_ROWS_ENV, "")
+    if switch in ("0", "1"):
+        return switch == "1"
+    lcma = [x for x in p.pieces if x.runs != VENDOR]
+    return not (len(lcma) == 1 and lcma[0].rows == lcma[0].bucket)
 
 
 def _rows_key(p: Plan, dtype: str) -> tuple:
@@ -448,31 +476,87 @@ def _run_lcmac(p: Plan, A, B, out, o: _Operands):
     return C
 
 
-#: torch calls whose plan is the vendor GEMM, by (shapes, dtype, devices, algo, budget,
-#: precision class): a repeat goes straight to it.  The checks and the plan cost
-#: microseconds of Python a call, which small products on a GPU feel.
-_vendor_calls: set = set()
-_VENDOR_CALLS_MAX = 4096
+def run_planned(p: Plan, A, B, vendor):
+    """C = A·B (torch tensors, A …×M×K, B K×N) by a plan made for them elsewhere
+    (``lcmac.nn.Linear``'s fp8 mode: ``plan(operands="fp8")``): its bucket kernels as
+    ``lcmac.matmul`` runs them, a static B's prepared form kept (``mark_static``), and
+    ``vendor(a, b, out=c)`` taking the rows an automatic plan gives the vendor GEMM."""
+    o = check_operands(A, B, vendor=True)
+    A, B = row_major(A), row_major(B)
+    C = empty(A, (*o.rows, o.N))
+    run_rows(A.reshape(o.M, o.K), B, C.reshape(o.M, o.N), JIT_ROWS[backend_kind(p.target)],
+             _kernel_for(p, o), N=o.N, K=o.K, vendor=None if p.algo != AUTO else vendor,
+             b_for=lambda fn, b: _b_for(fn, b, o.kind))
+    return C
 
 
-def _call_key(A, B, algo, max_error, precision):
-    """The key of a torch call with contiguous operands, else None."""
-    torch = sys.modules.get("torch")
-    if torch is None or type(A) is not torch.Tensor or type(B) is not torch.Tensor:
+# ---- repeated calls ---------------------------------------------------------------------------
+# A call whose decision is the vendor GEMM is kept by everything the decision and the checks
+# depend on; a repeat is one dict lookup, then the vendor's own call (torch.matmul(A, B), the
+# CPU's chosen one for numpy arrays): the checks and the plan cost microseconds of Python,
+# which small products feel.  The table is emptied when anything else a decision reads moves
+# (_dispatch_table).  Layouts are not in the key: the vendor GEMM takes any layout as it is.
+
+#: the environment a decision reads besides its arguments: the device, the logs' places, the
+#: cache root (user logs, CPU vendor choices) and the CPU vendor pin
+_DECISION_ENV = reader("LCMAC_DEVICE", "LCMAC_TUNING_LOGS", "LCMAC_CACHE_DIR", "XDG_CACHE_HOME",
+                       "HOME", cpu_vendor.ENV)
+_DISPATCH_MAX = 4096
+_dispatch: dict = {}
+_dispatch_token: tuple | None = None
+#: torch's tensor types a repeat may skip deciding for (set once torch is imported)
+_TENSORS: tuple = ()
+
+
+def _dispatch_table() -> dict:
+    """The kept calls, emptied first where what they rest on moved: the planner's generation
+    (tuning logs, forgotten plans), the CPU vendor choices, the environment, and the functions
+    that decide and run (``plan``, ``vendor_matmul``)."""
+    global _dispatch, _dispatch_token
+    token = (plan_generation(), cpu_vendor.generation, _DECISION_ENV(), plan, vendor_matmul)
+    if token != _dispatch_token:
+        _dispatch, _dispatch_token = {}, token
+    return _dispatch
+
+
+def _dispatch_key(A, B, algo, max_error, precision):
+    """The key of a call a repeat may skip deciding for (None: not such a call): numpy arrays,
+    or torch tensors with torch's float32 class, which the user may change between calls."""
+    t = type(A)
+    if t is np.ndarray:
+        return (t, type(B), A.shape, B.shape, A.dtype, B.dtype, algo, max_error, precision)
+    if t not in _TENSORS or type(B) not in _TENSORS:
         return None
-    if not (A.is_contiguous() and B.is_contiguous()):
-        return None
-    # torch's class is read on each call: the user may change it between calls
-    own = torch_precision(A.device.type) if A.dtype == torch.float32 else None
-    return (A.shape, B.shape, A.dtype, B.dtype, A.device, B.device, algo, max_error, precision,
-            own)
+    own = _torch_class(A) if A.dtype is _torch_float32 else None
+    return (t, type(B), A.shape, B.shape, A.dtype, B.dtype, A.device, B.device, algo,
+            max_error, precision, own)
+
+
+def _torch_class(A) -> str:
+    try:
+        return _float32_class()
+    except RuntimeError:          # the per-backend API in use: lcmac.spec.precision sums it up
+        return torch_precision(A.device.type)
+
+
+def _vendor_call(o: _Operands):
+    """What ``vendor_matmul(A, B)`` runs for operands like ``o``'s, resolved once (anything put
+    in its place is called as it is)."""
+    if vendor_matmul is not _vendor_module.vendor_matmul:
+        return vendor_matmul
+    if o.kind == "torch":
+        return _torch.matmul
+    return cpu_vendor.vendor_call(o.dtype, o.M, o.N, o.K)
 
 
 def compute(A, B, algo: str = AUTO, max_error=None, out=None, precision=None):
     """The product with no autograd: what the op runs, and ``lcmac.matmul`` on numpy."""
-    key = _call_key(A, B, algo, max_error, precision) if out is None else None
-    if key is not None and key in _vendor_calls:
-        return vendor_matmul(A, B)
+    table = key = None
+    if out is None:
+        table, key = _dispatch_table(), _dispatch_key(A, B, algo, max_error, precision)
+        fn = table.get(key) if key is not None else None
+        if fn is not None:
+            return fn(A, B)
     o = check_operands(A, B, vendor=algo in (AUTO, VENDOR))
     prec = float32_precision(A, o.dtype, precision)
     if out is not None:
@@ -483,10 +567,43 @@ def compute(A, B, algo: str = AUTO, max_error=None, out=None, precision=None):
         if p.runs != VENDOR:
             return _run_lcmac(p, A, B, out, o)
     if key is not None:
-        if len(_vendor_calls) >= _VENDOR_CALLS_MAX:
-            _vendor_calls.clear()
-        _vendor_calls.add(key)
+        if len(table) >= _DISPATCH_MAX:
+            table.clear()
+        table[key] = fn = _vendor_call(o)
+        return fn(A, B)
     return vendor_matmul(A, B, out=out)
+
+
+def _repeat(A, B, algo, max_error, precision):
+    """The kept vendor call of an earlier ``lcmac.matmul`` like this one, else None: never
+    where autograd records the product or torch.compile traces it (the op runs there)."""
+    if type(max_error) is not float and max_error is not None:
+        return None               # checked and converted the long way, then kept
+    t = type(A)
+    if t is np.ndarray:
+        key = (t, type(B), A.shape, B.shape, A.dtype, B.dtype, algo, max_error, precision)
+    else:                         # _dispatch_key's, inline: this runs on every call
+        if t not in _TENSORS or type(B) not in _TENSORS:
+            return None
+        if (_grad_enabled() and (A.requires_grad or B.requires_grad)) or _is_compiling():
+            return None
+        dtype = A.dtype
+        own = None
+        if dtype is _torch_float32:
+            try:
+                own = _float32_class()
+            except RuntimeError:
+                own = torch_precision(A.device.type)
+        key = (t, type(B), A.shape, B.shape, dtype, B.dtype, A.device, B.device, algo,
+               max_error, precision, own)
+    # _dispatch_table's, inline
+    token = (plan_generation(), cpu_vendor.generation, _DECISION_ENV(), plan, vendor_matmul)
+    if token != _dispatch_token:
+        return None
+    try:
+        return _dispatch.get(key)
+    except TypeError:             # an unhashable argument: refused the long way
+        return None
 
 
 def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None, precision=None, devices=None,
@@ -509,6 +626,10 @@ def matmul(A, B, *, algo: str = AUTO, out=None, max_error=None, precision=None, 
     unless ``out`` is given, which records no gradient, and in eager mode when nothing needs
     a gradient (the same computation without the op's dispatch).  Operands may have any
     layout (module doc) and must be of one dtype and device; errors name the problem."""
+    if out is None and devices is None:
+        fn = _repeat(A, B, algo, max_error, precision)
+        if fn is not None:
+            return fn(A, B)
     algo, max_error = check_algo(algo), check_budget(max_error)
     if getattr(B, "ndim", 2) == 3:             # a batch of products: lcmac.bmm
         if devices is not None or max_error is not None:
@@ -552,7 +673,7 @@ def _torch_matmul(A, B, algo, max_error, out, precision=None):
 
 # ---- the torch op -----------------------------------------------------------------------------
 def _op_impl(A, B, algo=AUTO, max_error=None):
-    return compute(A.contiguous(), B.contiguous(), algo, max_error)
+    return compute(A, B, algo, max_error)       # any layout: a kernel's operands are copied
 
 
 def _op_fake(A, B, algo=AUTO, max_error=None):
@@ -574,16 +695,36 @@ def _backward(ctx, dC):
     op = torch.ops.lcmac.matmul.default
     dA = dB = None
     if ctx.needs_input_grad[0]:
-        dA = op(dC.contiguous(), B.t().contiguous(), ctx.algo, ctx.max_error)
+        dA = op(dC, B.t(), ctx.algo, ctx.max_error)      # views: the vendor GEMM takes them
     if ctx.needs_input_grad[1]:
         K, N = B.shape
-        dB = op(A.reshape(-1, K).t().contiguous(), dC.reshape(-1, N).contiguous(),
-                ctx.algo, ctx.max_error)
+        dB = op(A.reshape(-1, K).t(), dC.reshape(-1, N), ctx.algo, ctx.max_error)
     return dA, dB, None, None
 
 
 def _linear_impl(x, weight, algo=AUTO, max_error=None):
-    return compute(x.contiguous(), transposed_weight(weight), algo, max_error)
+    """y = x·Wᵀ: an lcmac kernel on the kept contiguous Wᵀ, or the vendor GEMM as
+    torch.nn.Linear calls it (``F.linear``: no Wᵀ copy); vendor decisions kept as compute's."""
+    table, key = _dispatch_table(), _dispatch_key(x, weight, algo, max_error, None)
+    fn = table.get((_LINEAR, key)) if key is not None else None
+    if fn is not None:
+        return fn(x, weight)
+    o = check_operands(x, weight.t(), vendor=algo in (AUTO, VENDOR))
+    if algo != VENDOR and o.kernels and 0 not in (o.M, o.N, o.K):
+        p = plan(o.M, o.N, o.K, o.dtype, algo=algo, max_error=max_error, target=o.target,
+                 precision=float32_precision(x, o.dtype))
+        if p.runs != VENDOR:
+            return compute(x.contiguous(), transposed_weight(weight), algo, max_error)
+    fn = _torch.nn.functional.linear if vendor_matmul is _vendor_module.vendor_matmul else \
+        (lambda x, w: vendor_matmul(x, w.t()))
+    if key is not None:
+        if len(table) >= _DISPATCH_MAX:
+            table.clear()
+        table[(_LINEAR, key)] = fn
+    return fn(x, weight)
+
+
+_LINEAR = "linear"      # tags y = x·Wᵀ's kept calls (the key holds W, not Wᵀ)
 
 
 def linear(x, weight, algo: str = AUTO, max_error=None, precision=None):
@@ -638,7 +779,20 @@ def register() -> None:
         lin = define_op("lcmac::linear", _linear_impl, LINEAR_SCHEMA, _linear_fake, _linear_backward,
                         _setup_context)
         _registered.extend([op, lin])
+        _set_torch()
 
+
+def _set_torch() -> None:
+    """The torch names the repeat of a call reads (torch is imported by now)."""
+    global _torch, _torch_float32, _TENSORS, _grad_enabled, _is_compiling, _float32_class
+    import torch
+    _torch, _torch_float32 = torch, torch.float32
+    _TENSORS = (torch.Tensor, torch.nn.Parameter)
+    _grad_enabled, _is_compiling = torch.is_grad_enabled, torch.compiler.is_compiling
+    _float32_class = torch.get_float32_matmul_precision
+
+
+_torch = _torch_float32 = _grad_enabled = _is_compiling = _float32_class = None
 
 if sys.modules.get("torch") is not None:     # None: torch blocked from importing
     register()

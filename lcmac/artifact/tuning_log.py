@@ -67,6 +67,9 @@ from lcmac.core.version import __version__
 SCHEMA = "lcmac-tune/1"
 GEMM = "gemm"
 VENDOR = "vendor"   # the vendor library's GEMM (cuBLAS / numpy's BLAS), the baseline
+#: records appended by this process (any log): decisions kept elsewhere compare it, so a
+#: record this process writes is seen by its next call at once, not after a file check
+appended = 0
 _REQUIRED = {"schema", "target", "dtype", "algorithm", "algorithm_hash", "shape", "config", "status"}
 
 
@@ -268,6 +271,8 @@ class TuningDB:
             with open(path, "a", encoding="utf-8") as f:  # one write per batch: whole lines
                 f.write("".join(line + "\n" for line in lines))
             n += len(lines)
+        global appended
+        appended += n
         return n
 
     # reading

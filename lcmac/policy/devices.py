@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from lcmac.artifact import tuning_log as _db
 from lcmac.core.cachedir import cache_root
 from lcmac.core.dtypes import normalize_model_dtype
+from lcmac.core.environ import reader
 from lcmac.core.errors import LcmacError
 from lcmac.spec.device import ANY, ENV, DeviceIdentity, device_at_hand, measuring_device
 
@@ -116,15 +117,29 @@ def _fitted(here: DeviceIdentity, target: str, dtype: str):
     return fit, "" if fit is not None else f"{here.name} is not here to measure"
 
 
+#: what places the default logs: their directories follow these (``tuning_log.default_dirs``)
+_LOGS_ENV = reader("LCMAC_TUNING_LOGS", "LCMAC_CACHE_DIR", "XDG_CACHE_HOME", "HOME")
+#: (target, dtype, _LOGS_ENV()) → the paths of its default log files (building them is most
+#: of decision_state's cost)
+_log_files: dict[tuple, tuple] = {}
+
+
 def decision_state(target, dtype) -> tuple:
     """What a decision on the default logs reads besides its arguments: ``LCMAC_DEVICE`` and
     the size and time of each log file of the target and dtype, so that a plan kept in memory
     is made again once records are added (``lcmac calibrate``, ``lcmac tune``)."""
-    d = normalize_model_dtype(dtype)
+    target, d = str(target), normalize_model_dtype(dtype)
+    key = (target, d, _LOGS_ENV())
+    paths = _log_files.get(key)
+    if paths is None:
+        paths = tuple(str(_db.log_path(root, target, d)) for root in _db.default_dirs())
+        if len(_log_files) >= 256:
+            _log_files.clear()
+        _log_files[key] = paths
     files = []
-    for root in _db.default_dirs():
+    for path in paths:
         try:
-            st = os.stat(_db.log_path(root, str(target), d))
+            st = os.stat(path)
             files.append((st.st_mtime_ns, st.st_size))
         except OSError:
             files.append(None)

@@ -34,13 +34,15 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
 from lcmac.artifact.build import resolve_algorithm
 from lcmac.artifact.bundle import backend_kind
+from lcmac.artifact import tuning_log
 from lcmac.core.dtypes import normalize_model_dtype
-from lcmac.core.errors import LcmacError
+from lcmac.core.errors import DTypeError, LcmacError
 from lcmac.costmodel import model_dtype, select
 from lcmac.costmodel.decision import with_errors
 from lcmac.costmodel.error_budget import ErrorBudget, check_budget_arg, error_budget
@@ -48,11 +50,15 @@ from lcmac.policy.devices import decision_state
 from lcmac.policy.measured import EXACT_MARGIN, check_regime, decide_by_measurement
 from lcmac.policy.plans import AUTO, GEMM, JIT, VENDOR, Piece, Plan
 from lcmac.spec.cuda.operands import OPERAND_MODES
-from lcmac.spec.precision import DEFAULT_PRECISION, allows_tf32, check_precision, operand_modes
+from lcmac.spec.precision import (
+    DEFAULT_PRECISION, allows_tf32, check_operands_allowed, check_precision, operand_modes)
 from lcmac.spec.shape_rules import JIT_ROWS, row_pieces
 from lcmac.spec.targets import get_target, schedule_family
 
-__all__ = ["plan", "KernelSource", "EveryKernel", "gemm_beats_vendor"]
+__all__ = ["plan", "KernelSource", "EveryKernel", "gemm_beats_vendor", "generation", "forget"]
+
+#: the dtypes operands="fp8" quantises (lcmac.spec.cuda.operands.check_operands)
+FP8_INPUTS = ("bfloat16", "float16")
 
 
 class KernelSource(Protocol):
@@ -84,10 +90,66 @@ _lock = threading.Lock()
 #: plans of lcmac.matmul's kernels on the default logs, by everything they depend on
 _plans: dict[tuple, Plan] = {}
 
+# ---- what kept decisions rest on ----------------------------------------------------------------
+#: how long ``generation`` trusts the tuning logs' state before it looks again: a stat per log
+#: file costs microseconds, which a call that goes straight to the vendor GEMM cannot pay
+RECHECK_S = 0.01
+_generation = 0
+_plans_seen: dict = _plans
+#: (target, dtype) → the logs' state (``decision_state``) its last decision read
+_watched: dict[tuple, tuple] = {}
+_next_check = 0.0
+_appended_seen = 0
+
+
+def generation() -> int:
+    """A number that changes whenever a decision kept outside this module (``lcmac.matmul``'s
+    per-call dispatch) may no longer be what ``plan`` decides: ``forget``, a new ``_plans``
+    table, a record this process appended to a tuning log (at once), or a change of the
+    tuning logs of any target and dtype decided for (another process's records: their files
+    are looked at every ``RECHECK_S``, and on each ``plan`` of the target and dtype).  The
+    environment the decision reads is not covered: callers compare it themselves."""
+    global _next_check, _appended_seen
+    now = time.monotonic()
+    if now >= _next_check or _plans is not _plans_seen or tuning_log.appended != _appended_seen:
+        _next_check = now + RECHECK_S
+        _appended_seen = tuning_log.appended
+        _recheck()
+    return _generation
+
+
+def _recheck() -> None:
+    global _generation, _plans_seen
+    with _lock:
+        if _plans is not _plans_seen:
+            _plans_seen = _plans
+            _generation += 1
+        for target, dtype in list(_watched):
+            _saw(target, dtype, decision_state(target, dtype))
+
+
+def _saw(target: str, dtype: str, state: tuple) -> None:
+    """Note the logs' state a decision read; a change moves ``generation`` on."""
+    global _generation
+    if _watched.setdefault((target, dtype), state) != state:
+        _watched[(target, dtype)] = state
+        _generation += 1
+
+
+def forget() -> None:
+    """Drop every kept decision (this module's plans; ``generation`` moves on, so callers that
+    keep their own drop theirs): after records reach the logs by a way their files' sizes and
+    times do not show, or to see them within ``RECHECK_S``."""
+    global _generation
+    with _lock:
+        _plans.clear()
+        _generation += 1
+
 
 def plan(M: int, N: int, K: int, dtype="float32", target: str | None = None, *,
          algo: str = AUTO, max_error=None, precision: str | None = None, regime: str = "burst",
-         logs=None, vendor: bool = True, static_b: bool = False, kernels=JIT) -> Plan:
+         logs=None, vendor: bool = True, static_b: bool = False, kernels=JIT,
+         operands: str | None = None) -> Plan:
     """What runs for C[M×N] = A[M×K]·B[K×N] (module doc), without compiling or running
     anything.  ``target``: default this CPU's.  ``max_error``: an error budget, × the plain
     GEMM's error (None: the dtype's default, ``lcmac.costmodel.error_budget``; ``inf``: no
@@ -96,22 +158,27 @@ def plan(M: int, N: int, K: int, dtype="float32", target: str | None = None, *,
     records.  ``logs``: a tuning-log directory or ``TuningDB`` (default: the logs lcmac ships
     and the user's own).
     ``vendor=False`` leaves the vendor GEMM out of the decision.  ``static_b``: B is a weight
-    combined offline.  ``kernels``: ``JIT`` (``lcmac.matmul``'s) or a ``KernelSource``."""
+    combined offline.  ``kernels``: ``JIT`` (``lcmac.matmul``'s) or a ``KernelSource``.
+    ``operands``: the CUDA operand mode to decide in where it is not the precision's
+    (``"fp8"``: bfloat16/float16 quantised to block-scaled E4M3, only ever when asked, as it
+    changes precision; its records and its vendor baseline are the fp8 ones)."""
     target = target or get_target("host").name
     dtype = normalize_model_dtype(str(dtype).replace("torch.", ""))
     max_error = check_budget_arg(max_error)
     precision = _precision_of(dtype, precision)
-    operands = operand_modes(target, dtype, precision)[0]
+    operands = _operands_of(target, dtype, precision, operands)
     budget = error_budget(max_error, model_dtype(target, dtype, operands))
     check_regime(regime)
     ask = dict(max_error=max_error, precision=precision, regime=regime, logs=logs, vendor=vendor,
-               static_b=static_b)
+               static_b=static_b, operands=operands)
     key = (int(M), int(N), int(K), dtype, target, algo, budget, precision, regime, vendor,
-           static_b)
+           static_b, operands)
     jit = kernels == JIT
     cached = logs is None and jit
     if cached:
-        key += (decision_state(target, dtype),)    # records added since: decided again
+        state = decision_state(target, dtype)
+        _saw(target, dtype, state)
+        key += (state,)                            # records added since: decided again
         hit = _plans.get(key)
         if hit is not None:
             return hit
@@ -144,6 +211,19 @@ def _precision_of(dtype: str, precision) -> str | None:
     return (precision or DEFAULT_PRECISION) if dtype == "float32" else None
 
 
+def _operands_of(target: str, dtype: str, precision, operands) -> str:
+    """The operand mode a plan prices: ``operands`` where asked (checked), else the first of
+    the precision class's (``lcmac.spec.precision.operand_modes``)."""
+    if operands is None:
+        return operand_modes(target, dtype, precision)[0]
+    if operands not in OPERAND_MODES:
+        raise LcmacError(f"operands must be one of {', '.join(OPERAND_MODES)}, not {operands!r}")
+    if operands == "fp8" and (schedule_family(target) != "cuda" or dtype not in FP8_INPUTS):
+        raise DTypeError(f"operands='fp8' quantises {' and '.join(FP8_INPUTS)} products on CUDA "
+                         f"targets, not {dtype} on {target}")
+    return check_operands_allowed(operands, target, dtype, precision)
+
+
 def _with_terms(p: Plan, budget: ErrorBudget, precision, operands: str) -> Plan:
     """``p`` with the terms it was decided under: the error budget in force and the float32
     precision class, in its fields and, where they bound the choice, at the end of ``why``."""
@@ -152,6 +232,9 @@ def _with_terms(p: Plan, budget: ErrorBudget, precision, operands: str) -> Plan:
         vendor = "TF32 allowed" if allows_tf32(precision) else "no TF32: the vendor GEMM is SGEMM"
         terms.append(f"float32 precision {precision!r} ({vendor}; lcmac's kernels in {operands} "
                      f"operands)")
+    if operands == "fp8":
+        terms.append("fp8 operands, as asked (E4M3, block-scaled: lcmac.spec.fp8); the vendor "
+                     "GEMM is torch's FP8 GEMM on the same quantisation")
     why = "; ".join([p.why] + terms)
     return dataclasses.replace(p, max_error=budget.max_error, budget=budget.describe(),
                                precision=precision, operands=operands, why=why)

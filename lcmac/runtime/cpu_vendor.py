@@ -64,7 +64,8 @@ from lcmac.runtime.vendor_blas import _numpy_openblas
 from lcmac.spec.device import cpu_identity
 
 __all__ = ["NUMPY", "TORCH", "SIDES", "SMALL_SIDE", "ENV", "SCHEMA", "CpuGemm", "gemms",
-           "numpy_gemm", "torch_gemm", "size_class", "chosen", "kept_choice", "matmul", "forget"]
+           "numpy_gemm", "torch_gemm", "size_class", "chosen", "kept_choice", "matmul", "forget",
+           "vendor_call"]
 
 NUMPY, TORCH = "numpy.matmul", "torch.matmul"
 #: the size classes, by the side of the cube each is measured on
@@ -277,12 +278,17 @@ def _read(spec: Spec, entry: Path, meta: dict) -> dict:
 #: (LCMAC_CACHE_DIR, dtype, class) → (the CpuGemm that runs it in this process, whether a
 #: choice is kept: a call that may measure looks again where none was)
 _memo: dict[tuple, tuple[CpuGemm, bool]] = {}
+#: moves on whenever a choice in ``_memo`` is replaced or dropped: a caller that keeps what
+#: ``vendor_call`` returned keeps it while this stays (and ``ENV`` and LCMAC_CACHE_DIR stay)
+generation = 0
 
 
 def forget() -> None:
     """Drop this process's memory of the kept choices (the next call reads them again)."""
+    global generation
     with _lock:
         _memo.clear()
+        generation += 1
 
 
 def kept_choice(dtype: str, side: int, *, measurer: Callable[[str, int], dict] | None = None
@@ -365,7 +371,10 @@ def _chosen_at(dtype: str, side: int | None, measurer=None) -> CpuGemm | None:
         return hit[0]
     doc = kept_choice(dtype, side, measurer=measurer)
     g = _as_measured(doc) if doc is not None else numpy_gemm(dtype)
+    global generation
     with _lock:
+        if _memo.get(key, (g, doc is not None)) != (g, doc is not None):
+            generation += 1       # a choice replaced (a new one is no change)
         _memo[key] = (g, doc is not None)
     return g
 
@@ -389,6 +398,20 @@ def _torch_takes(A, B, out) -> bool:
     return (isinstance(out, np.ndarray) and out.dtype == A.dtype and _viewable(out)
             and out.flags.c_contiguous and out.shape == (*A.shape[:-1], B.shape[1])
             and not np.may_share_memory(out, A) and not np.may_share_memory(out, B))
+
+
+def vendor_call(dtype: str, M: int, N: int, K: int) -> Callable:
+    """``f(A, B)``: what ``matmul(A, B)`` runs for numpy arrays of ``dtype`` whose product is
+    M×K by K×N, resolved now (valid while ``generation``, ``ENV`` and LCMAC_CACHE_DIR stay):
+    ``numpy.matmul``, or torch's on views where it is the choice and takes the operands."""
+    side = size_class(M, N, K) if dtype in NUMPY_DTYPES else None
+    g = _chosen_at(dtype, side) if side is not None else None
+    if g is None or g.api != TORCH:
+        return np.matmul
+
+    def call(A, B):
+        return g(A, B, None) if _torch_takes(A, B, None) else np.matmul(A, B)
+    return call
 
 
 def matmul(A, B, out=None):

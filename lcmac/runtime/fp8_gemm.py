@@ -103,3 +103,74 @@ def scaled_mm(qa, a_scales, a_block, qw, w_scales, w_block, out_dtype=torch.bflo
     ka = kinds.BlockWise1x128
     kb = kinds.BlockWise128x128 if name == "1x128,128x128" else kinds.BlockWise1x128
     return F.scaled_mm(qa, qw.t(), sa, ka, sb, kb, output_dtype=out_dtype)
+
+
+# ---- a linear layer's FP8 GEMM (lcmac.nn.Linear's fp8 baseline) ------------------------------
+#: the contract's recipe (A per 1×128, W per 128×128), and rowwise scales where this torch or
+#: GPU has no blockwise FP8 GEMM: the order ``Fp8Linear`` tries them in
+BLOCKWISE, ROWWISE = "1x128,128x128", "rowwise"
+LINEAR_RECIPES = (BLOCKWISE, ROWWISE)
+
+
+def recipe_blocks(name: str, K: int) -> tuple:
+    """(A's block, W's block) of the recipe ``name`` at depth K."""
+    if name == BLOCKWISE:
+        return tuple(CONTRACT.a_block), tuple(CONTRACT.b_block)
+    if name == ROWWISE:
+        return (1, int(K)), (1, int(K))
+    raise LcmacError(f"a linear layer's FP8 GEMM takes the recipes {', '.join(LINEAR_RECIPES)}, "
+                     f"not {name!r}")
+
+
+class Fp8Linear:
+    """torch's FP8 GEMM on one weight W [N, K] (nn.Linear's): W quantised once per the first
+    recipe of ``recipes`` this torch and device run (the first call tries them in order and
+    keeps the one that ran; ``refused`` says why the others did not), x quantised per its A
+    block on each call.  With ``BLOCKWISE`` first this is the contract's quantisation, what
+    lcmac's fp8 kernels compute on; rowwise scales are not (``recipe`` says which ran)."""
+
+    def __init__(self, W: torch.Tensor, recipes=LINEAR_RECIPES):
+        if W.dim() != 2:
+            raise LcmacError(f"Fp8Linear takes a weight of out × in, got shape {tuple(W.shape)}")
+        self.N, self.K = (int(d) for d in W.shape)
+        self._weight = W.detach()
+        self._recipes = tuple(recipes)
+        for name in self._recipes:
+            recipe_blocks(name, self.K)
+        self.recipe: str | None = None
+        self.refused: dict = {}
+        self._q = None
+
+    def _quantized(self, name):
+        a_block, w_block = recipe_blocks(name, self.K)
+        qw, sw = quantize(self._weight, w_block)
+        return a_block, w_block, qw, sw
+
+    def _run(self, x2, q, out_dtype):
+        a_block, w_block, qw, sw = q
+        qa, sa = quantize(x2, a_block)
+        return scaled_mm(qa, sa, a_block, qw, sw, w_block, out_dtype=out_dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """y = x·Wᵀ [..., N] for x [..., K], in x's dtype."""
+        if x.shape[-1] != self.K:
+            raise LcmacError(f"Fp8Linear multiplies …×{self.K} inputs, got {tuple(x.shape)}")
+        x2 = x.reshape(-1, self.K)
+        if self._q is not None:
+            y = self._run(x2, self._q, x.dtype)
+        else:
+            y = self._first(x2, x.dtype)
+        return y.reshape(*x.shape[:-1], self.N)
+
+    def _first(self, x2, out_dtype):
+        for name in self._recipes:
+            q = self._quantized(name)
+            try:
+                y = self._run(x2, q, out_dtype)
+            except (LcmacError, RuntimeError, ValueError, NotImplementedError) as e:
+                self.refused[name] = f"{type(e).__name__}: {str(e)[:200]}"
+                continue
+            self.recipe, self._q, self._weight = name, q, None   # W itself is no longer needed
+            return y
+        raise LcmacError(f"no FP8 GEMM of this torch ({torch.__version__}) runs here on "
+                         f"{tuple(x2.shape)} @ {self.K}x{self.N}: {self.refused}")

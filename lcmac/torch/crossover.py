@@ -77,17 +77,20 @@ class Search:
 
 
 def _decide(rows: int, N: int, K: int, dtype: str, target: str, algo: str,
-            max_error) -> RowDecision:
-    p = ops.plan(rows, N, K, dtype, algo=algo, max_error=max_error, target=target)
+            max_error, operands=None) -> RowDecision:
+    mode = {} if operands is None else {"operands": operands}
+    p = ops.plan(rows, N, K, dtype, algo=algo, max_error=max_error, target=target, **mode)
     # a plan whose every row piece goes to the vendor GEMM runs no lcmac kernel
     runs = p.runs if p.kernel_shapes() else VENDOR
     return RowDecision(rows, runs, p.speedup, p.error, p.why)
 
 
 def search(N: int, K: int, dtype: str, target: str, grid, *, algo: str = AUTO,
-           max_error=None) -> Search:
-    """The decisions for a K→N layer at the row counts of ``grid`` (module doc)."""
-    decisions = tuple(_decide(r, N, K, dtype, target, algo, max_error) for r in sorted(set(grid)))
+           max_error=None, operands: str | None = None) -> Search:
+    """The decisions for a K→N layer at the row counts of ``grid`` (module doc), in the
+    operand mode ``operands`` where given (``"fp8"``: ``lcmac.nn.Linear(operands="fp8")``)."""
+    decisions = tuple(_decide(r, N, K, dtype, target, algo, max_error, operands)
+                      for r in sorted(set(grid)))
     first = next((d.rows for d in decisions if d.wins), None)
     crossover = None if first is None else (first if algo == AUTO else 0)
     return Search(crossover, decisions)

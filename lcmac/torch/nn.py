@@ -28,6 +28,14 @@ marked static: an artifact that can combine B once (``prepare_b``, CUDA and CPU)
 prepared form per row count.  This happens inside the op at call time, so it holds under
 ``torch.compile`` too.  The kept copy costs the weight's
 memory once more.
+
+**FP8** (``Linear(..., operands="fp8")``, ``optimize(model, dtype="fp8")``): a bfloat16 or
+float16 layer on an sm_90 GPU multiplies in block-scaled E4M3 (docs/fp8.md): lcmac's fp8
+kernels quantise x in their Combine A and keep the weight's quantised B̃ per kernel (the kept
+Wᵀ above, marked static: ``prepare_b``), and return the layer's dtype.  Below its crossover,
+and where the decision gives rows to the vendor or no fp8 kernel builds, it runs torch's FP8
+GEMM on the same quantisation (``lcmac.torch.fp8.Fp8Weights``; not ``F.linear``).  FP8
+changes precision: it runs only when asked, never by "auto", and for inference only.
 """
 from __future__ import annotations
 
@@ -42,9 +50,9 @@ from torch.nn import functional as F
 from lcmac.api import matmul as ops
 from lcmac.api.export import REPORT_SCHEMA
 from lcmac.api.tensor_watch import snapshot
-from lcmac.core.errors import DTypeError, LcmacError, TargetError
+from lcmac.core.errors import DTypeError, LcmacError, ShapeError, TargetError
 from lcmac.costmodel.error_budget import budget_words
-from lcmac.torch import crossover as xo
+from lcmac.torch import crossover as xo, fp8 as _fp8
 from lcmac.torch.fast_path import attention_projections, call_swapped_layers
 from lcmac.torch.warmup import compile_kernels, layer_kernels
 
@@ -59,25 +67,35 @@ MAX_ROWS = 32768
 class Linear(nn.Linear):
     """``torch.nn.Linear`` computed by ``lcmac.matmul`` (module doc).  ``algo`` and
     ``max_error`` as for ``lcmac.matmul``; calls of fewer rows than ``crossover`` run
-    ``torch.nn.functional.linear`` instead (``optimize`` sets it)."""
+    ``torch.nn.functional.linear`` instead (``optimize`` sets it).  ``operands="fp8"``: the
+    products in block-scaled E4M3 (module doc), torch's FP8 GEMM under the crossover."""
 
     #: calls with fewer rows (the input's leading dimensions multiplied) run torch's own linear
+    #: (an fp8 layer: torch's FP8 GEMM)
     crossover: int = 0
+    #: "native" (the weight's dtype) or "fp8"
+    operands: str = _fp8.NATIVE
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
-                 dtype=None, *, algo: str = "auto", max_error: float | None = None):
+                 dtype=None, *, algo: str = "auto", max_error: float | None = None,
+                 operands: str = _fp8.NATIVE):
         super().__init__(in_features, out_features, bias, device, dtype)
         self.algo = ops.check_algo(algo)
         self.max_error = None if max_error is None else float(ops.check_budget(max_error))
+        self.operands = _fp8.check_layer_operands(operands)
+        if self.operands == _fp8.FP8:
+            _fp8.check_features(in_features, out_features)
+            self._fp8_weights = _fp8.Fp8Weights()
         ops.register()
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, algo: str = "auto",
-                    max_error: float | None = None) -> "Linear":
+                    max_error: float | None = None, operands: str = _fp8.NATIVE) -> "Linear":
         """A ``Linear`` with ``linear``'s parameters (shared, not copied) and mode."""
         w = linear.weight
         new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                  device="meta", dtype=w.dtype, algo=algo, max_error=max_error)
+                  device="meta", dtype=w.dtype, algo=algo, max_error=max_error,
+                  operands=operands)
         new.weight = w
         new.bias = linear.bias
         new.train(linear.training)
@@ -86,9 +104,12 @@ class Linear(nn.Linear):
     def extra_repr(self) -> str:
         budget = "" if self.max_error is None else f", max_error={self.max_error:g}"
         rows = f", crossover={self.crossover}" if self.crossover else ""
-        return f"{super().extra_repr()}, algo={self.algo!r}{budget}{rows}"
+        mode = f", operands={self.operands!r}" if self.operands != _fp8.NATIVE else ""
+        return f"{super().extra_repr()}, algo={self.algo!r}{budget}{mode}{rows}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.operands == _fp8.FP8:
+            return self._forward_fp8(x)
         if self.crossover and _rows(x) < self.crossover:   # lcmac cannot win there: torch's own
             return F.linear(x, self.weight, self.bias)
         x2 = x.unsqueeze(0) if x.dim() == 1 else x
@@ -119,6 +140,54 @@ class Linear(nn.Linear):
         self._autocast_weight = None if snap is None else ((snap, dtype), cast)
         return cast
 
+    # -- fp8 (module doc) ----------------------------------------------------------------------
+    @property
+    def fp8_recipe(self) -> str | None:
+        """The recipe of the torch FP8 GEMM this fp8 layer ran (``lcmac.torch.fp8``), None
+        before it ran one."""
+        return self._fp8_weights.recipe if self.operands == _fp8.FP8 else None
+
+    @torch.compiler.disable            # kept quantised weights, kernels by address: eager
+    def _forward_fp8(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+            raise LcmacError("operands='fp8' runs inference only (E4M3 products have no "
+                             "backward here): call the model under torch.no_grad() or "
+                             "torch.inference_mode(), or use operands='native' to train")
+        target = _fp8.fp8_target(w)
+        x2 = x.unsqueeze(0) if x.dim() == 1 else x
+        dt = _autocast_dtype(x2)
+        if dt is not None:
+            x2 = x2.to(dt)
+        if x2.dtype != w.dtype:
+            raise DTypeError(f"this fp8 layer's weight is {str(w.dtype).replace('torch.', '')} "
+                             f"and its input {str(x2.dtype).replace('torch.', '')}: give it "
+                             f"inputs of the weight's dtype (the E4M3 scales are per call)")
+        if x2.shape[-1] != self.in_features:
+            raise ShapeError(f"this layer takes …×{self.in_features} inputs, got {tuple(x.shape)}")
+        y = self._fp8_product(x2.reshape(-1, self.in_features).contiguous(), target)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def _fp8_product(self, x2: torch.Tensor, target: str) -> torch.Tensor:
+        """x2·Wᵀ [rows, out] in fp8: lcmac's kernels where the fp8 plan runs one, torch's FP8
+        GEMM on the same quantisation under the crossover and for the plan's vendor rows."""
+        rows = x2.shape[0]
+        if rows == 0:
+            return x2.new_empty((0, self.out_features))
+
+        def baseline(a):       # its quantised weight is made on first use only
+            return self._fp8_weights.of(self.weight)(a)
+        if rows < self.crossover:
+            return baseline(x2)
+        dtype = str(self.weight.dtype).replace("torch.", "")
+        p = ops.plan(rows, self.out_features, self.in_features, dtype, algo=self.algo,
+                     max_error=self.max_error, target=target, operands=_fp8.FP8)
+        if p.runs == ops.VENDOR:
+            return baseline(x2)
+        return ops.run_planned(p, x2, ops.transposed_weight(self.weight),
+                               lambda a, b, out: out.copy_(baseline(a)))
+
 
 def _rows(x: torch.Tensor) -> int:
     """The rows of the product a linear layer makes of ``x``: its leading dimensions."""
@@ -147,7 +216,11 @@ class SwappedLayer:
     decision at ``rows`` rows: the crossover, or with a forced algorithm the largest row count
     searched.  ``decisions``: the plan at each row count searched from the crossover up
     (``lcmac.torch.crossover.RowDecision``); ``kernels``: ``lcmac.ops.kernel``'s keys of what
-    it runs at the warm-up row counts, else at the row counts searched."""
+    it runs at the warm-up row counts, else at the row counts searched.  ``operands``: "native"
+    or "fp8" (then ``error`` is the accuracy model's fp8 mode, ÷ the plain fp8 GEMM's, and
+    ``crossover`` None where no lcmac fp8 kernel wins at any row count searched); ``below``:
+    what runs under the crossover (``torch.nn.functional.linear``, or an fp8 layer's torch FP8
+    GEMM)."""
     name: str
     shape: tuple              # (in_features, out_features) = (K, N)
     dtype: str
@@ -160,13 +233,16 @@ class SwappedLayer:
     crossover: int = 0
     decisions: tuple = ()
     kernels: tuple = ()
+    operands: str = _fp8.NATIVE
+    below: str = "torch.nn.functional.linear"
 
     def to_dict(self) -> dict:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
                 "target": self.target, "crossover": self.crossover, "rows": self.rows,
                 "algorithm": self.algorithm, "speedup": self.speedup, "error": self.error,
                 "why": self.why, "decisions": [d.to_dict() for d in self.decisions],
-                "kernels": [_key_dict(k) for k in self.kernels]}
+                "kernels": [_key_dict(k) for k in self.kernels], "operands": self.operands,
+                "below_crossover": self.below}
 
 
 def _key_dict(key: tuple) -> dict:
@@ -178,7 +254,8 @@ def _key_dict(key: tuple) -> dict:
 @dataclass(frozen=True)
 class SkippedLayer:
     """A layer ``optimize`` left alone; ``reason``: "too small", "dtype", "device",
-    "no win", "kind" (not a plain nn.Linear), "not effective" (PyTorch multiplies its
+    "shape" (fp8: features not multiples of 16), "no win", "kind" (not a plain nn.Linear),
+    "not effective" (PyTorch multiplies its
     weight without calling it: nn.MultiheadAttention's projections), "root" (the model
     itself)."""
     name: str
@@ -194,7 +271,8 @@ class SkippedLayer:
 class OptimizeReport:
     """What ``optimize`` did: the row counts it searched (``grid``), the ``swapped`` and
     ``skipped`` layers in the model's order, the encoder layers whose fused path it turned off
-    (``fast_path_off``) and the kernels it loaded for the ``warmup`` row counts (``warmed``)."""
+    (``fast_path_off``) and the kernels it loaded for the ``warmup`` row counts (``warmed``);
+    ``operands``: "fp8" where ``optimize(dtype="fp8")`` asked for it, else "native"."""
     grid: tuple
     algo: str
     max_error: float | None
@@ -203,6 +281,7 @@ class OptimizeReport:
     fast_path_off: list = field(default_factory=list)
     warmup: tuple = ()
     warmed: list = field(default_factory=list)
+    operands: str = _fp8.NATIVE
 
     @property
     def rows(self) -> int:
@@ -234,19 +313,29 @@ class OptimizeReport:
         return s
 
     def __str__(self) -> str:
+        fp8 = self.operands == _fp8.FP8
+        mode = (", fp8 operands as asked (block-scaled E4M3: it changes precision; inference "
+                "only)") if fp8 else ""
         lines = [f"lcmac.optimize: {self.why}; searched {_span(self.grid)} rows, "
-                 f"algo={self.algo!r}, {budget_words(self.max_error)}"]
+                 f"algo={self.algo!r}, {budget_words(self.max_error)}{mode}"]
         if self.swapped:
-            table = [["swapped", "in->out", "dtype", "from rows", "at rows", "algorithm",
-                      "speed-up", "error", "at the other end searched"]]
+            table = [["swapped", "in->out", "dtype"] + (["operands"] if fp8 else []) +
+                     ["from rows", "at rows", "algorithm", "speed-up", "error",
+                      "at the other end searched"]]
             for s in self.swapped:
-                table.append([s.name, f"{s.shape[0]}->{s.shape[1]}", s.dtype,
-                              str(s.crossover) if s.crossover else "all", str(s.rows), s.algorithm,
-                              _times(s.speedup), _times(s.error),
+                start = "none" if s.crossover is None else str(s.crossover) if s.crossover else "all"
+                table.append([s.name, f"{s.shape[0]}->{s.shape[1]}", s.dtype] +
+                             ([s.operands] if fp8 else []) +
+                             [start, str(s.rows), _runs(s), _times(s.speedup), _times(s.error),
                               _other_end(s)])
             lines += _aligned(table)
-            lines.append("  (speed-up: predicted, over lcmac's plain GEMM; error: predicted, "
-                         "÷ the plain GEMM's; fewer rows than 'from rows' run torch's linear)")
+            if fp8:
+                lines.append("  (speed-up: predicted, over lcmac's plain fp8 GEMM; error: the "
+                             "accuracy model's fp8 mode, ÷ the plain fp8 GEMM's; fewer rows than "
+                             f"'from rows', and 'none': {_fp8.BASELINE})")
+            else:
+                lines.append("  (speed-up: predicted, over lcmac's plain GEMM; error: predicted, "
+                             "÷ the plain GEMM's; fewer rows than 'from rows' run torch's linear)")
         if self.skipped:
             head = ["skipped", "in->out", "reason", "why (in full: report.skipped[i].why)"]
             lines += _aligned([head] + [[k.name or "(model)", f"{k.shape[0]}->{k.shape[1]}",
@@ -262,7 +351,8 @@ class OptimizeReport:
 
     def to_dict(self) -> dict:
         return {"schema": REPORT_SCHEMA, "rows": self.rows, "grid": list(self.grid),
-                "algo": self.algo, "max_error": self.max_error, "why": self.why,
+                "algo": self.algo, "max_error": self.max_error, "operands": self.operands,
+                "why": self.why,
                 "swapped": [s.to_dict() for s in self.swapped],
                 "skipped": [k.to_dict() for k in self.skipped],
                 "fast_path_off": list(self.fast_path_off), "warmup": list(self.warmup)}
@@ -286,6 +376,13 @@ def _times(x) -> str:
     return "?" if x is None else f"{x:.3f}x"
 
 
+def _runs(s: SwappedLayer) -> str:
+    """What a swapped layer runs at its stated row count, in words."""
+    if s.algorithm != ops.VENDOR:
+        return s.algorithm
+    return "torch FP8 GEMM" if s.operands == _fp8.FP8 else "vendor GEMM"
+
+
 def _other_end(s: SwappedLayer) -> str:
     """The decision at the end of the searched rows ``s`` is not stated at (its largest row
     count, or, where that is its ``rows``, its smallest)."""
@@ -294,7 +391,8 @@ def _other_end(s: SwappedLayer) -> str:
     d = s.decisions[-1] if s.decisions[-1].rows != s.rows else s.decisions[0]
     if d.rows == s.rows:
         return ""
-    return f"{d.rows}: " + ("vendor GEMM" if not d.wins else f"{d.runs} {_times(d.speedup)}")
+    vendor = "torch FP8 GEMM" if s.operands == _fp8.FP8 else "vendor GEMM"
+    return f"{d.rows}: " + (vendor if not d.wins else f"{d.runs} {_times(d.speedup)}")
 
 
 #: the longest reason a printed report shows in full
@@ -311,7 +409,7 @@ def _aligned(table: list[list[str]]) -> list[str]:
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
 
 
-def _eligible(layer: nn.Linear, *, dtype, min_size):
+def _eligible(layer: nn.Linear, *, dtype, min_size, operands=_fp8.NATIVE):
     """(target, dtype name) where lcmac may take ``layer``, else (reason, why) of the skip."""
     shape = (layer.in_features, layer.out_features)
     w = layer.weight
@@ -320,6 +418,8 @@ def _eligible(layer: nn.Linear, *, dtype, min_size):
     if type(layer) is not nn.Linear:
         return None, ("kind", f"a {type(layer).__module__}.{type(layer).__qualname__}, not a plain "
                               "torch.nn.Linear (its forward may differ)")
+    if operands == _fp8.FP8:
+        return _eligible_fp8(layer, min_size)
     try:
         target = ops.target_for(w.device.type)
     except TargetError as e:
@@ -333,6 +433,25 @@ def _eligible(layer: nn.Linear, *, dtype, min_size):
     if min(shape) < min_size:
         return None, ("too small", f"{min(shape)} features < min_size={min_size}")
     return (target, dt), None
+
+
+def _eligible_fp8(layer: nn.Linear, min_size):
+    """``_eligible`` for ``optimize(dtype="fp8")``: a bfloat16/float16 layer on an sm_90 GPU
+    whose features are multiples of 16 (``lcmac.torch.fp8``)."""
+    try:
+        target = _fp8.fp8_target(layer.weight)
+    except DTypeError as e:
+        return None, ("dtype", str(e))
+    except TargetError as e:
+        return None, ("device", str(e))
+    if min(layer.in_features, layer.out_features) < min_size:
+        return None, ("too small", f"{min(layer.in_features, layer.out_features)} features < "
+                                   f"min_size={min_size}")
+    try:
+        _fp8.check_features(layer.in_features, layer.out_features)
+    except ShapeError as e:
+        return None, ("shape", str(e))
+    return (target, str(layer.weight.dtype).replace("torch.", "")), None
 
 
 def _grid(rows, max_rows):
@@ -354,17 +473,22 @@ def _row_list(rows) -> list:
     return [rows] if isinstance(rows, int) else list(rows)
 
 
-def _swap(name, layer, target, dt, found: xo.Search, *, algo, max_error, rows) -> tuple:
+def _swap(name, layer, target, dt, found: xo.Search, *, algo, max_error, rows,
+          operands=_fp8.NATIVE) -> tuple:
     """(the lcmac.nn.Linear for ``layer``, its SwappedLayer); ``rows``: the row counts whose
-    kernels the report names."""
-    new = Linear.from_linear(layer, algo=algo, max_error=max_error)
-    new.crossover = found.crossover
-    stated = found.first_win() if algo == ops.AUTO else found.decisions[-1]
-    above = tuple(d for d in found.decisions if d.rows >= found.crossover)
+    kernels the report names.  An fp8 layer with no win (``found.crossover`` None) runs torch's
+    FP8 GEMM up to the rows searched and decides per call above them."""
+    new = Linear.from_linear(layer, algo=algo, max_error=max_error, operands=operands)
+    none = found.crossover is None
+    new.crossover = found.decisions[-1].rows + 1 if none else found.crossover
+    stated = found.first_win() if algo == ops.AUTO and not none else found.decisions[-1]
+    above = found.decisions if none else tuple(d for d in found.decisions
+                                               if d.rows >= found.crossover)
     keys = tuple(dict.fromkeys(k for r in rows for k in layer_kernels(new, r)))
+    below = _fp8.BASELINE if operands == _fp8.FP8 else SwappedLayer.below
     return new, SwappedLayer(name, (layer.in_features, layer.out_features), dt, target,
                              stated.rows, stated.runs, stated.speedup, stated.error, stated.why,
-                             found.crossover, above, keys)
+                             found.crossover, above, keys, operands, below)
 
 
 def optimize(model: nn.Module, *, max_error: float | None = None, dtype=None, algo: str = "auto",
@@ -383,14 +507,24 @@ def optimize(model: nn.Module, *, max_error: float | None = None, dtype=None, al
     GEMM's error); a forced algorithm runs at every row count.  Encoder layers whose linears
     were swapped leave PyTorch's fused path (``lcmac.torch.fast_path``).  ``warmup``: row
     counts whose kernels are compiled now, ``workers`` at a time (``warm_up``).  A model
-    with no eligible layer is left unchanged, and the report says why."""
+    with no eligible layer is left unchanged, and the report says why.
+
+    ``dtype="fp8"``: swap every bfloat16/float16 layer on an sm_90 GPU (features multiples of
+    16) into ``operands="fp8"`` (module doc), lcmac's fp8 kernels from each layer's fp8
+    crossover (the tuning logs' fp8 records of this device, else the model's fp8 mode) and
+    torch's FP8 GEMM below it, also where no fp8 kernel wins (the report says which)."""
     algo = ops.check_algo(algo)
     max_error = ops.check_budget(max_error)
-    if dtype is not None and not isinstance(dtype, torch.dtype):
-        raise DTypeError(f"dtype must be a torch.dtype (torch.float32, ...), got {dtype!r}")
+    operands = _fp8.NATIVE
+    if dtype == _fp8.FP8:
+        operands, dtype = _fp8.FP8, None
+    elif dtype is not None and not isinstance(dtype, torch.dtype):
+        raise DTypeError(f"dtype must be a torch.dtype (torch.float32, ...) or \"fp8\" (bfloat16 "
+                         f"and float16 layers in block-scaled E4M3), got {dtype!r}")
     grid_for = _grid(rows, max_rows)
     warm = tuple(xo.check_rows(r, "warmup") for r in _row_list(warmup or ()))
-    report = OptimizeReport(grid_for(ops.target_for("cpu")), algo, max_error, warmup=warm)
+    first = "cuda-sm90a" if operands == _fp8.FP8 else ops.target_for("cpu")
+    report = OptimizeReport(grid_for(first), algo, max_error, warmup=warm, operands=operands)
     searches: dict[tuple, xo.Search] = {}
     bypassed: dict[int, str] = {}
     swaps = []
@@ -411,7 +545,7 @@ def optimize(model: nn.Module, *, max_error: float | None = None, dtype=None, al
         if id(mod) in bypassed:
             report.skipped.append(SkippedLayer(name, shape, "not effective", bypassed[id(mod)]))
             continue
-        ok, skip = _eligible(mod, dtype=dtype, min_size=min_size)
+        ok, skip = _eligible(mod, dtype=dtype, min_size=min_size, operands=operands)
         if skip is not None:
             report.skipped.append(SkippedLayer(name, shape, *skip))
             continue
@@ -419,16 +553,17 @@ def optimize(model: nn.Module, *, max_error: float | None = None, dtype=None, al
         grid = report.grid = grid_for(target)
         key = (mod.out_features, mod.in_features, dt, target)
         if key not in searches:
-            searches[key] = xo.search(*key, grid, algo=algo, max_error=max_error)
+            mode = {} if operands == _fp8.NATIVE else {"operands": operands}
+            searches[key] = xo.search(*key, grid, algo=algo, max_error=max_error, **mode)
         found = searches[key]
-        if found.crossover is None:
+        if found.crossover is None and operands == _fp8.NATIVE:
             top = found.decisions[-1]
             report.skipped.append(SkippedLayer(
                 name, shape, "no win", f"no lcmac kernel is predicted to win at {_span(grid)} "
                                        f"rows; at {top.rows}: {top.why}"))
             continue
         new, done = _swap(name, mod, target, dt, found, algo=algo, max_error=max_error,
-                          rows=warm or grid)
+                          rows=warm or grid, operands=operands)
         report.swapped.append(done)
         swaps.append((name, new))
     for name, new in swaps:

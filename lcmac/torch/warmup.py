@@ -15,8 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from lcmac.api import matmul as ops
 from lcmac.core.errors import LcmacError
+from lcmac.torch.fp8 import FP8, fp8_target
 
-__all__ = ["layer_kernels", "compile_kernels", "describe_key"]
+__all__ = ["layer_kernels", "layer_target", "compile_kernels", "describe_key"]
 
 
 def layer_kernels(layer, rows: int) -> list[tuple]:
@@ -26,8 +27,18 @@ def layer_kernels(layer, rows: int) -> list[tuple]:
         return []
     w = layer.weight
     dtype = str(w.dtype).replace("torch.", "")
+    operands = getattr(layer, "operands", "native")
+    mode = {} if operands == "native" else {"operands": operands}
     return ops.kernel_keys(rows, layer.out_features, layer.in_features, dtype, algo=layer.algo,
-                           max_error=layer.max_error, target=ops.target_for(w.device.type))
+                           max_error=layer.max_error, target=layer_target(layer), **mode)
+
+
+def layer_target(layer) -> str:
+    """The lcmac target ``layer``'s kernels are for: its weight's device's (an fp8 layer's:
+    ``lcmac.torch.fp8.fp8_target``, which refuses a device without fp8 kernels by name)."""
+    if getattr(layer, "operands", "native") == FP8:
+        return fp8_target(layer.weight)
+    return ops.target_for(layer.weight.device.type)
 
 
 def describe_key(key: tuple) -> str:

@@ -79,10 +79,16 @@ def test_bundle_rule_of_run_time_m_is_one_kernel_on_cuda_only():
     assert RuleSpec(parse_rule("?x64x64"), "gemm", (256,)).shapes() == [(256, 64, 64)]
 
 
-def test_jit_names_one_kernel_per_weight_when_asked(monkeypatch):
+def test_jit_takes_a_bucket_kernel_for_a_bucket_and_one_run_time_m_kernel_otherwise(monkeypatch):
     from lcmac.api import matmul as ops
     target = "cuda-sm90a"
+    dynamic = ("strassen", target, "bfloat16", (65536, N, K), "native", ops.DYNAMIC_ROWS)
     monkeypatch.delenv(ops.DYNAMIC_ROWS_ENV, raising=False)
+    assert ops.kernel_keys(16384, N, K, "bfloat16", algo="strassen", target=target) == [
+        ("strassen", target, "bfloat16", (16384, N, K))]
+    for M in (20000, 20480, 1000):         # pieces, or padded into the smallest bucket
+        assert ops.kernel_keys(M, N, K, "bfloat16", algo="strassen", target=target) == [dynamic]
+    monkeypatch.setenv(ops.DYNAMIC_ROWS_ENV, "0")
     buckets = ops.kernel_keys(20000, N, K, "bfloat16", algo="strassen", target=target)
     assert len(buckets) > 1 and all(len(k) == 4 for k in buckets)
     monkeypatch.setenv(ops.DYNAMIC_ROWS_ENV, "1")
