@@ -136,7 +136,7 @@ def test_cache_commands_on_an_empty_cache(capsys, tmp_path, monkeypatch):
     code, out, _ = run(capsys, "cache", "list", "--json")
     assert json.loads(out) == {"schema": "lcmac-cache-list/1", "dir": str(tmp_path / "kernels"),
                                "entries": [], "bit_kernels_dir": str(tmp_path / "bits"),
-                               "bit_kernels": []}
+                               "bit_kernels": [], "result_caches": []}
     assert run(capsys, "cache", "clear")[0] == 0
     code, out, _ = run(capsys, "cache")                     # no action: the help, exit 2
     assert code == 2 and "info" in out and "clear" in out

@@ -64,7 +64,7 @@ def cmd_cache_list(args) -> int:
              "created": e.created, "bytes": e.bytes, "ok": e.ok,
              "manifest": str(e.manifest) if e.manifest else None} for e in es],
             "bit_kernels_dir": None if args.dir else str(bit_kernels.cache_dir()),
-            "bit_kernels": bits})
+            "bit_kernels": bits, "result_caches": _results(args)})
         return 0
     if not es:
         print(f"the kernel cache {kcache.cache_dir(args.dir)} holds no kernels")
