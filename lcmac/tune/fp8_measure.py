@@ -15,12 +15,10 @@ native ones.
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import itertools
 
 from lcmac.runtime.loader import load
-from lcmac.tune.measure import (
-    _CUDA_FAULTS as CUDA_FAULTS, GPU_WARM_S, MeasureWorker, gpu_inputs, gpu_timer, time_callable)
+from lcmac.tune.measure import GPU_WARM_S, MeasureWorker, gpu_inputs, gpu_timer, time_callable
 
 #: relative error against float64 (first rows) beyond which an fp8 result is wrong
 FP8_TOLERANCE = 0.25
@@ -140,15 +138,4 @@ class Fp8MeasureWorker(MeasureWorker):
     """``MeasureWorker`` for the fp8 operand mode: the same kind of process, timeout and
     restart after a device fault, the fp8 vendor and checks."""
 
-    def measure(self, path, target, dtype, shape, **kw) -> dict:
-        fut = self._ensure().submit(_safe_fp8, str(path), target, dtype, tuple(shape), **kw)
-        try:
-            out = fut.result(timeout=self.timeout_s)
-        except (cf.TimeoutError, cf.process.BrokenProcessPool) as e:
-            self.close(kill=True)
-            return {"status": "error", "error": f"the measuring process failed ({type(e).__name__}, "
-                                                f"timeout {self.timeout_s:.0f} s): restarted"}
-        if out.get("status") != "ok" and any(s in str(out.get("error", "")) for s in CUDA_FAULTS):
-            self.close(kill=True)            # a sticky fault poisons the process's CUDA context
-            out["error"] = "device fault (measuring process restarted): " + str(out["error"])
-        return out
+    measuring = staticmethod(_safe_fp8)

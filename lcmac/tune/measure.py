@@ -524,9 +524,13 @@ class MeasureWorker:
         """The vendor GEMM (``measure_vendor``) in the measuring process."""
         return self.measure("", target, dtype, shape, vendor=True, **kw)
 
+    #: what runs in the measuring process for one artifact (or the vendor GEMM); a subclass
+    #: for another operand mode names its own (a module-level function: it is pickled)
+    measuring = staticmethod(_safe_measure)
+
     def measure(self, path, target, dtype, shape, **kw) -> dict:
         pool = self._ensure()
-        fut = pool.submit(_safe_measure, str(path), target, dtype, tuple(shape), **kw)
+        fut = pool.submit(self.measuring, str(path), target, dtype, tuple(shape), **kw)
         try:
             out = fut.result(timeout=self.timeout_s)
             if out.get("status") != "ok" and any(s in str(out.get("error", "")) for s in _CUDA_FAULTS):
