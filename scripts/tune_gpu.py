@@ -21,6 +21,10 @@ Campaigns (``CAMPAIGNS``):
                          the model's first config of Strassen² and Winograd² (tag "lcma")
   llama70b-<dtype>-<M>   the MLP layers of a 70B-class Llama (hidden 8192, intermediate
                          28672: N,K = 28672,8192 and 8192,28672) as lcma-, tag "llama70b"
+  llama70b-wide-<dtype>-<M>  those layers and the attention's 8192x8192 projections with more
+                         schemes: Winograd² and the <4,2,4;26> schemes (K cut in two: deeper
+                         products where K is the short side) two configs each, Strassen² and
+                         Strassen one; the vendor GEMM first (tag "llama70b")
 """
 from __future__ import annotations
 
@@ -38,12 +42,17 @@ EXHAUSTIVE_SHAPE = (8192, 8192, 4096)
 LLM_BUDGETS = (("gemm", 3), ("strassen", 2), ("strassen^2", 1))
 LCMA_BUDGETS = (("strassen^2", 1), ("winograd^2", 1))
 LLAMA70B_NK = (("llama70b/gate_or_up", (28672, 8192)), ("llama70b/down", (8192, 28672)))
+LLAMA70B_WIDE_NK = LLAMA70B_NK + (("llama70b/q_or_o", (8192, 8192)),)
+LLAMA70B_WIDE_BUDGETS = (("winograd^2", 2), ("at-2x4x4-r26@4x2x4", 2), ("fg-2x4x4-r26@4x2x4", 2),
+                         ("strassen^2", 1), ("strassen", 1))
 
 
 def campaign(name: str):
     """[(label, shape, algorithm, budget, options)] of one campaign."""
     from lcmac.tune.llm_shapes import llm_shapes
     kind, dtype, *rest = name.split("-")
+    if (kind, dtype) == ("llama70b", "wide"):
+        kind, (dtype, *rest) = "llama70b-wide", rest
     dtype = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}.get(dtype, dtype)
     if kind == "exhaustive":
         return dtype, [("exhaustive", EXHAUSTIVE_SHAPE, "gemm", 0,
@@ -56,6 +65,11 @@ def campaign(name: str):
                 out.append((label, shape, algo, budget,
                             dict(tag="llm", vendor=i == 0, measure_default=True)))
         return dtype, out
+    if kind == "llama70b-wide":
+        M = int(rest[0])
+        return dtype, [(label, (M, n, k), algo, budget, dict(tag="llama70b", vendor=i == 0))
+                       for label, (n, k) in LLAMA70B_WIDE_NK
+                       for i, (algo, budget) in enumerate(LLAMA70B_WIDE_BUDGETS)]
     if kind in ("lcma", "llama70b"):
         M = int(rest[0])
         shapes = (llm_shapes(ms=[M]) if kind == "lcma"
