@@ -196,7 +196,7 @@ def _build_bundle(args, t) -> int:
     b = read_bundle(path)
     r = b.rules[0]
     print(f"built {r.algorithm} for {b.target['name']} {b.dtype}, shape rule {r.rule}, "
-          f"{len(b.kernels)} kernels in {time.perf_counter() - t0:.1f} s")
+          f"{len(b.kernels)} kernel{'' if len(b.kernels) == 1 else 's'} in {time.perf_counter() - t0:.1f} s")
     if r.pieces:
         print("  pieces " + "; ".join(f"{dim} {', '.join(map(str, r.pieces[dim]))}" for dim in "MNK")
               + " (views of A, B and C; small or thin products on numpy/torch)")
