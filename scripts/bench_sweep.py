@@ -198,7 +198,8 @@ def main(argv=None) -> int:
         for s in shapes:
             p, keys = decisions[s]
             row = bench_shape(s, args, tdtype)
-            row.update(plan=p.runs, why=p.why, built=s in ready or not keys, rounds=args.rounds)
+            row.update(plan=p.runs, why=p.why, built=s in ready or not keys, rounds=args.rounds,
+                       kernels=[list(map(str, k)) for k in keys])   # buckets or one run-time-M kernel
             rows.append(row)
             print(f"{'x'.join(map(str, s)):>20s} {p.runs:>14s} {row['ratio']:6.3f}x "
                   f"(spread {max(row['spread'].values()) * 100:4.1f}%)"
