@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""The shape-less CUDA bundle (``lcmac build --algo ALGO --target cuda --dtype bf16`` without
-``--shape``: one kernel of run-time M, N and K per algorithm, ``CudaConfig.dynamic_shape``)
+"""The shape-less CUDA bundle (``lcmac build --algo ALGO --target cuda --dtype bf16
+--dynamic-shape`` without ``--shape``: one kernel of run-time M, N and K per algorithm, ``CudaConfig.dynamic_shape``)
 against the exact-shape kernel of the same algorithm and against torch.matmul (cuBLAS), at
 shapes the bundle was not built for.
 
@@ -10,7 +10,7 @@ shapes the bundle was not built for.
     python scripts/bench_bundle_cuda.py --sustained 5 --out bench/results/h200-bf16-bundle-cuda.json
 
 Builds ``--jobs`` at a time (each TileLang worker with ``LCMAC_NVCC_JOBS`` nvcc processes):
-per algorithm the bundle, as the command line builds it, and one exact kernel per shape with
+per algorithm the bundle, as that command builds it, and one exact kernel per shape with
 the config the bundle's kernel resolves to but ``dynamic_shape`` off (so the exact kernel may
 read operands in place, ``direct_views``, which the run-time form does not).  They are kept
 in ``--artifacts`` (default out/bench-bundle-cuda/<target>-<dtype>) and not built again while
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 # the run-time-M bench's helpers: inputs, the error against float64
-from bench_dynamic_rows import _error, _inputs  # noqa: E402
+from bench_dynamic_rows import bench_case  # noqa: E402
 
 DEFAULT_SHAPES = "8192x8192x8192,12000x10000x9000,20480x16384x16384"
 DEFAULT_ALGOS = "strassen,winograd^2,gemm"
@@ -94,7 +94,7 @@ def build(todo: list[dict], jobs: int, budget_s: float, target: str) -> dict:
         t = time.perf_counter()
         try:
             if it.get("bundle"):
-                path = build_bundle(it["algo"], target, it["dtype"], [None], out_dir=it["dir"])
+                path = build_bundle(it["algo"], target, it["dtype"], [None], out_dir=it["dir"], dynamic_shape=True)
             else:
                 path = lcmac.build(it["algo"], target, it["dtype"], it["shape"], config=it["config"],
                                    out_dir=it["dir"])
@@ -105,51 +105,6 @@ def build(todo: list[dict], jobs: int, budget_s: float, target: str) -> dict:
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         done.update(pool.map(one, left))
     return done
-
-
-def bench_case(M, N, K, algo, fns: dict, args) -> dict:
-    """Interleaved rounds of torch.matmul and the loaded ``fns`` {variant: callable}."""
-    import torch
-    from lcmac.tune.measure import gpu_rounds
-    dtype = getattr(torch, args.dtype)
-    A, B = _inputs(M, N, K, dtype)
-    C = torch.empty(M, N, device="cuda", dtype=dtype)
-    variants = [("torch.matmul", lambda: torch.matmul(A, B, out=C))]
-    variants += [(name, (lambda f=f: f(A, B, out=C))) for name, f in fns.items()]
-    errors = {name: _error(fn, A, B, C) for name, fn in variants}
-    for _, fn in variants:          # warm: clocks up, workspaces allocated
-        t_end = time.perf_counter() + 0.2
-        while time.perf_counter() < t_end:
-            fn()
-        torch.cuda.synchronize()
-    rounds, sustained = gpu_rounds(variants, args.rounds, args.calls, args.sustained)
-    med = {name: statistics.median(ts) for name, ts in rounds.items()}
-    flops = 2.0 * M * N * K
-    rows = {name: {"median_s": med[name], "seconds": ts, "spread": (max(ts) - min(ts)) / med[name],
-                   "tflops": flops / med[name] / 1e12, "vs_torch": med["torch.matmul"] / med[name],
-                   "rel_error_vs_float64": errors[name],
-                   **({"sustained_s": sustained[name],
-                       "sustained_vs_torch": sustained["torch.matmul"] / sustained[name]} if sustained else {})}
-            for name, ts in rounds.items()}
-    out = {"M": M, "N": N, "K": K, "algorithm": algo, "variants": rows}
-    if "exact" in med and "bundle" in med:
-        out["exact_over_bundle"] = med["exact"] / med["bundle"]
-        # paired per round: the same round's two times (the variants ran back to back)
-        out["exact_over_bundle_rounds"] = [e / b for e, b in zip(rounds["exact"], rounds["bundle"])]
-        if sustained:
-            out["exact_over_bundle_sustained"] = sustained["exact"] / sustained["bundle"]
-    print(f"\n{algo} {M}x{N}x{K} {args.dtype}  (median of {args.rounds} rounds x {args.calls} calls)")
-    print(f"  {'variant':14s} {'ms':>9s} {'spread':>7s} {'TFLOP/s':>8s} {'vs torch':>9s} {'rel.err':>9s}"
-          + (f" {'sust. ms':>9s} {'vs torch':>9s}" if sustained else ""))
-    for name, r in rows.items():
-        print(f"  {name:14s} {r['median_s'] * 1e3:9.3f} {r['spread'] * 100:6.1f}% {r['tflops']:8.1f} "
-              f"{r['vs_torch']:8.3f}x {r['rel_error_vs_float64']:9.2e}"
-              + (f" {r['sustained_s'] * 1e3:9.3f} {r['sustained_vs_torch']:8.3f}x" if sustained else ""))
-    if "exact_over_bundle" in out:
-        paired = out["exact_over_bundle_rounds"]
-        print(f"  exact/bundle   {out['exact_over_bundle']:.3f}  (rounds {min(paired):.3f} .. {max(paired):.3f}"
-              + (f"; sustained {out['exact_over_bundle_sustained']:.3f}" if sustained else "") + "; goal >= 0.97)")
-    return out
 
 
 def main(argv=None) -> int:
@@ -217,7 +172,7 @@ def main(argv=None) -> int:
                 else:
                     missing.append({"algorithm": algo, "M": M, "N": N, "K": K, "variant": name, "why": got})
             if fns:
-                results.append(bench_case(M, N, K, algo, fns, args))
+                results.append(bench_case(M, N, K, algo, fns, args, other="bundle"))
             torch.cuda.empty_cache()
     device = torch.cuda.get_device_name(0)
     ratios = [r["exact_over_bundle"] for r in results if "exact_over_bundle" in r]

@@ -98,8 +98,10 @@ def _error(fn, A, B, C) -> float:
     return float((got - ref).norm() / ref.norm())
 
 
-def bench_case(M, N, K, algo, fns: dict, args) -> dict:
-    """Interleaved rounds of torch.matmul and the loaded kernels ``fns`` {variant: callable}."""
+def bench_case(M, N, K, algo, fns: dict, args, other: str = "dynamic") -> dict:
+    """Interleaved rounds of torch.matmul and the loaded kernels ``fns`` {variant: callable},
+    with ``args.sustained`` seconds each back to back where the command has that option; the
+    exact kernel over the variant ``other`` (the run-time-M kernel, or a bundle's), per round."""
     import torch
     from lcmac.tune.measure import gpu_rounds
     dtype = getattr(torch, args.dtype)
@@ -113,26 +115,34 @@ def bench_case(M, N, K, algo, fns: dict, args) -> dict:
         while time.perf_counter() < t_end:
             fn()
         torch.cuda.synchronize()
-    rounds, _ = gpu_rounds(variants, args.rounds, args.calls)
+    rounds, sustained = gpu_rounds(variants, args.rounds, args.calls, getattr(args, "sustained", 0.0))
     med = {name: statistics.median(ts) for name, ts in rounds.items()}
     flops = 2.0 * M * N * K
     rows = {name: {"median_s": med[name], "seconds": ts, "spread": (max(ts) - min(ts)) / med[name],
                    "tflops": flops / med[name] / 1e12, "vs_torch": med["torch.matmul"] / med[name],
-                   "rel_error_vs_float64": errors[name]} for name, ts in rounds.items()}
+                   "rel_error_vs_float64": errors[name],
+                   **({"sustained_s": sustained[name],
+                       "sustained_vs_torch": sustained["torch.matmul"] / sustained[name]} if sustained else {})}
+            for name, ts in rounds.items()}
     out = {"M": M, "N": N, "K": K, "algorithm": algo, "variants": rows}
-    if "exact" in med and "dynamic" in med:
-        out["exact_over_dynamic"] = med["exact"] / med["dynamic"]
+    key = f"exact_over_{other}"
+    if "exact" in med and other in med:
+        out[key] = med["exact"] / med[other]
         # paired per round: the same round's two times (the variants ran back to back)
-        out["exact_over_dynamic_rounds"] = [e / d for e, d in zip(rounds["exact"], rounds["dynamic"])]
+        out[key + "_rounds"] = [e / d for e, d in zip(rounds["exact"], rounds[other])]
+        if sustained:
+            out[key + "_sustained"] = sustained["exact"] / sustained[other]
     print(f"\n{algo} {M}x{N}x{K} {args.dtype}  (median of {args.rounds} rounds x {args.calls} calls)")
-    print(f"  {'variant':14s} {'ms':>9s} {'spread':>7s} {'TFLOP/s':>8s} {'vs torch':>9s} {'rel.err':>9s}")
+    print(f"  {'variant':14s} {'ms':>9s} {'spread':>7s} {'TFLOP/s':>8s} {'vs torch':>9s} {'rel.err':>9s}"
+          + (f" {'sust. ms':>9s} {'vs torch':>9s}" if sustained else ""))
     for name, r in rows.items():
         print(f"  {name:14s} {r['median_s'] * 1e3:9.3f} {r['spread'] * 100:6.1f}% {r['tflops']:8.1f} "
-              f"{r['vs_torch']:8.3f}x {r['rel_error_vs_float64']:9.2e}")
-    if "exact_over_dynamic" in out:
-        paired = out["exact_over_dynamic_rounds"]
-        print(f"  exact/dynamic  {out['exact_over_dynamic']:.3f}  (rounds {min(paired):.3f} .. {max(paired):.3f}; "
-              f"goal >= 0.97)")
+              f"{r['vs_torch']:8.3f}x {r['rel_error_vs_float64']:9.2e}"
+              + (f" {r['sustained_s'] * 1e3:9.3f} {r['sustained_vs_torch']:8.3f}x" if sustained else ""))
+    if key in out:
+        paired = out[key + "_rounds"]
+        print(f"  {'exact/' + other:14s} {out[key]:.3f}  (rounds {min(paired):.3f} .. {max(paired):.3f}"
+              + (f"; sustained {out[key + '_sustained']:.3f}" if sustained else "") + "; goal >= 0.97)")
     return out
 
 

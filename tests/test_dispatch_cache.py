@@ -127,7 +127,9 @@ def test_torchs_float32_class_decides_again(fresh, torch_class):
         lcmac.matmul(A, B, precision="highest")
 
 
-def test_a_new_record_in_the_log_decides_again(fresh, monkeypatch):
+def _stand_in_kernels(monkeypatch):
+    """(the algorithms lcmac's kernels ran, in order; A, B at LCMA_SHAPE): every kernel a
+    numpy product that records its algorithm."""
     ran = []
 
     def kernel(algo, target, dtype, shape, *mode):
@@ -139,8 +141,12 @@ def test_a_new_record_in_the_log_decides_again(fresh, monkeypatch):
     monkeypatch.setattr(ops, "kernel", kernel)
     rng = np.random.default_rng(2)
     M, N, K = LCMA_SHAPE
-    A = rng.standard_normal((M, K)).astype(np.float32)
-    B = rng.standard_normal((K, N)).astype(np.float32)
+    return (ran, rng.standard_normal((M, K)).astype(np.float32),
+            rng.standard_normal((K, N)).astype(np.float32))
+
+
+def test_a_new_record_in_the_log_decides_again(fresh, monkeypatch):
+    ran, A, B = _stand_in_kernels(monkeypatch)
     lcmac.matmul(A, B)
     lcmac.matmul(A, B)
     assert ran == [] and len(fresh.decided) == 1          # the vendor GEMM, decided once
@@ -154,19 +160,7 @@ def test_a_new_record_in_the_log_decides_again(fresh, monkeypatch):
 
 
 def test_another_processs_record_is_seen_when_the_logs_are_looked_at_again(fresh, monkeypatch):
-    ran = []
-
-    def kernel(algo, target, dtype, shape, *mode):
-        def run(a, b, out=None):
-            ran.append(algo)
-            np.matmul(a, b, out=out)
-            return out
-        return run
-    monkeypatch.setattr(ops, "kernel", kernel)
-    rng = np.random.default_rng(2)
-    M, N, K = LCMA_SHAPE
-    A = rng.standard_normal((M, K)).astype(np.float32)
-    B = rng.standard_normal((K, N)).astype(np.float32)
+    ran, A, B = _stand_in_kernels(monkeypatch)
     lcmac.matmul(A, B)
     log = tdb.log_path(fresh.logs, target_for("cpu"), "float32")
     log.parent.mkdir(parents=True, exist_ok=True)

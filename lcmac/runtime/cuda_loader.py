@@ -137,12 +137,30 @@ class CudaMatmul:
         return lib
 
     def workspace(self, device):
+        return self._kept_workspace(device, int(self.meta.get("workspace_bytes", 0)))
+
+    def _row_launches(self, A, name: str, launch) -> None:
+        """``launch(start, rows, stream)`` for each slice of at most ``max_rows`` rows of A
+        (artifacts of run-time rows), on A's device and current stream; a failed launch raises
+        with the library's message."""
+        dev = A.get_device()
+        stream = _current_stream(dev)
+        with _on_device(dev):
+            for start in range(0, A.shape[0], self.max_rows):
+                rc = launch(start, min(self.max_rows, A.shape[0] - start), stream)
+                if rc != 0:
+                    raise CudaRunError(f"{name} failed ({rc}): "
+                                       f"{self._open(A.device).lcmac_last_error().decode()}")
+
+    def _kept_workspace(self, device, need: int):
+        """The workspace kept on ``device``, replaced by a larger one when ``need`` bytes
+        exceed it (a launch of run-time size)."""
         import torch
         key = str(device)
-        if key not in self._ws:
-            n = int(self.meta.get("workspace_bytes", 0))
-            self._ws[key] = kept_empty(max(n, 256), torch.uint8, device)
-        return self._ws[key]
+        ws = self._ws.get(key)
+        if ws is None or ws.numel() < need:
+            ws = self._ws[key] = kept_empty(max(need, 256), torch.uint8, device)
+        return ws
 
     # -- checking ------------------------------------------------------------------------
     def _check_tensor(self, name, t) -> None:
@@ -387,13 +405,8 @@ class CudaRowsMatmul(CudaMatmul):
     def workspace(self, device, rows: int | None = None):
         """The kept workspace on ``device``, at least what a launch of ``rows`` rows needs
         (default: ``max_rows``)."""
-        import torch
         need = int(self._open(device).lcmac_workspace_bytes_rows(self.max_rows if rows is None else rows))
-        key = str(device)
-        ws = self._ws.get(key)
-        if ws is None or ws.numel() < need:
-            ws = self._ws[key] = kept_empty(max(need, 256), torch.uint8, device)
-        return ws
+        return self._kept_workspace(device, need)
 
     def check(self, A, B, out=None):
         for name, t in (("A", A), ("out", out)):
@@ -409,19 +422,11 @@ class CudaRowsMatmul(CudaMatmul):
         """``entry(A, b_ptr, C, rows, workspace, stream)`` over launches of at most
         ``max_rows`` rows, on A's device and current stream."""
         import torch
-        M = A.shape[0]
         if out is None:
-            out = torch.empty((M, self.N), dtype=A.dtype, device=A.device)
-        dev = A.get_device()
-        stream = _current_stream(dev)
-        with _on_device(dev):
-            for start in range(0, M, self.max_rows):
-                rows = min(self.max_rows, M - start)
-                ws = self.workspace(A.device, rows)
-                rc = entry(A[start:].data_ptr(), b_ptr, out[start:].data_ptr(), rows, ws.data_ptr(), stream)
-                if rc != 0:
-                    raise CudaRunError(f"{entry.__name__} failed ({rc}): "
-                                       f"{self._open(A.device).lcmac_last_error().decode()}")
+            out = torch.empty((A.shape[0], self.N), dtype=A.dtype, device=A.device)
+        self._row_launches(A, entry.__name__, lambda start, rows, stream: entry(
+            A[start:].data_ptr(), b_ptr, out[start:].data_ptr(), rows,
+            self.workspace(A.device, rows).data_ptr(), stream))
         return out
 
 
@@ -469,17 +474,12 @@ class CudaShapeMatmul(CudaMatmul):
     def workspace(self, device, shape=None):
         """The kept workspace on ``device``, at least what a launch of ``shape`` (M, N, K;
         default: the largest) needs."""
-        import torch
         lib = self._open(device)
         M, N, K = shape or (self.max_rows, self.max_cols, self.max_depth)
         need = int(lib.lcmac_workspace_bytes_shape(M, N, K))
         if need < 0:
             raise ShapeError(lib.lcmac_last_error().decode())
-        key = str(device)
-        ws = self._ws.get(key)
-        if ws is None or ws.numel() < need:
-            ws = self._ws[key] = kept_empty(max(need, 256), torch.uint8, device)
-        return ws
+        return self._kept_workspace(device, need)
 
     def check(self, A, B, out=None):
         for name, t in (("A", A), ("B", B), ("out", out)):
@@ -508,16 +508,9 @@ class CudaShapeMatmul(CudaMatmul):
         if M == 0 or N == 0:
             return out
         lib = self._open(A.device)
-        dev = A.get_device()
-        stream = _current_stream(dev)
-        with _on_device(dev):
-            for start in range(0, M, self.max_rows):
-                rows = min(self.max_rows, M - start)
-                ws = self.workspace(A.device, (rows, N, K))
-                rc = lib.lcmac_run_shape(A[start:].data_ptr(), B.data_ptr(), out[start:].data_ptr(),
-                                         rows, N, K, ws.data_ptr(), stream)
-                if rc != 0:
-                    raise CudaRunError(f"lcmac_run_shape failed ({rc}): {lib.lcmac_last_error().decode()}")
+        self._row_launches(A, "lcmac_run_shape", lambda start, rows, stream: lib.lcmac_run_shape(
+            A[start:].data_ptr(), B.data_ptr(), out[start:].data_ptr(), rows, N, K,
+            self.workspace(A.device, (rows, N, K)).data_ptr(), stream))
         return out
 
 

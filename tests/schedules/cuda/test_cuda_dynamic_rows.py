@@ -255,20 +255,27 @@ def gpu_kernels(tmp_path_factory):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    out = tmp_path_factory.mktemp("rows")
+    return build_and_load({name: dict(algo=name.split("-")[0], target="cuda", dtype="bfloat16",
+                                      shape=(MAX_ROWS, N, K), config={"dynamic_rows": True, **cfg},
+                                      out_dir=str(out / name.replace("^", "sq")))
+                           for name, cfg in GPU_CASES.items()})
+
+
+def build_and_load(jobs: dict) -> dict:
+    """name → the loaded artifact of each build job (``build_many``, compiled together; the
+    first failure raises)."""
     import lcmac
     from lcmac.artifact.build import build_many
-    out = tmp_path_factory.mktemp("rows")
-    jobs = [dict(algo=name.split("-")[0], target="cuda", dtype="bfloat16", shape=(MAX_ROWS, N, K),
-                 config={"dynamic_rows": True, **cfg}, out_dir=str(out / name.replace("^", "sq")))
-            for name, cfg in GPU_CASES.items()]
-    built = build_many(jobs)
+    built = build_many(list(jobs.values()))
     for r in built:
         if isinstance(r, BaseException):
             raise r
-    return {name: lcmac.load(p) for name, p in zip(GPU_CASES, built)}
+    return {name: lcmac.load(p) for name, p in zip(jobs, built)}
 
 
-def _rel(C, ref):
+def rel_error(C, ref):
+    """‖C − ref‖_F / ‖ref‖_F in float64."""
     return float((C.double() - ref).norm() / ref.norm())
 
 
@@ -291,7 +298,7 @@ def test_any_m_matches_float64_and_leaves_rows_past_m_alone(gpu_kernels, name):
         assert torch.isfinite(big[:M]).all(), (name, M)
         assert torch.isnan(big[M:]).all(), (name, M, "rows past M were written")
         bound = 4e-2 if name != "gemm" else 1e-2
-        assert _rel(big[:M], ref) < bound, (name, M)
+        assert rel_error(big[:M], ref) < bound, (name, M)
         if Bp is not None:
             assert torch.equal(f(A, Bp), big[:M]), (name, M, "prepared B")
     assert f(torch.empty(0, K, device="cuda", dtype=torch.bfloat16), B).shape == (0, N)
@@ -307,7 +314,7 @@ def test_matmul_runs_one_kernel_per_weight(gpu_kernels, monkeypatch):
     for M in (100, 5000):
         A = torch.randn(M, K, device="cuda").to(torch.bfloat16)
         C = lcmac.matmul(A, B, algo="strassen")
-        assert _rel(C, A.double() @ B.double()) < 4e-2
+        assert rel_error(C, A.double() @ B.double()) < 4e-2
     [key] = ops.kernel_keys(5000, N, K, "bfloat16", algo="strassen", target=ops.target_for("cuda"))
     assert key[-1] == ops.DYNAMIC_ROWS
     assert type(ops.kernel(*key)).__name__ == "CudaRowsMatmul"

@@ -17,6 +17,7 @@ from lcmac.schedules.cuda.entry_point import shape_entry
 from lcmac.schedules.cuda.rows import row_blocks, shape_info, shape_units, shape_why
 from lcmac.spec.cuda.config import CudaConfig
 from tests.schedules.cuda.test_cuda_codegen import kernel_body, needs_nvcc, needs_tilelang, worker
+from tests.schedules.cuda.test_cuda_dynamic_rows import build_and_load, rel_error
 
 MAX = (8192, 4096, 4096)          # the largest M, N, K a launch of the built kernels takes
 
@@ -253,21 +254,10 @@ def gpu_kernels(tmp_path_factory):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    import lcmac
-    from lcmac.artifact.build import build_many
     out = tmp_path_factory.mktemp("shape")
-    jobs = [dict(algo=name.split("-")[0], target="cuda", dtype="bfloat16", shape=GPU_MAX,
-                 config={"dynamic_shape": True, "fused": name.endswith("fused")},
-                 out_dir=str(out / name.replace("^", "sq"))) for name in GPU_CASES]
-    built = build_many(jobs)
-    for r in built:
-        if isinstance(r, BaseException):
-            raise r
-    return {name: lcmac.load(p) for name, p in zip(GPU_CASES, built)}
-
-
-def _rel(C, ref):
-    return float((C.double() - ref).norm() / ref.norm())
+    return build_and_load({name: dict(algo=name.split("-")[0], target="cuda", dtype="bfloat16", shape=GPU_MAX,
+                                      config={"dynamic_shape": True, "fused": name.endswith("fused")},
+                                      out_dir=str(out / name.replace("^", "sq"))) for name in GPU_CASES})
 
 
 @pytest.mark.gpu
@@ -286,7 +276,7 @@ def test_any_shape_matches_float64_and_leaves_rows_past_m_alone(gpu_kernels, nam
         f(A, B, out=big[:M])
         torch.cuda.synchronize()
         assert torch.isfinite(big[:M]).all() and torch.isnan(big[M:]).all(), (name, M, N, K)
-        assert _rel(big[:M], A.double() @ B.double()) < bound, (name, M, N, K)
+        assert rel_error(big[:M], A.double() @ B.double()) < bound, (name, M, N, K)
     A, B = torch.ones(8, 0, device="cuda", dtype=torch.bfloat16), torch.ones(0, 16, device="cuda", dtype=torch.bfloat16)
     assert torch.equal(f(A, B), torch.zeros(8, 16, device="cuda", dtype=torch.bfloat16))
 
@@ -308,7 +298,7 @@ def test_ragged_shapes_run_padded_and_columns_past_n_stay_alone(gpu_kernels, nam
         wide = torch.full((M, N + 8), float("nan"), device="cuda", dtype=torch.bfloat16)
         run_shape(f, A, B, out=wide[:, :N])
         assert torch.isnan(wide[:, N:]).all(), (name, M, N, K, "columns past N were written")
-        assert _rel(wide[:, :N], A.double() @ B.double()) < bound, (name, M, N, K)
+        assert rel_error(wide[:, :N], A.double() @ B.double()) < bound, (name, M, N, K)
     too_big = torch.zeros(8, GPU_MAX[2] + 8, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ShapeError, match="K up to 4096"):
         run_shape(f, too_big, torch.zeros(GPU_MAX[2] + 8, 8, device="cuda", dtype=torch.bfloat16))
