@@ -1,5 +1,5 @@
-"""Environment variables read on a hot path: ``os.environ.get`` encodes its key on every call
-(about half a microsecond a name), which a per-call check of several names cannot pay."""
+"""Environment variables read on a hot path: ``os.environ.get`` encodes its key on every call,
+which a per-call check of several names cannot pay."""
 from __future__ import annotations
 
 import os
