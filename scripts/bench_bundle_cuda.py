@@ -119,6 +119,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=10, help="calls per timed round (default %(default)s)")
     ap.add_argument("--sustained", type=float, default=0.0, metavar="S",
                     help="also S seconds of each variant back to back (default: burst only)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also each variant's time by kernel (torch's profiler), printed and in the JSON")
     ap.add_argument("--jobs", type=int, default=4, help="builds in parallel (default %(default)s)")
     ap.add_argument("--build-s", type=float, default=3600.0,
                     help="no exact build starts after this many seconds (default %(default)s)")

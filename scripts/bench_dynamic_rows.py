@@ -98,6 +98,11 @@ def _error(fn, A, B, C) -> float:
     return float((got - ref).norm() / ref.norm())
 
 
+def _short(kernel: str) -> str:
+    """A kernel's name without its signature and lcmac's prefix."""
+    return kernel.split("(")[0].removeprefix("lcmac_").removesuffix("_kernel")
+
+
 def bench_case(M, N, K, algo, fns: dict, args, other: str = "dynamic") -> dict:
     """Interleaved rounds of torch.matmul and the loaded kernels ``fns`` {variant: callable},
     with ``args.sustained`` seconds each back to back where the command has that option; the
@@ -125,6 +130,10 @@ def bench_case(M, N, K, algo, fns: dict, args, other: str = "dynamic") -> dict:
                        "sustained_vs_torch": sustained["torch.matmul"] / sustained[name]} if sustained else {})}
             for name, ts in rounds.items()}
     out = {"M": M, "N": N, "K": K, "algorithm": algo, "variants": rows}
+    if getattr(args, "kernels", False):
+        # where each variant's time goes: µs per call by kernel (torch's profiler)
+        from lcmac.tune.measure import gpu_kernel_times
+        out["kernels_us"] = {name: gpu_kernel_times(fn, args.calls) for name, fn in variants if name != "torch.matmul"}
     key = f"exact_over_{other}"
     if "exact" in med and other in med:
         out[key] = med["exact"] / med[other]
@@ -139,6 +148,8 @@ def bench_case(M, N, K, algo, fns: dict, args, other: str = "dynamic") -> dict:
         print(f"  {name:14s} {r['median_s'] * 1e3:9.3f} {r['spread'] * 100:6.1f}% {r['tflops']:8.1f} "
               f"{r['vs_torch']:8.3f}x {r['rel_error_vs_float64']:9.2e}"
               + (f" {r['sustained_s'] * 1e3:9.3f} {r['sustained_vs_torch']:8.3f}x" if sustained else ""))
+    for name, ks in out.get("kernels_us", {}).items():
+        print(f"  {name} by kernel (us per call): " + ", ".join(f"{_short(k)} {us:.0f}" for k, us in ks.items()))
     if key in out:
         paired = out[key + "_rounds"]
         print(f"  {'exact/' + other:14s} {out[key]:.3f}  (rounds {min(paired):.3f} .. {max(paired):.3f}"
@@ -155,6 +166,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default %(default)s)")
     ap.add_argument("--calls", type=int, default=10, help="calls per timed round (default %(default)s)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also each variant's time by kernel (torch's profiler), printed and in the JSON")
     ap.add_argument("--jobs", type=int, default=4, help="builds in parallel (default %(default)s)")
     ap.add_argument("--build-s", type=float, default=3600.0,
                     help="no build starts after this many seconds (default %(default)s)")

@@ -273,6 +273,25 @@ def gpu_sustained(fn, seconds: float) -> float:
     return (time.perf_counter() - t0) / n
 
 
+def gpu_kernel_times(fn, calls: int = 10) -> dict:
+    """{kernel name: mean µs per call of ``fn``} over ``calls`` calls, from torch's profiler
+    (CUDA activity): which stage of a product the time goes to.  The profiler adds a little
+    to each launch, so the sum is no substitute for ``gpu_timer``'s figure."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out: dict = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:      # kernels, copies, memsets
+            out[ev.name] = out.get(ev.name, 0.0) + ev.time_range.elapsed_us() / calls
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def run_header(benchmark: str, device: str, script: str, argv=None) -> dict:
     """The fields every benchmark's results JSON starts with: what it measured, on which
     device, the date (UTC) and the command as run (``script`` its ``__file__``, ``argv`` its
