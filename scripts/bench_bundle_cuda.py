@@ -50,8 +50,11 @@ def _shape(text: str) -> tuple:
     return M, N, K
 
 
-def plan(algos, shapes, dtype: str, target: str, art: Path) -> list[dict]:
-    """The builds: per algorithm its bundle (``bundle: True``) and an exact kernel per shape."""
+def plan(algos, shapes, dtype: str, target: str, art: Path, config: dict | None = None,
+         also: dict | None = None) -> list[dict]:
+    """The builds: per algorithm its bundle (``bundle: True``) and an exact kernel per shape,
+    both with ``config`` (knobs over the defaults) where given; with ``also``, a second
+    bundle with those knobs over ``config`` (timed beside the first, variant "bundle+")."""
     from lcmac.spec.cuda.config import CudaConfig
     from lcmac.spec.shape_rules import ANY_MAX_SHAPE
     from lcmac.spec.targets import get_target
@@ -59,9 +62,14 @@ def plan(algos, shapes, dtype: str, target: str, art: Path) -> list[dict]:
     todo = []
     for algo in algos:
         tag = algo.replace("^", "sq")
-        cfg = CudaConfig.from_dict({"dynamic_shape": True}, dtype=dtype, arch=arch, lcma=algo != "gemm").to_dict()
-        todo.append({"key": (algo, "bundle"), "algo": algo, "dtype": dtype, "bundle": True,
+        cfg = CudaConfig.from_dict({**(config or {}), "dynamic_shape": True}, dtype=dtype, arch=arch,
+                                   lcma=algo != "gemm").to_dict()
+        todo.append({"key": (algo, "bundle"), "algo": algo, "dtype": dtype, "bundle": True, "config": config,
                      "shape": ANY_MAX_SHAPE["cuda"], "dir": str(art / f"{tag}-bundle")})
+        if also:
+            todo.append({"key": (algo, "bundle+"), "algo": algo, "dtype": dtype, "bundle": True,
+                         "shape": ANY_MAX_SHAPE["cuda"], "config": {**(config or {}), **also},
+                         "dir": str(art / f"{tag}-bundle-also")})
         for M, N, K in shapes:
             todo.append({"key": (algo, (M, N, K)), "algo": algo, "dtype": dtype, "shape": (M, N, K),
                          "config": dict(cfg, dynamic_shape=False), "dir": str(art / f"{tag}-{M}x{N}x{K}")})
@@ -94,7 +102,8 @@ def build(todo: list[dict], jobs: int, budget_s: float, target: str) -> dict:
         t = time.perf_counter()
         try:
             if it.get("bundle"):
-                path = build_bundle(it["algo"], target, it["dtype"], [None], out_dir=it["dir"], dynamic_shape=True)
+                path = build_bundle(it["algo"], target, it["dtype"], [None], out_dir=it["dir"],
+                                    config=it.get("config"), dynamic_shape=True)
             else:
                 path = lcmac.build(it["algo"], target, it["dtype"], it["shape"], config=it["config"],
                                    out_dir=it["dir"])
@@ -121,6 +130,12 @@ def main(argv=None) -> int:
                     help="also S seconds of each variant back to back (default: burst only)")
     ap.add_argument("--kernels", action="store_true",
                     help="also each variant's time by kernel (torch's profiler), printed and in the JSON")
+    ap.add_argument("--config", type=json.loads, default=None, metavar="JSON",
+                    help="knobs for the bundle's kernel and the exact ones alike, e.g. '{\"persistent\": false}' "
+                         "(keep a separate --artifacts per config)")
+    ap.add_argument("--also", type=json.loads, default=None, metavar="JSON",
+                    help="a second bundle with these knobs over --config, timed beside the first in the "
+                         "same rounds (variant 'bundle+'), e.g. '{\"persistent\": false}'")
     ap.add_argument("--jobs", type=int, default=4, help="builds in parallel (default %(default)s)")
     ap.add_argument("--build-s", type=float, default=3600.0,
                     help="no exact build starts after this many seconds (default %(default)s)")
@@ -137,10 +152,11 @@ def main(argv=None) -> int:
             args.target = "cuda-sm90a"          # no GPU here: cross-compile for the H100/H200
     from lcmac.spec.targets import get_target
     art = args.artifacts or ROOT / "out" / "bench-bundle-cuda" / f"{get_target(args.target).name}-{args.dtype}"
-    todo = plan(algos, shapes, args.dtype, args.target, art)
+    todo = plan(algos, shapes, args.dtype, args.target, art, args.config, args.also)
     if args.list:
         for it in todo:
-            what = "bundle (one run-time-shape kernel)" if it.get("bundle") else "exact kernel"
+            what = ("exact kernel" if not it.get("bundle") else "bundle (one run-time-shape kernel)"
+                    + (f" {json.dumps(it['config'])}" if it.get("config") else ""))
             kept = _kept(it)
             print(f"{it['algo']:12s} {what:36s} {'x'.join(map(str, it['shape'])):20s} "
                   f"{'kept: ' + kept if kept else 'to build: ' + it['dir']}")
@@ -164,31 +180,44 @@ def main(argv=None) -> int:
     import lcmac
     from lcmac.tune.measure import run_header
     results, missing = [], []
+    device = torch.cuda.get_device_name(0)
+    out = args.out or str(ROOT / "bench" / "results" / (
+        f"{device.lower().replace('nvidia ', '').replace(' ', '-')}-{args.dtype}-bundle-cuda.json"))
+
+    def write() -> dict:
+        """The results so far, written after every case (a run cut short keeps what it measured)."""
+        ratios = [r["exact_over_bundle"] for r in results if "exact_over_bundle" in r]
+        summary = {"cases": len(results), "exact_over_bundle_min": min(ratios) if ratios else None,
+                   "exact_over_bundle_median": statistics.median(ratios) if ratios else None,
+                   "within_3_percent": all(x >= 0.97 for x in ratios) if ratios else None}
+        doc = {**run_header("bundle-cuda", device, __file__, argv), "dtype": args.dtype,
+               "config": args.config, "also": args.also, "rounds": args.rounds, "calls": args.calls, "sustained_s": args.sustained,
+               "summary": summary, "results": results, "not_run": missing}
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(doc, f, indent=1)
+        return summary
     for algo in algos:
         bundle = built[(algo, "bundle")]
         for M, N, K in shapes:
             fns = {}
-            for name, got in (("exact", built[(algo, (M, N, K))]), ("bundle", bundle)):
+            for name, got in (("exact", built[(algo, (M, N, K))]), ("bundle", bundle),
+                              *((("bundle+", built[(algo, "bundle+")]),) if args.also else ())):
                 if os.path.isfile(got):
-                    fns[name] = lcmac.load(os.path.dirname(got) if name == "bundle" else got)
+                    fns[name] = lcmac.load(os.path.dirname(got) if name.startswith("bundle") else got)
                 else:
                     missing.append({"algorithm": algo, "M": M, "N": N, "K": K, "variant": name, "why": got})
             if fns:
-                results.append(bench_case(M, N, K, algo, fns, args, other="bundle"))
+                row = bench_case(M, N, K, algo, fns, args, other="bundle")
+                v = row["variants"]
+                if "exact" in v and "bundle+" in v:
+                    row["exact_over_bundle+"] = v["exact"]["median_s"] / v["bundle+"]["median_s"]
+                    print(f"  exact/bundle+  {row['exact_over_bundle+']:.3f}")
+                results.append(row)
+                write()
             torch.cuda.empty_cache()
-    device = torch.cuda.get_device_name(0)
+    summary = write()
     ratios = [r["exact_over_bundle"] for r in results if "exact_over_bundle" in r]
-    summary = {"cases": len(results), "exact_over_bundle_min": min(ratios) if ratios else None,
-               "exact_over_bundle_median": statistics.median(ratios) if ratios else None,
-               "within_3_percent": all(x >= 0.97 for x in ratios) if ratios else None}
-    doc = {**run_header("bundle-cuda", device, __file__, argv), "dtype": args.dtype,
-           "rounds": args.rounds, "calls": args.calls, "sustained_s": args.sustained,
-           "summary": summary, "results": results, "not_run": missing}
-    out = args.out or str(ROOT / "bench" / "results" / (
-        f"{device.lower().replace('nvidia ', '').replace(' ', '-')}-{args.dtype}-bundle-cuda.json"))
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(doc, f, indent=1)
     print(f"\nexact/bundle over {len(ratios)} cases: min {summary['exact_over_bundle_min']}, "
           f"median {summary['exact_over_bundle_median']}; within 3 %: {summary['within_3_percent']}")
     print(f"wrote {out}")
