@@ -56,7 +56,7 @@ from lcmac.spec.shape_rules import (
     ANY_MAX_SHAPE, ANY_ROWS, ANY_TILE, BUILD_ROWS, PIECE_DTYPES, ShapeRule, bucket_shapes, check_ladder, parse_rule,
     piece_ladders, piece_shapes)
 from lcmac.core.version import __version__
-from lcmac.spec.cpu.config import default_threads
+from lcmac.spec.cpu.config import default_config, default_threads
 from lcmac.artifact.build import build_many, resolve_algorithm, resolve_target
 from lcmac.artifact.manifest import Manifest, atomic_write_bytes
 
@@ -203,7 +203,7 @@ def build_specs(specs, target, dtype, *, out_dir=".", levels: int = 1, config=No
     jobs = [dict(algo=a, target=t, dtype=dtype, shape=shp, levels=levels,
                  config=dict(config or {}, dynamic_rows=True) if dyn == "rows" else
                  dict(config or {}, dynamic_shape=True) if dyn == "shape" else
-                 _piece_config(config, dtype) if piece else config,
+                 _piece_config(config, dtype, t, a, levels, shp) if piece else config,
                  out_dir=str(out), mcpu=mcpu, **({"piece": True} if piece else {}))
             for a, shp, dyn, piece in wanted]
     results = build_many(jobs)
@@ -273,11 +273,14 @@ def _max_shape(shape) -> tuple:
     return out
 
 
-def _piece_config(config, dtype: str):
+def _piece_config(config, dtype: str, target, algo: str, levels: int, shape):
     """A piece kernel's config: the caller's knobs, Combine H fused (the piece writes C only
     from its tile stores: cpu_lcma.generate), A and B packed per block in row bands (its
-    rows a run-time count; float64's default packs ahead)."""
-    bands = {} if normalize_dtype(dtype) == "float32" else {"bands": default_threads()}
+    rows a run-time count) where the target's default packs ahead (float64; float32 on
+    16-register AVX2)."""
+    alg = resolve_algorithm(algo, levels)[0]
+    ahead = default_config(target, normalize_dtype(dtype), alg, shape=shape).bands == 0
+    bands = {"bands": default_threads()} if ahead else {}
     return {**bands, **(config or {}), "fused": True}
 
 
