@@ -229,6 +229,12 @@ def _meta(in_f, out_f, dtype=torch.bfloat16):
     return nn.Linear(in_f, out_f, device="meta", dtype=dtype)
 
 
+def _bf16_cpu(monkeypatch):
+    """CPU tensors planned for an AVX-512 target (which has bf16 kernels), whatever this host's
+    ISA: the bf16 models below are eligible on a host without AVX-512 too."""
+    monkeypatch.setattr(ops, "target_for", lambda device: "x86_64-avx512" if device == "cpu" else TARGET)
+
+
 def test_auto_never_picks_fp8(gpu_stand_in, monkeypatch):
     """A bf16 model stays in bf16 unless fp8 is asked for: the planner is never asked in fp8
     (a stand-in that wins everywhere records what it is asked), and on an sm_90 target the
@@ -242,6 +248,7 @@ def test_auto_never_picks_fp8(gpu_stand_in, monkeypatch):
                     operands=kw.get("operands") or "native")
     monkeypatch.setattr(ops, "plan", plan)
     monkeypatch.setattr(ops, "kernel_keys", lambda *a, **kw: [])
+    _bf16_cpu(monkeypatch)
     model = nn.Sequential(nn.Linear(256, 256).bfloat16(), nn.Linear(256, 256).bfloat16())
     rep = optimize(model, rows=[1024, 2048])
     assert set(asked) == {None} and len(rep.swapped) == 2
@@ -290,6 +297,7 @@ def test_optimize_fp8_searches_in_the_fp8_mode(gpu_stand_in, monkeypatch):
     monkeypatch.setattr(ops, "plan", plan)
     monkeypatch.setattr(ops, "kernel_keys", lambda *a, **kw: [("strassen", TARGET, "bfloat16",
                                                                (a[0], a[1], a[2]), "fp8")])
+    _bf16_cpu(monkeypatch)
     rep = optimize(nn.Sequential(_meta(1024, 1024)), dtype="fp8", rows=[1024, 2048, 4096])
     [s] = rep.swapped
     assert set(asked) == {"fp8"} and (s.crossover, s.algorithm) == (2048, "strassen")
