@@ -184,19 +184,21 @@ def main(argv=None) -> int:
     out = args.out or str(ROOT / "bench" / "results" / (
         f"{device.lower().replace('nvidia ', '').replace(' ', '-')}-{args.dtype}-bundle-cuda.json"))
 
-    def write() -> dict:
-        """The results so far, written after every case (a run cut short keeps what it measured)."""
+    def write() -> tuple[dict, list]:
+        """(summary, exact/bundle ratios) of the results so far, written after every case (a run
+        cut short keeps what it measured)."""
         ratios = [r["exact_over_bundle"] for r in results if "exact_over_bundle" in r]
         summary = {"cases": len(results), "exact_over_bundle_min": min(ratios) if ratios else None,
                    "exact_over_bundle_median": statistics.median(ratios) if ratios else None,
                    "within_3_percent": all(x >= 0.97 for x in ratios) if ratios else None}
         doc = {**run_header("bundle-cuda", device, __file__, argv), "dtype": args.dtype,
-               "config": args.config, "also": args.also, "rounds": args.rounds, "calls": args.calls, "sustained_s": args.sustained,
+               "config": args.config, "also": args.also, "rounds": args.rounds, "calls": args.calls,
+               "sustained_s": args.sustained,
                "summary": summary, "results": results, "not_run": missing}
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         with open(out, "w") as f:
             json.dump(doc, f, indent=1)
-        return summary
+        return summary, ratios
     for algo in algos:
         bundle = built[(algo, "bundle")]
         for M, N, K in shapes:
@@ -216,8 +218,7 @@ def main(argv=None) -> int:
                 results.append(row)
                 write()
             torch.cuda.empty_cache()
-    summary = write()
-    ratios = [r["exact_over_bundle"] for r in results if "exact_over_bundle" in r]
+    summary, ratios = write()
     print(f"\nexact/bundle over {len(ratios)} cases: min {summary['exact_over_bundle_min']}, "
           f"median {summary['exact_over_bundle_median']}; within 3 %: {summary['within_3_percent']}")
     print(f"wrote {out}")

@@ -14,7 +14,7 @@ import tilelang.language as T
 from tilelang.cuda.language import pdl_sync
 
 from lcmac.schedules.cuda.common import (
-    ACCUM, all_of, emit_names, evaluate, extents, keep_params, known, literal, unrolled, uses_pdl)
+    ACCUM, all_of, emit_names, evaluate, extents, keep_params, known, literal, run_time, unrolled, uses_pdl)
 from lcmac.spec.cuda.blocking import Blocking
 from lcmac.spec.cuda.config import CudaConfig
 from lcmac.spec.cuda.dtypes import accum_dtype
@@ -57,7 +57,7 @@ def combine_ab(which: str, prog, blk: Blocking, dtype: str, cfg: CudaConfig, arc
 
     # a kernel of run-time sizes splits its CTAs into those inside every bound and the rest
     # (a static shape's code stays one form: its bounds fold where they are known)
-    masks = not all(isinstance(v, int) for v in (rows, cols, Rb, Cb)) and not (all(full_rows) and all(full_cols))
+    masks = run_time(rows, cols, Rb, Cb)
 
     @T.macro
     def store(Xt, Xl, S, outs, rr, cc):
@@ -180,7 +180,7 @@ def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str =
     rows_ok = [known((i + 1) * Mb <= M) for i in range(m)]
     cols_ok = [known((j + 1) * Nb <= N) for j in range(n)]
 
-    masks = not all(isinstance(v, int) for v in (M, N, Mb, Nb)) and not (all(rows_ok) and all(cols_ok))
+    masks = run_time(M, N, Mb, Nb)
 
     @T.macro
     def tile(H, C, bx, by, masked):

@@ -114,6 +114,11 @@ def known(fact) -> bool:
     return fact if isinstance(fact, bool) else False
 
 
+def run_time(*sizes) -> bool:
+    """Whether any of ``sizes`` is a run-time value (a TileLang dynamic dimension), not an int."""
+    return not all(isinstance(v, int) for v in sizes)
+
+
 def tile_count(extent, block: int):
     """ceil(extent / block) tiles; for a run-time extent (never negative) in C's division,
     which floor division's sign handling would cost a page of selects."""
