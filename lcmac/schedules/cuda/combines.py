@@ -180,11 +180,9 @@ def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str =
     rows_ok = [known((i + 1) * Mb <= M) for i in range(m)]
     cols_ok = [known((j + 1) * Nb <= N) for j in range(n)]
 
-    masks = run_time(M, N, Mb, Nb)
-
     @T.macro
-    def tile(H, C, bx, by, masked):
-        # masked: each write of C checked against its bounds (a CTA at C's edge)
+    def tile(H, C, bx, by):
+        # each write of C checked against its bounds where a block may pass C's edge
         for x, y in T.Parallel(tile_rows, tile_cols):
             rr = by * tile_rows + x
             cc = bx * tile_cols + y
@@ -194,9 +192,9 @@ def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str =
                 for i in unrolled(m):
                     for j in unrolled(n):
                         conds = []
-                        if masked and not rows_ok[i]:
+                        if not rows_ok[i]:
                             conds.append(i * Mb + rr < M)
-                        if masked and not cols_ok[j]:
+                        if not cols_ok[j]:
                             conds.append(j * Nb + cc < N)
                         if conds:
                             if all_of(conds):
@@ -212,13 +210,8 @@ def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str =
             if pdl:
                 pdl_sync()
             assume_multiples(blk)
-            if masks:
-                # run-time sizes: the bound checks only in the CTAs at C's edges
-                if ((m - 1) * Mb + (by + 1) * tile_rows <= M and (n - 1) * Nb + (bx + 1) * tile_cols <= N):
-                    tile(H, C, bx, by, False)
-                else:
-                    tile(H, C, bx, by, True)
-            else:
-                tile(H, C, bx, by, True)
+            # every CTA checks its writes: an unmasked copy for the interior CTAs of a run-time
+            # shape made this kernel slower, unlike Combine A's and B's (docs/cuda.md)
+            tile(H, C, bx, by)
 
     return lcmac_combine_h
