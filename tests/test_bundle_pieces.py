@@ -131,7 +131,6 @@ def _rel(C, A, B) -> float:
     return float(np.linalg.norm(np.asarray(C, np.float64) - R) / np.linalg.norm(R))
 
 
-@pytest.mark.slow
 def test_default_bundle_is_piece_kernels(bundle):
     b = read_bundle(bundle)
     (rule,) = b.rules
@@ -140,7 +139,6 @@ def test_default_bundle_is_piece_kernels(bundle):
     assert json.loads((bundle / INDEX).read_text())["format"] == PIECES_FORMAT
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("shape", JUDGED + [(1001, 300, 261), (2100, 130, 4100)], ids=lambda s: "x".join(map(str, s)))
 def test_default_bundle_matches_float64(bundle, shape):
     M, N, K = shape
@@ -153,7 +151,6 @@ def test_default_bundle_matches_float64(bundle, shape):
     assert _rel(out, A, B) < 2e-6, shape
 
 
-@pytest.mark.slow
 def test_bundle_takes_views_and_torch_tensors(bundle):
     torch = pytest.importorskip("torch")
     f = lcmac.load(bundle)
@@ -172,7 +169,6 @@ def test_bundle_takes_views_and_torch_tensors(bundle):
         f(square, square, out=square)
 
 
-@pytest.mark.slow
 def test_a_piece_kernel_loaded_alone_is_refused_by_name(bundle):
     b = read_bundle(bundle)
     name = next(iter(b.kernels))

@@ -168,7 +168,6 @@ def test_matmul_devices_errors_name_the_problem():
             lcmac.matmul(A, B, devices=("cuda", "cpu"))
 
 
-@pytest.mark.slow
 def test_two_thread_pools_stand_in_for_the_pair(tmp_path):
     """The split run on two host "devices" of different thread counts: one rows bundle opened
     twice through the C API, with a pool of 2 threads and of 1; integer-valued float32, so

@@ -195,7 +195,6 @@ def _same_scales(got, want, real):
     assert np.allclose(got, want, rtol=2.0 ** -20, atol=0), np.abs(got / np.where(want == 0, 1, want) - 1).max()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("algo,shape", KERNEL_CASES, ids=CASE_IDS)
 def test_kernels_write_the_contract(kernels, algo, shape):
     """Ã [R, Mb, Kb] and K-major B̃ [R, Nb, Kb] are the reference's E4M3 values (one step
@@ -229,7 +228,6 @@ def _prepared(Bp, f, name, count, dtype, shape):
     return Bp.buffer[off:off + n].view(dtype).view(shape)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("algo,shape", [KERNEL_CASES[0], KERNEL_CASES[2], KERNEL_CASES[4]],
                          ids=[CASE_IDS[0], CASE_IDS[2], CASE_IDS[4]])
 def test_prepared_b_serves_two_as(kernels, algo, shape):
@@ -254,7 +252,6 @@ def test_prepared_b_serves_two_as(kernels, algo, shape):
         assert _rel(got, _Want(f, algo, A, B).C) < 4e-3
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("algo,shape", [KERNEL_CASES[0], KERNEL_CASES[2], KERNEL_CASES[5]],
                          ids=[CASE_IDS[0], CASE_IDS[2], CASE_IDS[5]])
 def test_nan_and_inf_blocks(kernels, algo, shape):

@@ -61,7 +61,6 @@ def _source_copy(dest: Path) -> Path:
     return dest
 
 
-@pytest.mark.slow
 def test_an_installed_wheel_decides_with_the_shipped_logs(tmp_path):
     wheels = tmp_path / "wheels"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",

@@ -61,7 +61,6 @@ def test_opcheck_linear(stand_in, case):
     torch.library.opcheck(torch.ops.lcmac.linear.default, LINEAR_CASES[case](), test_utils=TESTS)
 
 
-@pytest.mark.slow
 def test_opcheck_with_the_real_kernel():
     """The forward kernel only (no operand requires grad: the backward's shapes would compile
     kernels of their own)."""

@@ -142,7 +142,6 @@ def test_auto_runs_an_artifact_on_row_major_copies(monkeypatch):
     assert calls == [(6, K), (6, K)]
 
 
-@pytest.mark.slow
 def test_a_real_kernel_on_transposed_and_fortran_operands(lcmac_cache):
     rng = np.random.default_rng(5)
     A = np.ascontiguousarray(rng.standard_normal((4, 6))).T         # 6×4, transposed

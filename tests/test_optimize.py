@@ -269,7 +269,6 @@ def test_tiny_llama_matches_the_plain_model(stand_in):
         assert torch.equal(model(ids).logits, want)
 
 
-@pytest.mark.slow
 def test_warm_up_with_a_real_kernel_leaves_the_cache_untouched_by_forward(monkeypatch):
     ops.release_kernels()
     torch.manual_seed(5)

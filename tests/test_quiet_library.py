@@ -144,7 +144,6 @@ def test_cpu_paths_raise_no_resource_warning():
     assert (r.returncode, r.stderr) == (0, "")
 
 
-@pytest.mark.slow
 def test_a_compiling_matmul_and_optimize_write_nothing_to_stderr(tmp_path):
     env = {**os.environ, "LCMAC_CACHE_DIR": str(tmp_path / "cache")}
     r = _quiet_run("""

@@ -149,7 +149,6 @@ def test_autocast_weight_cast_follows_writes():
     assert torch.allclose(y.float(), want.float(), atol=3e-2, rtol=2e-2)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "aot_eager"])
 def test_real_kernel_follows_writes(compiled):
     lin = _layer(6)

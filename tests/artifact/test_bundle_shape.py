@@ -109,7 +109,6 @@ def test_runtime_feeds_the_kernel_the_operands_or_padded_copies(tmp_path):
 
 @needs_tilelang
 @needs_nvcc
-@pytest.mark.slow
 def test_cli_builds_the_cuda_any_shape_bundle_as_one_kernel(tmp_path):
     from lcmac.cli.main import main
     assert main(["build", "--algo", "gemm", "--target", "cuda-sm90a", "--dtype", "bf16", "--dynamic-shape",

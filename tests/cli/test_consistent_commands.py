@@ -202,7 +202,6 @@ def test_tune_json_is_one_strict_object_and_progress_is_on_stderr(capsys, tmp_pa
     assert "[1/1] tuning 256x256x256" in err
 
 
-@pytest.mark.slow
 def test_build_json_is_one_object(capsys, tmp_path, monkeypatch):
     """The plain GEMM's smallest build, from the session's kernel cache."""
     from lcmac.artifact.cache import cached_build

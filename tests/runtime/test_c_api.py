@@ -77,7 +77,6 @@ def _run(cmd, **kw):
     return subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=120, env=env, **kw)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", list(CASES))
 @pytest.mark.parametrize("threads", [1, 2])
 def test_example_matmul(artifacts, example, key, threads):
@@ -92,7 +91,6 @@ def test_example_matmul(artifacts, example, key, threads):
     assert float(re.search(r"GFLOP/s=(\S+)", r.stdout).group(1)) > 0
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", ["strassen", "gemm", "gemm-blocked", "strassen2-f64"])
 def test_example_prepared_b(artifacts, example, key):
     """examples/c/matmul.c --prepared: B combined once gives the same C bit for bit."""
@@ -149,7 +147,6 @@ int main(int argc, char** argv) {
 """
 
 
-@pytest.mark.slow
 def test_prepared_b_checks(artifacts, tmp_path):
     """lcmac_prepare_b / lcmac_matmul_prepared refuse a short or unaligned P, NULL, a wrong
     shape or dtype, overlap, and a handle without a manifest, each with a message."""
@@ -160,7 +157,6 @@ def test_prepared_b_checks(artifacts, tmp_path):
     assert r.returncode == 0 and "ALL OK" in r.stdout, r.stdout + r.stderr
 
 
-@pytest.mark.slow
 def test_example_reports_library_errors(artifacts, example, tmp_path):
     so = artifacts["strassen"]
     r = _run([example, so, 64, 48, 81])              # K is not the artifact's
@@ -243,7 +239,6 @@ int main(int argc, char** argv) {
 """
 
 
-@pytest.mark.slow
 def test_api_checks_and_concurrent_handles(artifacts, tmp_path):
     """NULL pointers, sizes, dtype codes, overlap and a wrong shape are errors with messages;
     three threads with a handle each (2 pool threads apiece) on one library agree with the
@@ -255,7 +250,6 @@ def test_api_checks_and_concurrent_handles(artifacts, tmp_path):
     assert r.returncode == 0 and "ALL OK" in r.stdout, r.stdout + r.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("guard", [None, "after", "before"])
 def test_qemu_harness_shares_the_implementation(artifacts, tmp_path, guard):
     """lcmac_run.c (the AArch64 harness) builds from its one file on top of lcmac_c.c and

@@ -27,7 +27,6 @@ N = K = 256                   # the bundle's weight: ?x256x256, one row bucket o
 STRASSEN_BOUND = 6.0          # Strassen's bf16 error is ~3.5x the plain GEMM's (docs/accuracy.md)
 
 pytestmark = [
-    pytest.mark.slow,
     pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) is not installed"),
     pytest.mark.skipif(HOST != "x86", reason="CUDA artifacts are built for x86-64 hosts"),
     needs_tilelang,     # asked in a subprocess: TileLang and apache-tvm share no process

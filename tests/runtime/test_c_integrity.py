@@ -130,7 +130,6 @@ int main(int argc, char** argv) {
 """
 
 
-@pytest.mark.slow
 def test_good_artifact_matches_numpy(artifact, example, tmp_path):
     M, N, K = SHAPE
     rng = np.random.default_rng(11)
@@ -192,7 +191,6 @@ DAMAGED = {  # name: (variant keywords, status, words the message must hold)
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", list(DAMAGED))
 def test_damaged_artifact_is_refused(artifact, example, tmp_path, case):
     kw, status, words = DAMAGED[case]
@@ -202,7 +200,6 @@ def test_damaged_artifact_is_refused(artifact, example, tmp_path, case):
     _refused(r, status, *words)
 
 
-@pytest.mark.slow
 def test_missing_files_are_refused(artifact, example, tmp_path):
     man = _variant(artifact, tmp_path, "nolib")
     (tmp_path / "nolib.so").unlink()
@@ -212,7 +209,6 @@ def test_missing_files_are_refused(artifact, example, tmp_path):
     _refused(_run([example, tmp_path / "lib-as-manifest.json"]), "LCMAC_EFORMAT", "shared library")
 
 
-@pytest.mark.slow
 def test_bare_library_gets_the_elf_check(artifact, example, tmp_path):
     """lcmac_open on a bare .so: a truncated library or a file that is no ELF is an error,
     not SIGBUS (a damaged library with intact headers needs the manifest's SHA-256)."""
@@ -278,7 +274,6 @@ int main(int argc, char** argv) {
 """
 
 
-@pytest.mark.slow
 def test_wrong_shape_is_refused_before_the_library(artifact, tmp_path):
     """On a manifest-opened handle another shape or dtype is LCMAC_EINVAL naming both, and
     the library's function (replaced by a counting stub) is never reached."""
@@ -476,7 +471,6 @@ def test_json_reader_is_strict(tmp_path):
         assert line == "ok " + want.hex(), (text, line)
 
 
-@pytest.mark.slow
 def test_json_reader_survives_damaged_manifests(artifact, tmp_path):
     """Every proper prefix of a real manifest is refused and 20000 mutated copies parse or
     fail, each from a buffer of exactly its size, under AddressSanitizer where available."""
@@ -494,7 +488,6 @@ CROSS = shutil.which("aarch64-linux-gnu-gcc")
 QEMU = shutil.which("qemu-aarch64")
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(HOST != "x86" or not (CROSS and QEMU and Path("/usr/aarch64-linux-gnu").is_dir()),
                     reason="needs an x86-64 host with the AArch64 cross compiler and qemu-user")
 def test_aarch64_artifacts(artifact, example, tmp_path):

@@ -125,7 +125,6 @@ def _python(bundle, A, B):
     return np.asarray(lcmac.load(bundle)(A, B)), vendor
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_c_runs_the_python_plan(pieces, brun, tmp_path, monkeypatch, shape):
     """No CBLAS: the pieces give Python's bits, the vendor's products a plain loop's."""
@@ -137,7 +136,6 @@ def test_c_runs_the_python_plan(pieces, brun, tmp_path, monkeypatch, shape):
         assert np.array_equal(C, expect), np.abs(C - expect).max()
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(_numpy_blas() is None, reason="numpy's OpenBLAS (numpy.libs) not found")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_c_on_numpys_blas_is_python_bit_for_bit(pieces, brun, tmp_path, monkeypatch, shape):
@@ -148,7 +146,6 @@ def test_c_on_numpys_blas_is_python_bit_for_bit(pieces, brun, tmp_path, monkeypa
     assert np.array_equal(C, expect), np.abs(C - expect).max()
 
 
-@pytest.mark.slow
 def test_float64_bundle(tmp_path_factory, brun, tmp_path, monkeypatch):
     bundle = _build(tmp_path_factory.mktemp("pieces64"), "float64")
     for shape in [(1000, 777, 1234), (64, 48, 80)]:
@@ -160,7 +157,6 @@ def test_float64_bundle(tmp_path_factory, brun, tmp_path, monkeypatch):
             assert np.array_equal(C, expect), np.abs(C - expect).max()
 
 
-@pytest.mark.slow
 def test_fixed_pieces_format_2(pieces, brun, tmp_path, monkeypatch):
     """lcmac-bundle/2 (no run_time): M and K cut like N, every piece at its kernel's full size;
     the /3 kernels take those, so this index over them is a /2 bundle for both runtimes."""
@@ -174,7 +170,6 @@ def test_fixed_pieces_format_2(pieces, brun, tmp_path, monkeypatch):
     assert not vendor and np.array_equal(C, expect), np.abs(C - expect).max()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(1000, 777, 1234), (3, 5, 7), (64, 48, 80)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_example_runs_the_piece_bundle(pieces, example, shape):
@@ -290,7 +285,6 @@ BROKEN = {  # case: (edit of the index, words the message must hold)
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BROKEN))
 def test_broken_index_is_refused(pieces, example, tmp_path, case):
     edit, words = BROKEN[case]
@@ -305,7 +299,6 @@ def _edit_manifest(bundle: Path, name: str, edit) -> None:
     path.write_text(json.dumps(man, indent=2))
 
 
-@pytest.mark.slow
 def test_kernels_that_are_not_piece_kernels_are_refused(pieces, example, tmp_path):
     name = _names(pieces)[0]
     d = _copy(pieces, tmp_path / "kind")
@@ -321,7 +314,6 @@ def test_kernels_that_are_not_piece_kernels_are_refused(pieces, example, tmp_pat
     _refused(_run([example, d, 1000, 777, 1234]), "LCMAC_EFORMAT", name, "extra.piece.depth")
 
 
-@pytest.mark.slow
 def test_damaged_piece_library_is_refused(pieces, example, tmp_path):
     d = _copy(pieces, tmp_path)
     victim = json.loads((d / "bundle.json").read_text())["kernels"][1]
@@ -330,20 +322,17 @@ def test_damaged_piece_library_is_refused(pieces, example, tmp_path):
     _refused(_run([example, d, 1000, 777, 1234]), "LCMAC_ECORRUPT", victim["name"], "SHA-256")
 
 
-@pytest.mark.slow
 def test_a_cblas_that_does_not_load_is_refused(pieces, example, tmp_path, monkeypatch):
     monkeypatch.setenv("LCMAC_BLAS", str(tmp_path / "nosuch.so"))
     _refused(_run([example, pieces, 3, 5, 7]), "LCMAC_ELOAD", "LCMAC_BLAS", "nosuch.so")
 
 
-@pytest.mark.slow
 def test_piece_kernel_alone_is_refused_by_name(pieces, example):
     name = _names(pieces)[0]
     r = _run([example, pieces / f"{name}.json"])
     _refused(r, "LCMAC_EINVAL", "piece kernel of a bundle", "lcmac_open_bundle")
 
 
-@pytest.mark.slow
 def test_reader_survives_damaged_piece_indexes(pieces, tmp_path):
     """Every proper prefix of the /3 index and 20000 mutated copies go through the JSON reader
     and, where they parse, the index checks; the same for a piece kernel's manifest (its

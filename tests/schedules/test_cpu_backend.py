@@ -144,7 +144,6 @@ def _get(builds, key):
     return r
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", SMALL)
 def test_catalogue_algorithm(builds, name):
     p = _get(builds, f"cat:{name}")
@@ -154,7 +153,6 @@ def test_catalogue_algorithm(builds, name):
     _check(p, seed=hash(name) % 1000)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", ["strassen-2level", "strassen^2-name"])
 def test_two_levels(builds, key):
     p = _get(builds, key)
@@ -163,14 +161,12 @@ def test_two_levels(builds, key):
     _check(p, rtol=2e-5)
 
 
-@pytest.mark.slow
 def test_rational_scheme(builds):
     p = _get(builds, "dps48")
     assert Manifest.read(p).algorithm["rank"] == 48
     _check(p)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", ["strassen-unfused", "laderman-unfused", "strassen-fused-even",
                                  "strassen-f64-unfused"])
 def test_fused_and_unfused(builds, key):
@@ -206,7 +202,6 @@ def test_zero_padding_writes_every_element(shape):
         assert pad.sum() == env[src].size      # every input element copied once, zeros elsewhere
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(1, 1, 3), (4, 1, 3), (3, 4, 1)])
 def test_blocks_without_valid_columns(builds, shape):
     _ = [_check(_get(builds, f"strassen-empty-block-{shape}"), seed=s) for s in range(4)]
@@ -228,7 +223,6 @@ def _guarded(a: np.ndarray) -> np.ndarray:
     return out
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", ["strassen-rowtail", "strassen-rowtail-unfused", "gemm-rowtail"])
 def test_row_tail_writes_c_directly(builds, key):
     """Blocks whose rows are not whole mr-row tiles: no A copy, no C workspace, no crop;
@@ -249,14 +243,12 @@ def test_row_tail_writes_c_directly(builds, key):
     assert np.linalg.norm(C - ref) / np.linalg.norm(ref) < 1e-5
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", ["gemm-odd", "gemm-even", "gemm-tiny", "gemm-f64", "strassen-tiny",
                                  "winograd-f64"])
 def test_plain_gemm_and_edges(builds, key):
     _check(_get(builds, key))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("tgt", ["x86_64-avx2", "x86_64"])
 def test_other_x86_targets(builds, tgt):
     for kind in ("gemm", "strassen", "winograd-f64"):
@@ -266,7 +258,6 @@ def test_other_x86_targets(builds, tgt):
             _check(p)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", ["gemm-bf16", "strassen-bf16", "strassen-bf16-unfused"])
 def test_bfloat16(builds, key):
     """bf16 in and out, fp32 combine and accumulation: error of one bf16 rounding of C."""
@@ -333,7 +324,6 @@ def _loops(asm: str):
             yield lo, addr, [o for a, o, _ in ins if lo <= a <= addr]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", [k for k, *_ in BF16_DOT])
 def test_bf16_dot_product_kernel(builds, key):
     """With AVX512-BF16 the GEMM stage runs on vdpbf16ps: in the library's innermost loop
@@ -349,7 +339,6 @@ def test_bf16_dot_product_kernel(builds, key):
     assert not [o for o in best if o.startswith("vfmadd")], "FMAs in the vdpbf16ps loop"
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not HOST_BF16, reason="the host has no AVX512-BF16 (avx512_bf16)")
 @pytest.mark.parametrize("key", [k for k, *_ in BF16_DOT])
 def test_bf16_dot_product_numerics(builds, key):
@@ -382,7 +371,6 @@ def test_bf16_dot_product_numerics(builds, key):
         assert err <= 8 * err_np, (err, err_np)
 
 
-@pytest.mark.slow
 def test_bf16_kernel_follows_target_features(builds):
     """vdpbf16ps only where the LLVM target has AVX512-BF16 (and the config allows it): the
     registry's x86_64-avx512 (skylake-avx512) keeps the fp32-FMA kernel; mcpu=native adds the
@@ -423,7 +411,6 @@ def _check_bf16(path):
     assert err < 3e-3, err
 
 
-@pytest.mark.slow
 def test_coefficients_are_constants(builds):
     """The coefficients 2 and 1/2 of the scaled Strassen appear as literals in the generated
     TensorIR; the only buffers are the operands and the workspaces (no coefficient table)."""
@@ -446,7 +433,6 @@ def test_coefficients_are_constants(builds):
     assert s.count("# fused Combine H: H_") == 7 and "# fused Combine H: H_7 " in s
 
 
-@pytest.mark.slow
 def test_no_leftover_temp_files(builds, artdir):
     assert not list(artdir.glob(".*.tmp"))
 
@@ -523,7 +509,6 @@ def test_build_errors(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.slow
 def test_cli_build(tmp_path):
     out = subprocess.run([sys.executable, "-m", "lcmac.cli.main", "build", "--algo", "winograd",
                           "--target", T512, "--dtype", "fp32", "--shape", "24x40x16",
@@ -539,7 +524,6 @@ def test_cli_build(tmp_path):
     assert bad.returncode == 2 and "float16" in bad.stderr
 
 
-@pytest.mark.slow
 def test_mcpu_features_are_checked_before_running(builds):
     """Code for --mcpu sapphirerapids may use AVX512-FP16 and AMX as well as AVX512-BF16
     (LLVM emits vmovw): the manifest lists every such flag, and a host without one of them

@@ -63,7 +63,6 @@ def built(tmp_path_factory):
     return dict(zip(keys, res))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", list(JOBS) + [f"cat-{a}" for a in CATALOGUE])
 def test_lcma_matches_float64_and_prepared(built, key):
     import lcmac
@@ -80,7 +79,6 @@ def test_lcma_matches_float64_and_prepared(built, key):
     assert np.array_equal(f(A, f.prepare_b(B)), C)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", list(JOBS))
 def test_combine_a_stages_rows_and_h_tile_is_prefetched(built, key):
     """The staged copy reads kt contiguous columns of a row as one vector, and the program
@@ -94,7 +92,6 @@ def test_combine_a_stages_rows_and_h_tile_is_prefetched(built, key):
     assert ("T.address_of(H[r, " in src) == h_stored
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", list(STREAMED))
 def test_streamed_packing_is_bit_identical_and_non_temporal(built, key):
     """Streaming changes where Ãp/B̃p's stores go, not a value: the streamed build's C equals

@@ -300,7 +300,6 @@ def test_decide_prefers_a_measured_winner_and_falls_back_to_gemm(tmp_path):
 
 
 # ---- one real CPU tuning run (compiles; slow) ----------------------------------------------
-@pytest.mark.slow
 def test_real_cpu_tuning_run(tmp_path):
     pytest.importorskip("tvm")
     from lcmac.spec.targets import host_target

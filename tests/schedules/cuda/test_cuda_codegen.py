@@ -289,7 +289,7 @@ def _sass(lib):
 @needs_nvcc
 @pytest.mark.parametrize("target,mma,cfg", [
     ("cuda-sm90a", "HGMMA", {"fused": True, "split_group": True, "overlap_epilogue": True}),
-    ("cuda-sm80", "HMMA", {"fused": True, "split_group": True})])
+    pytest.param("cuda-sm80", "HMMA", {"fused": True, "split_group": True}, marks=pytest.mark.slow)])
 def test_compiles_with_nvcc(tmp_path, target, mma, cfg):
     # the persistent split-group artifact: combines, persistent GEMM + Combine-H, fixup
     r = worker({"algorithm": "strassen", "target": target, "dtype": "bf16",
@@ -428,6 +428,7 @@ def test_scaled_operand_errors(tmp_path):
 
 @needs_tilelang
 @needs_nvcc
+@pytest.mark.slow
 def test_scaled_gemm_compiles_with_nvcc(tmp_path):
     """lcmac.build of an fp16x2 float32 GEMM: no spills, fp16 HGMMA in the cubin, and the
     loaded artifact (no GPU needed to load) says what its GEMM stage computes in."""
@@ -449,6 +450,7 @@ def test_scaled_gemm_compiles_with_nvcc(tmp_path):
 
 @needs_tilelang
 @needs_nvcc
+@pytest.mark.slow
 def test_sm80_fp16x2_default_compiles_without_spills(tmp_path):
     # the sm_90a default (128x128, 3 stages) fits only 2 stages on sm_80 and spills there, as
     # do 128x64 and 64x128 at 3 stages on shapes with partial tiles
@@ -477,6 +479,7 @@ def test_sm80_build_fits_shared_memory(tmp_path):
 
 @needs_tilelang
 @needs_nvcc
+@pytest.mark.slow
 def test_fp8_artifact_layout_and_compile(tmp_path):
     """operands="fp8": the combines write E4M3 Ã [R,Mb,Kb] and K-major B̃ [R,Nb,Kb] with
     float32 scales per 1x128 of Ã and 128x128 of B̃ (Kb rounded to 16 bytes for TMA), the

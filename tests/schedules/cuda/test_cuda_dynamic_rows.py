@@ -113,7 +113,6 @@ def _lcma_rows():
 
 
 @needs_nvcc
-@pytest.mark.slow
 def test_entry_point_sizes_the_workspace_from_the_run_time_m(tmp_path):
     """The entry file compiles, and its workspace for M rows is Ã and H of Mb = ceil(M/2)
     rounded up to the tile, plus B̃ (each slice 256-byte aligned); more than max_rows and

@@ -74,7 +74,6 @@ def _strassen_entry():
 
 
 @needs_nvcc
-@pytest.mark.slow
 def test_entry_point_checks_the_shape_and_sizes_the_workspace_from_it(tmp_path):
     """The entry file compiles; each kernel gets M, N, K and the blocks Mb = ceil(M/2) rounded
     up to 128 rows, Nb, Kb = ceil(N/2), ceil(K/2) rounded up to 8 (16 bytes); the workspace

@@ -138,7 +138,6 @@ def _kernel(srcs: dict, name: str) -> str:
 
 
 @needs_tilelang
-@pytest.mark.slow
 def test_plain_gemm_runs_on_the_fp64_tensor_cores(generated):
     for key, pdl in (("gemm", True), ("gemm-sm80", False)):
         r, srcs = generated[key]
@@ -154,7 +153,6 @@ def test_plain_gemm_runs_on_the_fp64_tensor_cores(generated):
 
 
 @needs_tilelang
-@pytest.mark.slow
 def test_algorithm_1_in_float64_combines_and_workspace(generated):
     r, srcs = generated["strassen"]
     assert [k["name"] for k in r["kernels"]] == ["combine_a", "combine_b", "batched_gemm", "combine_h"]
@@ -178,7 +176,6 @@ def test_algorithm_1_in_float64_combines_and_workspace(generated):
 
 @needs_tilelang
 @needs_nvcc
-@pytest.mark.slow
 def test_float64_strassen_with_m16n8k4_compiles_without_spills(tmp_path):
     r = worker({"algorithm": "strassen", "target": "cuda-sm90a", "dtype": "float64",
                 "shape": [1024, 1024, 1024], "config": {"dmma": "m16n8k4"}, "out_dir": str(tmp_path),

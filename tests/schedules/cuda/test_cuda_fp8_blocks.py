@@ -80,7 +80,6 @@ def _sources(r) -> dict:
     return {os.path.basename(p): open(p).read() for p in r["sources"]}
 
 
-@pytest.mark.slow
 @needs_tilelang
 @needs_nvcc
 def test_workspace_and_prepared_b_hold_the_specs_scale_buffers(plain):
@@ -102,7 +101,6 @@ def test_workspace_and_prepared_b_hold_the_specs_scale_buffers(plain):
         assert plan["buffers"][1][2] == ws["__end__"] - ws["SB"]
 
 
-@pytest.mark.slow
 @needs_tilelang
 @needs_nvcc
 def test_gemm_stage_promotes_each_k_block_by_the_block_scales(plain):
