@@ -14,6 +14,12 @@ os.environ.setdefault("LCMAC_DEVICE", "any")
 
 #: files whose tests each compile their own kernel: spread over the workers test by test
 INDEPENDENT = {"tests/schedules/cuda/test_cuda_codegen.py"}
+#: the files whose module fixtures compile the most, first in the run: the workers take file
+#: groups in order, and a long one taken last leaves the other worker idle to the end
+HEAVY_FIRST = ("tests/schedules/test_cpu_backend.py", "tests/schedules/test_cpu_blocked.py",
+               "tests/schedules/test_cpu_lcma_avx2.py", "tests/runtime/test_c_cuda.py",
+               "tests/runtime/test_cpu_prepared.py", "tests/schedules/cuda/test_cuda_fp64.py",
+               "tests/schedules/cuda/test_cuda_fp8_blocks.py", "tests/runtime/test_c_api.py")
 
 
 @pytest.hookimpl(trylast=True)
@@ -29,10 +35,13 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """One xdist group per test file, so the kernels a file's module fixtures build are built
-    by one worker (``pytest_configure`` turns ``-n``'s test-by-test scheduling into groups)."""
+    by one worker (``pytest_configure`` turns ``-n``'s test-by-test scheduling into groups);
+    ``HEAVY_FIRST`` files first (a stable sort: the rest keep their order)."""
     if not config.pluginmanager.hasplugin("xdist"):          # -p no:xdist: no groups to name
         return
     root = Path(str(config.rootpath))
+    rank = {f: i for i, f in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.path)).relative_to(root).as_posix(), len(rank)))
     for item in items:
         rel = Path(str(item.path)).relative_to(root).as_posix()
         if rel not in INDEPENDENT and not item.get_closest_marker("xdist_group"):

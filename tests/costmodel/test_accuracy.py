@@ -256,3 +256,18 @@ def test_a_measured_lcma_is_checked_in_its_tuned_form():
     assert s.measured and s.variant == "tma_reduce" and "tuned config" in s.reason
     assert s.error_ratio == pytest.approx(error_ratio("strassen", "bf16", variant="tma_reduce",
                                                       K=8192).ratio)
+
+
+def test_plain_gemm_reason_names_only_faster_lcmas_over_the_budget_once():
+    """A measured plain GEMM kept because the faster LCMAs are over the budget says so once,
+    and an LCMA measured slower than the GEMM is not called faster."""
+    from types import SimpleNamespace
+    from lcmac.costmodel.decision import _gemm_reason
+    fast = SimpleNamespace(algorithm="winograd^2", speedup_vs_gemm=1.08, error_ratio=9.5)
+    slow = SimpleNamespace(algorithm="fg-3x4x6-r54", speedup_vs_gemm=0.63, error_ratio=11.5)
+    why = _gemm_reason(None, 100.0, 10.0, 1.0, [slow, fast], 4.0, measured=True)
+    assert why.startswith("measured; decision: plain GEMM")
+    assert why.count("over the error budget") == 1 and "winograd^2 (1.080× faster" in why
+    assert "fg-3x4x6" not in why
+    why = _gemm_reason(None, 100.0, 10.0, 1.0, [slow], 4.0, measured=True)
+    assert "fg-3x4x6" not in why and "no LCMA within the error budget (4× the GEMM's error)" in why
