@@ -211,7 +211,7 @@ def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str =
                 pdl_sync()
             assume_multiples(blk)
             # every CTA checks its writes: an unmasked copy for the interior CTAs of a run-time
-            # shape made this kernel slower, unlike Combine A's and B's (docs/cuda.md)
+            # shape made this kernel slower, unlike Combine A's and B's (bench/experiments/cuda.md)
             tile(H, C, bx, by)
 
     return lcmac_combine_h
