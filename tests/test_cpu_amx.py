@@ -57,6 +57,14 @@ def test_config_validates_the_amx_tile():
 def test_resolve_config_amx():
     cfg = resolve_config(T512, "bfloat16", {"amx": True}, shape=(256, 256, 256))
     assert (cfg.mr, cfg.nr, cfg.amx) == (32, 32, True)        # the AMX tile by default
+    # and the AMX kernel's blocks, not the FMA kernel's, where the config names none
+    big = resolve_config(T512, "bfloat16", {"amx": True}, shape=(4096, 4096, 4096))
+    assert (big.mc, big.nc, big.kc) == (256, 256, 1024)
+    s2 = resolve_config(T512, "bfloat16", {"amx": True}, algorithm=get_algorithm("strassen^2"),
+                        shape=(4096, 4096, 4096))
+    assert s2.mc == 128
+    assert resolve_config(T512, "bfloat16", {"amx": True, "kc": 4096},
+                          shape=(4096, 4096, 4096)).kc == 4096
     with pytest.raises(DTypeError, match="bfloat16"):
         resolve_config(T512, "float32", {"amx": True})
     assert resolve_config(T512, "bfloat16", None).amx is False      # opt-in

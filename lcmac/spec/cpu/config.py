@@ -447,7 +447,9 @@ def resolve_config(target, dtype: str, config, algorithm=None, shape=None) -> Cp
     elif isinstance(config, dict):
         base = default_config(target, dtype, algorithm, shape=shape).to_dict()
         if config.get("amx"):
-            base.update(mr=32, nr=32)       # the AMX kernel's tile, unless given
+            # the AMX kernel's tile and blocks, unless given (the FMA kernel's blocks ran it
+            # slower: bench/experiments/cpu.md)
+            base.update({k: v for k, v in amx_defaults(algorithm).items() if k != "amx"})
         packed_otherwise = {k for k in PACKED_OTHERWISE if config.get(k)}
         if packed_otherwise:
             base["stream"] = False          # a default for the packing ahead those replace
