@@ -54,7 +54,7 @@ from lcmac.core.errors import ArtifactError, DTypeError, ShapeError, TargetError
 from lcmac.ir import get
 from lcmac.ir.algorithm import Algorithm
 from lcmac.ir.transforms import power
-from lcmac.spec.cpu.config import AS_MEASURED, CpuConfig, amx_defaults, resolve_config
+from lcmac.spec.cpu.config import AS_MEASURED, CpuConfig, resolve_config
 from lcmac.schedules.cpu_lcma import programs_for
 from lcmac.spec.cuda.dtypes import BATCHED_ONLY_DTYPES, batched_only_why
 from lcmac.core.shapes import parse_shape
@@ -122,8 +122,9 @@ def build_config(t, dtype: str, config, alg, plain: bool, shape, notes: list | N
                 config = {**{k: was[k] for k in AS_MEASURED}, **config}
             tuned = config
         if amx and not (config or {}).get("amx"):
-            # the AMX kernel unless the config picks a kernel or a micro-tile it cannot run
-            config = {**amx_defaults(None if plain else alg), **(config or {})}
+            # the AMX kernel (resolve_config gives it its tile and blocks) unless the config
+            # picks a kernel or a micro-tile it cannot run
+            config = {"amx": True, **(config or {})}
         try:
             out = resolve_config(t, dtype, config, None if plain else alg, shape=shape).to_dict()
         except ValueError as e:

@@ -329,13 +329,13 @@ def _gemm_reason(best_lcma: Candidate | None, ai: float, ridge: float, min_speed
     """The plain GEMM's reason: "decision: …" when it is the decision (memory-bound, Eq. 8;
     no LCMA within the error budget, applicable or fast enough), else "baseline; …".  Of the
     LCMAs over the budget only those predicted faster than the GEMM are named."""
-    over, rejected = rejected, [c for c in rejected if c.speedup_vs_gemm > 1.0]
+    faster = [c for c in rejected if c.speedup_vs_gemm > 1.0]
     if ai < ridge:
         greason = (f"decision: plain GEMM — memory-bound (Eq. 8: intensity {ai:.1f} FLOP/B < "
                    f"ridge {ridge:.1f} FLOP/B), fewer multiplications cannot help")
-    elif (best_lcma is None or best_lcma.speedup_vs_gemm < min_speedup) and rejected:
-        greason = f"decision: plain GEMM — {_over_budget(rejected, max_error)}"
-    elif best_lcma is None and over:
+    elif (best_lcma is None or best_lcma.speedup_vs_gemm < min_speedup) and faster:
+        greason = f"decision: plain GEMM — {_over_budget(faster, max_error)}"
+    elif best_lcma is None and rejected:
         greason = (f"decision: plain GEMM — no LCMA within the error budget ({max_error:g}× "
                    f"the GEMM's error) applies to this shape")
     elif best_lcma is None:
@@ -345,8 +345,8 @@ def _gemm_reason(best_lcma: Candidate | None, ai: float, ridge: float, min_speed
                    f"{best_lcma.speedup_vs_gemm:.3f}× (needs ≥ {min_speedup:g}×)")
     else:
         greason = f"baseline; {best_lcma.algorithm} predicted {best_lcma.speedup_vs_gemm:.3f}× faster"
-    if rejected and best_lcma is not None and not greason.startswith("decision"):
-        greason += f"; {_over_budget(rejected, max_error)}"
+    if faster and best_lcma is not None and not greason.startswith("decision"):
+        greason += f"; {_over_budget(faster, max_error)}"
     return "measured; " + greason if measured else greason
 
 

@@ -180,28 +180,6 @@ def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str =
     rows_ok = [known((i + 1) * Mb <= M) for i in range(m)]
     cols_ok = [known((j + 1) * Nb <= N) for j in range(n)]
 
-    @T.macro
-    def tile(H, C, bx, by):
-        # each write of C checked against its bounds where a block may pass C's edge
-        for x, y in T.Parallel(tile_rows, tile_cols):
-            rr = by * tile_rows + x
-            cc = bx * tile_cols + y
-            if rr < Mb and cc < Nb:
-                ins = [T.cast(H[r, rr, cc], accum) for r in unrolled(R)]
-                outs = evaluate(prog, ins)
-                for i in unrolled(m):
-                    for j in unrolled(n):
-                        conds = []
-                        if not rows_ok[i]:
-                            conds.append(i * Mb + rr < M)
-                        if not cols_ok[j]:
-                            conds.append(j * Nb + cc < N)
-                        if conds:
-                            if all_of(conds):
-                                C[i * Mb + rr, j * Nb + cc] = T.cast(outs[i * n + j], dtype)
-                        else:
-                            C[i * Mb + rr, j * Nb + cc] = T.cast(outs[i * n + j], dtype)
-
     pdl = uses_pdl(arch)
     @T.prim_func
     def lcmac_combine_h(H: T.Tensor(extents(R, Mb, Nb), h_dtype), C: T.Tensor(extents(M, N), dtype)):
@@ -212,6 +190,23 @@ def combine_h(prog, alg, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str =
             assume_multiples(blk)
             # every CTA checks its writes: an unmasked copy for the interior CTAs of a run-time
             # shape made this kernel slower, unlike Combine A's and B's (bench/experiments/cuda.md)
-            tile(H, C, bx, by)
+            for x, y in T.Parallel(tile_rows, tile_cols):
+                rr = by * tile_rows + x
+                cc = bx * tile_cols + y
+                if rr < Mb and cc < Nb:
+                    ins = [T.cast(H[r, rr, cc], accum) for r in unrolled(R)]
+                    outs = evaluate(prog, ins)
+                    for i in unrolled(m):
+                        for j in unrolled(n):
+                            conds = []
+                            if not rows_ok[i]:
+                                conds.append(i * Mb + rr < M)
+                            if not cols_ok[j]:
+                                conds.append(j * Nb + cc < N)
+                            if conds:
+                                if all_of(conds):
+                                    C[i * Mb + rr, j * Nb + cc] = T.cast(outs[i * n + j], dtype)
+                            else:
+                                C[i * Mb + rr, j * Nb + cc] = T.cast(outs[i * n + j], dtype)
 
     return lcmac_combine_h

@@ -430,7 +430,8 @@ def banded(alg, shape, mr: int, mc: int, bands: int) -> dict:
 
 
 def amx_defaults(algorithm=None) -> dict:
-    """The AMX kernel's knobs where a bf16 build for a CPU with AMX picks none: the blocks that
+    """The AMX kernel's knobs where a config asks for ``amx`` but names none of them (and a bf16
+    build for a CPU with AMX asks for it by default, ``artifact.build``): the blocks that
     measured best in a coarse sweep on a 16-core Xeon at 4096³ (docs/cpu.md): mc 256, nc 256,
     kc 1024; mc 128 for an LCMA of more than 4 C blocks (Strassen², whose H is stored)."""
     many = algorithm is not None and getattr(algorithm, "m", 1) * getattr(algorithm, "n", 1) > 4
