@@ -539,14 +539,14 @@ def _torch_class(A) -> str:
         return torch_precision(A.device.type)
 
 
-def _vendor_call(o: _Operands):
-    """What ``vendor_matmul(A, B)`` runs for operands like ``o``'s, resolved once (anything put
-    in its place is called as it is)."""
+def _vendor_call(o: _Operands, api: str | None = None):
+    """What ``vendor_matmul(A, B, api=api)`` runs for operands like ``o``'s, resolved once
+    (anything put in its place is called as it is)."""
     if vendor_matmul is not _vendor_module.vendor_matmul:
         return vendor_matmul
     if o.kind == "torch":
         return _torch.matmul
-    return cpu_vendor.vendor_call(o.dtype, o.M, o.N, o.K)
+    return cpu_vendor.vendor_call(o.dtype, o.M, o.N, o.K, logged=api)
 
 
 def compute(A, B, algo: str = AUTO, max_error=None, out=None, precision=None):
@@ -561,17 +561,19 @@ def compute(A, B, algo: str = AUTO, max_error=None, out=None, precision=None):
     prec = float32_precision(A, o.dtype, precision)
     if out is not None:
         check_out(out, A, (*o.rows, o.N), any_layout=True)
+    api = None
     if algo != VENDOR and o.kernels and 0 not in (o.M, o.N, o.K):
         p = plan(o.M, o.N, o.K, o.dtype, algo=algo, max_error=max_error, target=o.target,
                  precision=prec)
         if p.runs != VENDOR:
             return _run_lcmac(p, A, B, out, o)
+        api = p.vendor_api
     if key is not None:
         if len(table) >= _DISPATCH_MAX:
             table.clear()
-        table[key] = fn = _vendor_call(o)
+        table[key] = fn = _vendor_call(o, api)
         return fn(A, B)
-    return vendor_matmul(A, B, out=out)
+    return vendor_matmul(A, B, out=out, **({"api": api} if api else {}))
 
 
 def _repeat(A, B, algo, max_error, precision):

@@ -156,15 +156,16 @@ def plan_rule(rule, algorithm: str, kind: str, rows=None, tile=None, dynamic_row
 
 def build_bundle(algo: str, target=None, dtype="float32", rules=(None,), *, out_dir=".",
                  rows=None, tile=None, levels: int = 1, config=None, mcpu=None,
-                 progress=None, dynamic_rows: bool = False, dynamic_shape: bool = False) -> Path:
+                 progress=None, dynamic_rows: bool = False, dynamic_shape: bool | None = None) -> Path:
     """Compile the bucket kernels of ``rules`` (each a rule text, shape or None = any shape)
     for ``algo`` into ``out_dir`` and write its index; returns the index path.
     ``rows``: the row ladder (default per backend, ``lcmac.spec.shape_rules.BUILD_ROWS`` /
     ``ANY_ROWS``); ``tile``: the any-shape rule's (T_N, T_K).  ``progress(text)`` hears of
     each kernel before it is compiled.  ``dynamic_rows``: the ?xNxK rules as one kernel of
     run-time M each (``plan_rule``); ``dynamic_shape``: on CUDA, the any rule as one kernel of
-    run-time M, N and K (opt-in; without it the any rule keeps its copied tiles).  A failed
-    kernel raises and writes no index."""
+    run-time M, N and K where the config has that form and no row ladder or tile is given
+    (None, the default, and True); False: copied N×K tiles.  A failed kernel raises and
+    writes no index."""
     t = resolve_target(target)
     kind = backend_kind(t)
     # the any rule on piece kernels where they run (a CPU, float32/float64) and no row ladder
@@ -173,7 +174,7 @@ def build_bundle(algo: str, target=None, dtype="float32", rules=(None,), *, out_
     if kind == "cpu" and rows is None and tile is None and normalize_dtype(dtype) in PIECE_DTYPES:
         pieces = piece_ladders(resolve_algorithm(algo, levels)[0].grid)
     # on CUDA: one kernel of run-time M, N and K where the config has that form
-    if (dynamic_shape and kind == "cuda" and rows is None and tile is None
+    if (dynamic_shape is not False and kind == "cuda" and rows is None and tile is None
             and _shape_form_why(algo, levels, t, dtype, config) is None):
         shape = ANY_MAX_SHAPE["cuda"]
     specs = [plan_rule(r, algo, kind, rows, tile, dynamic_rows and parse_rule(r).kind == "rows", pieces,

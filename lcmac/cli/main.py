@@ -140,9 +140,10 @@ def cmd_build(args) -> int:
         return _build_bits(args, t)
     if args.levels is None:
         args.levels = 1
-    if getattr(args, "dynamic_shape", False) and (args.shape.kind != "any" or args.rows or args.tile
-                                                  or t.family != "cuda"):
-        raise UsageError("--dynamic-shape builds the any-shape rule (no --shape, --rows or --tile) "
+    if getattr(args, "dynamic_shape", None) is not None and (
+            args.shape.kind != "any" or args.rows or args.tile or t.family != "cuda"):
+        flag = "--dynamic-shape" if args.dynamic_shape else "--copied-tiles"
+        raise UsageError(f"{flag} builds the any-shape rule (no --shape, --rows or --tile) "
                          "for a CUDA target")
     if args.shape.kind != "exact" or args.rows or args.tile:
         return _build_bundle(args, t)
@@ -374,9 +375,13 @@ def _add_build(sub) -> None:
                         "32768,8192,2048 on CUDA; any shape: 1024,256 / 8192,2048)")
     s.add_argument("--tile", type=tile_arg, default=None, metavar="NxK",
                    help="the any-shape rule's N×K tile (default 1024x1024 on CPUs, 8192x8192 on CUDA)")
-    s.add_argument("--dynamic-shape", action="store_true",
-                   help="CUDA, no --shape: one kernel per algorithm whose M, N and K are run-time "
-                        "values, instead of copied N×K tiles")
+    form = s.add_mutually_exclusive_group()
+    form.add_argument("--dynamic-shape", action="store_true", default=None,
+                      help="CUDA, no --shape: one kernel per algorithm whose M, N and K are run-time "
+                           "values (the default where the config has that form)")
+    form.add_argument("--copied-tiles", dest="dynamic_shape", action="store_false",
+                      help="CUDA, no --shape: run every shape on N×K tiles of one kernel, copied and "
+                           "padded (the form --rows and --tile imply)")
     s.add_argument("--levels", type=int, default=None,
                    help="recursion levels of the algorithm (default 1; gf2: as many as keep the "
                         "kernel's threshold)")

@@ -184,15 +184,17 @@ def _vendor_candidate(t: float, M, N, K, gemm_cand, which: str = "cuBLAS / numpy
                      f"measured; the vendor library's GEMM ({which})", True, None)
 
 
-def _vendor_named(db, shape, dtype, target, regime: str) -> str:
-    """The vendor GEMM the fastest vendor record at ``shape`` timed, as "api, library"
-    (torch.matmul, mkl; numpy.matmul, scipy-openblas; ...), or the generic name."""
+def _fastest_vendor(db, shape, dtype, target, regime: str) -> dict:
+    """The config of the fastest vendor record at ``shape`` ({} where there is none)."""
     recs = [r for r in _store_of(db).records(str(target), normalize_model_dtype(dtype))
             if r["algorithm"] == _db.VENDOR and shape is not None
             and tuple(r["shape"]) == tuple(shape) and regime_of(r) == regime and r.get("time_s")]
-    if not recs:
-        return "cuBLAS / numpy's BLAS"
-    cfg = min(recs, key=lambda r: r["time_s"]).get("config") or {}
+    return (min(recs, key=lambda r: r["time_s"]).get("config") or {}) if recs else {}
+
+
+def _vendor_named(cfg: dict) -> str:
+    """A vendor record's GEMM as "api, library" (torch.matmul, mkl; numpy.matmul,
+    scipy-openblas; ...), or the generic name."""
     named = [str(cfg[k]) for k in ("api", "library") if cfg.get(k)]
     return ", ".join(named) or "cuBLAS / numpy's BLAS"
 
@@ -272,10 +274,13 @@ def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_6
         # the fitted profile's plain GEMM runs at the vendor's rate measured on this device
         v_time = gemm_estimate(M, N, K, model_dtype(target, dtype), profile).time_s
     confirmed = confirmed_ratio(M, N, K, dtype, target, db=db, regime=regime) if source == "exact" else None
+    vendor_cfg = _fastest_vendor(db, logged, dtype, target, regime)
     if confirmed is not None and meas and v_time is not None:
         # the vendor on the kernels' scale: as far behind (ahead of) the best logged kernel
         # as the confirmed one was in the same rounds
         v_time = min(meas.values()) * confirmed[1]
+        if confirmed[2]:
+            vendor_cfg = {**vendor_cfg, "api": confirmed[2]}
     failed = failed_at(M, N, K, dtype, target, db=db) if source == "exact" else set()
     kw = dict(select_kw)
     if profile is not None:
@@ -294,7 +299,7 @@ def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_6
                                           vendor_measured=v_time is not None and not basis.fitted)
     if vendor and v_time is not None:
         cands = _with_vendor(cands, v_time, (M, N, K), source, priced=basis.fitted,
-                             which=_vendor_named(db, logged, dtype, target, regime))
+                             which=_vendor_named(vendor_cfg))
         if not basis.fitted:
             meas[_db.VENDOR] = v_time
     if carried:
@@ -305,12 +310,14 @@ def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_6
     if basis.note:
         top = cands[0]
         cands = [dataclasses.replace(top, reason=f"{top.reason}; {basis.note}"), *cands[1:]]
+    # which vendor GEMM the decision's vendor time is (a CPU has two): the one a vendor plan runs
+    api = vendor_cfg.get("api") if get_target(str(target)).family != "cuda" and v_time is not None else None
     return _decided(cands, meas, source, logged, worth, (M, N, K), dtype, target, regime,
-                    select_kw.get("max_error"))
+                    select_kw.get("max_error"), api)
 
 
 def _decided(cands: list, meas: dict, source: str, logged, worth: list, shape, dtype, target,
-             regime: str, max_error) -> Plan:
+             regime: str, max_error, vendor_api: str | None = None) -> Plan:
     """The ranking as a ``Plan`` that runs its first candidate."""
     c = cands[0]
     speedup = None if c.algorithm == _db.VENDOR else float(c.speedup_vs_gemm)
@@ -319,12 +326,13 @@ def _decided(cands: list, meas: dict, source: str, logged, worth: list, shape, d
              c.algorithm, c.algorithm, speedup, error, "",
              max_error=None if max_error is None else float(max_error), regime=regime,
              source=source, candidates=tuple(cands),
-             measurements=meas, logged_shape=logged, worth_tuning=tuple(worth))
+             measurements=meas, logged_shape=logged, worth_tuning=tuple(worth), vendor_api=vendor_api)
     return dataclasses.replace(p, why=p.describe())
 
 
 def confirmed_ratio(M, N, K, dtype, target, *, db=None, regime: str = "burst") -> tuple | None:
-    """(algorithm, vendor time / its time) of the newest confirmation at this shape: the best
+    """(algorithm, vendor time / its time, the vendor's api or None) of the newest confirmation
+    at this shape: the best
     kernel of a CPU tune timed again beside the vendor, over more rounds (``confirm``
     records, ``tuner.confirm_best``), else None.  The decision then puts the vendor's time at
     that ratio to the best logged kernel instead of comparing two times taken in different
@@ -338,7 +346,7 @@ def confirmed_ratio(M, N, K, dtype, target, *, db=None, regime: str = "burst") -
     if not recs:
         return None
     r = max(recs, key=lambda r: r.get("date", ""))
-    return r["algorithm"], float(r["vendor_paired_s"]) / r["time_s"]
+    return r["algorithm"], float(r["vendor_paired_s"]) / r["time_s"], r.get("vendor_api")
 
 
 def _with_measured_algorithms(meas: dict, levels) -> dict:

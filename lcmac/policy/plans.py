@@ -64,7 +64,10 @@ class Plan:
     A decision made from the logs and the model also keeps its ranking: ``candidates``
     (``lcmac.costmodel.Candidate``, the decision first), the ``measurements`` (algorithm →
     seconds) it used, the ``logged_shape`` they were measured at and the LCMAs ``worth_tuning``
-    (predicted faster than the decision, not measured yet)."""
+    (predicted faster than the decision, not measured yet).  ``vendor_api``: on a CPU, the
+    vendor GEMM ("numpy.matmul" or "torch.matmul") whose records gave the decision its vendor
+    time, which a vendor plan runs on numpy arrays where no measured choice of this process's
+    is kept (``lcmac.runtime.cpu_vendor``); None: the CPU's chosen one."""
     shape: tuple
     dtype: str
     target: str
@@ -86,6 +89,7 @@ class Plan:
     precision: str | None = None
     operands: str = "native"
     budget: str = ""
+    vendor_api: str | None = None
 
     @property
     def candidate(self):
@@ -143,7 +147,8 @@ class Plan:
                 "precision": self.precision, "operands": self.operands, "regime": self.regime,
                 "runs": self.runs, "decision": self.decision, "speedup": self.speedup,
                 "error": self.error, "source": self.source, "kernels": self.kernels,
-                "pieces": [p.to_dict() for p in self.pieces], "why": self.why}
+                "pieces": [p.to_dict() for p in self.pieces], "why": self.why,
+                **({"vendor_api": self.vendor_api} if self.vendor_api else {})}
 
 
 # ---- pickling (Plan.__reduce__) -------------------------------------------------------------

@@ -12,8 +12,9 @@ versions and what sets their thread counts: a new numpy or torch measures again)
 
 - ``gemms(dtype)``: the vendor GEMMs this process has for a dtype (``CpuGemm``: its api,
   library, version and thread count);
-- ``chosen(dtype, M, N, K)``: the kept choice for the product's class; numpy's where none is
-  kept (torch is then not imported);
+- ``chosen(dtype, M, N, K, logged=None)``: the kept choice for the product's class; where
+  none is kept, the api the tuning records of a decision name (``logged``: a decision for
+  "vendor" carries it, ``Plan.vendor_api``), else numpy's (torch is then not imported);
 - ``matmul(A, B, out=None)``: A·B of numpy arrays by the kept choice; torch runs on
   ``torch.from_numpy`` views (no copy) and writes into ``out`` itself.
 
@@ -348,15 +349,16 @@ def _pinned(dtype: str) -> CpuGemm | None:
 
 
 def chosen(dtype: str, M: int, N: int, K: int, *,
-           measurer: Callable[[str, int], dict] | None = None) -> CpuGemm | None:
+           measurer: Callable[[str, int], dict] | None = None, logged: str | None = None) -> CpuGemm | None:
     """The vendor GEMM that multiplies M×K by K×N of ``dtype`` here: ``ENV``'s pin, else the
     kept choice of the product's class (measured by ``measurer`` where none is kept and one
-    is given), else numpy's; the only one where the process has one (torch for bfloat16).
-    None where neither library has the dtype."""
-    return _chosen_at(dtype, size_class(M, N, K), measurer)
+    is given), else ``logged`` (the api a decision's tuning records name, ``Plan.vendor_api``)
+    where this process has it, else numpy's; the only one where the process has one (torch
+    for bfloat16).  None where neither library has the dtype."""
+    return _chosen_at(dtype, size_class(M, N, K), measurer, logged)
 
 
-def _chosen_at(dtype: str, side: int | None, measurer=None) -> CpuGemm | None:
+def _chosen_at(dtype: str, side: int | None, measurer=None, logged: str | None = None) -> CpuGemm | None:
     """``chosen`` for a product of the size class ``side``."""
     pinned = _pinned(dtype)
     if pinned is not None:
@@ -365,12 +367,15 @@ def _chosen_at(dtype: str, side: int | None, measurer=None) -> CpuGemm | None:
         return torch_gemm(dtype)
     if side is None or not _torch_installed():
         return numpy_gemm(dtype)
-    key = (os.environ.get("LCMAC_CACHE_DIR"), dtype, side)
+    key = (os.environ.get("LCMAC_CACHE_DIR"), dtype, side, logged)
     hit = _memo.get(key)
     if hit is not None and (hit[1] or measurer is None):
         return hit[0]
     doc = kept_choice(dtype, side, measurer=measurer)
-    g = _as_measured(doc) if doc is not None else numpy_gemm(dtype)
+    if doc is not None:
+        g = _as_measured(doc)
+    else:       # nothing measured in this cache: the tuning records' word, else numpy's
+        g = (torch_gemm(dtype) if logged == TORCH else None) or numpy_gemm(dtype)
     global generation
     with _lock:
         if _memo.get(key, (g, doc is not None)) != (g, doc is not None):
@@ -400,12 +405,13 @@ def _torch_takes(A, B, out) -> bool:
             and not np.may_share_memory(out, A) and not np.may_share_memory(out, B))
 
 
-def vendor_call(dtype: str, M: int, N: int, K: int) -> Callable:
-    """``f(A, B)``: what ``matmul(A, B)`` runs for numpy arrays of ``dtype`` whose product is
-    M×K by K×N, resolved now (valid while ``generation``, ``ENV`` and LCMAC_CACHE_DIR stay):
-    ``numpy.matmul``, or torch's on views where it is the choice and takes the operands."""
+def vendor_call(dtype: str, M: int, N: int, K: int, logged: str | None = None) -> Callable:
+    """``f(A, B)``: what ``matmul(A, B, logged=logged)`` runs for numpy arrays of ``dtype``
+    whose product is M×K by K×N, resolved now (valid while ``generation``, ``ENV`` and
+    LCMAC_CACHE_DIR stay): ``numpy.matmul``, or torch's on views where it is the choice and
+    takes the operands."""
     side = size_class(M, N, K) if dtype in NUMPY_DTYPES else None
-    g = _chosen_at(dtype, side) if side is not None else None
+    g = _chosen_at(dtype, side, logged=logged) if side is not None else None
     if g is None or g.api != TORCH:
         return np.matmul
 
@@ -414,15 +420,15 @@ def vendor_call(dtype: str, M: int, N: int, K: int) -> Callable:
     return call
 
 
-def matmul(A, B, out=None):
-    """``numpy.matmul(A, B, out=out)`` by the CPU's chosen vendor GEMM (``chosen``): torch's
-    on views of A, B and ``out`` where it is the choice and takes the operands as they are
-    (``_torch_takes``), numpy's otherwise."""
+def matmul(A, B, out=None, logged: str | None = None):
+    """``numpy.matmul(A, B, out=out)`` by the CPU's chosen vendor GEMM (``chosen``, with the
+    api a decision's records name, ``logged``): torch's on views of A, B and ``out`` where it
+    is the choice and takes the operands as they are (``_torch_takes``), numpy's otherwise."""
     if (type(A) is np.ndarray and type(B) is np.ndarray and A.dtype.name in NUMPY_DTYPES
             and A.ndim >= 2 and B.ndim == 2 and A.shape[-1] == B.shape[0]):
         side = size_class(math.prod(A.shape[:-1]), B.shape[1], B.shape[0])
         if side is not None:
-            g = _chosen_at(A.dtype.name, side)
+            g = _chosen_at(A.dtype.name, side, logged=logged)
             if g is not None and g.api == TORCH and _torch_takes(A, B, out):
                 return g(A, B, out)
     return np.matmul(A, B, out=out)

@@ -11,13 +11,14 @@ from __future__ import annotations
 from lcmac.runtime import cpu_vendor
 
 
-def vendor_matmul(A, B, out=None):
+def vendor_matmul(A, B, out=None, api: str | None = None):
     """A·B by the vendor library: ``torch.matmul`` for torch tensors, in torch's own float32
     precision class (cuBLAS runs TF32 only where ``torch.set_float32_matmul_precision``
     allows it; lcmac never changes that setting), otherwise the CPU's chosen vendor GEMM
     (``cpu_vendor.matmul``: numpy.matmul, or torch.matmul on views of the arrays; float32 in
-    float32)."""
+    float32; ``api``: the one a decision's records name, ``Plan.vendor_api``, where no
+    choice of this process's is kept)."""
     if type(A).__module__.startswith("torch"):
         import torch        # torch operands: loaded already
         return torch.matmul(A, B, out=out)
-    return cpu_vendor.matmul(A, B, out=out)
+    return cpu_vendor.matmul(A, B, out=out, logged=api)

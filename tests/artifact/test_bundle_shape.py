@@ -111,7 +111,8 @@ def test_runtime_feeds_the_kernel_the_operands_or_padded_copies(tmp_path):
 @needs_nvcc
 def test_cli_builds_the_cuda_any_shape_bundle_as_one_kernel(tmp_path):
     from lcmac.cli.main import main
-    assert main(["build", "--algo", "gemm", "--target", "cuda-sm90a", "--dtype", "bf16", "--dynamic-shape",
+    # the default form of a CUDA any-shape bundle (no --dynamic-shape needed)
+    assert main(["build", "--algo", "gemm", "--target", "cuda-sm90a", "--dtype", "bf16",
                  "-o", str(tmp_path)]) == 0
     index = json.loads((tmp_path / INDEX).read_text())
     assert index["format"] == SHAPE_FORMAT
@@ -129,4 +130,23 @@ def test_dynamic_shape_is_an_any_shape_cuda_option(tmp_path, capsys):
                 "-o", str(tmp_path / "out")] + extra
         assert main(args) == 2
         assert "--dynamic-shape builds the any-shape rule" in capsys.readouterr().err
+        args[args.index("--dynamic-shape")] = "--copied-tiles"
+        assert main(args) == 2
+        assert "--copied-tiles builds the any-shape rule" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("asked, rows, form", [(None, None, "shape"), (True, None, "shape"),
+                                               (False, None, "tiles"), (None, (2048,), "tiles")])
+def test_cuda_any_shape_bundles_take_the_run_time_shape_unless_tiles_are_asked(monkeypatch, asked, rows, form):
+    import lcmac.artifact.bundle as bundle
+    planned = []
+    monkeypatch.setattr(bundle, "build_specs", lambda specs, *a, **kw: planned.extend(specs))
+    bundle.build_bundle("strassen", "cuda-sm90a", "bfloat16", [None], rows=rows, dynamic_shape=asked)
+    [spec] = planned
+    assert (spec.dynamic_shape is not None) == (form == "shape")
+    # a config without the run-time form (2-CTA clusters) keeps the tiles either way
+    planned.clear()
+    bundle.build_bundle("strassen", "cuda-sm90a", "bfloat16", [None], dynamic_shape=asked,
+                        config={"cluster": 2})
+    assert planned[0].dynamic_shape is None

@@ -266,3 +266,64 @@ def test_bench_cpu_times_both_baselines_and_rotates_the_first(monkeypatch):
     bench.interleaved(calls, rounds=3, pause=0.0, rotate=True)
     firsts = [order[i] for i in range(0, len(order), 6)]          # 2 calls per variant a round
     assert firsts == ["a", "b", "c"]
+
+
+def _records_where_torch_leads(store, shape, confirm_api=None):
+    """numpy.matmul 2 ms, torch.matmul 1.5 ms, lcmac's GEMM 1.8 ms at ``shape``: lcmac's GEMM
+    beats the numpy record only; with ``confirm_api``, a confirmation of the GEMM timed beside
+    that vendor (vendor 0.9x the GEMM's time)."""
+    def rec(algo, t, cfg, **extra):
+        return tdb.make_record(target=CPU, dtype="float32", algorithm=algo, algorithm_hash=algo,
+                               shape=shape, config=cfg, time_s=t, repeats=5, **extra)
+    recs = [rec("vendor", 2e-3, {"library": "scipy-openblas", "api": cpu_vendor.NUMPY}),
+            rec("vendor", 1.5e-3, {"library": "mkl", "api": cpu_vendor.TORCH}),
+            rec("gemm", 1.8e-3, {"mr": 8, "nr": 32})]
+    if confirm_api:
+        recs.append(rec("gemm", 1.8e-3, {"mr": 8, "nr": 32}, confirm=True, vendor_paired_s=1.62e-3,
+                        vendor_api=confirm_api))
+    store.append(recs)
+
+
+@pytest.mark.parametrize("confirm_api", [None, cpu_vendor.TORCH, cpu_vendor.NUMPY])
+def test_a_vendor_decision_names_the_vendor_gemm_its_records_timed(tmp_path, confirm_api):
+    shape = (320, 448, 192)
+    _records_where_torch_leads(tdb.TuningDB(tmp_path / "logs"), shape, confirm_api)
+    d = decide_by_measurement(*shape, "float32", CPU, db=tmp_path / "logs")
+    assert d.is_vendor and d.vendor_api == (confirm_api or cpu_vendor.TORCH)
+    assert d.to_dict()["vendor_api"] == d.vendor_api
+    # a decision for lcmac's kernels names the vendor it was measured against (pieces the
+    # planner gives to the vendor run that one); one with no vendor record names none
+    store = tdb.TuningDB(tmp_path / "other")
+    store.append([tdb.make_record(target=CPU, dtype="float32", algorithm=a, algorithm_hash=a, shape=shape,
+                                  config=c, time_s=t, repeats=5)
+                  for a, t, c in (("vendor", 2e-3, {"api": cpu_vendor.NUMPY}), ("gemm", 1e-3, {"mr": 8}))])
+    d = decide_by_measurement(*shape, "float32", CPU, db=tmp_path / "other")
+    assert d.runs == "gemm" and d.vendor_api == cpu_vendor.NUMPY
+    assert decide_by_measurement(*shape, "float32", CPU, db=tmp_path / "none").vendor_api is None
+
+
+def test_lcmac_matmul_runs_the_vendor_gemm_the_records_name_where_nothing_is_kept(own_cache, monkeypatch):
+    import lcmac
+    from lcmac.spec.targets import get_target
+    if get_target("host").name != CPU:
+        pytest.skip("the records are this target's")
+    shape = (320, 448, 192)                          # M, N, K
+    _records_where_torch_leads(tdb.TuningDB(own_cache / "tuning_logs"), shape)
+    seen = counting_torch_matmul(monkeypatch)
+    rng = np.random.default_rng(2)
+    A = rng.standard_normal((320, 192)).astype(np.float32)
+    B = rng.standard_normal((192, 448)).astype(np.float32)
+    p = lcmac.ops.plan(*shape, "float32")
+    assert p.runs == "vendor" and p.vendor_api == cpu_vendor.TORCH, p.why
+    C = lcmac.matmul(A, B)
+    assert np.allclose(C, A @ B, rtol=1e-4, atol=1e-3) and len(seen) == 1
+    lcmac.matmul(A, B)                               # the kept call: the same vendor
+    assert len(seen) == 2
+    out = np.empty((320, 448), np.float32)
+    lcmac.matmul(A, B, out=out)
+    assert len(seen) == 3 and np.allclose(out, C)
+    # a choice measured in this cache wins over the records' word
+    cpu_vendor.chosen("float32", *shape, measurer=faking(cpu_vendor.NUMPY))
+    cpu_vendor.forget()
+    lcmac.matmul(A, B)
+    assert len(seen) == 3

@@ -226,7 +226,7 @@ def _shape_kernels(alg, shape, dtype: str, cfg: CudaConfig, programs, arch: str,
         raise NotSupportedYet(f"dynamic_shape=True: {why}")
     M, N, K = (T.dynamic(d) for d in "MNK")
     if alg is None:
-        info = {"dynamic_shape": rows.shape_info(None, shape, dtype, cfg, [])}
+        info = {"dynamic_shape": rows.shape_info(None, shape, dtype, cfg, []), "persistent_ctas": ctas}
         return Composition([kernel("gemm", gemm.plain_gemm(M, N, K, dtype, cfg, arch, ctas=ctas), ["A", "B", "C"])],
                            [("__end__", 0)], info)
     progs, how = _alg_programs(alg, programs)
@@ -247,7 +247,8 @@ def _shape_kernels(alg, shape, dtype: str, cfg: CudaConfig, programs, arch: str,
     item = ITEMSIZE[dtype] * alg.R
     ws = _workspace({"At": item * Mb * Kb, "Bt": item * Kb * Nb, **({} if cfg.fused else {"H": item * Mb * Nb})})
     info = {"blocking": {"Mb": "run time", "Nb": "run time", "Kb": "run time"}, "programs": how,
-            "dynamic_shape": rows.shape_info(alg, shape, dtype, cfg, ws)}
+            "dynamic_shape": rows.shape_info(alg, shape, dtype, cfg, ws),
+            "persistent_ctas": ctas if not cfg.fused else 0}
     return Composition(ks, ws, info)
 
 

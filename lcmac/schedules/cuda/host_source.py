@@ -11,6 +11,7 @@ them), each source is made ready here (``kernel_source``):
     restrict_pointers    ``__restrict__`` back on the streaming kernels' pointers
     view_loads           operands read in place through two descriptors (``direct_views``)
     dmma_pairs           float64's m8n8k4 products paired into m16n8k4 (``dmma``, sm_90a)
+    persistent_steps     a persistent pipeline over a run-time K walked tile by tile, k by k
 
 Each rewrite checks that the generated source has exactly the form it rewrites and raises
 otherwise (another TileLang version), rather than produce a kernel that races.  Imports
@@ -23,7 +24,7 @@ import re
 from lcmac.core.errors import ToolchainError
 
 __all__ = ["rename_launcher", "cluster_pipeline", "async_reduce_stores", "STREAMING_KERNELS",
-           "restrict_pointers", "view_loads", "dmma_pairs", "launch_info", "kernel_source"]
+           "restrict_pointers", "view_loads", "dmma_pairs", "persistent_steps", "launch_info", "kernel_source"]
 
 
 def rename_launcher(code: str, func_name: str, kname: str) -> str:
@@ -256,6 +257,46 @@ def dmma_pairs(code: str, kname: str) -> str:
     return code[:head] + _DMMA_PAIR + "\n" + code[head:]
 
 
+# A persistent CTA's software pipeline is one loop over every (tile, k) step of its share
+# (schedules.cuda.gemm._persistent_tiles): a step's tile is it / num_k and its slab it % num_k.
+# With a run-time K, num_k = ceil(K / block_k) is a kernel argument, so every step divides by
+# a run-time value, in the producer thread and in each consumer thread before its wgmma, and
+# decodes the tile's coordinates (more divisions) again.  persistent_steps splits each such
+# loop into a loop over tiles around a loop over k: the same steps in the same order, no
+# division by num_k, and the tile's coordinates, which no longer change in the inner loop,
+# computed once per tile.
+_STEP_LOOP = re.compile(r"(?P<ind>[ ]*)for \(int (?P<it>it(?:_\d+)?) = 0; (?P=it) < "
+                        r"\((?P<steps>.+) \* (?P<nk>\(\((?:Kb|K) \+ \d+\) (?:>> \d+|/ \d+)\))\); "
+                        r"\+\+(?P=it)\) \{\n")
+
+
+def persistent_steps(code: str, kname: str) -> str:
+    """Split the (tile, k) step loops of persistent kernel ``kname`` whose K is a run-time
+    value into a tile loop around a k loop (the comment above); raises where the kernel has
+    no such loop or a step uses its index otherwise than as tile, slab or pipeline stage."""
+    start = code.find(f"void __launch_bounds__")
+    loops = list(_STEP_LOOP.finditer(code, start))
+    if not loops:
+        raise ToolchainError(f"{kname}: no persistent step loop over a run-time K in the "
+                             "generated source (another TileLang version?)")
+    out, pos = [], 0
+    for m in loops:
+        ind, it, nk = m["ind"], m["it"], m["nk"]
+        end = code.index(f"\n{ind}}}\n", m.end())
+        body = code[m.end():end + 1]
+        body = body.replace(f"({it} / {nk})", f"lcmac_tile_{it}").replace(f"({it} % {nk})", f"lcmac_k_{it}")
+        # what is left of the index: the pipeline stage, it % stages (and % 2·stages)
+        if re.search(rf"\b{it}\b(?! % \d+\))", body):
+            raise ToolchainError(f"{kname}: a pipelined step uses {it} otherwise than as tile, "
+                                 "slab or stage (another TileLang version?)")
+        out += [code[pos:m.start()],
+                f"{ind}for (int lcmac_tile_{it} = 0; lcmac_tile_{it} < {m['steps']}; ++lcmac_tile_{it}) {{\n",
+                f"{ind}for (int lcmac_k_{it} = 0; lcmac_k_{it} < {nk}; ++lcmac_k_{it}) {{\n",
+                f"{ind}  const int {it} = lcmac_tile_{it} * {nk} + lcmac_k_{it};\n", body, f"{ind}}}\n"]
+        pos = end + 1
+    return "".join(out) + code[pos:]
+
+
 def launch_info(code: str, kname: str) -> dict:
     """The launch of kernel ``kname`` as its generated host launcher sets it: grid, block and
     dynamic shared memory."""
@@ -287,4 +328,7 @@ def kernel_source(code: str, kernel, symbol: str, cfg, clustered: tuple, info: d
         code = view_loads(code, symbol, info["view_loads"])
     if getattr(cfg, "dmma", "m8n8k4") == "m16n8k4" and kernel.name in ("gemm", "batched_gemm"):
         code = dmma_pairs(code, symbol)
+    if kernel.name in ("gemm", "batched_gemm") and (info or {}).get("dynamic_shape") \
+            and (info or {}).get("persistent_ctas"):
+        code = persistent_steps(code, symbol)
     return code

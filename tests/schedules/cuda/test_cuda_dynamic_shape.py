@@ -213,6 +213,9 @@ def test_lcma_kernels_take_the_shape_and_mask_by_it(builds):
         assert f"{desc}_desc_globalDim[3]= {dims}" in gemm
     # the persistent walk's run-time divisions are C's, not floor division's selects
     assert "(Kb + 63) >> 6" in gemm and "/ -" not in kernel_body(gemm)
+    # ... and walked tile by tile, k by k: no step divides by the run-time slab count
+    assert kernel_body(gemm).count("for (int lcmac_k_") == 2
+    assert "/ ((Kb + 63) >> 6)" not in kernel_body(gemm) and "% ((Kb + 63) >> 6)" not in kernel_body(gemm)
     entry = src["lcmac_cuda_entry.cu"]
     assert "lcmac_workspace_bytes_shape(" in entry and "lcmac_run_rows" not in entry
     if r["library"]:
