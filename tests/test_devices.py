@@ -162,6 +162,13 @@ def test_the_time_budget_stops_starting_shapes(here):
         sweep.calibrate_device(TARGET, "float32", shapes, budget_s=0, measure_for=lambda s: None)
 
 
+def test_the_next_shape_is_foreseen_by_its_work_on_a_cpu_and_its_compiles_on_a_gpu():
+    # 80 s at 4096³ (compiles, mostly, on a GPU): 8192³ has 8x the work
+    last = ((4096, 4096, 4096), 80.0)
+    assert sweep._foreseen("cpu", last, (8192, 8192, 8192)) == pytest.approx(640.0)
+    assert sweep._foreseen("cuda", last, (8192, 8192, 8192)) == pytest.approx(80.0)
+
+
 def test_no_device_here_cannot_be_calibrated(monkeypatch):
     monkeypatch.setattr(sweep, "device_here", lambda target: None)
     with pytest.raises(Exception, match="no device here runs cuda-sm90a"):

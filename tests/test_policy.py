@@ -19,9 +19,9 @@ TARGET = "x86_64-avx512"
 #: shape → the decision the shipped logs make there
 DECISIONS = {
     (2048, 4096, 4096): "vendor",        # the vendor GEMM, measured faster at a nearby shape
-    (2048, 1536, 7168): "gemm",          # lcmac's plain GEMM, measured faster than the vendor here
+    (512, 576, 7168): "gemm",            # lcmac's plain GEMM, measured faster than the vendor here
     (64, 64, 64): "gemm",                # the plain GEMM, not measured here: the vendor runs it
-    (2048, 2048, 2048): "winograd",      # an LCMA measured fastest here
+    (512, 1536, 7168): "strassen",       # an LCMA measured fastest here
     (8192, 8192, 8192): "strassen",      # an LCMA, run per 4096-row piece
     (4000, 4000, 4000): "strassen",      # an LCMA whose every row bucket goes to the vendor
                                          # (winograd^2, measured faster, is over the default
@@ -99,9 +99,9 @@ def test_auto_without_kernels_names_the_decision_and_where_matmul_differs(ran):
     """The README's case: lcmac.auto() with no artifacts runs the vendor GEMM where
     lcmac.matmul runs an LCMA; the plan says that the decision is the LCMA, why the vendor
     runs, and where the kernels would come from."""
-    p = lcmac.auto(target=TARGET).plan(2048, 2048, 2048)
-    m = ops.plan(2048, 2048, 2048, target=TARGET)
-    assert (p.decision, m.decision, m.runs) == ("winograd", "winograd", "winograd")
+    p = lcmac.auto(target=TARGET).plan(512, 1536, 7168)
+    m = ops.plan(512, 1536, 7168, target=TARGET)
+    assert (p.decision, m.decision, m.runs) == ("strassen", "strassen", "strassen")
     assert p.runs == VENDOR and "no artifacts directory" in p.why and "lcmac.matmul" in p.why
     assert p.kernels.startswith("none") and m.kernels == JIT
 

@@ -184,11 +184,13 @@ def _vendor_candidate(t: float, M, N, K, gemm_cand, which: str = "cuBLAS / numpy
                      f"measured; the vendor library's GEMM ({which})", True, None)
 
 
-def _fastest_vendor(db, shape, dtype, target, regime: str) -> dict:
-    """The config of the fastest vendor record at ``shape`` ({} where there is none)."""
+def _fastest_vendor(db, shape, dtype, target, regime: str, api: str | None = None) -> dict:
+    """The config of the fastest vendor record at ``shape`` (of ``api`` where given; {} where
+    there is none)."""
     recs = [r for r in _store_of(db).records(str(target), normalize_model_dtype(dtype))
             if r["algorithm"] == _db.VENDOR and shape is not None
-            and tuple(r["shape"]) == tuple(shape) and regime_of(r) == regime and r.get("time_s")]
+            and tuple(r["shape"]) == tuple(shape) and regime_of(r) == regime and r.get("time_s")
+            and (api is None or (r.get("config") or {}).get("api") == api)]
     return (min(recs, key=lambda r: r["time_s"]).get("config") or {}) if recs else {}
 
 
@@ -279,8 +281,8 @@ def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_6
         # the vendor on the kernels' scale: as far behind (ahead of) the best logged kernel
         # as the confirmed one was in the same rounds
         v_time = min(meas.values()) * confirmed[1]
-        if confirmed[2]:
-            vendor_cfg = {**vendor_cfg, "api": confirmed[2]}
+        if confirmed[2]:        # the vendor the confirmation was timed beside
+            vendor_cfg = _fastest_vendor(db, logged, dtype, target, regime, confirmed[2]) or {"api": confirmed[2]}
     failed = failed_at(M, N, K, dtype, target, db=db) if source == "exact" else set()
     kw = dict(select_kw)
     if profile is not None:

@@ -73,7 +73,7 @@ def calibrate_device(target: str, dtype: str = "float32", shapes=None, *, budget
     t0, last = time.perf_counter(), None
     for i, shape in enumerate(shapes):
         spent = time.perf_counter() - t0
-        foreseen = 0.0 if last is None else last[1] * _flops(shape) / _flops(last[0])
+        foreseen = 0.0 if last is None else _foreseen(kind, last, shape)
         if spent >= budget_s or spent + foreseen > budget_s:
             out.skipped = shapes[i:]
             break
@@ -87,6 +87,14 @@ def calibrate_device(target: str, dtype: str = "float32", shapes=None, *, budget
         last = (shape, time.perf_counter() - start)
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def _foreseen(kind: str, last, shape) -> float:
+    """Seconds the next shape's sweep will take, from the last one's (shape, seconds): on a
+    CPU its timed calls dominate (seconds each), so it scales with the work; on a GPU its
+    compiles do (tens of seconds each, the same for every shape) while the timing runs for a
+    fixed time per kernel, so it takes as long again."""
+    return last[1] * (_flops(shape) / _flops(last[0]) if kind == "cpu" else 1.0)
 
 
 def _flops(shape) -> float:
