@@ -276,13 +276,14 @@ def decide_by_measurement(M: int, N: int, K: int, dtype="float32", target="x86_6
         # the fitted profile's plain GEMM runs at the vendor's rate measured on this device
         v_time = gemm_estimate(M, N, K, model_dtype(target, dtype), profile).time_s
     confirmed = confirmed_ratio(M, N, K, dtype, target, db=db, regime=regime) if source == "exact" else None
-    vendor_cfg = _fastest_vendor(db, logged, dtype, target, regime)
+    beside = None               # the vendor a confirmation was timed beside
     if confirmed is not None and meas and v_time is not None:
         # the vendor on the kernels' scale: as far behind (ahead of) the best logged kernel
         # as the confirmed one was in the same rounds
         v_time = min(meas.values()) * confirmed[1]
-        if confirmed[2]:        # the vendor the confirmation was timed beside
-            vendor_cfg = _fastest_vendor(db, logged, dtype, target, regime, confirmed[2]) or {"api": confirmed[2]}
+        beside = confirmed[2]
+    vendor_cfg = {} if v_time is None else (
+        _fastest_vendor(db, logged, dtype, target, regime, beside) or ({"api": beside} if beside else {}))
     failed = failed_at(M, N, K, dtype, target, db=db) if source == "exact" else set()
     kw = dict(select_kw)
     if profile is not None:

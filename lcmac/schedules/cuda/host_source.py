@@ -274,8 +274,7 @@ def persistent_steps(code: str, kname: str) -> str:
     """Split the (tile, k) step loops of persistent kernel ``kname`` whose K is a run-time
     value into a tile loop around a k loop (the comment above); raises where the kernel has
     no such loop or a step uses its index otherwise than as tile, slab or pipeline stage."""
-    start = code.find(f"void __launch_bounds__")
-    loops = list(_STEP_LOOP.finditer(code, start))
+    loops = list(_STEP_LOOP.finditer(code))
     if not loops:
         raise ToolchainError(f"{kname}: no persistent step loop over a run-time K in the "
                              "generated source (another TileLang version?)")
