@@ -10,6 +10,7 @@ torch.matmul in bf16, at 8192³, 16384³ and the 70B-class MLP shapes at 16k and
     python scripts/bench_fp8.py --build-only --jobs 8 --artifacts DIR   # compile first (no GPU)
     python scripts/bench_fp8.py --artifacts DIR --sustained 5     # burst and sustained, reusing them
     python scripts/bench_fp8.py --shapes 8192x8192x8192 --algos gemm,strassen --rounds 5
+    python scripts/bench_fp8.py --algos gemm,gemm+stages=6,gemm+block_m=64+block_n=256+policy=fullcol
 
 cuBLAS runs through ``lcmac.torch.fp8.scaled_mm``: DeepSeek-V3's recipe (A per 1×128, the
 weights per 128×128; ``torch.nn.functional.scaled_mm``, SM90 with cuBLASLt ≥ 12.9), else
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -69,12 +71,30 @@ def _shape(s: str) -> tuple[int, int, int]:
     return M, N, K
 
 
-def _tag(algo, shape) -> str:
-    return f"{algo.replace('^', 'sq')}-fp8-{'x'.join(map(str, shape))}"
+def _tag(spec, shape) -> str:
+    return f"{re.sub('[^A-Za-z0-9_.-]', '_', spec.replace('^', 'sq'))}-fp8-{'x'.join(map(str, shape))}"
 
 
-def _config(algo: str) -> dict:
-    return {"operands": "fp8"} if algo == "gemm" else {"operands": "fp8", "fused": False}
+def _knob(v: str):
+    return {"true": True, "false": False}.get(v.lower(), int(v) if v.lstrip("-").isdigit() else v)
+
+
+def _split(spec: str) -> tuple[str, dict]:
+    """``algo[+knob=value...]`` → (algo, CudaConfig knobs): a scheme with its config changed,
+    so that one run compares tiles, depths or stores of one scheme (``gemm+stages=6``)."""
+    algo, *knobs = spec.split("+")
+    out = {}
+    for kv in knobs:
+        k, eq, v = kv.partition("=")
+        if not eq or not k:
+            raise SystemExit(f"bench_fp8: a knob is name=value after '+', got {kv!r} in {spec!r}")
+        out[k] = _knob(v)
+    return algo, out
+
+
+def _config(spec: str) -> dict:
+    algo, knobs = _split(spec)
+    return {"operands": "fp8", **({} if algo == "gemm" else {"fused": False}), **knobs}
 
 
 def plan(algos, shapes, args) -> dict:
@@ -107,7 +127,7 @@ def build_all(algos, shapes, art: Path, jobs: int, budget_s: float) -> dict:
             return key, "skipped: --build-s spent before this build started"
         t = time.perf_counter()
         try:
-            path = lcmac.build(algo, TARGET, "bfloat16", shape, config=_config(algo), out_dir=str(out), name="lcmac")
+            path = lcmac.build(_split(algo)[0], TARGET, "bfloat16", shape, config=_config(algo), out_dir=str(out), name="lcmac")
         except Exception as e:      # a refused scheme or a failed build is a result, not a stop
             return key, f"build failed: {type(e).__name__}: {str(e)[:600]}"
         print(f"  built {out.name} in {time.perf_counter() - t:.0f} s", flush=True)
@@ -292,8 +312,8 @@ def _judged(shape, res: dict) -> dict:
     for key, t in TARGETS.items():
         if list(shape) != t["shape"]:
             continue
-        names = ([key] if key in res else [] if key != "lcmac-lcma-fp8" else
-                 [n for n in res if n.startswith("lcmac-") and n != "lcmac-gemm-fp8"])
+        plain = [n for n in res if n.startswith("lcmac-gemm-fp8") or n.startswith("lcmac-gemm+")]
+        names = plain if key == "lcmac-gemm-fp8" else [n for n in res if n.startswith("lcmac-") and n not in plain]
         got = {n: res[n]["vs_cublas_fp8"] for n in names if res[n].get("vs_cublas_fp8")}
         if got:
             best = max(got, key=got.get)
@@ -308,7 +328,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", type=_shape, nargs="+", default=[_shape(s) for s in DEFAULT_SHAPES],
                     help="MxNxK (default: %(default)s)")
     ap.add_argument("--algos", default=DEFAULT_ALGOS, help="lcmac schemes, comma-separated; gemm: the plain "
-                    "fp8 GEMM; none: cuBLAS only (default %(default)s)")
+                    "fp8 GEMM; none: cuBLAS only; a scheme with CudaConfig knobs changed: "
+                    "gemm+stages=6+block_n=256 (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default %(default)s)")
     ap.add_argument("--calls", type=int, default=10, help="calls per timed round (default %(default)s)")
     ap.add_argument("--quantize", choices=["compiled", "eager"], default="compiled",

@@ -34,8 +34,13 @@ RECIPES = {"1x128,128x128": ((1, 128), (128, 128)), "1x128,1x128": ((1, 128), (1
 #: 5 K blocks, the last partial; N blocks partial too) and aligned ones
 KERNEL_CASES = [("gemm", (1000, 1064, 1032)), ("gemm", (1024, 1024, 1024)),
                 ("strassen", (1000, 1064, 1032)), ("strassen", (2048, 2048, 2048)),
-                ("winograd", (777, 520, 1048)), ("winograd", (512, 512, 512))]
-CASE_IDS = [f"{a}-{'x'.join(map(str, s))}" for a, s in KERNEL_CASES]
+                ("winograd", (777, 520, 1048)), ("winograd", (512, 512, 512)),
+                ("gemm", (1000, 1480, 1032)), ("strassen", (2000, 1064, 1032))]
+#: cases built with other tiles: 192 columns straddle B̃'s 128-column scale blocks in every
+#: other tile (the scale chosen per column at run time), the last tile ragged
+CASE_KNOBS = {KERNEL_CASES[6]: {"block_n": 192}, KERNEL_CASES[7]: {"block_n": 192, "stages": 3}}
+CASE_IDS = [f"{a}-{'x'.join(map(str, s))}" + "".join(f"-{k}{v}" for k, v in CASE_KNOBS.get((a, s), {}).items())
+            for a, s in KERNEL_CASES]
 
 
 def _inputs(M, N, K, seed):
@@ -116,6 +121,7 @@ def kernels(tmp_path_factory):
         algo, shape = case
         d = tmp_path_factory.mktemp(f"fp8-{algo}")
         cfg = {"operands": "fp8"} if algo == "gemm" else {"operands": "fp8", "fused": False}
+        cfg.update(CASE_KNOBS.get(case, {}))
         try:
             return case, lcmac.load(lcmac.build(algo, "cuda", "bfloat16", shape, config=cfg, out_dir=str(d)))
         except Exception as e:  # noqa: BLE001 - reported by the test that needs it

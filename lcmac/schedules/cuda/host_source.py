@@ -257,6 +257,84 @@ def dmma_pairs(code: str, kname: str) -> str:
     return code[:head] + _DMMA_PAIR + "\n" + code[head:]
 
 
+# m16n8k8 and m16n8k16 (sm_90) are two and four m16n8k4 in a row along K with one
+# accumulator: A's a(2c), a(2c+1) and B's b(c) are the m16n8k4 fragments of the c-th 4-wide
+# K chunk (the PTX ISA's fragment layouts).  TileLang loads the fragments of one chunk, ki,
+# then issues its products; dmma_k_groups makes each step of that loop load the fragments
+# of G chunks (ki .. ki + G - 1, into copies of the fragment arrays) and issue one
+# m16n8k(4G) per pair of row tiles and column tile: a G-th of the instructions, and the
+# accumulators read and written once per 4G of K instead of once per 4.
+_DMMA_CALL = re.compile(r"lcmac_dmma_m16n8k4\((?P<c01>[^,]+), (?P<c23>[^,]+), (?P<a>\w+) \+ (?P<i>\w+), "
+                        r"(?P<b>\w+) \+ (?P<j>\w+)\);")
+_KI_LOOP = re.compile(r"(?P<ind>[ ]*)for \(int (?P<k>ki(?:_\d+)?) = 0; (?P=k) < (?P<n>\d+); \+\+(?P=k)\) \{\n")
+
+
+def _dmma_group(g: int) -> str:
+    a = ", ".join(f'"d"(a{c}[0]), "d"(a{c}[1])' for c in range(g))
+    b = ", ".join(f'"d"(b{c}[0])' for c in range(g))
+    regs = lambda first, n: ", ".join(f"%{first + r}" for r in range(n))
+    args = ", ".join([f"const double* a{c}" for c in range(g)] + [f"const double* b{c}" for c in range(g)])
+    return (f"\n// lcmac: {g} m16n8k4 fp64 products along K (chunks of 4) as one m16n8k{4 * g}\n"
+            f"__device__ __forceinline__ void lcmac_dmma_m16n8k{4 * g}(double* c01, double* c23, {args}) {{\n"
+            f'  asm volatile("mma.sync.aligned.m16n8k{4 * g}.row.col.f64.f64.f64.f64 {{%0, %1, %2, %3}}, '
+            f'{{{regs(4, 2 * g)}}}, {{{regs(4 + 2 * g, g)}}}, {{%0, %1, %2, %3}};\\n"\n'
+            f'               : "+d"(c01[0]), "+d"(c01[1]), "+d"(c23[0]), "+d"(c23[1])\n'
+            f"               : {a}, {b});\n}}\n")
+
+
+def dmma_k_groups(code: str, kname: str, g: int) -> str:
+    """``kname``'s m16n8k4 products (after ``dmma_pairs``) issued G chunks of K at a time as
+    m16n8k(4G) (the comment above).  Every loop over K chunks that issues them must count a
+    multiple of G and load its fragments before its products; anything else raises."""
+    out, pos, groups = [], 0, 0
+    for m in _KI_LOOP.finditer(code):
+        ind, k, n = m["ind"], m["k"], int(m["n"])
+        end = code.index(f"\n{ind}}}\n", m.end())
+        body = code[m.end():end + 1]
+        calls = list(_DMMA_CALL.finditer(body))
+        if not calls:
+            continue
+        if n % g:
+            raise ToolchainError(f"dmma='m16n8k{4 * g}': {kname} walks its K slab in {n} chunks of 4, "
+                                 f"not a multiple of {g}; use a block_k that is, or dmma='m16n8k4'")
+        # the loads are the loop statements before the one that holds the products
+        split = body.rfind(f"\n{ind}  for (", 0, calls[0].start()) + 1
+        loads, products = body[:split], body[split:]
+        a, b = calls[0]["a"], calls[0]["b"]
+        # the products: the last statement of the K-chunk loop, a loop of its own
+        if not split or not products.endswith(f"\n{ind}  }}\n") or any(c["a"] != a or c["b"] != b for c in calls) or a not in loads or b not in loads:
+            raise ToolchainError(f"dmma='m16n8k{4 * g}': {kname}'s K-chunk loop does not load its "
+                                 "fragments before its products (another TileLang version?)")
+        copies = [loads]
+        for c in range(1, g):
+            chunk = re.sub(rf"\b{k}\b", f"({k} + {c})", loads)
+            chunk = re.sub(rf"\b{a}\b", f"{a}_k{c}", re.sub(rf"\b{b}\b", f"{b}_k{c}", chunk))
+            copies.append(f"{ind}  double {a}_k{c}[{_array_size(code, a)}];\n"
+                          f"{ind}  double {b}_k{c}[{_array_size(code, b)}];\n" + chunk)
+
+        def grouped(cm):
+            a_args = ", ".join([f"{a} + {cm['i']}"] + [f"{a}_k{c} + {cm['i']}" for c in range(1, g)])
+            b_args = ", ".join([f"{b} + {cm['j']}"] + [f"{b}_k{c} + {cm['j']}" for c in range(1, g)])
+            return f"lcmac_dmma_m16n8k{4 * g}({cm['c01']}, {cm['c23']}, {a_args}, {b_args});"
+        out += [code[pos:m.start()], f"{ind}for (int {k} = 0; {k} < {n}; {k} += {g}) {{\n",
+                "".join(copies), _DMMA_CALL.sub(grouped, products)]
+        pos = end + 1
+        groups += len(calls)
+    if groups != code.count("lcmac_dmma_m16n8k4(C") or groups == 0:
+        raise ToolchainError(f"dmma='m16n8k{4 * g}': {kname}'s m16n8k4 products are not all in "
+                             "loops over K chunks (another TileLang version?); use dmma='m16n8k4'")
+    code = "".join(out) + code[pos:]
+    head = code.index('extern "C" __global__')
+    return code[:head] + _dmma_group(g) + code[head:]
+
+
+def _array_size(code: str, name: str) -> str:
+    m = re.search(rf"double {name}\[(\d+)\];", code)
+    if not m:
+        raise ToolchainError(f"no declaration of the fragment array {name} in the generated source")
+    return m.group(1)
+
+
 # A persistent CTA's software pipeline is one loop over every (tile, k) step of its share
 # (schedules.cuda.gemm._persistent_tiles): a step's tile is it / num_k and its slab it % num_k.
 # With a run-time K, num_k = ceil(K / block_k) is a kernel argument, so every step divides by
@@ -325,8 +403,11 @@ def kernel_source(code: str, kernel, symbol: str, cfg, clustered: tuple, info: d
         code = restrict_pointers(code, symbol)
     if kernel.name == "batched_gemm" and (info or {}).get("view_loads"):
         code = view_loads(code, symbol, info["view_loads"])
-    if getattr(cfg, "dmma", "m8n8k4") == "m16n8k4" and kernel.name in ("gemm", "batched_gemm"):
+    dmma = getattr(cfg, "dmma", "m8n8k4")
+    if dmma != "m8n8k4" and kernel.name in ("gemm", "batched_gemm"):
         code = dmma_pairs(code, symbol)
+        if dmma != "m16n8k4":
+            code = dmma_k_groups(code, symbol, int(dmma.rsplit("k", 1)[1]) // 4)
     if kernel.name in ("gemm", "batched_gemm") and (info or {}).get("dynamic_shape") \
             and (info or {}).get("persistent_ctas"):
         code = persistent_steps(code, symbol)

@@ -25,7 +25,8 @@ from lcmac.schedules.cuda.common import (
 from lcmac.spec.cuda.blocking import Blocking
 from lcmac.spec.cuda.config import CudaConfig
 from lcmac.spec.cuda.operands import (
-    FP8_BLOCK, FP8_MAX, FP8_TINY, SCALED_TOP, SPLIT_SHIFT, fp8_scale_shapes as scale_shapes)
+    FP8_BLOCK, FP8_MAX, FP8_TINY, SCALED_TOP, SPLIT_SHIFT, fp8_scale_shapes as scale_shapes,
+    fp8_tile_scale_blocks as tile_scale_blocks)
 from lcmac.schedules.cuda.gemm import k_loop, store_tile
 
 #: storage type of scaled operands
@@ -280,6 +281,20 @@ def fp8_combine_b(prog, blk: Blocking, dtype: str, cfg: CudaConfig, arch: str = 
     return lcmac_combine_fp8
 
 
+def col_scale(SB_shared, col, ko, nbs: int, aligned: bool):
+    """B̃'s scale of tile column ``col`` (counted from the tile's first scale block): an index
+    where tiles are aligned to the blocks, else a chain of selects (the block is a run-time
+    fact there; selects, not a shared-memory load per element)."""
+    if nbs == 1:
+        return SB_shared[0, ko]
+    if aligned:
+        return SB_shared[col // FP8_BLOCK, ko]
+    out = SB_shared[nbs - 1, ko]
+    for j in range(nbs - 2, -1, -1):
+        out = T.if_then_else(col < (j + 1) * FP8_BLOCK, SB_shared[j, ko], out)
+    return out
+
+
 def fp8_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, direct: bool, arch: str = "sm_90a"):
     """The GEMM stage on block-scaled E4M3 operands, as DeepGEMM's: per 128-wide K block the
     wgmma product lands in a fresh fp32 fragment, and C += that · (SA[row] · SB), SB being one
@@ -293,9 +308,10 @@ def fp8_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, direct: bool, arch: str
     gx, gy = -(-Nb // block_n), -(-Mb // block_m)
     scales = fp8_scale_shapes(blk, cfg)
     l4 = scales["SB"][2]
-    # the tile's 128-column scale blocks: one (block_n ≤ 128 divides 128) or block_n / 128
-    nbs = max(1, block_n // FP8_BLOCK)
-    per_block = max(1, FP8_BLOCK // block_n)
+    # the 128-column scale blocks a tile meets: one (block_n divides 128), block_n / 128
+    # (a multiple of 128), else a tile straddles blocks at a run-time column
+    nbs = tile_scale_blocks(block_n)
+    aligned = FP8_BLOCK % block_n == 0 or block_n % FP8_BLOCK == 0
     out_shape = (blk.M, blk.N) if direct else (R, Mb, Nb)
     out_dtype = dtype if direct else ACCUM
     pdl = uses_pdl(arch)
@@ -317,9 +333,11 @@ def fp8_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, direct: bool, arch: str
             C_local = T.alloc_fragment((block_m, block_n), ACCUM)
             emit_names(A_s=A_shared, B_s=B_shared, sa=SA_shared, sb=SB_shared, C_t=C_step, C_h=C_local)
             T.use_swizzle(panel_size=max(tile.swizzle, 1), enable=tile.swizzle > 0)
-            nb0 = bx // per_block if nbs == 1 else bx * nbs
+            nb0 = bx * block_n // FP8_BLOCK
             for j, kb in T.Parallel(nbs, l4):
                 SB_shared[j, kb] = SB[bz, nb0 + j, kb]
+            # the tile's first column within its first scale block (0 where tiles are aligned)
+            offset = 0 if aligned else bx * block_n - nb0 * FP8_BLOCK
             T.clear(C_local)
             for ko in T.Pipelined(num_k, num_stages=tile.num_stages):
                 T.copy(At[bz, by * block_m:(by + 1) * block_m, ko * block_k:(ko + 1) * block_k], A_shared)
@@ -327,7 +345,7 @@ def fp8_gemm(blk: Blocking, dtype: str, cfg: CudaConfig, direct: bool, arch: str
                 T.copy(SA[bz, ko, by * block_m:(by + 1) * block_m], SA_shared)
                 T.gemm(A_shared, B_shared, C_step, transpose_B=True, policy=tile.policy, clear_accum=True)
                 for x, y in T.Parallel(block_m, block_n):
-                    C_local[x, y] = C_local[x, y] + C_step[x, y] * (SA_shared[x] * SB_shared[y // FP8_BLOCK, ko])
+                    C_local[x, y] = C_local[x, y] + C_step[x, y] * (SA_shared[x] * col_scale(SB_shared, offset + y, ko, nbs, aligned))
             if direct:
                 store_tile(C_local, Out[by * block_m, bx * block_n], out_dtype, tile)
             else:

@@ -94,7 +94,9 @@ class CudaConfig:
                  GEMM, Algorithm 1 and the fused grid form.
     dmma         float64: the fp64 tensor-core instruction, "m8n8k4" (TileLang's, sm_80 and
                  sm_90a) or "m16n8k4" (sm_90a: pairs of m8n8k4 sharing B issued as one,
-                 ``host_source.dmma_pairs``), in the plain GEMM and Algorithm 1's batched GEMM.
+                 ``host_source.dmma_pairs``), "m16n8k8" / "m16n8k16" (sm_90a: two / four of
+                 those along K, ``host_source.dmma_k_groups``), in the plain GEMM and
+                 Algorithm 1's batched GEMM.
     """
     fused: bool = False
     block_m: int = 128
@@ -225,7 +227,7 @@ DIRECT_VIEWS = ("auto", "none", "a", "b", "ab")
 #: CudaConfig.batched_template values
 BATCHED_TEMPLATES = ("auto", "small", "gemm")
 #: CudaConfig.dmma values: the fp64 mma.sync shapes a float64 GEMM stage issues
-DMMA_SHAPES = ("m8n8k4", "m16n8k4")
+DMMA_SHAPES = ("m8n8k4", "m16n8k4", "m16n8k8", "m16n8k16")
 
 
 def default_config(target, dtype: str = "bfloat16", algorithm=None, shape=None) -> "CudaConfig":

@@ -47,15 +47,22 @@ def fp8_combine_size(m: int, k: int, n: int, R: int) -> int:
     return R * max(m * k, k * n)
 
 
+def fp8_tile_scale_blocks(block_n: int) -> int:
+    """How many of B̃'s 128-column scale blocks one GEMM tile of ``block_n`` columns meets at
+    most: tiles start at multiples of block_n, so within a block at an offset that is a
+    multiple of gcd(block_n, 128) (a 192-wide tile meets two, a 64-wide one)."""
+    return -(-(FP8_BLOCK - math.gcd(block_n, FP8_BLOCK) + block_n) // FP8_BLOCK)
+
+
 def fp8_scale_shapes(R: int, Mb: int, Nb: int, Kb: int, block_m: int, block_n: int) -> dict:
     """The fp8 kernels' scale buffers: SA [R, nkb, Mb'] (a K block's scales of all Ã rows
     together, Mb' = Mb rounded up to the GEMM tile) and SB [R, Nb', L4] (one per 128×128
     block of B̃, its K blocks contiguous and padded to L4, a multiple of 4 — 16 bytes a row,
-    as cuBLAS's scale_b; Nb' = the 128-column blocks rounded up to the tile), so that the
+    as cuBLAS's scale_b; Nb' = the 128-column blocks the last column tile reads), so that the
     GEMM never reads past them (the padding only meets outputs that are never stored)."""
     nkb = -(-Kb // FP8_BLOCK)
     mp = -(-Mb // block_m) * block_m
-    nbp = -(-Nb // FP8_BLOCK) if block_n <= FP8_BLOCK else -(-Nb // block_n) * (block_n // FP8_BLOCK)
+    nbp = (-(-Nb // block_n) - 1) * block_n // FP8_BLOCK + fp8_tile_scale_blocks(block_n)
     return {"SA": (R, nkb, mp), "SB": (R, nbp, -(-nkb // 4) * 4)}
 
 
@@ -72,9 +79,9 @@ def check_operands(cfg: "CudaConfig", dtype: str) -> None:
         if cfg.bk("float8_e4m3") != FP8_BLOCK:
             raise LcmacError(f"operands='fp8' needs block_k={FP8_BLOCK} (one scale block per K "
                              f"slab), not {cfg.block_k}")
-        if FP8_BLOCK % cfg.block_n and cfg.block_n % FP8_BLOCK:
-            raise LcmacError(f"operands='fp8' needs block_n dividing {FP8_BLOCK} or a multiple of "
-                             f"it (B̃'s scales are per 128 columns), not {cfg.block_n}")
+        if cfg.block_n % 16 or not 16 <= cfg.block_n <= 256:
+            raise LcmacError(f"operands='fp8' needs block_n a multiple of 16 in [16, 256] (one fp8 "
+                             f"wgmma's N), not {cfg.block_n}")
     if cfg.operands == "fp16x2" and dtype != "float32":
         raise LcmacError(f"operands='fp16x2' splits float32 operands; for {dtype} use "
                          f"operands='fp16' (or 'native')")

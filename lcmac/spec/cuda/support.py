@@ -75,7 +75,7 @@ def dmma_why(cfg: "CudaConfig", dtype: str, arch: str) -> str | None:
     if dtype not in FP64_DTYPES:
         return f"it shapes the fp64 tensor-core products, which {dtype} does not run on"
     if arch != "sm_90a":
-        return f"m16n8k4 fp64 mma is sm_90's; {arch} has m8n8k4 only"
+        return f"{cfg.dmma} fp64 mma is sm_90's; {arch} has m8n8k4 only"
     if cfg.batched:
         return ("batched products keep m8n8k4 (it pairs the plain GEMM's and Algorithm 1's "
                 "row tiles)")

@@ -58,6 +58,7 @@ def test_float64_forms_without_a_kernel_are_refused_by_name():
     assert "m8n8k4 only" in arch_why(pair, "float64", "sm_80")
     assert "does not run on" in arch_why(pair, "bfloat16", "sm_90a")
     assert "batched products keep m8n8k4" in arch_why(CudaConfig(dmma="m16n8k4", batched=True), "float64", "sm_90a")
+    assert "m16n8k16 fp64 mma is sm_90's" in arch_why(CudaConfig(dmma="m16n8k16"), "float64", "sm_80")
     with pytest.raises(LcmacError, match="dmma must be one of"):
         CudaConfig(dmma="m8n8k16").check()
 
@@ -113,6 +114,49 @@ def test_dmma_pairs_rewrites_every_fp64_mma_and_nothing_else():
         host_source.dmma_pairs(_source(), "lcmac_gemm")
 
 
+_KI = """      for (int ki = 0; ki < {n}; ++ki) {{
+        for (int i_9 = 0; i_9 < 8; ++i_9) {{
+          A_local[i_9] = ((double*)A_s)[((i_9 * 128) + (ki * 4))];
+        }}
+        for (int j = 0; j < 4; ++j) {{
+          B_local[j] = ((double*)B_s)[((j * 8) + (ki * 64))];
+        }}
+{loop}      }}
+"""
+#: the product loops as they sit in a K-chunk loop (one level deeper)
+_INNER = lambda e: "".join("  " + line + "\n" for line in _LOOP.format(e=e, mma=MMA_8x8x4).splitlines())
+
+
+@pytest.mark.parametrize("g", [2, 4])
+def test_dmma_k_groups_loads_g_chunks_and_issues_one_mma_for_them(g):
+    decl = "      double A_local[8];\n      double B_local[4];\n"
+    paired = host_source.dmma_pairs(_source(decl, _KI.format(n=4, loop=_INNER(8))), "k")
+    out = host_source.dmma_k_groups(paired, "k", g)
+    assert f"for (int ki = 0; ki < 4; ki += {g})" in out and "lcmac_dmma_m16n8k4(C_l" not in out
+    # chunk c's fragments are loaded at K offset ki + c into their own arrays
+    for c in range(1, g):
+        assert f"double A_local_k{c}[8];" in out and f"double B_local_k{c}[4];" in out
+        assert f"A_local_k{c}[i_9] = ((double*)A_s)[((i_9 * 128) + ((ki + {c}) * 4))];" in out
+        assert f"B_local_k{c}[j] = ((double*)B_s)[((j * 8) + ((ki + {c}) * 64))];" in out
+    a = ", ".join(["A_local + i_10"] + [f"A_local_k{c} + i_10" for c in range(1, g)])
+    b = ", ".join(["B_local + j_1"] + [f"B_local_k{c} + j_1" for c in range(1, g)])
+    assert out.count(f"lcmac_dmma_m16n8k{4 * g}(C_l + ((i_10 * 8) + (j_1 * 2)), "
+                     f"C_l + (((i_10 + 1) * 8) + (j_1 * 2)), {a}, {b});") == 1
+    # A: 2G registers (rows g, g + 8 of each chunk), B: G, in chunk order
+    assert f"mma.sync.aligned.m16n8k{4 * g}.row.col.f64.f64.f64.f64" in out
+    assert '"d"(a1[0]), "d"(a1[1])' in out and f'"d"(b{g - 1}[0])' in out
+    assert out.count("{") == out.count("}")
+    with pytest.raises(LcmacError, match="chunks of 4, not a multiple"):
+        host_source.dmma_k_groups(host_source.dmma_pairs(
+            _source(decl, _KI.format(n=6, loop=_INNER(8))), "k"), "k", 4)
+    loads_after = _KI.format(n=4, loop="").replace("      for (int ki = 0; ki < 4; ++ki) {\n",
+                                                    "      for (int ki = 0; ki < 4; ++ki) {\n" + _INNER(8))
+    with pytest.raises(LcmacError, match="does not load its fragments before"):
+        host_source.dmma_k_groups(host_source.dmma_pairs(_source(decl, loads_after), "k"), "k", g)
+    with pytest.raises(LcmacError, match="not all in loops over K chunks"):
+        host_source.dmma_k_groups(host_source.dmma_pairs(_source(_LOOP.format(e=8, mma=MMA_8x8x4)), "k"), "k", g)
+
+
 # ---- generated CUDA (the TileLang worker, no compile) -------------------------------------------
 SHAPE = (1000, 1064, 1032)        # no dimension divides the 2x2 grid times the 128² tile
 
@@ -122,6 +166,7 @@ def generated(tmp_path_factory):
     """{case: (response, {source name: text})} of the float64 builds the tests read."""
     base = tmp_path_factory.mktemp("fp64")
     cases = {"gemm": (None, "cuda-sm90a", {}), "gemm-m16": (None, "cuda-sm90a", {"dmma": "m16n8k4"}),
+             "gemm-k16": (None, "cuda-sm90a", {"dmma": "m16n8k16"}),
              "gemm-sm80": (None, "cuda-sm80", {}), "strassen": ("strassen", "cuda-sm90a", {}),
              "dps": ("dps-4x4x4-r48", "cuda-sm90a", {"dmma": "m16n8k4"})}
     out = {}
@@ -150,6 +195,8 @@ def test_plain_gemm_runs_on_the_fp64_tensor_cores(generated):
         assert r["kernels"][0]["grid"] == [math.ceil(SHAPE[1] / 128), math.ceil(SHAPE[0] / 128), 1]
     body = _kernel(generated["gemm-m16"][1], "gemm")
     assert MMA_8x8x4 not in body and "lcmac_dmma_m16n8k4(" in body
+    body = _kernel(generated["gemm-k16"][1], "gemm")
+    assert MMA_8x8x4 not in body and "lcmac_dmma_m16n8k4(C" not in body and "lcmac_dmma_m16n8k16(C_l" in body
 
 
 @needs_tilelang
@@ -191,7 +238,9 @@ GPU_CASES = [("gemm", (1024, 1024, 1024), {}), ("gemm", SHAPE, {}),
              ("gemm", (1024, 1024, 1024), {"dmma": "m16n8k4"}),
              ("strassen", (1024, 1024, 1024), {}), ("strassen", SHAPE, {"dmma": "m16n8k4"}),
              ("strassen^2", (2048, 2048, 2048), {}), ("winograd^2", (2048, 2048, 2048), {}),
-             ("dps-4x4x4-r48", (2048, 2048, 2048), {})]
+             ("dps-4x4x4-r48", (2048, 2048, 2048), {}),
+             ("gemm", SHAPE, {"dmma": "m16n8k8"}), ("gemm", (1024, 1024, 1024), {"dmma": "m16n8k16"}),
+             ("strassen", SHAPE, {"dmma": "m16n8k16"})]
 
 
 def _gpu():

@@ -15,7 +15,7 @@ from lcmac.core.errors import LcmacError
 from lcmac.spec import fp8
 from lcmac.spec.cuda.blocking import ceil_div
 from lcmac.spec.cuda.config import CudaConfig
-from lcmac.spec.cuda.operands import check_operands, fp8_scale_shapes
+from lcmac.spec.cuda.operands import check_operands, fp8_scale_shapes, fp8_tile_scale_blocks
 from tests.schedules.cuda.test_cuda_codegen import kernel_body, needs_nvcc, needs_tilelang, worker
 
 #: a ragged plain GEMM (5 K blocks, the last partial; a partial N block) and its artifact
@@ -27,13 +27,24 @@ def test_scale_shapes_pad_to_the_tile_and_to_16_bytes():
     assert fp8_scale_shapes(7, 500, 532, 528, 128, 128) == {"SA": (7, 5, 512), "SB": (7, 5, 8)}
     assert fp8_scale_shapes(1, 1000, 1064, 1032, 128, 64) == {"SA": (1, 9, 1024), "SB": (1, 9, 12)}
     assert fp8_scale_shapes(1, 1000, 1064, 1032, 128, 256)["SB"] == (1, 10, 12)
+    # 192-column tiles: the last (columns 960..1151) reads blocks 7 and 8, past 1064's nine
+    assert fp8_scale_shapes(1, 1000, 1064, 1032, 128, 192)["SB"] == (1, 9, 12)
+    assert fp8_scale_shapes(1, 1000, 1200, 1032, 128, 192)["SB"] == (1, 11, 12)   # tile 1152.. reads 9, 10
 
 
-def test_tiles_must_keep_one_scale_block_per_128_columns():
-    check_operands(CudaConfig.from_dict({"operands": "fp8", "block_n": 64}), "bfloat16")
-    check_operands(CudaConfig.from_dict({"operands": "fp8", "block_n": 256}), "bfloat16")
-    with pytest.raises(LcmacError, match="block_n dividing 128"):
-        check_operands(CudaConfig.from_dict({"operands": "fp8", "block_n": 96}), "bfloat16")
+@pytest.mark.parametrize("block_n,blocks", [(64, 1), (128, 1), (256, 2), (192, 2), (96, 2), (160, 2), (224, 3)])
+def test_a_tile_meets_the_scale_blocks_its_columns_fall_in(block_n, blocks):
+    # brute force over tile starts: the most 128-column blocks one tile's columns fall in
+    most = max(len({c // 128 for c in range(t * block_n, (t + 1) * block_n)}) for t in range(128))
+    assert fp8_tile_scale_blocks(block_n) == most == blocks
+
+
+def test_fp8_tiles_are_one_wgmma_wide():
+    for bn in (64, 96, 192, 256):
+        check_operands(CudaConfig.from_dict({"operands": "fp8", "block_n": bn}), "bfloat16")
+    for bn in (100, 272):
+        with pytest.raises(LcmacError, match="block_n a multiple of 16"):
+            check_operands(CudaConfig.from_dict({"operands": "fp8", "block_n": bn}), "bfloat16")
 
 
 def test_kernel_scales_are_the_reference_in_the_kernels_and_cublas_layout():
