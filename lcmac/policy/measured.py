@@ -468,9 +468,12 @@ def _with_vendor(cands: list, v_time: float, shape, source: str, priced: bool = 
     margin = EXACT_MARGIN if source == "exact" else TRANSFER_MARGIN
     if v_time < top.predicted_time_s * (1.0 + margin):
         kind = "measured" if top.measured else "predicted"
+        # within the margin the vendor GEMM keeps the call, though it may be the slower
+        than = ("faster than" if v_time < top.predicted_time_s else
+                f"within the {margin:.0%} an lcmac kernel must win by of")
         vc = dataclasses.replace(vc, reason=(
             f"decision: the vendor GEMM ({which}) — {'priced' if priced else 'measured'} "
-            f"{v_time * 1e3:.3f} ms, faster than the "
+            f"{v_time * 1e3:.3f} ms, {than} the "
             f"best lcmac kernel ({top.algorithm}, {kind} {top.predicted_time_s * 1e3:.3f} ms)"))
         return [vc] + [_strip_decision(c) for c in cands]
     return [top] + sorted(cands[1:] + [vc], key=lambda c: c.predicted_time_s)
