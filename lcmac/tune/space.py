@@ -62,8 +62,10 @@ CUDA_TILES = ((128, 256), (256, 128), (128, 128), (64, 256), (128, 64), (64, 128
 
 #: fp8 tiles (block_m, block_n, threads): two fp32 fragments of the tile per consumer thread
 #: (the K block's wgmma result and the running sum) must stay in registers, so 64 rows per
-#: consumer warpgroup, and block_n within one 128-column scale block of B̃
-FP8_TILES = ((128, 128, 256), (128, 64, 256), (64, 128, 128), (64, 64, 128))
+#: consumer warpgroup and at most 192 columns (224 and 256 spill); wider than 128, a tile
+#: straddles B̃'s scale blocks
+FP8_TILES = ((128, 128, 256), (128, 192, 256), (128, 160, 256), (128, 64, 256), (64, 128, 128),
+             (64, 64, 128))
 
 
 def default_space(fam: str, dtype: str, shape, algorithm=None, operands: str = "native") -> list:
@@ -85,8 +87,8 @@ def default_space(fam: str, dtype: str, shape, algorithm=None, operands: str = "
     ``operands`` (CUDA, CudaConfig.operands): a scaled fp16 mode searches the same tiles, k
     slabs, depths and threads, unfused (the only path it has), each config in that mode —
     one precision per search, so the log never ranks one precision against another.  fp8
-    (``FP8_TILES``) keeps its 128-wide K slab (one scale block) and tiles whose N range
-    lies in one 128-column scale block, and searches depth, rasterisation and the store."""
+    (``FP8_TILES``) keeps its 128-wide K slab (one scale block) and tiles whose two fp32
+    fragments fit the registers, and searches depth, rasterisation and the store."""
     out: list = []
     if fam == "cuda" and operands == "fp8":
         out_bytes = 2 if algorithm in (None, _db.GEMM) else 4        # C in bf16/fp16, or fp32 H
