@@ -23,10 +23,12 @@ FP8_MAX = 448.0
 FP8_TINY = 1e-30
 #: largest R × (blocks per combine input) an fp8 artifact is built for (fp8_combine_size)
 FP8_MAX_COMBINE = 256
-#: what CudaConfig.from_dict fills in for operands="fp8": a 128×128 tile (two fp32
-#: accumulators: the K slab's wgmma result and the scaled running sum), a 128-wide K slab
-#: (one scale block), 4 stages of 32 KB, fp32 H stored from registers
-FP8_TILE_DEFAULTS = {"block_m": 128, "block_n": 128, "block_k": 128, "stages": 4,
+#: what CudaConfig.from_dict fills in for operands="fp8": a 128×192 tile (two fp32
+#: accumulators: the K slab's wgmma result and the scaled running sum; the widest that
+#: fits the registers, and fewer operand bytes per product than 128×128's, as measured:
+#: docs/fp8.md), a 128-wide K slab (one scale block), 4 stages of 40 KB, fp32 H stored
+#: from registers
+FP8_TILE_DEFAULTS = {"block_m": 128, "block_n": 192, "block_k": 128, "stages": 4,
                      "store_via_smem": False}
 #: what CudaConfig.from_dict fills in for operands="fp16x2" where the caller is silent
 SPLIT_TILE_DEFAULTS = {"block_m": 128, "block_n": 128, "stages": 3}

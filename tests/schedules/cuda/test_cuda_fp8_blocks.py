@@ -126,10 +126,15 @@ def test_gemm_stage_promotes_each_k_block_by_the_block_scales(plain):
     pre = g[:loop]
     assert re.search(r"\(\(float\*\)sb\)\[[^]]*\] = SB\[", pre), pre[-600:]
     assert "SB[" not in g[loop:]
-    # SA: one bulk copy per stage beside A's slab; the promotion multiplies by sa·sb[ko]
+    # SA: one bulk copy per stage beside A's slab; the promotion multiplies by sa·sb[j, ko],
+    # j chosen per column by a select where the default 192-column tile straddles two blocks
     assert re.search(r"tma_load\(\(&\(\(\(float\*\)sa\)", g)
-    assert re.search(r"\(\(float\*\)sa\)\[[^;]*\* \(\(float\*\)sb\)\[ko_1\]", g)
+    l4 = fp8_scale_shapes(1, SHAPE[0], SHAPE[1], SHAPE[2], 128, 192)["SB"][2]
+    assert re.search(r"condval = \(\(float\*\)sb\)\[ko_1\];", g)
+    assert re.search(rf"condval = \(\(float\*\)sb\)\[\(ko_1 \+ {l4}\)\];", g)
+    assert re.search(r"\(\(float\*\)sa\)\[[^;]*\* condval\)", g)
     assert all(x == 0 for v in r["ptxas"].values() for x in v["spill_stores"]), r["ptxas"]
-    # 64-column tiles: two CTAs share one 128-column scale block
+    # 64-column tiles: two CTAs share one 128-column scale block, read by index
     g64 = kernel_body(_sources(r64)["lcmac_cuda_gemm.cu"])
+    assert re.search(r"\(\(float\*\)sa\)\[[^;]*\* \(\(float\*\)sb\)\[ko_1\]", g64)
     assert re.search(r"SB\[\(*\(\(int\)blockIdx\.x\) >> 1\)", g64), g64[:3000]
