@@ -48,3 +48,22 @@ def test_targets_are_judged_at_their_shape_only(bench):
     res["lcmac-winograd-fp8"]["vs_cublas_fp8"] = 1.0
     assert not bench._judged((16384, 16384, 16384), res)["lcmac-lcma-fp8"]["met"]
     assert bench._judged((8192, 8192, 8192), res) == {}
+
+
+def test_a_scheme_with_knobs_is_its_own_build(bench, capsys):
+    """``gemm+block_n=192+stages=5``: the plain GEMM with those CudaConfig knobs, its own
+    artifact tag, judged as the plain GEMM; a knob without a value is a usage error."""
+    assert bench._config("gemm+block_n=192+stages=5+store_via_smem=true") == \
+        {"operands": "fp8", "block_n": 192, "stages": 5, "store_via_smem": True}
+    assert bench._config("strassen+policy=fullcol") == {"operands": "fp8", "fused": False, "policy": "fullcol"}
+    assert bench.main(["--list", "--algos", "gemm,gemm+block_n=192", "--shapes", "8192x8192x8192"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(b["algorithm"], b["tag"]) for b in doc["builds"]] == [
+        ("gemm", "gemm-fp8-8192x8192x8192"), ("gemm+block_n=192", "gemm_block_n_192-fp8-8192x8192x8192")]
+    res = {"lcmac-gemm-fp8": {"vs_cublas_fp8": 0.9}, "lcmac-gemm+block_n=192-fp8": {"vs_cublas_fp8": 0.98},
+           "lcmac-strassen+block_n=192-fp8": {"vs_cublas_fp8": 1.0}}
+    got = bench._judged((16384, 16384, 16384), res)
+    assert got["lcmac-gemm-fp8"]["variant"] == "lcmac-gemm+block_n=192-fp8" and got["lcmac-gemm-fp8"]["met"]
+    assert got["lcmac-lcma-fp8"]["variant"] == "lcmac-strassen+block_n=192-fp8"
+    with pytest.raises(SystemExit):
+        bench._split("gemm+stages")
