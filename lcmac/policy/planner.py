@@ -49,6 +49,7 @@ from lcmac.costmodel.error_budget import ErrorBudget, check_budget_arg, error_bu
 from lcmac.policy.devices import decision_state
 from lcmac.policy.measured import EXACT_MARGIN, check_regime, decide_by_measurement
 from lcmac.policy.plans import AUTO, GEMM, JIT, VENDOR, Piece, Plan
+from lcmac.spec.cuda.dtypes import FP64_DTYPES
 from lcmac.spec.cuda.operands import OPERAND_MODES
 from lcmac.spec.precision import (
     DEFAULT_PRECISION, allows_tf32, check_operands_allowed, check_precision, operand_modes)
@@ -183,9 +184,13 @@ def plan(M: int, N: int, K: int, dtype="float32", target: str | None = None, *,
         if hit is not None:
             return hit
     shape = key[:3]
-    if algo == VENDOR:
+    # float64 on CUDA: lcmac's fp64 kernels run when named; the decision does not price it
+    unpriced = algo == AUTO and dtype in FP64_DTYPES and schedule_family(target) == "cuda"
+    if algo == VENDOR or unpriced:
         p = Plan(shape, dtype, target, algo, VENDOR, VENDOR, None, 1.0,
-                 "the vendor GEMM, as asked (algo=\"vendor\")", regime=regime,
+                 "the vendor GEMM, as asked (algo=\"vendor\")" if not unpriced else
+                 f"the vendor GEMM: the decision does not price {dtype} on {target} (a named "
+                 f"algorithm runs lcmac's {dtype} kernels)", regime=regime,
                  kernels="" if jit else kernels.kernel_source)
     elif algo != AUTO:
         p = _plan_forced(shape, dtype, target, algo, budget, regime, operands)

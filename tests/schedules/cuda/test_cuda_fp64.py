@@ -79,6 +79,9 @@ def test_lcmac_matmul_takes_float64_on_cuda_for_a_named_algorithm():
         assert "float64" in ops.supported_dtypes(target)
         p = ops.plan(8192, 8192, 8192, "float64", algo="strassen", target=target)
         assert (p.runs, p.dtype, p.operands) == ("strassen", "float64", "native")
+        # "auto" plans what lcmac.matmul runs: the vendor's DGEMM, and says why
+        a = ops.plan(8192, 8192, 8192, "float64", target=target)
+        assert (a.algo, a.runs) == ("auto", "vendor") and "does not price float64" in a.why, a.why
     with pytest.raises(DTypeError, match="float32, float64 on cuda-sm90a"):
         ops.plan(64, 64, 64, "int32", algo="gemm", target="cuda-sm90a")
 
