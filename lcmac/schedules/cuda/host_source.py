@@ -301,16 +301,19 @@ def dmma_k_groups(code: str, kname: str, g: int) -> str:
         split = body.rfind(f"\n{ind}  for (", 0, calls[0].start()) + 1
         loads, products = body[:split], body[split:]
         a, b = calls[0]["a"], calls[0]["b"]
-        # the products: the last statement of the K-chunk loop, a loop of its own
-        if not split or not products.endswith(f"\n{ind}  }}\n") or any(c["a"] != a or c["b"] != b for c in calls) or a not in loads or b not in loads:
+        # the products: the last statement of the K-chunk loop, a loop of its own, over the
+        # fragments the statements before it load
+        last = bool(split) and products.endswith(f"\n{ind}  }}\n")
+        same = all(c["a"] == a and c["b"] == b for c in calls)
+        if not (last and same and a in loads and b in loads):
             raise ToolchainError(f"dmma='m16n8k{4 * g}': {kname}'s K-chunk loop does not load its "
                                  "fragments before its products (another TileLang version?)")
+        decl = f"{ind}  double {a}_k{{c}}[{_array_size(code, a)}];\n{ind}  double {b}_k{{c}}[{_array_size(code, b)}];\n"
         copies = [loads]
         for c in range(1, g):
             chunk = re.sub(rf"\b{k}\b", f"({k} + {c})", loads)
             chunk = re.sub(rf"\b{a}\b", f"{a}_k{c}", re.sub(rf"\b{b}\b", f"{b}_k{c}", chunk))
-            copies.append(f"{ind}  double {a}_k{c}[{_array_size(code, a)}];\n"
-                          f"{ind}  double {b}_k{c}[{_array_size(code, b)}];\n" + chunk)
+            copies.append(decl.format(c=c) + chunk)
 
         def grouped(cm):
             a_args = ", ".join([f"{a} + {cm['i']}"] + [f"{a}_k{c} + {cm['i']}" for c in range(1, g)])
